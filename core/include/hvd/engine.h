@@ -1,0 +1,148 @@
+// The public C++ API of hvd: an Engine per process; named, asynchronous collectives that return
+// a Handle.
+//
+//   auto engine = hvd::Engine::CreateFromEnvironment();   // StatusOr<std::unique_ptr<Engine>>
+//   hvd::TensorView grad(ptr, hvd::DataType::kFloat32, {1024});
+//   auto h = (*engine)->Allreduce("layer1.grad", grad, grad, hvd::ReduceOp::kAverage);
+//   hvd::Status st = h->Wait();
+//
+// Thread-safety: every Engine method may be called from any number of threads at once. The
+// calls only enqueue; one background thread per engine negotiates with the other ranks and
+// runs the collectives. Each operation is named; a name may be in flight only once at a time,
+// and every rank must eventually submit the same names with matching arguments.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "hvd/export.h"
+#include "hvd/options.h"
+#include "hvd/status.h"
+#include "hvd/types.h"
+
+namespace hvd {
+
+// Called on the background thread, once, when the shape of a result that only negotiation can
+// tell (allgather, alltoall, reducescatter) is known. Returns memory for that many elements of
+// the operation's dtype, owned by the caller, or nullptr to fail the operation.
+using OutputAllocator = std::function<void*(const std::vector<int64_t>& shape)>;
+
+// The completion state of one operation.
+// Thread-safety: all methods may be called from any thread.
+class HVD_EXPORT Handle {
+ public:
+  Handle() = default;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+
+  // True once the operation has finished, successfully or not.
+  bool Poll() const;
+  // Blocks until the operation has finished; returns its status.
+  Status Wait() const;
+  // As Wait, but returns Timeout if it has not finished within `timeout` (it goes on).
+  Status WaitFor(std::chrono::milliseconds timeout) const;
+  // The final status; OK while pending.
+  Status status() const;
+
+  // After success of allgather, alltoall and reducescatter: the result's shape and, unless an
+  // OutputAllocator was given, its bytes (owned by the handle).
+  const std::vector<int64_t>& output_shape() const { return output_shape_; }
+  const std::vector<uint8_t>& output_bytes() const { return output_bytes_; }
+  void* output_data() const { return output_data_; }
+  // After success of alltoall: rows received from each rank.
+  const std::vector<int64_t>& received_splits() const { return received_splits_; }
+  // After success of join: the last rank that joined.
+  int join_last_rank() const { return join_last_rank_; }
+
+  // Engine side: completes the handle and wakes its waiters. Called once.
+  void Complete(Status status);
+
+  // Engine side: filled on the background thread before Complete().
+  std::vector<int64_t> output_shape_;
+  std::vector<uint8_t> output_bytes_;
+  void* output_data_ = nullptr;
+  std::vector<int64_t> received_splits_;
+  int join_last_rank_ = -1;
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;  // guarded by mu_
+  Status status_;      // guarded by mu_
+};
+using HandlePtr = std::shared_ptr<Handle>;
+
+class EngineImpl;
+
+// Thread-safety: see the file comment.
+class HVD_EXPORT Engine {
+ public:
+  // Connects to the other ranks (through the rendezvous store when size > 1) and starts the
+  // background thread. Fails with a message naming the setting or peer that was wrong.
+  static StatusOr<std::unique_ptr<Engine>> Create(const Options& options);
+  static StatusOr<std::unique_ptr<Engine>> CreateFromEnvironment();
+
+  ~Engine();  // Shutdown()
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Finishes the background thread; pending operations fail with Aborted. Idempotent.
+  Status Shutdown();
+
+  int rank() const;
+  int size() const;
+  int local_rank() const;
+  int local_size() const;
+  int cross_rank() const;
+  int cross_size() const;
+  const Options& options() const;
+
+  // Every operation below returns a handle; invalid arguments give a handle that has already
+  // failed with InvalidArgument. Inputs must stay valid until the handle finishes.
+
+  // output may alias input (in place); both have the same dtype and element count.
+  HandlePtr Allreduce(const std::string& name, const TensorView& input, const TensorView& output,
+                      ReduceOp op = ReduceOp::kAverage, double prescale = 1.0,
+                      double postscale = 1.0);
+  // The tensors of a group are negotiated and run together.
+  std::vector<HandlePtr> GroupedAllreduce(const std::vector<std::string>& names,
+                                          const std::vector<TensorView>& inputs,
+                                          const std::vector<TensorView>& outputs,
+                                          ReduceOp op = ReduceOp::kAverage,
+                                          double prescale = 1.0, double postscale = 1.0);
+  // Concatenates the ranks' tensors along the first dimension, which may differ per rank.
+  HandlePtr Allgather(const std::string& name, const TensorView& input,
+                      OutputAllocator allocator = nullptr);
+  std::vector<HandlePtr> GroupedAllgather(const std::vector<std::string>& names,
+                                          const std::vector<TensorView>& inputs);
+  // Copies root's input into every rank's output (output may alias input).
+  HandlePtr Broadcast(const std::string& name, const TensorView& input, const TensorView& output,
+                      int root);
+  // Sends splits[j] rows (first dimension) of input to rank j, in rank order; empty splits
+  // means equal parts (first dimension divisible by size).
+  HandlePtr Alltoall(const std::string& name, const TensorView& input,
+                     const std::vector<int64_t>& splits = {},
+                     OutputAllocator allocator = nullptr);
+  // Reduces across ranks and gives rank r its part of the first dimension: parts differ by at
+  // most one row, the first (rows % size) ranks get the extra row.
+  HandlePtr Reducescatter(const std::string& name, const TensorView& input,
+                          ReduceOp op = ReduceOp::kAverage, double prescale = 1.0,
+                          double postscale = 1.0, OutputAllocator allocator = nullptr);
+  HandlePtr Barrier();
+  // This rank has no more data: it takes part in the others' allreduces with zeros until every
+  // rank has joined. The handle's join_last_rank() is the last rank that joined.
+  HandlePtr Join();
+
+  EngineImpl* impl() { return impl_.get(); }  // for tests and the benchmark
+
+ private:
+  explicit Engine(std::unique_ptr<EngineImpl> impl);
+  std::unique_ptr<EngineImpl> impl_;
+};
+
+}  // namespace hvd

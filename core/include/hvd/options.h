@@ -1,0 +1,55 @@
+// The typed configuration of one hvd process: who it is in the job and the engine's knobs.
+// Read once, from the environment contract (DESIGN.md), by Options::FromEnvironment.
+//
+// Thread-safety: a plain value.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "hvd/export.h"
+#include "hvd/status.h"
+
+namespace hvd {
+
+enum class LogLevel { kTrace = 0, kDebug, kInfo, kWarning, kError, kFatal };
+
+struct HVD_EXPORT Options {
+  // Identity (HVD_RANK, HVD_SIZE, ...; or OMPI_COMM_WORLD_*, PMI_*, SLURM_*).
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+  std::string hostname;
+
+  // Rendezvous store hosted by hvdrun (HVD_RENDEZVOUS_ADDR / HVD_RENDEZVOUS_PORT). Required
+  // when size > 1.
+  std::string rendezvous_addr;
+  int rendezvous_port = 0;
+  std::string secret;  // HVD_SECRET: the job's secret (may be empty for now)
+
+  // Knobs.
+  size_t fusion_threshold_bytes = 64u << 20;  // HVD_FUSION_THRESHOLD; 0 disables fusion
+  double cycle_time_ms = 1.0;                 // HVD_CYCLE_TIME: longest idle sleep of the loop
+  int cache_capacity = 1024;                  // HVD_CACHE_CAPACITY; 0 disables the cache
+  double timeout_seconds = 30.0;              // HVD_TIMEOUT_SECONDS
+  double stall_check_seconds = 60.0;          // HVD_STALL_CHECK_TIME_SECONDS; 0 disables
+  std::string timeline_path;                  // HVD_TIMELINE
+  LogLevel log_level = LogLevel::kWarning;    // HVD_LOG_LEVEL
+  std::string bind_addr = "127.0.0.1";        // HVD_BIND_ADDR: where this rank listens
+
+  // Reads the environment. A process with no contract variables is a world of size 1.
+  // Fails with InvalidArgument naming the variable and what was expected.
+  static StatusOr<Options> FromEnvironment();
+
+  // Checks the combination (rank < size, port range, ...).
+  Status Validate() const;
+};
+
+HVD_EXPORT const char* LogLevelName(LogLevel level);
+HVD_EXPORT bool ParseLogLevel(const std::string& s, LogLevel* out);
+
+}  // namespace hvd

@@ -1,0 +1,60 @@
+// Element types, reduction operations and the non-owning tensor view handed to hvd.
+//
+// Thread-safety: plain values; the memory a TensorView points at belongs to the caller.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hvd/export.h"
+
+namespace hvd {
+
+enum class DataType : uint8_t {
+  kUInt8 = 0,
+  kInt8,
+  kInt32,
+  kInt64,
+  kFloat16,
+  kBFloat16,
+  kFloat32,
+  kFloat64,
+  kBool,
+};
+constexpr int kNumDataTypes = 9;
+
+// Sum, Average (sum divided by the world size), Min, Max, Product. For bool, Sum and Max are
+// logical or, Min and Product logical and; Average is refused.
+enum class ReduceOp : uint8_t { kSum = 0, kAverage, kMin, kMax, kProduct };
+constexpr int kNumReduceOps = 5;
+
+HVD_EXPORT size_t DataTypeSize(DataType t);
+HVD_EXPORT const char* DataTypeName(DataType t);   // "float32", "bfloat16", ...
+HVD_EXPORT const char* ReduceOpName(ReduceOp op);  // "sum", "average", ...
+HVD_EXPORT bool ParseDataType(const std::string& s, DataType* out);
+HVD_EXPORT bool ParseReduceOp(const std::string& s, ReduceOp* out);
+
+constexpr int kCpuDevice = -1;
+
+// A view of caller-owned, contiguous, row-major memory. hvd never frees `data`; the caller
+// keeps it alive and unchanged until the operation's handle reports completion.
+struct HVD_EXPORT TensorView {
+  void* data = nullptr;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;  // empty = scalar (one element)
+  int device = kCpuDevice;     // kCpuDevice or a CUDA device ordinal
+
+  TensorView() = default;
+  TensorView(void* d, DataType t, std::vector<int64_t> s, int dev = kCpuDevice)
+      : data(d), dtype(t), shape(std::move(s)), device(dev) {}
+
+  int64_t num_elements() const;
+  size_t num_bytes() const { return static_cast<size_t>(num_elements()) * DataTypeSize(dtype); }
+  std::string ShapeString() const;  // "[2, 3]"
+};
+
+std::string ShapeToString(const std::vector<int64_t>& shape);
+
+}  // namespace hvd

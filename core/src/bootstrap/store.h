@@ -1,0 +1,45 @@
+// The rendezvous store: a small key-value service that ranks use to find each other.
+// hvdrun hosts the server for the job; every rank connects as a client.
+//
+// Wire protocol (TCP, all integers little-endian):
+//   frame    = u32 payload_length, payload            (payload_length <= 16 MiB)
+//   request  = u8 op, u32 key_length, key, value       op 'S' set (value = rest of payload)
+//                                                      op 'G' get (value empty): the server
+//                                                      answers once the key exists
+//   response = u8 code, value                          code 0 ok (value for 'G', empty for 'S')
+// A frame that is too long, an unknown op or a key longer than 4 KiB is answered by closing
+// the connection; the server logs it and goes on serving the others.
+//
+// Thread-safety: StoreClient is used by one thread at a time; StoreServer runs on its own
+// thread and its methods may be called from any thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/time.h"
+#include "hvd/status.h"
+
+namespace hvd {
+
+class StoreClient {
+ public:
+  virtual ~StoreClient() = default;
+  // Retries the connection until the deadline (the server may still be starting).
+  static StatusOr<std::unique_ptr<StoreClient>> Connect(const std::string& host, int port,
+                                                        Deadline deadline);
+  virtual Status Set(const std::string& key, const std::string& value, Deadline deadline) = 0;
+  // Blocks until the key exists or the deadline passes (Timeout naming the key).
+  virtual StatusOr<std::string> Get(const std::string& key, Deadline deadline) = 0;
+};
+
+class StoreServer {
+ public:
+  virtual ~StoreServer() = default;  // stops the server
+  // port 0 picks a free port.
+  static StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& bind_addr, int port);
+  virtual int port() const = 0;
+  virtual void Stop() = 0;
+};
+
+}  // namespace hvd

@@ -1,0 +1,74 @@
+// The collective algorithms, written only against Transport. Each one is called by every rank
+// of the transport with matching arguments, from the rank's background thread.
+//
+// Every function returns the transport's failure (PeerLost, Timeout) unchanged, or
+// InvalidArgument for inconsistent arguments. `scratch` is a reusable buffer owned by the caller
+// (the engine keeps one per process so that memory stays flat).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/time.h"
+#include "hvd/status.h"
+#include "hvd/types.h"
+#include "transport/transport.h"
+
+namespace hvd {
+
+class ScratchBuffer {
+ public:
+  // Returns at least `bytes` bytes, 64-byte aligned; contents undefined. Valid until the next
+  // Get with a larger size.
+  void* Get(size_t bytes);
+  size_t capacity() const { return capacity_; }
+  ~ScratchBuffer();
+
+ private:
+  void* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+enum class AllreduceAlgorithm { kAuto = 0, kRing, kRecursiveDoubling };
+
+// Buffers at or under this size use recursive doubling under kAuto; larger ones the ring.
+constexpr size_t kSmallAllreduceBytes = 64 * 1024;
+
+// In place: buf holds this rank's count elements and ends with the reduction over all ranks.
+// ReduceOp::kAverage reduces like kSum here (the engine applies the scale factors).
+Status Allreduce(Transport& t, void* buf, size_t count, DataType dtype, ReduceOp op,
+                 ScratchBuffer& scratch, Deadline deadline,
+                 AllreduceAlgorithm algo = AllreduceAlgorithm::kAuto);
+
+// Ring: reduce-scatter then allgather, each step pipelined in segments so that sending,
+// receiving and reducing overlap.
+Status RingAllreduce(Transport& t, void* buf, size_t count, DataType dtype, ReduceOp op,
+                     ScratchBuffer& scratch, Deadline deadline);
+// Latency-optimised: log2(p) exchanges of the whole buffer (non-powers of two fold the extra
+// ranks in first and out last).
+Status RecursiveDoublingAllreduce(Transport& t, void* buf, size_t count, DataType dtype,
+                                  ReduceOp op, ScratchBuffer& scratch, Deadline deadline);
+
+// out = concatenation over ranks r of bytes[r] bytes; this rank's part is `in`
+// (in may already sit at its place inside out).
+Status Allgatherv(Transport& t, const void* in, void* out, const std::vector<size_t>& bytes,
+                  Deadline deadline);
+
+// Root's buf is copied into every other rank's buf.
+Status Broadcast(Transport& t, void* buf, size_t bytes, int root, Deadline deadline);
+
+// send_bytes[j] bytes starting at the sum of send_bytes[0..j) go to rank j; from rank j
+// recv_bytes[j] bytes land at the sum of recv_bytes[0..j) in out.
+Status Alltoallv(Transport& t, const void* in, const std::vector<size_t>& send_bytes, void* out,
+                 const std::vector<size_t>& recv_bytes, Deadline deadline);
+
+// in holds sum(counts) elements; rank r ends with the reduction of elements
+// [sum(counts[0..r)), +counts[r]) in out (counts[r] elements).
+Status ReduceScatter(Transport& t, const void* in, void* out, const std::vector<size_t>& counts,
+                     DataType dtype, ReduceOp op, ScratchBuffer& scratch, Deadline deadline);
+
+// Returns once every rank has entered.
+Status Barrier(Transport& t, Deadline deadline);
+
+}  // namespace hvd

@@ -1,0 +1,62 @@
+// The point-to-point interface that every collective algorithm is written against.
+//
+// Semantics (like MPI's Isend/Irecv on one communicator):
+//   - Bytes sent to one peer arrive in the order their sends were posted; receives posted for
+//     one peer are filled in the order they were posted. A receive of len bytes matches exactly
+//     the next len bytes of the stream from that peer (callers post matching lengths).
+//   - A posted buffer must stay valid and untouched until its request has completed.
+//   - Wait/WaitAll drive progress for every posted request, not only the awaited ones.
+//   - A broken connection fails every pending and later request to or from that peer with
+//     PeerLost naming the peer's rank; a passed deadline fails with Timeout naming the peers
+//     still awaited. After either, the transport is unusable (the communicator is gone).
+//
+// Thread-safety: not thread-safe; used only by the background thread that owns it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/time.h"
+#include "hvd/status.h"
+
+namespace hvd {
+
+struct TransportRequest {
+  uint64_t id = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual TransportRequest Isend(int peer, const void* buf, size_t len) = 0;
+  virtual TransportRequest Irecv(int peer, void* buf, size_t len) = 0;
+
+  // Waits until request `r` has completed (OK) or failed, or the deadline passed.
+  virtual Status Wait(TransportRequest r, Deadline deadline) = 0;
+
+  // Waits for all of `rs`; returns the first failure.
+  Status WaitAll(const std::vector<TransportRequest>& rs, Deadline deadline) {
+    for (const auto& r : rs) HVD_RETURN_IF_ERROR(Wait(r, deadline));
+    return Status::OK();
+  }
+
+  // Blocking conveniences.
+  Status Send(int peer, const void* buf, size_t len, Deadline d) { return Wait(Isend(peer, buf, len), d); }
+  Status Recv(int peer, void* buf, size_t len, Deadline d) { return Wait(Irecv(peer, buf, len), d); }
+  // Sends to `send_peer` and receives from `recv_peer` at once (no deadlock on rings).
+  Status SendRecv(int send_peer, const void* sbuf, size_t slen, int recv_peer, void* rbuf,
+                  size_t rlen, Deadline d) {
+    TransportRequest s = Isend(send_peer, sbuf, slen);
+    TransportRequest r = Irecv(recv_peer, rbuf, rlen);
+    Status st = Wait(r, d);
+    Status st2 = Wait(s, d);
+    return st.ok() ? st2 : st;
+  }
+};
+
+}  // namespace hvd
