@@ -1,0 +1,69 @@
+#include "common/logging.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+#include <string>
+
+namespace hvd {
+namespace {
+std::atomic<int> g_level{static_cast<int>(LogLevel::kWarning)};
+std::mutex g_prefix_mu;
+std::string g_prefix;  // guarded by g_prefix_mu
+}  // namespace
+
+void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
+LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
+void SetLogPrefix(const std::string& prefix) {
+  std::lock_guard<std::mutex> l(g_prefix_mu);
+  g_prefix = prefix;
+}
+
+const char* LogLevelName(LogLevel level) {
+  switch (level) {
+    case LogLevel::kTrace: return "trace";
+    case LogLevel::kDebug: return "debug";
+    case LogLevel::kInfo: return "info";
+    case LogLevel::kWarning: return "warning";
+    case LogLevel::kError: return "error";
+    case LogLevel::kFatal: return "fatal";
+  }
+  return "unknown";
+}
+
+bool ParseLogLevel(const std::string& s, LogLevel* out) {
+  static const char* const names[] = {"trace", "debug", "info", "warning", "error", "fatal"};
+  for (int i = 0; i < 6; ++i) {
+    if (strcasecmp(s.c_str(), names[i]) == 0) {
+      *out = static_cast<LogLevel>(i);
+      return true;
+    }
+  }
+  if (strcasecmp(s.c_str(), "warn") == 0) { *out = LogLevel::kWarning; return true; }
+  return false;
+}
+
+LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(level) {
+  const char* base = strrchr(file, '/');
+  std::string prefix;
+  {
+    std::lock_guard<std::mutex> l(g_prefix_mu);
+    prefix = g_prefix;
+  }
+  os_ << "[hvd " << LogLevelName(level);
+  if (!prefix.empty()) os_ << " " << prefix;
+  os_ << " " << (base ? base + 1 : file) << ":" << line << "] ";
+}
+
+LogMessage::~LogMessage() {
+  os_ << "\n";
+  std::string s = os_.str();
+  ssize_t ignored = ::write(STDERR_FILENO, s.data(), s.size());
+  (void)ignored;
+}
+
+}  // namespace hvd
