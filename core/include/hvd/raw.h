@@ -1,0 +1,26 @@
+// Benchmark hook: runs one collective directly on the engine's transport, without negotiation,
+// fusion or the response cache, to separate the algorithm's cost from the engine's.
+//
+// Thread-safety: every rank must call it in the same order, from one thread, while none of its
+// other operations are in flight. Blocks until the collective has finished.
+#pragma once
+
+#include <cstddef>
+
+#include "hvd/engine.h"
+
+namespace hvd {
+
+enum class RawCollective { kAllreduce, kAllgather, kBroadcast, kAlltoall, kReducescatter };
+
+// Buffers, by collective (count = elements in `in`):
+//   allreduce      in -> out, count elements (out may equal in)
+//   allgather      in: count elements; out: count * size elements
+//   broadcast      in -> out from rank 0, count elements (out may equal in)
+//   alltoall       in: count elements, count divisible by size; out: count elements
+//   reducescatter  in: count elements, count divisible by size; out: count / size elements
+// op applies to allreduce and reducescatter (kAverage reduces like kSum, then scales).
+HVD_EXPORT Status RunRawCollective(Engine& engine, RawCollective coll, const void* in, void* out,
+                                   size_t count, DataType dtype, ReduceOp op);
+
+}  // namespace hvd
