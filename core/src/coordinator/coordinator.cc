@@ -1,0 +1,247 @@
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/logging.h"
+#include "planner/fusion.h"
+
+namespace hvd {
+
+namespace {
+
+std::string RanksString(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  return os.str();
+}
+
+std::string DescribeDiff(const Request& a, const Request& b, bool first_dim_may_differ) {
+  if (a.type != b.type) return std::string("operation ") + OpTypeName(a.type) + " vs " + OpTypeName(b.type);
+  if (a.dtype != b.dtype) return std::string("dtype ") + DataTypeName(a.dtype) + " vs " + DataTypeName(b.dtype);
+  if (a.device != b.device) {
+    return "device " + std::to_string(a.device) + " vs " + std::to_string(b.device);
+  }
+  bool shape_differs;
+  if (first_dim_may_differ) {
+    shape_differs = a.shape.size() != b.shape.size() ||
+                    (a.shape.size() > 1 &&
+                     !std::equal(a.shape.begin() + 1, a.shape.end(), b.shape.begin() + 1));
+  } else {
+    shape_differs = a.shape != b.shape;
+  }
+  if (shape_differs) return "shape " + ShapeToString(a.shape) + " vs " + ShapeToString(b.shape);
+  if (a.type == OpType::kAllreduce || a.type == OpType::kReducescatter) {
+    if (a.op != b.op) return std::string("reduce op ") + ReduceOpName(a.op) + " vs " + ReduceOpName(b.op);
+    if (a.prescale != b.prescale || a.postscale != b.postscale) {
+      std::ostringstream os;
+      os << "scale factors (" << a.prescale << ", " << a.postscale << ") vs (" << b.prescale
+         << ", " << b.postscale << ")";
+      return os.str();
+    }
+  }
+  if (a.type == OpType::kBroadcast && a.root != b.root) {
+    return "root rank " + std::to_string(a.root) + " vs " + std::to_string(b.root);
+  }
+  if (a.group_size != b.group_size || a.group != b.group) return "group membership";
+  return "";
+}
+
+}  // namespace
+
+Coordinator::Coordinator(int size, size_t fusion_threshold_bytes, double stall_seconds)
+    : size_(size),
+      fusion_threshold_(fusion_threshold_bytes),
+      stall_seconds_(stall_seconds),
+      joined_(size, false),
+      last_stall_check_(Clock::now()) {}
+
+void Coordinator::AddRequests(int rank, std::vector<Request> requests) {
+  for (auto& r : requests) Add(rank, std::move(r));
+}
+
+void Coordinator::Add(int rank, Request r) {
+  if (r.type == OpType::kJoin) {
+    if (!joined_[rank]) {
+      joined_[rank] = true;
+      ++joined_count_;
+      last_joined_ = rank;
+    }
+    // Everything that waited only on joined ranks is ready now.
+    std::vector<std::string> names = arrival_order_;
+    for (const auto& n : names) MarkReadyIfComplete(n);
+    if (joined_count_ == size_) ready_.push_back(BuildJoinResponse());
+    return;
+  }
+  std::string name = r.name;
+  auto it = table_.find(name);
+  if (it == table_.end()) {
+    Entry e;
+    e.per_rank.resize(size_);
+    e.first_seen = Clock::now();
+    it = table_.emplace(name, std::move(e)).first;
+    arrival_order_.push_back(name);
+  }
+  Entry& e = it->second;
+  if (e.per_rank[rank].has_value()) {
+    // The rank itself refuses duplicates in flight; a second copy here is a protocol error.
+    HVD_LOG(kError) << "rank " << rank << " announced '" << name << "' twice";
+    return;
+  }
+  e.per_rank[rank] = std::move(r);
+  ++e.count;
+  MarkReadyIfComplete(name);
+}
+
+void Coordinator::MarkReadyIfComplete(const std::string& name) {
+  auto it = table_.find(name);
+  if (it == table_.end()) return;
+  Entry& e = it->second;
+  int have = 0;
+  for (int r = 0; r < size_; ++r) have += (e.per_rank[r].has_value() || joined_[r]) ? 1 : 0;
+  if (have < size_ || e.count == 0) return;
+  auto first_it = std::find_if(e.per_rank.begin(), e.per_rank.end(),
+                               [](const auto& o) { return o.has_value(); });
+  const Request first = **first_it;
+  Response resp = BuildResponse(name, e);
+  table_.erase(it);
+  arrival_order_.erase(std::find(arrival_order_.begin(), arrival_order_.end(), name));
+  if (first.group_size > 1 && resp.type != OpType::kError) {
+    ReleaseGroup(name, first, std::move(resp));
+  } else {
+    ready_.push_back(std::move(resp));
+  }
+}
+
+void Coordinator::ReleaseGroup(const std::string& name, const Request& first, Response r) {
+  auto& members = groups_[first.group];
+  members.push_back(std::move(r));
+  if (static_cast<int>(members.size()) < first.group_size) return;
+  for (auto& m : members) ready_.push_back(std::move(m));
+  groups_.erase(first.group);
+}
+
+std::string Coordinator::Validate(const std::string& name, const Entry& e) const {
+  int ref = -1;
+  for (int r = 0; r < size_; ++r) {
+    if (!e.per_rank[r]) continue;
+    if (ref < 0) {
+      ref = r;
+      continue;
+    }
+    const Request& a = *e.per_rank[ref];
+    const Request& b = *e.per_rank[r];
+    bool flexible = a.type == OpType::kAllgather || a.type == OpType::kAlltoall;
+    std::string diff = DescribeDiff(a, b, flexible);
+    if (!diff.empty()) {
+      return std::string(OpTypeName(a.type)) + " '" + name + "': mismatch across ranks: " + diff +
+             " (rank " + std::to_string(ref) + " vs rank " + std::to_string(r) + ")";
+    }
+  }
+  const Request& a = *e.per_rank[ref];
+  std::vector<int> joined;
+  for (int r = 0; r < size_; ++r) {
+    if (!e.per_rank[r]) joined.push_back(r);
+  }
+  if (!joined.empty()) {
+    bool ok = a.type == OpType::kAllreduce || a.type == OpType::kAllgather ||
+              a.type == OpType::kBarrier ||
+              (a.type == OpType::kBroadcast && e.per_rank[a.root].has_value());
+    if (!ok) {
+      return std::string(OpTypeName(a.type)) + " '" + name + "' cannot run while ranks " +
+             RanksString(joined) + " have joined" +
+             (a.type == OpType::kBroadcast ? " (the root has joined)" : "");
+    }
+  }
+  return "";
+}
+
+Response Coordinator::BuildResponse(const std::string& name, Entry& e) {
+  Response resp;
+  std::string err = Validate(name, e);
+  if (!err.empty()) {
+    resp.type = OpType::kError;
+    resp.names = {name};
+    resp.error = err;
+    return resp;
+  }
+  const Request* first = nullptr;
+  for (auto& o : e.per_rank) {
+    if (o) {
+      first = &*o;
+      break;
+    }
+  }
+  resp.type = first->type;
+  resp.names = {name};
+  resp.shapes = {first->shape};
+  resp.dtype = first->dtype;
+  resp.op = first->op;
+  resp.root = first->root;
+  resp.prescale = first->prescale;
+  resp.postscale = first->postscale;
+  for (int r = 0; r < size_; ++r) {
+    if (!e.per_rank[r]) resp.joined.push_back(r);
+  }
+  if (resp.type == OpType::kAllgather) {
+    for (int r = 0; r < size_; ++r) {
+      resp.sizes.push_back(e.per_rank[r] && !e.per_rank[r]->shape.empty() ? e.per_rank[r]->shape[0] : 0);
+    }
+  } else if (resp.type == OpType::kAlltoall) {
+    for (int r = 0; r < size_; ++r) {
+      const Request& q = *e.per_rank[r];
+      int64_t rows = q.shape.empty() ? 1 : q.shape[0];
+      for (int d = 0; d < size_; ++d) {
+        resp.sizes.push_back(q.splits.empty() ? rows / size_ : q.splits[d]);
+      }
+    }
+  }
+  return resp;
+}
+
+Response Coordinator::BuildJoinResponse() {
+  Response resp;
+  resp.type = OpType::kJoin;
+  resp.names = {"join"};
+  resp.last_joined = last_joined_;
+  std::fill(joined_.begin(), joined_.end(), false);
+  joined_count_ = 0;
+  last_joined_ = -1;
+  return resp;
+}
+
+std::vector<Response> Coordinator::ComputeResponses() {
+  std::vector<Response> out = std::move(ready_);
+  ready_.clear();
+  return FuseResponses(std::move(out), fusion_threshold_);
+}
+
+std::vector<std::string> Coordinator::PendingNames() const { return arrival_order_; }
+
+int Coordinator::CheckStalls(Clock::time_point now) {
+  if (stall_seconds_ <= 0 || now - last_stall_check_ < std::chrono::duration<double>(stall_seconds_)) {
+    return 0;
+  }
+  last_stall_check_ = now;
+  int stalled = 0;
+  for (const auto& name : arrival_order_) {
+    const Entry& e = table_.at(name);
+    if (now - e.first_seen < std::chrono::duration<double>(stall_seconds_)) continue;
+    std::vector<int> missing, ready;
+    for (int r = 0; r < size_; ++r) {
+      if (e.per_rank[r]) {
+        ready.push_back(r);
+      } else if (!joined_[r]) {
+        missing.push_back(r);
+      }
+    }
+    ++stalled;
+    HVD_LOG(kWarning) << "stall: '" << name << "' has waited "
+                      << std::chrono::duration_cast<std::chrono::seconds>(now - e.first_seen).count()
+                      << " s; ready on ranks [" << RanksString(ready) << "], missing on ranks ["
+                      << RanksString(missing) << "]";
+  }
+  return stalled;
+}
+
+}  // namespace hvd

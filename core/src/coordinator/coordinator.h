@@ -1,0 +1,73 @@
+// The coordinator: the table, kept on rank 0, of which named tensors each rank has announced.
+//
+// Protocol (one process set; rank 0 coordinates, every rank including 0 is a worker):
+//   1. A worker's background thread drains its queue into Requests and sends them to rank 0
+//      at once (RequestList on the control channel); rank 0 adds its own directly.
+//   2. AddRequests() files each request under its name. A name is ready when every rank that
+//      has not joined has announced it. Join and barrier are requests too.
+//   3. For a ready name the requests are checked against each other (op, dtype, shape, root,
+//      reduce op, scale factors, device); a difference gives an error Response naming the
+//      tensor, what differed and the ranks, and the engine goes on.
+//   4. Members of a group are held back until the whole group is ready.
+//   5. ComputeResponses() returns the ready Responses in the order they became ready, fused by
+//      the planner (same op, dtype, reduce op and factors; up to the fusion threshold). Rank 0
+//      broadcasts that list; every rank executes it in that order.
+//   6. CheckStalls() logs names that some ranks have announced and others have not, longer
+//      than the stall time, with the missing ranks.
+//
+// Thread-safety: not thread-safe; used only by rank 0's background thread.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/time.h"
+#include "coordinator/messages.h"
+
+namespace hvd {
+
+class Coordinator {
+ public:
+  Coordinator(int size, size_t fusion_threshold_bytes, double stall_seconds);
+
+  void AddRequests(int rank, std::vector<Request> requests);
+  // The responses that became ready since the last call, fused, in execution order.
+  std::vector<Response> ComputeResponses();
+  // Logs stalled names (at most once per stall period). Returns the number stalled.
+  int CheckStalls(Clock::time_point now);
+  bool idle() const { return table_.empty() && ready_.empty(); }
+  // Names some rank has announced but that are not ready yet (for shutdown messages).
+  std::vector<std::string> PendingNames() const;
+
+ private:
+  struct Entry {
+    std::vector<std::optional<Request>> per_rank;
+    int count = 0;
+    Clock::time_point first_seen;
+  };
+
+  void Add(int rank, Request r);
+  void MarkReadyIfComplete(const std::string& name);
+  Response BuildResponse(const std::string& name, Entry& e);
+  std::string Validate(const std::string& name, const Entry& e) const;
+  Response BuildJoinResponse();
+  void ReleaseGroup(const std::string& name, const Request& first, Response r);
+
+  const int size_;
+  const size_t fusion_threshold_;
+  const double stall_seconds_;
+  std::unordered_map<std::string, Entry> table_;
+  std::vector<std::string> arrival_order_;  // names in order of first announcement
+  std::vector<Response> ready_;
+  std::map<std::string, std::vector<Response>> groups_;  // group key -> ready members
+  std::vector<bool> joined_;
+  int joined_count_ = 0;
+  int last_joined_ = -1;
+  Clock::time_point last_stall_check_;
+};
+
+}  // namespace hvd

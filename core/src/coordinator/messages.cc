@@ -1,0 +1,194 @@
+#include "coordinator/messages.h"
+
+#include <cstring>
+
+namespace hvd {
+
+const char* OpTypeName(OpType t) {
+  switch (t) {
+    case OpType::kAllreduce: return "allreduce";
+    case OpType::kAllgather: return "allgather";
+    case OpType::kBroadcast: return "broadcast";
+    case OpType::kAlltoall: return "alltoall";
+    case OpType::kReducescatter: return "reducescatter";
+    case OpType::kBarrier: return "barrier";
+    case OpType::kJoin: return "join";
+    case OpType::kError: return "error";
+  }
+  return "unknown";
+}
+
+namespace {
+
+constexpr uint32_t kMaxCount = 1u << 24;  // sanity bound on any vector/string length
+
+class Writer {
+ public:
+  template <typename T>
+  void Put(T v) {
+    size_t n = out_.size();
+    out_.resize(n + sizeof(T));
+    std::memcpy(out_.data() + n, &v, sizeof(T));
+  }
+  void Str(const std::string& s) {
+    Put<uint32_t>(static_cast<uint32_t>(s.size()));
+    out_.insert(out_.end(), s.begin(), s.end());
+  }
+  template <typename T>
+  void Vec(const std::vector<T>& v) {
+    Put<uint32_t>(static_cast<uint32_t>(v.size()));
+    for (const T& x : v) Put<T>(x);
+  }
+  std::vector<uint8_t> Take() { return std::move(out_); }
+
+ private:
+  std::vector<uint8_t> out_;
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t* d, size_t n) : d_(d), n_(n) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (n_ - pos_ < sizeof(T) || pos_ > n_) return false;
+    std::memcpy(v, d_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool Str(std::string* s) {
+    uint32_t len;
+    if (!Get(&len) || len > n_ - pos_) return false;
+    s->assign(reinterpret_cast<const char*>(d_ + pos_), len);
+    pos_ += len;
+    return true;
+  }
+  template <typename T>
+  bool Vec(std::vector<T>* v) {
+    uint32_t len;
+    if (!Get(&len) || len > kMaxCount || static_cast<size_t>(len) * sizeof(T) > n_ - pos_) {
+      return false;
+    }
+    v->resize(len);
+    for (auto& x : *v) Get(&x);
+    return true;
+  }
+  bool Enum(uint8_t* v, uint8_t limit) { return Get(v) && *v < limit; }
+  bool done() const { return pos_ == n_; }
+
+ private:
+  const uint8_t* d_;
+  size_t n_;
+  size_t pos_ = 0;
+};
+
+void Put(Writer& w, const Request& r) {
+  w.Put<uint8_t>(static_cast<uint8_t>(r.type));
+  w.Str(r.name);
+  w.Put<uint8_t>(static_cast<uint8_t>(r.dtype));
+  w.Put<uint8_t>(static_cast<uint8_t>(r.op));
+  w.Put<int32_t>(r.root);
+  w.Put<int32_t>(r.device);
+  w.Put<double>(r.prescale);
+  w.Put<double>(r.postscale);
+  w.Vec(r.shape);
+  w.Vec(r.splits);
+  w.Str(r.group);
+  w.Put<int32_t>(r.group_size);
+}
+
+bool Get(Reader& rd, Request* r) {
+  uint8_t type, dtype, op;
+  bool ok = rd.Enum(&type, static_cast<uint8_t>(OpType::kError)) && rd.Str(&r->name) &&
+            rd.Enum(&dtype, kNumDataTypes) && rd.Enum(&op, kNumReduceOps) && rd.Get(&r->root) &&
+            rd.Get(&r->device) && rd.Get(&r->prescale) && rd.Get(&r->postscale) &&
+            rd.Vec(&r->shape) && rd.Vec(&r->splits) && rd.Str(&r->group) &&
+            rd.Get(&r->group_size);
+  if (!ok) return false;
+  r->type = static_cast<OpType>(type);
+  r->dtype = static_cast<DataType>(dtype);
+  r->op = static_cast<ReduceOp>(op);
+  return true;
+}
+
+void Put(Writer& w, const Response& r) {
+  w.Put<uint8_t>(static_cast<uint8_t>(r.type));
+  w.Put<uint32_t>(static_cast<uint32_t>(r.names.size()));
+  for (const auto& n : r.names) w.Str(n);
+  w.Put<uint32_t>(static_cast<uint32_t>(r.shapes.size()));
+  for (const auto& s : r.shapes) w.Vec(s);
+  w.Put<uint8_t>(static_cast<uint8_t>(r.dtype));
+  w.Put<uint8_t>(static_cast<uint8_t>(r.op));
+  w.Put<int32_t>(r.root);
+  w.Put<double>(r.prescale);
+  w.Put<double>(r.postscale);
+  w.Vec(r.sizes);
+  w.Str(r.error);
+  w.Put<int32_t>(r.last_joined);
+  w.Vec(r.joined);
+}
+
+bool Get(Reader& rd, Response* r) {
+  uint8_t type, dtype, op;
+  uint32_t n;
+  if (!rd.Enum(&type, static_cast<uint8_t>(OpType::kError) + 1) || !rd.Get(&n) || n > kMaxCount) {
+    return false;
+  }
+  r->type = static_cast<OpType>(type);
+  r->names.resize(n);
+  for (auto& s : r->names) {
+    if (!rd.Str(&s)) return false;
+  }
+  if (!rd.Get(&n) || n > kMaxCount) return false;
+  r->shapes.resize(n);
+  for (auto& s : r->shapes) {
+    if (!rd.Vec(&s)) return false;
+  }
+  bool ok = rd.Enum(&dtype, kNumDataTypes) && rd.Enum(&op, kNumReduceOps) && rd.Get(&r->root) &&
+            rd.Get(&r->prescale) && rd.Get(&r->postscale) && rd.Vec(&r->sizes) &&
+            rd.Str(&r->error) && rd.Get(&r->last_joined) && rd.Vec(&r->joined);
+  if (!ok) return false;
+  r->dtype = static_cast<DataType>(dtype);
+  r->op = static_cast<ReduceOp>(op);
+  return true;
+}
+
+template <typename List, typename Item>
+Status DecodeList(const uint8_t* data, size_t len, std::vector<Item>* items, const char* what) {
+  Reader rd(data, len);
+  uint32_t n;
+  if (!rd.Get(&n) || n > kMaxCount) {
+    return Status::InvalidArgument(std::string("malformed ") + what + ": bad count");
+  }
+  items->resize(n);
+  for (auto& it : *items) {
+    if (!Get(rd, &it)) return Status::InvalidArgument(std::string("malformed ") + what);
+  }
+  if (!rd.done()) return Status::InvalidArgument(std::string("trailing bytes after ") + what);
+  return Status::OK();
+}
+
+}  // namespace
+
+std::vector<uint8_t> Encode(const RequestList& l) {
+  Writer w;
+  w.Put<uint32_t>(static_cast<uint32_t>(l.requests.size()));
+  for (const auto& r : l.requests) Put(w, r);
+  return w.Take();
+}
+
+std::vector<uint8_t> Encode(const ResponseList& l) {
+  Writer w;
+  w.Put<uint32_t>(static_cast<uint32_t>(l.responses.size()));
+  for (const auto& r : l.responses) Put(w, r);
+  return w.Take();
+}
+
+Status Decode(const uint8_t* data, size_t len, RequestList* out) {
+  return DecodeList<RequestList>(data, len, &out->requests, "request list");
+}
+
+Status Decode(const uint8_t* data, size_t len, ResponseList* out) {
+  return DecodeList<ResponseList>(data, len, &out->responses, "response list");
+}
+
+}  // namespace hvd

@@ -1,0 +1,87 @@
+// What ranks tell the coordinator (Request) and what it answers (Response), and their wire
+// encoding. Every rank executes the same Response list in the same order.
+//
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hvd/status.h"
+#include "hvd/types.h"
+
+namespace hvd {
+
+enum class OpType : uint8_t {
+  kAllreduce = 0,
+  kAllgather,
+  kBroadcast,
+  kAlltoall,
+  kReducescatter,
+  kBarrier,
+  kJoin,
+  kError,  // Response only: the named tensors failed negotiation
+};
+const char* OpTypeName(OpType t);
+
+// One rank's announcement that a named tensor is ready.
+struct Request {
+  OpType type = OpType::kAllreduce;
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = -1;
+  int32_t device = -1;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> splits;   // alltoall: rows sent to each rank
+  std::string group;             // grouped ops: the group's key ("" = not grouped)
+  int32_t group_size = 0;
+};
+
+// The coordinator's decision about one or more (fused) tensors.
+struct Response {
+  OpType type = OpType::kAllreduce;
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;  // per tensor: the agreed shape (rank 0's for
+                                             // allgather/alltoall, whose first dim may differ)
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = -1;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  // allgather: rows of every rank, tensor-major ([t * size + r]);
+  // alltoall: the splits matrix, [src * size + dst] rows sent from src to dst.
+  std::vector<int64_t> sizes;
+  std::string error;           // kError: what differed and where
+  int32_t last_joined = -1;    // kJoin: the last rank to join
+  // Ranks that had joined when this response was made: they take part without a tensor.
+  std::vector<int32_t> joined;
+};
+
+// Control-channel message kinds.
+enum class MessageType : uint8_t {
+  kRequests = 1,   // worker -> coordinator: RequestList
+  kResponses = 2,  // coordinator -> workers: ResponseList
+  kShutdown = 3,   // either way: payload = the rank that asked
+  kAbort = 4,      // either way: payload = a Status message; the communicator is gone
+};
+
+// Join and barrier travel as requests too (names "join" and "barrier.<n>").
+struct RequestList {
+  std::vector<Request> requests;
+};
+
+struct ResponseList {
+  std::vector<Response> responses;
+};
+
+std::vector<uint8_t> Encode(const RequestList& l);
+std::vector<uint8_t> Encode(const ResponseList& l);
+// Decoders check every length against the payload and fail with InvalidArgument on garbage.
+Status Decode(const uint8_t* data, size_t len, RequestList* out);
+Status Decode(const uint8_t* data, size_t len, ResponseList* out);
+
+}  // namespace hvd

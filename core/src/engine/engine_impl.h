@@ -1,0 +1,123 @@
+// The engine behind hvd::Engine: the caller-facing queue and the background thread that owns
+// negotiation, the transport and execution.
+//
+// Threads:
+//   - Caller threads call Enqueue*/Shutdown only. They validate, put a TensorEntry on queue_
+//     (under mu_) and wake the background thread with a no-op handler posted to io_.
+//   - The background thread runs Loop(): it drains the queue into pending_ and announces the
+//     new requests to the coordinator; on rank 0 it also computes and broadcasts responses; it
+//     executes responses in order; between those it sleeps in io_.run_one_for(), which wakes on
+//     a posted enqueue, a control message, or the idle tick. It is the only thread that touches
+//     io_'s sockets, the transport, the coordinator, pending_ and the execution queue.
+//
+// Thread-safety: Enqueue*, Shutdown and the accessors may be called from any thread.
+#pragma once
+
+#include <asio.hpp>
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "collectives/collectives.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/messages.h"
+#include "hvd/engine.h"
+#include "transport/tcp/control_channel.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace hvd {
+
+// One submitted operation, from enqueue until its handle completes.
+struct TensorEntry {
+  Request request;
+  TensorView input;
+  TensorView output;
+  OutputAllocator allocator;
+  HandlePtr handle;
+  // Benchmark hook: runs on the background thread instead of negotiating (see hvd/raw.h).
+  std::function<Status(Transport&, ScratchBuffer&)> raw;
+};
+
+class EngineImpl {
+ public:
+  static StatusOr<std::unique_ptr<EngineImpl>> Create(const Options& options);
+  ~EngineImpl();
+
+  const Options& options() const { return options_; }
+  HandlePtr Enqueue(TensorEntry entry);
+  std::vector<HandlePtr> EnqueueGroup(std::vector<TensorEntry> entries);
+  Status Shutdown();
+  // Counters for tests and the benchmark.
+  uint64_t responses_executed() const { return responses_executed_.load(); }
+  uint64_t cache_hits() const { return cache_hits_.load(); }
+
+ private:
+  explicit EngineImpl(const Options& options);
+  Status Connect();
+  void Wake();
+
+  // Caller side.
+  Status ValidateLocked(const TensorEntry& e) const;  // needs mu_ (reads in_flight_)
+
+  // Background thread (background.cc).
+  void Loop();
+  bool DrainQueue();
+  void Announce(std::vector<Request> requests);
+  void OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&& payload);
+  void OnControlError(int peer, const std::string& what);
+  void CoordinatorStep();
+  void BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload);
+  void FailAll(const Status& status, bool notify = true);
+  void CompleteEntry(TensorEntry& e, const Status& status);
+  void FinishShutdown(int requested_by);
+  void FlushControl(Deadline deadline);
+
+  // Execution (execute.cc).
+  void Execute(const Response& r);
+  Status ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>& entries);
+  Status ExecuteAllgather(const Response& r, TensorEntry* e);
+  Status ExecuteBroadcast(const Response& r, TensorEntry* e);
+  Status ExecuteAlltoall(const Response& r, TensorEntry* e);
+  Status ExecuteReducescatter(const Response& r, TensorEntry* e);
+  void* AllocateOutput(TensorEntry* e, const std::vector<int64_t>& shape, size_t bytes);
+  Deadline CollectiveDeadline() const;
+
+  const Options options_;
+
+  // Caller side, guarded by mu_.
+  mutable std::mutex mu_;
+  std::deque<TensorEntry> queue_;
+  std::unordered_set<std::string> in_flight_;  // names queued or pending on this rank
+  Status dead_;                                // set once: later operations fail with it
+  bool shutdown_requested_ = false;
+  uint64_t barrier_count_ = 0;
+  std::atomic<bool> wake_posted_{false};
+
+  // Background side.
+  asio::io_context io_;
+  std::unique_ptr<TcpTransport> transport_;
+  std::vector<std::shared_ptr<ControlChannel>> control_;  // rank 0: [peer]; worker: [0]
+  std::unique_ptr<Coordinator> coordinator_;              // rank 0 only
+  std::unordered_map<std::string, TensorEntry> pending_;  // announced, awaiting execution
+  std::deque<Response> to_execute_;
+  ScratchBuffer scratch_;
+  ScratchBuffer fusion_;
+  bool joined_ = false;
+  bool shutdown_sent_ = false;
+  Deadline shutdown_deadline_ = NoDeadline();
+  int shutdown_by_ = -1;   // the rank whose shutdown ends the job, once known
+  Status abort_;           // set by a control message or a lost peer
+  bool done_ = false;
+  std::atomic<uint64_t> responses_executed_{0};
+  std::atomic<uint64_t> cache_hits_{0};
+  std::thread thread_;
+};
+
+}  // namespace hvd

@@ -1,0 +1,68 @@
+// The benchmark hook (hvd/raw.h): a collective run straight on the transport.
+#include "hvd/raw.h"
+
+#include <atomic>
+#include <numeric>
+
+#include "engine/engine_impl.h"
+#include "reduce/reduce.h"
+
+namespace hvd {
+
+namespace {
+
+using RawFn = std::function<Status(Transport&, ScratchBuffer&)>;
+
+RawFn MakeRaw(RawCollective coll, const void* in, void* out, size_t count, DataType dtype,
+              ReduceOp op, int size, double timeout) {
+  const size_t esize = DataTypeSize(dtype);
+  return [=](Transport& t, ScratchBuffer& scratch) -> Status {
+    Deadline d = DeadlineAfterSeconds(timeout);
+    ReduceOp sum_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+    double post = op == ReduceOp::kAverage ? 1.0 / size : 1.0;
+    switch (coll) {
+      case RawCollective::kAllreduce: {
+        if (out != in && count) std::memcpy(out, in, count * esize);
+        HVD_RETURN_IF_ERROR(Allreduce(t, out, count, dtype, sum_op, scratch, d));
+        Scale(out, count, dtype, post);
+        return Status::OK();
+      }
+      case RawCollective::kAllgather: {
+        std::vector<size_t> bytes(size, count * esize);
+        return Allgatherv(t, in, out, bytes, d);
+      }
+      case RawCollective::kBroadcast:
+        if (out != in && t.rank() == 0 && count) std::memcpy(out, in, count * esize);
+        return Broadcast(t, out, count * esize, 0, d);
+      case RawCollective::kAlltoall: {
+        if (count % size) return Status::InvalidArgument("alltoall count must be divisible by size");
+        std::vector<size_t> bytes(size, count / size * esize);
+        return Alltoallv(t, in, bytes, out, bytes, d);
+      }
+      case RawCollective::kReducescatter: {
+        if (count % size) return Status::InvalidArgument("reducescatter count must be divisible by size");
+        std::vector<size_t> counts(size, count / size);
+        HVD_RETURN_IF_ERROR(ReduceScatter(t, in, out, counts, dtype, sum_op, scratch, d));
+        Scale(out, count / size, dtype, post);
+        return Status::OK();
+      }
+    }
+    return Status::InvalidArgument("unknown raw collective");
+  };
+}
+
+std::atomic<uint64_t> g_raw_counter{0};
+
+}  // namespace
+
+Status RunRawCollective(Engine& engine, RawCollective coll, const void* in, void* out,
+                        size_t count, DataType dtype, ReduceOp op) {
+  TensorEntry e;
+  e.request.name = "raw." + std::to_string(g_raw_counter.fetch_add(1));
+  e.handle = std::make_shared<Handle>();
+  e.raw = MakeRaw(coll, in, out, count, dtype, op, engine.size(), engine.options().timeout_seconds);
+  HandlePtr h = engine.impl()->Enqueue(std::move(e));
+  return h->Wait();
+}
+
+}  // namespace hvd

@@ -1,0 +1,238 @@
+#include "transport/tcp/tcp_mesh.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "common/logging.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace hvd {
+
+namespace {
+
+using asio::ip::tcp;
+
+constexpr uint32_t kHelloMagic = 0x31445648;  // "HVD1"
+constexpr uint8_t kKindData = 0, kKindControl = 1;
+constexpr auto kHelloTimeout = std::chrono::seconds(5);
+
+struct Hello {
+  uint32_t magic;
+  int32_t rank;
+  uint8_t kind;
+};
+constexpr size_t kHelloBytes = 9;
+
+void PackHello(const Hello& h, uint8_t* out) {
+  std::memcpy(out, &h.magic, 4);
+  std::memcpy(out + 4, &h.rank, 4);
+  out[8] = h.kind;
+}
+
+// Runs `io` until `done()` or the deadline; false on deadline.
+template <typename Pred>
+bool RunUntil(asio::io_context& io, Deadline deadline, Pred done) {
+  while (!done()) {
+    auto now = Clock::now();
+    if (now >= deadline) return false;
+    if (io.stopped()) io.restart();
+    io.run_one_for(std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(200)));
+  }
+  return true;
+}
+
+StatusOr<tcp::endpoint> ParseAddr(const std::string& s, int peer) {
+  auto colon = s.rfind(':');
+  asio::error_code ec;
+  if (colon != std::string::npos) {
+    auto addr = asio::ip::make_address(s.substr(0, colon), ec);
+    int port = std::atoi(s.c_str() + colon + 1);
+    if (!ec && port > 0 && port < 65536) return tcp::endpoint(addr, static_cast<uint16_t>(port));
+  }
+  return Status::InvalidArgument("rendezvous: bad address '" + s + "' published by rank " +
+                                 std::to_string(peer));
+}
+
+// Connects to `ep` and sends the hello, within the deadline.
+StatusOr<std::unique_ptr<tcp::socket>> Dial(asio::io_context& io, const tcp::endpoint& ep,
+                                            const Hello& hello, int peer, Deadline deadline) {
+  auto sock = std::make_unique<tcp::socket>(io);
+  asio::error_code result = asio::error::would_block;
+  sock->async_connect(ep, [&](const asio::error_code& ec) { result = ec; });
+  bool finished = RunUntil(io, deadline, [&] { return result != asio::error::would_block; });
+  if (!finished || result) {
+    asio::error_code ignored;
+    sock->close(ignored);
+    if (!finished) RunUntil(io, Clock::now() + std::chrono::seconds(1), [&] { return result != asio::error::would_block; });
+    std::ostringstream os;
+    os << "cannot connect to rank " << peer << " at " << ep << ": "
+       << (finished ? result.message() : "timed out");
+    return Status::PeerLost(os.str());
+  }
+  TuneSocket(*sock);
+  uint8_t buf[kHelloBytes];
+  PackHello(hello, buf);
+  asio::error_code ec;
+  asio::write(*sock, asio::buffer(buf), ec);
+  if (ec) return Status::PeerLost("cannot greet rank " + std::to_string(peer) + ": " + ec.message());
+  return sock;
+}
+
+// Accepts connections and sorts them by hello into the mesh.
+class Acceptor {
+ public:
+  Acceptor(asio::io_context& io, tcp::acceptor& acc, TcpMesh& mesh, int rank, int size)
+      : io_(io), acc_(acc), mesh_(mesh), rank_(rank), size_(size) {}
+
+  void Start() { AcceptNext(); }
+  int remaining() const { return expected_ - got_; }
+  void set_expected(int n) { expected_ = n; }
+  void Stop() {
+    stopped_ = true;
+    for (auto& w : incoming_) {
+      if (auto in = w.lock()) {
+        asio::error_code ignored;
+        if (in->sock) in->sock->close(ignored);  // null once placed in the mesh
+        if (in->timer) in->timer->cancel();
+      }
+    }
+  }
+  int pending() const { return pending_; }
+
+ private:
+  struct Incoming {
+    std::unique_ptr<tcp::socket> sock;
+    uint8_t buf[kHelloBytes];
+    std::unique_ptr<asio::steady_timer> timer;
+  };
+
+  void AcceptNext() {
+    if (stopped_) return;
+    auto sock = std::make_shared<std::unique_ptr<tcp::socket>>(std::make_unique<tcp::socket>(io_));
+    ++pending_;
+    acc_.async_accept(**sock, [this, sock](const asio::error_code& ec) {
+      --pending_;
+      if (ec || stopped_) return;
+      auto in = std::make_shared<Incoming>();
+      in->sock = std::move(*sock);
+      incoming_.push_back(in);
+      ReadHello(in);
+      AcceptNext();
+    });
+  }
+
+  void ReadHello(std::shared_ptr<Incoming> in) {
+    in->timer = std::make_unique<asio::steady_timer>(io_, kHelloTimeout);
+    pending_ += 2;
+    in->timer->async_wait([this, in](const asio::error_code& ec) {
+      --pending_;
+      if (!ec) {
+        asio::error_code ignored;
+        in->sock->close(ignored);
+      }
+    });
+    asio::async_read(*in->sock, asio::buffer(in->buf), [this, in](const asio::error_code& ec, size_t) {
+      --pending_;
+      in->timer->cancel();
+      if (ec) {
+        HVD_LOG(kWarning) << "dropped a connection that sent no valid hello: " << ec.message();
+        return;
+      }
+      Hello h;
+      std::memcpy(&h.magic, in->buf, 4);
+      std::memcpy(&h.rank, in->buf + 4, 4);
+      h.kind = in->buf[8];
+      Place(h, std::move(in->sock));
+    });
+  }
+
+  void Place(const Hello& h, std::unique_ptr<tcp::socket> sock) {
+    bool ok = h.magic == kHelloMagic && h.rank > rank_ && h.rank < size_ &&
+              (h.kind == kKindData || (h.kind == kKindControl && rank_ == 0));
+    auto& slot = !ok ? sock : (h.kind == kKindData ? mesh_.data[h.rank] : mesh_.control[h.rank]);
+    if (!ok || slot) {
+      HVD_LOG(kWarning) << "dropped a connection with an unexpected hello (magic " << std::hex
+                        << h.magic << std::dec << ", rank " << h.rank << ", kind " << int(h.kind)
+                        << ")";
+      asio::error_code ignored;
+      sock->close(ignored);
+      return;
+    }
+    TuneSocket(*sock);
+    slot = std::move(sock);
+    ++got_;
+  }
+
+  asio::io_context& io_;
+  tcp::acceptor& acc_;
+  TcpMesh& mesh_;
+  const int rank_, size_;
+  std::vector<std::weak_ptr<Incoming>> incoming_;
+  int expected_ = 0, got_ = 0, pending_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Create(asio::io_context& io, const Options& o,
+                                                    StoreClient& store, Deadline deadline) {
+  auto mesh = std::make_unique<TcpMesh>();
+  mesh->data.resize(o.size);
+  mesh->control.resize(o.rank == 0 ? o.size : 1);
+
+  // 1. Listen and publish.
+  asio::error_code ec;
+  auto bind = asio::ip::make_address(o.bind_addr, ec);
+  if (ec) return Status::InvalidArgument("HVD_BIND_ADDR='" + o.bind_addr + "' is not an IP address");
+  tcp::acceptor acc(io);
+  acc.open(bind.is_v6() ? tcp::v6() : tcp::v4(), ec);
+  if (!ec) acc.bind(tcp::endpoint(bind, 0), ec);
+  if (!ec) acc.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Status::Internal("cannot listen on " + o.bind_addr + ": " + ec.message());
+  std::ostringstream addr;
+  addr << acc.local_endpoint().address().to_string() << ":" << acc.local_endpoint().port();
+  HVD_RETURN_IF_ERROR(store.Set("hvd/addr/" + std::to_string(o.rank), addr.str(), deadline));
+
+  Acceptor acceptor(io, acc, *mesh, o.rank, o.size);
+  acceptor.set_expected((o.size - 1 - o.rank) + (o.rank == 0 ? o.size - 1 : 0));
+  acceptor.Start();
+
+  // 2. Dial the lower ranks.
+  for (int j = 0; j < o.rank; ++j) {
+    auto a = store.Get("hvd/addr/" + std::to_string(j), deadline);
+    if (!a.ok()) return a.status().WithContext("rendezvous with rank " + std::to_string(j));
+    auto ep = ParseAddr(*a, j);
+    if (!ep.ok()) return ep.status();
+    auto s = Dial(io, *ep, Hello{kHelloMagic, o.rank, kKindData}, j, deadline);
+    if (!s.ok()) return s.status();
+    mesh->data[j] = std::move(*s);
+    if (j == 0) {
+      auto c = Dial(io, *ep, Hello{kHelloMagic, o.rank, kKindControl}, 0, deadline);
+      if (!c.ok()) return c.status();
+      mesh->control[0] = std::move(*c);
+    }
+  }
+
+  // 3. Accept the higher ranks.
+  bool all = RunUntil(io, deadline, [&] { return acceptor.remaining() == 0; });
+  // 4. Close the listener and let the cancelled handlers run.
+  acceptor.Stop();
+  acc.close(ec);
+  RunUntil(io, Clock::now() + std::chrono::seconds(2), [&] { return acceptor.pending() == 0; });
+  if (!all) {
+    std::ostringstream os;
+    os << "rank " << o.rank << " timed out waiting for connections from ranks [";
+    bool first = true;
+    for (int j = o.rank + 1; j < o.size; ++j) {
+      if (!mesh->data[j] || (o.rank == 0 && !mesh->control[j])) {
+        os << (first ? "" : ", ") << j;
+        first = false;
+      }
+    }
+    os << "] (are all ranks started, with the same HVD_SIZE?)";
+    return Status::Timeout(os.str());
+  }
+  return mesh;
+}
+
+}  // namespace hvd

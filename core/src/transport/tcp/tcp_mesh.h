@@ -1,0 +1,34 @@
+// Connection set-up for a job over TCP, through the rendezvous store.
+//
+// Steps (every rank):
+//   1. Listen on an ephemeral port of the bind address; publish "host:port" under
+//      "hvd/addr/<rank>" in the store.
+//   2. For every lower rank j: read j's address from the store, connect, send a hello
+//      (magic, rank, kind): one data connection per pair, and one control connection from each
+//      worker to rank 0.
+//   3. Accept until every higher rank's data connection (and, on rank 0, every worker's
+//      control connection) has arrived with a valid hello, or the deadline passes. A
+//      connection with a bad or missing hello is dropped and logged; set-up goes on.
+//   4. Close the listener.
+//
+// Thread-safety: Create runs on one thread and uses `io` until it returns.
+#pragma once
+
+#include <asio.hpp>
+#include <memory>
+#include <vector>
+
+#include "bootstrap/store.h"
+#include "hvd/options.h"
+
+namespace hvd {
+
+struct TcpMesh {
+  std::vector<std::unique_ptr<asio::ip::tcp::socket>> data;     // [peer]; null for self
+  std::vector<std::unique_ptr<asio::ip::tcp::socket>> control;  // rank 0: [peer]; else [0]
+
+  static StatusOr<std::unique_ptr<TcpMesh>> Create(asio::io_context& io, const Options& options,
+                                                   StoreClient& store, Deadline deadline);
+};
+
+}  // namespace hvd

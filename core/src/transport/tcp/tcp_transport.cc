@@ -1,0 +1,160 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <sstream>
+
+#include "common/logging.h"
+
+namespace hvd {
+
+void TuneSocket(asio::ip::tcp::socket& s) {
+  asio::error_code ec;
+  s.set_option(asio::ip::tcp::no_delay(true), ec);
+}
+
+TcpTransport::TcpTransport(asio::io_context& io, int rank,
+                           std::vector<std::unique_ptr<asio::ip::tcp::socket>> sockets)
+    : io_(io), rank_(rank), peers_(sockets.size()) {
+  for (size_t i = 0; i < sockets.size(); ++i) peers_[i].sock = std::move(sockets[i]);
+}
+
+TcpTransport::~TcpTransport() {
+  Abort(Status::Aborted("transport closed"));
+  // Let the cancelled handlers run before the queues they refer to go away.
+  auto limit = Clock::now() + std::chrono::seconds(5);
+  while (in_flight_ > 0 && Clock::now() < limit) {
+    if (io_.stopped()) io_.restart();
+    io_.run_one_for(std::chrono::milliseconds(100));
+  }
+}
+
+TransportRequest TcpTransport::Isend(int peer, const void* buf, size_t len) {
+  return Post(peer, static_cast<char*>(const_cast<void*>(buf)), len, true);
+}
+
+TransportRequest TcpTransport::Irecv(int peer, void* buf, size_t len) {
+  return Post(peer, static_cast<char*>(buf), len, false);
+}
+
+TransportRequest TcpTransport::Post(int peer, char* buf, size_t len, bool is_send) {
+  uint64_t id = next_id_++;
+  OpState& st = ops_[id];
+  st.peer = peer;
+  st.is_send = is_send;
+  st.len = len;
+  if (peer < 0 || peer >= size() || peer == rank_) {
+    st.done = true;
+    st.status = Status::InvalidArgument("transport: bad peer rank " + std::to_string(peer));
+    return {id};
+  }
+  if (!broken_.ok()) {
+    st.done = true;
+    st.status = broken_;
+    return {id};
+  }
+  if (len == 0) {
+    st.done = true;
+    return {id};
+  }
+  Peer& p = peers_[peer];
+  (is_send ? p.sends : p.recvs).push_back(Op{id, buf, len});
+  if (is_send && !p.sending) StartSend(peer);
+  if (!is_send && !p.receiving) StartRecv(peer);
+  return {id};
+}
+
+void TcpTransport::StartSend(int peer) {
+  Peer& p = peers_[peer];
+  if (p.sends.empty() || !broken_.ok()) return;
+  p.sending = true;
+  Op op = p.sends.front();
+  ++in_flight_;
+  asio::async_write(*p.sock, asio::buffer(op.buf, op.len),
+                    [this, peer, id = op.id](const asio::error_code& ec, size_t) {
+                      --in_flight_;
+                      Peer& q = peers_[peer];
+                      q.sending = false;
+                      if (!broken_.ok()) return;  // aborted meanwhile: queues are gone
+                      if (ec) return OnError(peer, true, ec);
+                      q.sends.pop_front();
+                      Finish(id, Status::OK());
+                      StartSend(peer);
+                    });
+}
+
+void TcpTransport::StartRecv(int peer) {
+  Peer& p = peers_[peer];
+  if (p.recvs.empty() || !broken_.ok()) return;
+  p.receiving = true;
+  Op op = p.recvs.front();
+  ++in_flight_;
+  asio::async_read(*p.sock, asio::buffer(op.buf, op.len),
+                   [this, peer, id = op.id](const asio::error_code& ec, size_t) {
+                     --in_flight_;
+                     Peer& q = peers_[peer];
+                     q.receiving = false;
+                     if (!broken_.ok()) return;
+                     if (ec) return OnError(peer, false, ec);
+                     q.recvs.pop_front();
+                     Finish(id, Status::OK());
+                     StartRecv(peer);
+                   });
+}
+
+void TcpTransport::Finish(uint64_t id, Status st) {
+  auto it = ops_.find(id);
+  if (it == ops_.end()) return;
+  it->second.done = true;
+  it->second.status = std::move(st);
+}
+
+void TcpTransport::OnError(int peer, bool is_send, const asio::error_code& ec) {
+  if (!broken_.ok()) return;  // already aborted; this is the cancellation
+  std::ostringstream os;
+  os << "rank " << peer << " lost: connection "
+     << (ec == asio::error::eof ? "closed by the peer" : ec.message()) << " while "
+     << (is_send ? "sending to" : "receiving from") << " it (rank " << rank_ << ")";
+  Abort(Status::PeerLost(os.str()));
+}
+
+void TcpTransport::Abort(const Status& why) {
+  if (!broken_.ok()) return;
+  broken_ = why;
+  for (auto& p : peers_) {
+    if (!p.sock) continue;
+    asio::error_code ec;
+    p.sock->shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+    p.sock->close(ec);
+    for (auto* q : {&p.sends, &p.recvs}) {
+      for (const Op& op : *q) Finish(op.id, why);
+      q->clear();
+    }
+  }
+  // Closing cancels the reads and writes in flight: the kernel copies no more bytes into or out
+  // of callers' buffers, and the cancelled handlers only decrement in_flight_. Abort may run
+  // inside a handler (an abort message arriving mid-collective), so it does not run io_.
+}
+
+Status TcpTransport::Wait(TransportRequest r, Deadline deadline) {
+  auto it = ops_.find(r.id);
+  if (it == ops_.end()) return Status::Internal("transport: unknown request");
+  while (!it->second.done) {
+    if (io_.stopped()) io_.restart();
+    auto now = Clock::now();
+    if (now >= deadline) {
+      const OpState& st = it->second;
+      std::ostringstream os;
+      os << "timed out " << (st.is_send ? "sending " : "receiving ") << st.len << " bytes "
+         << (st.is_send ? "to" : "from") << " rank " << st.peer
+         << " (the peer stopped making progress; see HVD_TIMEOUT_SECONDS)";
+      Abort(Status::Timeout(os.str()));
+      break;
+    }
+    io_.run_one_for(std::min<Clock::duration>(deadline - now, std::chrono::seconds(1)));
+    it = ops_.find(r.id);
+  }
+  Status s = it->second.status;
+  ops_.erase(it);
+  return s;
+}
+
+}  // namespace hvd

@@ -1,0 +1,76 @@
+// Transport over TCP (Asio): one connection per pair of ranks, progressed by the io_context that
+// the background thread runs (Wait runs it), so sending, receiving and the caller's reductions
+// interleave on one thread without busy-waiting.
+//
+// Per peer there is a queue of sends and a queue of receives; the head of each is in flight as
+// one async_write / async_read, so bytes keep their posting order. Any failure (a reset, EOF,
+// a passed deadline) aborts the whole transport: every socket is closed, every pending request
+// fails with the first error (which names the peer), and later requests fail at once.
+//
+// Thread-safety: not thread-safe; only the background thread that runs `io` may use it.
+#pragma once
+
+#include <asio.hpp>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace hvd {
+
+class TcpTransport : public Transport {
+ public:
+  // sockets[peer] is null for this rank; the transport takes ownership.
+  TcpTransport(asio::io_context& io, int rank, std::vector<std::unique_ptr<asio::ip::tcp::socket>> sockets);
+  ~TcpTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(peers_.size()); }
+  TransportRequest Isend(int peer, const void* buf, size_t len) override;
+  TransportRequest Irecv(int peer, void* buf, size_t len) override;
+  Status Wait(TransportRequest r, Deadline deadline) override;
+
+  // Fails everything with `why` and closes the sockets (idempotent).
+  void Abort(const Status& why);
+  const Status& broken() const { return broken_; }
+
+ private:
+  struct Op {
+    uint64_t id;
+    char* buf;
+    size_t len;
+  };
+  struct Peer {
+    std::unique_ptr<asio::ip::tcp::socket> sock;
+    std::deque<Op> sends, recvs;
+    bool sending = false, receiving = false;
+  };
+  struct OpState {
+    bool done = false;
+    Status status;
+    int peer = -1;
+    bool is_send = false;
+    size_t len = 0;
+  };
+
+  TransportRequest Post(int peer, char* buf, size_t len, bool is_send);
+  void StartSend(int peer);
+  void StartRecv(int peer);
+  void Finish(uint64_t id, Status st);
+  void OnError(int peer, bool is_send, const asio::error_code& ec);
+
+  asio::io_context& io_;
+  const int rank_;
+  std::vector<Peer> peers_;
+  std::unordered_map<uint64_t, OpState> ops_;
+  uint64_t next_id_ = 1;
+  int in_flight_ = 0;  // async operations whose handler has not run yet
+  Status broken_;
+};
+
+// Applies the socket options hvd wants on every connection (no Nagle, larger buffers).
+void TuneSocket(asio::ip::tcp::socket& s);
+
+}  // namespace hvd
