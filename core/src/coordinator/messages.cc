@@ -111,6 +111,11 @@ bool Get(Reader& rd, Request* r) {
 }
 
 void Put(Writer& w, const Response& r) {
+  w.Put<uint8_t>(r.cache_bits.empty() ? 0 : 1);
+  if (!r.cache_bits.empty()) {
+    w.Vec(r.cache_bits);
+    return;
+  }
   w.Put<uint8_t>(static_cast<uint8_t>(r.type));
   w.Put<uint32_t>(static_cast<uint32_t>(r.names.size()));
   for (const auto& n : r.names) w.Str(n);
@@ -128,8 +133,10 @@ void Put(Writer& w, const Response& r) {
 }
 
 bool Get(Reader& rd, Response* r) {
-  uint8_t type, dtype, op;
+  uint8_t type, dtype, op, compact;
   uint32_t n;
+  if (!rd.Enum(&compact, 2)) return false;
+  if (compact) return rd.Vec(&r->cache_bits) && !r->cache_bits.empty();
   if (!rd.Enum(&type, static_cast<uint8_t>(OpType::kError) + 1) || !rd.Get(&n) || n > kMaxCount) {
     return false;
   }
@@ -152,9 +159,8 @@ bool Get(Reader& rd, Response* r) {
   return true;
 }
 
-template <typename List, typename Item>
-Status DecodeList(const uint8_t* data, size_t len, std::vector<Item>* items, const char* what) {
-  Reader rd(data, len);
+template <typename Item>
+Status DecodeItems(Reader& rd, std::vector<Item>* items, const char* what) {
   uint32_t n;
   if (!rd.Get(&n) || n > kMaxCount) {
     return Status::InvalidArgument(std::string("malformed ") + what + ": bad count");
@@ -163,6 +169,10 @@ Status DecodeList(const uint8_t* data, size_t len, std::vector<Item>* items, con
   for (auto& it : *items) {
     if (!Get(rd, &it)) return Status::InvalidArgument(std::string("malformed ") + what);
   }
+  return Status::OK();
+}
+
+Status CheckDone(const Reader& rd, const char* what) {
   if (!rd.done()) return Status::InvalidArgument(std::string("trailing bytes after ") + what);
   return Status::OK();
 }
@@ -173,6 +183,8 @@ std::vector<uint8_t> Encode(const RequestList& l) {
   Writer w;
   w.Put<uint32_t>(static_cast<uint32_t>(l.requests.size()));
   for (const auto& r : l.requests) Put(w, r);
+  w.Put<uint64_t>(l.cache_epoch);
+  w.Vec(l.cached_bits);
   return w.Take();
 }
 
@@ -184,11 +196,18 @@ std::vector<uint8_t> Encode(const ResponseList& l) {
 }
 
 Status Decode(const uint8_t* data, size_t len, RequestList* out) {
-  return DecodeList<RequestList>(data, len, &out->requests, "request list");
+  Reader rd(data, len);
+  HVD_RETURN_IF_ERROR(DecodeItems(rd, &out->requests, "request list"));
+  if (!rd.Get(&out->cache_epoch) || !rd.Vec(&out->cached_bits)) {
+    return Status::InvalidArgument("malformed request list: bad cache bits");
+  }
+  return CheckDone(rd, "request list");
 }
 
 Status Decode(const uint8_t* data, size_t len, ResponseList* out) {
-  return DecodeList<ResponseList>(data, len, &out->responses, "response list");
+  Reader rd(data, len);
+  HVD_RETURN_IF_ERROR(DecodeItems(rd, &out->responses, "response list"));
+  return CheckDone(rd, "response list");
 }
 
 }  // namespace hvd

@@ -59,6 +59,9 @@ struct Response {
   int32_t last_joined = -1;    // kJoin: the last rank to join
   // Ranks that had joined when this response was made: they take part without a tensor.
   std::vector<int32_t> joined;
+  // On the wire only: when not empty, the response travels as these response-cache bits and
+  // the fields above are rebuilt from the receiver's cache.
+  std::vector<uint32_t> cache_bits;
 };
 
 // Control-channel message kinds.
@@ -72,6 +75,8 @@ enum class MessageType : uint8_t {
 // Join and barrier travel as requests too (names "join" and "barrier.<n>").
 struct RequestList {
   std::vector<Request> requests;
+  uint64_t cache_epoch = 0;          // the sender's response-cache epoch
+  std::vector<uint64_t> cached_bits;  // bit vector: the cached tensors announced
 };
 
 struct ResponseList {

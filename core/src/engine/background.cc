@@ -103,8 +103,56 @@ void EngineImpl::Announce(std::vector<Request> requests) {
     coordinator_->AddRequests(options_.rank, std::move(requests));
     return;
   }
-  RequestList list{std::move(requests)};
+  // Fast path: tensors whose request is cached travel as bits of a bit vector.
+  RequestList list;
+  list.cache_epoch = cache_->epoch();
+  for (auto& r : requests) {
+    int bit = cache_->Lookup(r);
+    if (bit < 0) {
+      list.requests.push_back(std::move(r));
+      continue;
+    }
+    size_t word = static_cast<size_t>(bit) / 64;
+    if (list.cached_bits.size() <= word) list.cached_bits.resize(word + 1, 0);
+    list.cached_bits[word] |= uint64_t{1} << (bit % 64);
+    cache_hits_.fetch_add(1);
+  }
   control_[0]->Send(static_cast<uint8_t>(MessageType::kRequests), Payload(Encode(list)));
+}
+
+Status EngineImpl::OnRequests(int peer, RequestList&& list) {
+  if (list.cache_epoch > cache_->epoch()) {
+    return Status::InvalidArgument("request list from a future cache epoch");
+  }
+  for (size_t w = 0; w < list.cached_bits.size(); ++w) {
+    for (uint64_t word = list.cached_bits[w]; word; word &= word - 1) {
+      uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+      Request r;
+      if (!cache_->Decode(bit, list.cache_epoch, &r)) {
+        return Status::InvalidArgument("unknown response-cache bit " + std::to_string(bit));
+      }
+      list.requests.push_back(std::move(r));
+    }
+  }
+  worker_epochs_[peer] = std::max(worker_epochs_[peer], list.cache_epoch);
+  uint64_t oldest = cache_->epoch();
+  for (int r = 1; r < options_.size; ++r) oldest = std::min(oldest, worker_epochs_[r]);
+  cache_->PruneHistory(oldest);
+  coordinator_->AddRequests(peer, std::move(list.requests));
+  return Status::OK();
+}
+
+Status EngineImpl::OnResponses(ResponseList&& list) {
+  for (auto& r : list.responses) {
+    if (r.cache_bits.empty()) continue;
+    std::vector<uint32_t> bits = std::move(r.cache_bits);
+    if (!cache_->Rebuild(bits, &r)) {
+      return Status::InvalidArgument("response names an empty response-cache bit");
+    }
+  }
+  cache_->Apply(list.responses);
+  for (auto& r : list.responses) to_execute_.push_back(std::move(r));
+  return Status::OK();
 }
 
 void EngineImpl::CoordinatorStep() {
@@ -112,9 +160,19 @@ void EngineImpl::CoordinatorStep() {
   std::vector<Response> ready = coordinator_->ComputeResponses();
   if (ready.empty()) return;
   if (options_.size > 1) {
-    ResponseList list{ready};
-    BroadcastControl(static_cast<uint8_t>(MessageType::kResponses), Payload(Encode(list)));
+    ResponseList wire;
+    for (const auto& r : ready) {
+      Response w;
+      if (cache_->Encodable(r, &w.cache_bits)) {
+        cache_hits_.fetch_add(1);
+      } else {
+        w = r;
+      }
+      wire.responses.push_back(std::move(w));
+    }
+    BroadcastControl(static_cast<uint8_t>(MessageType::kResponses), Payload(Encode(wire)));
   }
+  cache_->Apply(ready);
   for (auto& r : ready) to_execute_.push_back(std::move(r));
 }
 
@@ -129,13 +187,13 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
   if (mt == MessageType::kRequests && coordinator_) {
     RequestList list;
     Status s = Decode(payload.data(), payload.size(), &list);
+    if (s.ok()) s = OnRequests(peer, std::move(list));
     if (!s.ok()) return OnControlError(peer, s.message());
-    coordinator_->AddRequests(peer, std::move(list.requests));
   } else if (mt == MessageType::kResponses && !coordinator_) {
     ResponseList list;
     Status s = Decode(payload.data(), payload.size(), &list);
+    if (s.ok()) s = OnResponses(std::move(list));
     if (!s.ok()) return OnControlError(peer, s.message());
-    for (auto& r : list.responses) to_execute_.push_back(std::move(r));
   } else if (mt == MessageType::kShutdown && payload.size() == 4) {
     int by;
     std::memcpy(&by, payload.data(), 4);

@@ -46,6 +46,8 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(const Options& options)
 }
 
 Status EngineImpl::Connect() {
+  cache_ = std::make_unique<ResponseCache>(options_.cache_capacity);
+  worker_epochs_.assign(options_.size, 0);
   if (options_.rank == 0) {
     coordinator_ = std::make_unique<Coordinator>(options_.size, options_.fusion_threshold_bytes,
                                                  options_.stall_check_seconds);

@@ -28,6 +28,7 @@
 #include "collectives/collectives.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/messages.h"
+#include "coordinator/response_cache.h"
 #include "hvd/engine.h"
 #include "transport/tcp/control_channel.h"
 #include "transport/tcp/tcp_transport.h"
@@ -73,6 +74,8 @@ class EngineImpl {
   void OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&& payload);
   void OnControlError(int peer, const std::string& what);
   void CoordinatorStep();
+  Status OnRequests(int peer, RequestList&& list);
+  Status OnResponses(ResponseList&& list);
   void BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload);
   void FailAll(const Status& status, bool notify = true);
   void CompleteEntry(TensorEntry& e, const Status& status);
@@ -105,6 +108,8 @@ class EngineImpl {
   std::unique_ptr<TcpTransport> transport_;
   std::vector<std::shared_ptr<ControlChannel>> control_;  // rank 0: [peer]; worker: [0]
   std::unique_ptr<Coordinator> coordinator_;              // rank 0 only
+  std::unique_ptr<ResponseCache> cache_;                  // identical on every rank
+  std::vector<uint64_t> worker_epochs_;                   // rank 0: each worker's cache epoch
   std::unordered_map<std::string, TensorEntry> pending_;  // announced, awaiting execution
   std::deque<Response> to_execute_;
   ScratchBuffer scratch_;

@@ -59,6 +59,7 @@ Status RunRawCollective(Engine& engine, RawCollective coll, const void* in, void
                         size_t count, DataType dtype, ReduceOp op) {
   TensorEntry e;
   e.request.name = "raw." + std::to_string(g_raw_counter.fetch_add(1));
+  e.input.shape = {0};  // the raw function carries its own buffers
   e.handle = std::make_shared<Handle>();
   e.raw = MakeRaw(coll, in, out, count, dtype, op, engine.size(), engine.options().timeout_seconds);
   HandlePtr h = engine.impl()->Enqueue(std::move(e));

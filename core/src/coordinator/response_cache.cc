@@ -1,0 +1,131 @@
+#include "coordinator/response_cache.h"
+
+namespace hvd {
+
+bool SameRequest(const Request& a, const Request& b) {
+  return a.type == b.type && a.name == b.name && a.dtype == b.dtype && a.op == b.op &&
+         a.root == b.root && a.device == b.device && a.prescale == b.prescale &&
+         a.postscale == b.postscale && a.shape == b.shape && a.splits == b.splits &&
+         a.group == b.group && a.group_size == b.group_size;
+}
+
+ResponseCache::ResponseCache(int capacity) : slots_(capacity > 0 ? capacity : 0) {}
+
+int ResponseCache::Lookup(const Request& r) const {
+  auto it = by_name_.find(r.name);
+  if (it == by_name_.end()) return -1;
+  return SameRequest(slots_[it->second].request, r) ? static_cast<int>(it->second) : -1;
+}
+
+bool ResponseCache::Decode(uint32_t bit, uint64_t epoch, Request* out) const {
+  if (bit >= slots_.size()) return false;
+  for (const auto& ev : history_) {
+    if (ev.bit == bit && ev.epoch > epoch) {
+      *out = ev.request;
+      return true;
+    }
+  }
+  if (!slots_[bit].live) return false;
+  *out = slots_[bit].request;
+  return true;
+}
+
+Request ResponseCache::FromResponse(const Response& r, size_t i) {
+  Request q;
+  q.type = r.type;
+  q.name = r.names[i];
+  q.dtype = r.dtype;
+  q.op = r.op;
+  q.root = r.root;
+  q.prescale = r.prescale;
+  q.postscale = r.postscale;
+  q.shape = r.shapes[i];
+  return q;
+}
+
+bool ResponseCache::Cacheable(const Response& r) {
+  return (r.type == OpType::kAllreduce || r.type == OpType::kBroadcast ||
+          r.type == OpType::kReducescatter) &&
+         r.joined.empty() && r.error.empty();
+}
+
+bool ResponseCache::Encodable(const Response& r, std::vector<uint32_t>* bits) const {
+  if (!enabled() || !Cacheable(r)) return false;
+  bits->clear();
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    int b = Lookup(FromResponse(r, i));
+    if (b < 0) return false;
+    bits->push_back(static_cast<uint32_t>(b));
+  }
+  return true;
+}
+
+bool ResponseCache::Rebuild(const std::vector<uint32_t>& bits, Response* out) const {
+  for (size_t i = 0; i < bits.size(); ++i) {
+    if (bits[i] >= slots_.size() || !slots_[bits[i]].live) return false;
+    const Request& q = slots_[bits[i]].request;
+    if (i == 0) {
+      *out = Response();
+      out->type = q.type;
+      out->dtype = q.dtype;
+      out->op = q.op;
+      out->root = q.root;
+      out->prescale = q.prescale;
+      out->postscale = q.postscale;
+    }
+    out->names.push_back(q.name);
+    out->shapes.push_back(q.shape);
+  }
+  return !bits.empty();
+}
+
+void ResponseCache::Touch(const Request& req) {
+  ++clock_;
+  auto it = by_name_.find(req.name);
+  if (it != by_name_.end()) {
+    Slot& s = slots_[it->second];
+    if (!SameRequest(s.request, req)) {
+      // The tensor changed: the bit takes the new request; older epochs keep the old meaning.
+      history_.push_back(Eviction{epoch_ + 1, it->second, s.request});
+      s.request = req;
+    }
+    s.last_used = clock_;
+    return;
+  }
+  // Insert at the lowest free bit, else evict the least recently used entry.
+  uint32_t bit = 0;
+  bool found_free = false;
+  for (uint32_t b = 0; b < slots_.size(); ++b) {
+    if (!slots_[b].live) {
+      bit = b;
+      found_free = true;
+      break;
+    }
+    if (slots_[b].last_used < slots_[bit].last_used) bit = b;
+  }
+  Slot& s = slots_[bit];
+  if (!found_free) {
+    history_.push_back(Eviction{epoch_ + 1, bit, s.request});
+    by_name_.erase(s.request.name);
+  }
+  s.live = true;
+  s.request = req;
+  s.last_used = clock_;
+  by_name_[req.name] = bit;
+}
+
+void ResponseCache::Apply(const std::vector<Response>& list) {
+  if (enabled()) {
+    for (const auto& r : list) {
+      if (!Cacheable(r)) continue;
+      for (size_t i = 0; i < r.names.size(); ++i) Touch(FromResponse(r, i));
+    }
+  }
+  ++epoch_;
+}
+
+void ResponseCache::PruneHistory(uint64_t oldest_epoch_in_use) {
+  while (!history_.empty() && history_.front().epoch <= oldest_epoch_in_use) history_.pop_front();
+}
+
+}  // namespace hvd

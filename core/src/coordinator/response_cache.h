@@ -1,0 +1,78 @@
+// The response cache: a bit per recently executed tensor, so that a tensor seen before travels
+// as one bit of a bit vector instead of a full request, and a response as a list of bits.
+//
+// Protocol (keeps every rank's cache identical without extra messages):
+//   1. The cache changes only when a response list is applied, in list order: rank 0 applies a
+//      list right after computing it, a worker right after receiving it; applying list k takes
+//      the cache from epoch k-1 to epoch k. So at equal epochs every rank's cache is the same.
+//   2. Applying a list: every single-rank-independent response (allreduce, broadcast,
+//      reducescatter; not an error, no joined ranks) marks its names used; a name not cached
+//      yet is inserted at the lowest free bit, or, when full, at the bit of the least recently
+//      used entry, which is evicted.
+//   3. A worker announces a tensor whose request equals the cached one as its bit, and sends
+//      the epoch its cache is at. Rank 0 may be at a later epoch; it keeps the entries evicted
+//      since the oldest epoch a worker may still use (History), and decodes a bit as it was at
+//      the sender's epoch.
+//   4. Rank 0 sends a response as bits when every name in it is cached (at the epoch before
+//      the list) with the same request; receivers rebuild it from their cache before applying
+//      the list.
+//
+// Thread-safety: not thread-safe; used by the background thread only.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "coordinator/messages.h"
+
+namespace hvd {
+
+class ResponseCache {
+ public:
+  explicit ResponseCache(int capacity);
+
+  bool enabled() const { return !slots_.empty(); }
+  uint64_t epoch() const { return epoch_; }
+
+  // The bit of r's name if it is cached with exactly r's request, else -1.
+  int Lookup(const Request& r) const;
+  // The request a bit meant at `epoch` (<= this cache's epoch); false if unknown.
+  bool Decode(uint32_t bit, uint64_t epoch, Request* out) const;
+  // The bits of r's names if r can travel as bits, else false.
+  bool Encodable(const Response& r, std::vector<uint32_t>* bits) const;
+  // Rebuilds a response from bits; false if a bit is empty.
+  bool Rebuild(const std::vector<uint32_t>& bits, Response* out) const;
+  // Applies a response list (step 2) and advances the epoch.
+  void Apply(const std::vector<Response>& list);
+  // Rank 0: forget evictions older than every worker's epoch.
+  void PruneHistory(uint64_t oldest_epoch_in_use);
+
+ private:
+  struct Slot {
+    bool live = false;
+    Request request;
+    uint64_t last_used = 0;
+  };
+  struct Eviction {
+    uint64_t epoch;  // the epoch the eviction produced
+    uint32_t bit;
+    Request request;
+  };
+  static Request FromResponse(const Response& r, size_t i);
+  static bool Cacheable(const Response& r);
+  void Touch(const Request& req);
+
+  std::vector<Slot> slots_;
+  std::unordered_map<std::string, uint32_t> by_name_;
+  std::deque<Eviction> history_;
+  uint64_t epoch_ = 0;
+  uint64_t clock_ = 0;
+};
+
+// Requests are equal for the cache when every field that shapes the response is.
+bool SameRequest(const Request& a, const Request& b);
+
+}  // namespace hvd
