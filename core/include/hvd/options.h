@@ -36,6 +36,7 @@ struct HVD_EXPORT Options {
   double cycle_time_ms = 1.0;                 // HVD_CYCLE_TIME: longest idle sleep of the loop
   int cache_capacity = 1024;                  // HVD_CACHE_CAPACITY; 0 disables the cache
   double timeout_seconds = 30.0;              // HVD_TIMEOUT_SECONDS
+  double start_timeout_seconds = 30.0;        // HVD_START_TIMEOUT: connecting at start-up
   double stall_check_seconds = 60.0;          // HVD_STALL_CHECK_TIME_SECONDS; 0 disables
   std::string timeline_path;                  // HVD_TIMELINE
   LogLevel log_level = LogLevel::kWarning;    // HVD_LOG_LEVEL

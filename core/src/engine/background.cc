@@ -52,6 +52,7 @@ void EngineImpl::Loop() {
     io_.poll();
   }
   done_ = true;
+  timeline_.reset();  // writes the file
 }
 
 bool EngineImpl::DrainQueue() {
@@ -79,6 +80,7 @@ bool EngineImpl::DrainQueue() {
     if (options_.size == 1 && e.request.type == OpType::kJoin) joined_ = true;
     if (e.request.type == OpType::kJoin) joined_ = true;
     requests.push_back(e.request);
+    timeline_->Negotiate(e.request.name);
     std::string name = e.request.name;
     pending_.emplace(name, std::move(e));
   }

@@ -47,6 +47,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(const Options& options)
 
 Status EngineImpl::Connect() {
   cache_ = std::make_unique<ResponseCache>(options_.cache_capacity);
+  timeline_ = std::make_unique<Timeline>(options_.timeline_path, options_.rank);
   worker_epochs_.assign(options_.size, 0);
   if (options_.rank == 0) {
     coordinator_ = std::make_unique<Coordinator>(options_.size, options_.fusion_threshold_bytes,
@@ -57,7 +58,7 @@ Status EngineImpl::Connect() {
     transport_ = std::make_unique<TcpTransport>(io_, 0, std::move(none));
     return Status::OK();
   }
-  Deadline deadline = DeadlineAfterSeconds(options_.timeout_seconds);
+  Deadline deadline = DeadlineAfterSeconds(options_.start_timeout_seconds);
   auto store = StoreClient::Connect(options_.rendezvous_addr, options_.rendezvous_port, deadline);
   if (!store.ok()) {
     return store.status().WithContext("rank " + std::to_string(options_.rank) +

@@ -29,6 +29,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/messages.h"
 #include "coordinator/response_cache.h"
+#include "engine/timeline.h"
 #include "hvd/engine.h"
 #include "transport/tcp/control_channel.h"
 #include "transport/tcp/tcp_transport.h"
@@ -112,6 +113,7 @@ class EngineImpl {
   std::vector<uint64_t> worker_epochs_;                   // rank 0: each worker's cache epoch
   std::unordered_map<std::string, TensorEntry> pending_;  // announced, awaiting execution
   std::deque<Response> to_execute_;
+  std::unique_ptr<Timeline> timeline_;
   ScratchBuffer scratch_;
   ScratchBuffer fusion_;
   bool joined_ = false;

@@ -59,6 +59,9 @@ void EngineImpl::Execute(const Response& r) {
     HVD_LOG(kError) << "response for '" << r.names[0] << "' that this rank never announced";
   }
 
+  size_t bytes = 0;
+  for (const auto& shape : r.shapes) bytes += static_cast<size_t>(Elements(shape)) * DataTypeSize(r.dtype);
+  timeline_->Begin(OpTypeName(r.type), r.names, bytes);
   Status s;
   switch (r.type) {
     case OpType::kError:
@@ -89,6 +92,7 @@ void EngineImpl::Execute(const Response& r) {
       }
       break;
   }
+  timeline_->End(s.ok() ? "ok" : StatusCodeName(s.code()));
   bool comm_gone = s.code() == StatusCode::kPeerLost || s.code() == StatusCode::kTimeout;
   if (!s.ok() && r.type != OpType::kError) {
     s = s.WithContext(std::string(OpTypeName(r.type)) + " '" + r.names[0] + "'" +

@@ -1,0 +1,103 @@
+#include "engine/timeline.h"
+
+#include <sstream>
+
+#include "common/logging.h"
+
+namespace hvd {
+
+namespace {
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+Timeline::Timeline(const std::string& pattern, int rank) : start_(Clock::now()) {
+  if (pattern.empty()) return;
+  std::string path = pattern;
+  auto pos = path.find("%r");
+  if (pos == std::string::npos && rank != 0) return;
+  if (pos != std::string::npos) path.replace(pos, 2, std::to_string(rank));
+  file_ = std::fopen(path.c_str(), "w");
+  if (!file_) {
+    HVD_LOG(kWarning) << "HVD_TIMELINE: cannot write " << path << "; no timeline";
+    return;
+  }
+  std::fputs("[\n", file_);
+}
+
+Timeline::~Timeline() {
+  if (!file_) return;
+  Flush();
+  std::fputs("\n]\n", file_);
+  std::fclose(file_);
+}
+
+double Timeline::Micros(Clock::time_point t) const {
+  return std::chrono::duration<double, std::micro>(t - start_).count();
+}
+
+void Timeline::Emit(const std::string& event) {
+  buffer_.push_back(event);
+  if (buffer_.size() >= 4096) Flush();
+}
+
+void Timeline::Flush() {
+  if (!file_) return;
+  for (const auto& e : buffer_) {
+    std::fputs(first_ ? "" : ",\n", file_);
+    std::fputs(e.c_str(), file_);
+    first_ = false;
+  }
+  buffer_.clear();
+  std::fflush(file_);
+}
+
+void Timeline::Negotiate(const std::string& name) {
+  if (file_) negotiating_[name] = Clock::now();
+}
+
+void Timeline::Begin(const std::string& op, const std::vector<std::string>& names, size_t bytes) {
+  if (!file_) return;
+  begin_ = Clock::now();
+  op_ = op;
+  names_ = names;
+  for (const auto& n : names) {
+    auto it = negotiating_.find(n);
+    if (it == negotiating_.end()) continue;
+    std::ostringstream os;
+    os << "{\"name\":\"NEGOTIATE\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << JsonEscape(n)
+       << "\",\"ts\":" << Micros(it->second) << ",\"dur\":" << Micros(begin_) - Micros(it->second)
+       << "}";
+    Emit(os.str());
+    negotiating_.erase(it);
+  }
+  (void)bytes;
+  names_.push_back(std::to_string(bytes));  // last element: the byte count
+}
+
+void Timeline::End(const std::string& status) {
+  if (!file_ || names_.empty()) return;
+  auto end = Clock::now();
+  std::string bytes = names_.back();
+  names_.pop_back();
+  for (const auto& n : names_) {
+    std::ostringstream os;
+    os << "{\"name\":\"" << op_ << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << JsonEscape(n)
+       << "\",\"ts\":" << Micros(begin_) << ",\"dur\":" << Micros(end) - Micros(begin_)
+       << ",\"args\":{\"bytes\":" << bytes << ",\"fused\":" << names_.size() << ",\"status\":\""
+       << JsonEscape(status) << "\"}}";
+    Emit(os.str());
+  }
+  names_.clear();
+}
+
+}  // namespace hvd
