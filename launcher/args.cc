@@ -1,0 +1,290 @@
+#include "args.h"
+
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <cxxopts.hpp>
+
+#include "hvd/options.h"
+
+namespace hvd {
+namespace launcher {
+namespace {
+
+const std::set<std::string>& ValueFlags() {
+  static const std::set<std::string> flags = {
+      "n", "np", "H", "hosts", "hostfile", "fusion-threshold-mb", "cycle-time-ms",
+      "cache-capacity", "timeout", "stall-check-seconds", "log-level", "timeline",
+      "start-timeout", "grace-seconds", "kill-after-seconds"};
+  return flags;
+}
+
+const std::set<std::string>& BoolFlags() {
+  static const std::set<std::string> flags = {"h", "help", "v", "verbose", "no-prefix"};
+  return flags;
+}
+
+cxxopts::Options BuildOptions() {
+  cxxopts::Options o("hvdrun", "Starts the ranks of an hvd job and supervises them.");
+  o.custom_help("[options] COMMAND [ARGS...]");
+  auto s = [] { return cxxopts::value<std::string>(); };
+  o.add_options("Job")
+      ("n,np", "Number of ranks to start (default: the total slots of -H/--hostfile). "
+               "Also accepted as -np.", s(), "N")
+      ("H,hosts", "Hosts and slots, in placement order: host:slots,host:slots,...", s(),
+       "LIST")
+      ("hostfile", "File with one 'host slots=N' per line ('#' comments)", s(), "FILE")
+      ("start-timeout", "Seconds a rank may take to start and reach the rendezvous store; "
+                        "exported as HVD_START_TIMEOUT (default 30)", s(), "SEC")
+      ("grace-seconds", "After the first rank fails, seconds the others get to finish "
+                        "before SIGTERM (default 3)", s(), "SEC")
+      ("kill-after-seconds", "Seconds between SIGTERM and SIGKILL when stopping ranks "
+                             "(default 5)", s(), "SEC")
+      ("no-prefix", "Do not prefix output lines with [rank]<stream>:")
+      ("v,verbose", "Print what hvdrun does to stderr")
+      ("h,help", "Print this help");
+  o.add_options("Engine knobs (exported to every rank)")
+      ("fusion-threshold-mb", "Fusion buffer size in MiB -> HVD_FUSION_THRESHOLD (bytes); "
+                              "0 disables fusion", s(), "MB")
+      ("cycle-time-ms", "Longest idle sleep of the background loop -> HVD_CYCLE_TIME", s(),
+       "MS")
+      ("cache-capacity", "Response cache entries -> HVD_CACHE_CAPACITY; 0 disables", s(), "N")
+      ("timeout", "Seconds before a silent peer counts as lost -> HVD_TIMEOUT_SECONDS", s(),
+       "SEC")
+      ("stall-check-seconds", "Report tensors waiting longer than this "
+                              "-> HVD_STALL_CHECK_TIME_SECONDS; 0 disables", s(), "SEC")
+      ("log-level", "trace|debug|info|warning|error|fatal -> HVD_LOG_LEVEL", s(), "LEVEL")
+      ("timeline", "Write a timeline to FILE -> HVD_TIMELINE", s(), "FILE");
+  return o;
+}
+
+std::string FlagName(const std::string& arg, bool* inline_value) {
+  size_t eq = arg.find('=');
+  if (arg.rfind("--", 0) == 0) {
+    *inline_value = eq != std::string::npos;
+    return arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+  }
+  if (arg == "-np" || arg.rfind("-np=", 0) == 0) {
+    *inline_value = eq != std::string::npos;
+    return "np";
+  }
+  *inline_value = arg.size() > 2;  // -n4, -Hlocalhost:2
+  return arg.substr(1, 1);
+}
+
+// Splits argv into hvdrun's flags (normalised for cxxopts) and the command.
+void SplitArgs(int argc, const char* const* argv, std::vector<std::string>* flags,
+               std::vector<std::string>* command) {
+  flags->push_back("hvdrun");
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a.size() < 2 || a[0] != '-') break;
+    bool inline_value = false;
+    std::string name = FlagName(a, &inline_value);
+    if (a.rfind("-np", 0) == 0) a = "-" + a;  // cxxopts spells it --np
+    bool takes_value = ValueFlags().count(name) > 0;
+    if (!takes_value && BoolFlags().count(name) == 0) {
+      throw LaunchError("unknown flag '" + std::string(argv[i]) + "' (see hvdrun --help)");
+    }
+    if (!takes_value && inline_value) {
+      throw LaunchError("flag '" + std::string(argv[i]) + "' takes no value");
+    }
+    flags->push_back(a);
+    if (takes_value && !inline_value) {
+      if (i + 1 >= argc) throw LaunchError("flag '" + a + "' needs a value");
+      flags->push_back(argv[++i]);
+    }
+  }
+  for (; i < argc; ++i) command->push_back(argv[i]);
+}
+
+double ParseDouble(const std::string& flag, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno != 0 || !std::isfinite(v)) {
+    throw LaunchError("bad value '" + text + "' for " + flag + " (expected a number)");
+  }
+  return v;
+}
+
+std::string Str(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
+void ParseHosts(const cxxopts::ParseResult& r, LaunchOptions* out) {
+  if (r.count("hosts") && r.count("hostfile")) {
+    throw LaunchError("give either -H or --hostfile, not both");
+  }
+  if (r.count("hosts")) {
+    out->hosts = ParseHostList(r["hosts"].as<std::string>());
+  } else if (r.count("hostfile")) {
+    std::string path = r["hostfile"].as<std::string>();
+    std::ifstream in(path);
+    if (!in) throw LaunchError("cannot read hostfile '" + path + "'");
+    out->hosts = ParseHostfile(in, path);
+  }
+  RequireLocalHosts(out->hosts);
+  if (r.count("np")) {
+    out->np = ParseCount("-np", r["np"].as<std::string>());
+  } else if (!out->hosts.empty()) {
+    out->np = TotalSlots(out->hosts);
+  } else {
+    throw LaunchError("missing -np (or -H/--hostfile to take the number of ranks from)");
+  }
+  if (out->hosts.empty()) out->hosts.push_back(HostSlots{"localhost", out->np});
+  if (out->np > TotalSlots(out->hosts)) {
+    throw LaunchError("-np " + std::to_string(out->np) + " is larger than the " +
+                      std::to_string(TotalSlots(out->hosts)) + " slot(s) of the host list");
+  }
+}
+
+void ParseKnobs(const cxxopts::ParseResult& r, LaunchOptions* out) {
+  auto has = [&](const char* f) { return r.count(f) > 0; };
+  auto get = [&](const char* f) { return r[f].as<std::string>(); };
+  if (has("fusion-threshold-mb")) {
+    double mb = ParseNonNegative("--fusion-threshold-mb", get("fusion-threshold-mb"));
+    if (mb > 1024.0 * 1024.0) throw LaunchError("--fusion-threshold-mb is too large");
+    out->knobs["HVD_FUSION_THRESHOLD"] = std::to_string(std::llround(mb * 1048576.0));
+  }
+  if (has("cycle-time-ms")) {
+    out->knobs["HVD_CYCLE_TIME"] = Str(ParsePositive("--cycle-time-ms", get("cycle-time-ms")));
+  }
+  if (has("cache-capacity")) {
+    double n = ParseNonNegative("--cache-capacity", get("cache-capacity"));
+    if (n != std::floor(n) || n > INT_MAX) {
+      throw LaunchError("bad value '" + get("cache-capacity") +
+                        "' for --cache-capacity (expected a whole number >= 0)");
+    }
+    out->knobs["HVD_CACHE_CAPACITY"] = std::to_string(static_cast<int>(n));
+  }
+  if (has("timeout")) {
+    out->knobs["HVD_TIMEOUT_SECONDS"] = Str(ParsePositive("--timeout", get("timeout")));
+  }
+  if (has("stall-check-seconds")) {
+    out->knobs["HVD_STALL_CHECK_TIME_SECONDS"] =
+        Str(ParseNonNegative("--stall-check-seconds", get("stall-check-seconds")));
+  }
+  if (has("log-level")) {
+    LogLevel level;
+    if (!ParseLogLevel(get("log-level"), &level)) {
+      throw LaunchError("bad value '" + get("log-level") +
+                        "' for --log-level (expected trace, debug, info, warning, error or fatal)");
+    }
+    out->knobs["HVD_LOG_LEVEL"] = LogLevelName(level);
+  }
+  if (has("timeline")) {
+    if (get("timeline").empty()) throw LaunchError("--timeline needs a file name");
+    out->knobs["HVD_TIMELINE"] = get("timeline");
+  }
+}
+
+// Seconds for hvdrun's own timers: at most a million, so deadlines cannot overflow.
+double ParseSeconds(const std::string& flag, const std::string& text, bool zero_ok) {
+  double v = zero_ok ? ParseNonNegative(flag, text) : ParsePositive(flag, text);
+  if (v > 1e6) throw LaunchError("bad value '" + text + "' for " + flag + " (at most 1e6 s)");
+  return v;
+}
+
+void ParseJobFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
+  out->verbose = r.count("verbose") > 0;
+  out->prefix_output = r.count("no-prefix") == 0;
+  if (r.count("grace-seconds")) {
+    out->grace_seconds = ParseSeconds("--grace-seconds", r["grace-seconds"].as<std::string>(), true);
+  }
+  if (r.count("kill-after-seconds")) {
+    out->kill_after_seconds =
+        ParseSeconds("--kill-after-seconds", r["kill-after-seconds"].as<std::string>(), true);
+  }
+  if (r.count("start-timeout")) {
+    out->start_timeout_seconds =
+        ParseSeconds("--start-timeout", r["start-timeout"].as<std::string>(), false);
+  }
+  out->knobs["HVD_START_TIMEOUT"] = Str(out->start_timeout_seconds);
+}
+
+}  // namespace
+
+double ParseNonNegative(const std::string& flag, const std::string& text) {
+  double v = ParseDouble(flag, text);
+  if (v < 0) throw LaunchError("bad value '" + text + "' for " + flag + " (expected >= 0)");
+  return v;
+}
+
+double ParsePositive(const std::string& flag, const std::string& text) {
+  double v = ParseDouble(flag, text);
+  if (v <= 0) throw LaunchError("bad value '" + text + "' for " + flag + " (expected > 0)");
+  return v;
+}
+
+int ParseCount(const std::string& flag, const std::string& text) {
+  if (text.empty() || text.size() > 9 ||
+      text.find_first_not_of("0123456789") != std::string::npos || std::atoi(text.c_str()) <= 0) {
+    throw LaunchError("bad value '" + text + "' for " + flag + " (expected a positive integer)");
+  }
+  return std::atoi(text.c_str());
+}
+
+LaunchOptions ParseArgs(int argc, const char* const* argv) {
+  std::vector<std::string> flags;
+  LaunchOptions out;
+  SplitArgs(argc, argv, &flags, &out.command);
+  std::vector<const char*> ptrs;
+  for (const auto& f : flags) ptrs.push_back(f.c_str());
+  cxxopts::Options spec = BuildOptions();
+  try {
+    cxxopts::ParseResult r = spec.parse(static_cast<int>(ptrs.size()), ptrs.data());
+    if (r.count("help")) {
+      out.help = true;
+      return out;
+    }
+    if (out.command.empty()) {
+      throw LaunchError("missing COMMAND (usage: hvdrun -np N [options] COMMAND [ARGS...]; see hvdrun --help)");
+    }
+    ParseHosts(r, &out);
+    ParseJobFlags(r, &out);
+    ParseKnobs(r, &out);
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw LaunchError(e.what());
+  }
+  return out;
+}
+
+std::string HelpText() {
+  std::string text = BuildOptions().help({"Job", "Engine knobs (exported to every rank)"});
+  text +=
+      "\nOnly local hosts (localhost, 127.0.0.1, this machine's name) are supported for now.\n"
+      "Several local names (e.g. -H localhost:2,127.0.0.1:2) act as separate hosts.\n"
+      "\nEnvironment of every rank (besides hvdrun's own environment):\n"
+      "  HVD_RANK, HVD_SIZE               this rank and the number of ranks\n"
+      "  HVD_LOCAL_RANK, HVD_LOCAL_SIZE   rank and rank count on this host\n"
+      "  HVD_CROSS_RANK, HVD_CROSS_SIZE   host index and host count (for this local rank)\n"
+      "  HVD_HOSTNAME                     the host name from the host list\n"
+      "  HVD_RENDEZVOUS_ADDR/_PORT        the rendezvous store hosted by hvdrun\n"
+      "  HVD_SECRET                       the job's random secret (64 hex digits)\n"
+      "  HVD_START_TIMEOUT and the knob variables above, when given\n"
+      "\nOutput lines are written as [RANK]<stdout>:TEXT and [RANK]<stderr>:TEXT.\n"
+      "\nExit status: 0 when every rank exits 0; otherwise the exit code of the first rank\n"
+      "that failed (128+N when it was killed by signal N); 128+N when hvdrun gets signal N\n"
+      "(SIGINT, SIGTERM, SIGHUP); 2 for a usage error; 1 when the job cannot be started.\n"
+      "\nExamples:\n"
+      "  hvdrun -np 4 python3 train.py --lr 0.1\n"
+      "  hvdrun -H localhost:2 --fusion-threshold-mb 32 --log-level info ./bench\n";
+  return text;
+}
+
+}  // namespace launcher
+}  // namespace hvd

@@ -1,0 +1,43 @@
+// Command-line parsing for hvdrun: flags up to the COMMAND, host lists, knob flags mapped to
+// the HVD_* environment. Errors are thrown as LaunchError (see hosts.h): exit code 2.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "hosts.h"
+
+namespace hvd {
+namespace launcher {
+
+struct LaunchOptions {
+  bool help = false;
+  int np = 0;                                // resolved: from -np or the total slots
+  std::vector<HostSlots> hosts;              // resolved: from -H, --hostfile or localhost:np
+  std::vector<std::string> command;          // COMMAND ARGS...
+  std::map<std::string, std::string> knobs;  // HVD_* knob variables for every rank
+  bool verbose = false;
+  bool prefix_output = true;
+  double grace_seconds = 3.0;       // after the first failure, before SIGTERM
+  double kill_after_seconds = 5.0;  // after SIGTERM, before SIGKILL
+  double start_timeout_seconds = 30.0;
+};
+
+// Parses argv (argv[0] is the program). Flags end at the first word that is not a flag or a
+// flag's value, or at "--"; everything after belongs to the command. With help set, nothing
+// else is checked.
+LaunchOptions ParseArgs(int argc, const char* const* argv);
+
+// The --help text: every flag, the environment each rank gets, examples.
+std::string HelpText();
+
+// Value checks used by ParseArgs, exposed for tests. `flag` names the flag in the message.
+double ParseNonNegative(const std::string& flag, const std::string& text);
+double ParsePositive(const std::string& flag, const std::string& text);
+int ParseCount(const std::string& flag, const std::string& text);
+
+}  // namespace launcher
+}  // namespace hvd

@@ -1,0 +1,176 @@
+#include "hosts.h"
+
+#include <unistd.h>
+
+#include <cctype>
+#include <climits>
+#include <cstdlib>
+#include <sstream>
+
+namespace hvd {
+namespace launcher {
+namespace {
+
+std::string Trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+int ParseSlots(const std::string& text, const std::string& context) {
+  if (text.empty() || text.size() > 9 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
+    throw LaunchError("bad slot count '" + text + "' in " + context +
+                      " (expected a positive integer)");
+  }
+  int n = std::atoi(text.c_str());
+  if (n <= 0) throw LaunchError("slot count must be positive in " + context);
+  return n;
+}
+
+void CheckHostName(const std::string& host, const std::string& context) {
+  if (host.empty()) throw LaunchError("empty host name in " + context);
+  for (char c : host) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (!(std::isalnum(u) || c == '.' || c == '-' || c == '_' || c == ':' || c == '[' || c == ']')) {
+      throw LaunchError("bad character in host name '" + host + "' in " + context);
+    }
+  }
+}
+
+void AddMerged(std::vector<HostSlots>* hosts, const HostSlots& h) {
+  for (auto& existing : *hosts) {
+    if (existing.host == h.host) {
+      if (existing.slots > INT_MAX - h.slots) throw LaunchError("too many slots for " + h.host);
+      existing.slots += h.slots;
+      return;
+    }
+  }
+  hosts->push_back(h);
+}
+
+// "host" or "host:N" (the last ':' separates the slots, so "[::1]:2" works).
+HostSlots ParseHostColonSlots(const std::string& item, const std::string& context) {
+  HostSlots h;
+  size_t colon = item.rfind(':');
+  bool bracketed = !item.empty() && item[0] == '[';
+  if (colon == std::string::npos || (bracketed && colon < item.find(']'))) {
+    h.host = item;
+  } else {
+    h.host = item.substr(0, colon);
+    h.slots = ParseSlots(item.substr(colon + 1), context);
+  }
+  CheckHostName(h.host, context);
+  return h;
+}
+
+}  // namespace
+
+std::vector<HostSlots> ParseHostList(const std::string& spec) {
+  std::vector<HostSlots> hosts;
+  std::stringstream ss(spec);
+  std::string item;
+  const std::string context = "-H '" + spec + "'";
+  while (std::getline(ss, item, ',')) {
+    item = Trim(item);
+    if (item.empty()) throw LaunchError("empty entry in " + context);
+    AddMerged(&hosts, ParseHostColonSlots(item, context));
+  }
+  if (hosts.empty()) throw LaunchError("no hosts in " + context);
+  return hosts;
+}
+
+std::vector<HostSlots> ParseHostfile(std::istream& in, const std::string& source) {
+  std::vector<HostSlots> hosts;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    const std::string context = source + ":" + std::to_string(lineno);
+    size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream words(Trim(line));
+    std::string host;
+    if (!(words >> host)) continue;
+    HostSlots h = ParseHostColonSlots(host, context);
+    std::string word;
+    while (words >> word) {
+      if (word.rfind("slots=", 0) == 0) {
+        h.slots = ParseSlots(word.substr(6), context);
+      } else if (word.rfind("max_slots=", 0) == 0) {
+        ParseSlots(word.substr(10), context);  // accepted (Open MPI syntax) and ignored
+      } else {
+        throw LaunchError("unexpected '" + word + "' in " + context +
+                          " (expected 'host slots=N')");
+      }
+    }
+    AddMerged(&hosts, h);
+  }
+  if (hosts.empty()) throw LaunchError("no hosts in hostfile " + source);
+  return hosts;
+}
+
+int TotalSlots(const std::vector<HostSlots>& hosts) {
+  long long total = 0;
+  for (const auto& h : hosts) total += h.slots;
+  return total > INT_MAX ? INT_MAX : static_cast<int>(total);
+}
+
+bool IsLocalHost(const std::string& host) {
+  if (host == "localhost" || host == "127.0.0.1" || host == "::1" || host == "[::1]") return true;
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return false;
+  std::string own(name);
+  if (host == own) return true;
+  // "node1" matches "node1.cluster.example" and the other way round.
+  auto short_name = [](const std::string& s) { return s.substr(0, s.find('.')); };
+  return short_name(host) == short_name(own) &&
+         (host.find('.') == std::string::npos || own.find('.') == std::string::npos);
+}
+
+void RequireLocalHosts(const std::vector<HostSlots>& hosts) {
+  for (const auto& h : hosts) {
+    if (!IsLocalHost(h.host)) throw LaunchError("remote hosts are not supported yet: " + h.host);
+  }
+}
+
+std::vector<Placement> PlaceRanks(const std::vector<HostSlots>& hosts, int np) {
+  if (np <= 0) throw LaunchError("-np must be positive, got " + std::to_string(np));
+  int total = TotalSlots(hosts);
+  if (np > total) {
+    throw LaunchError("-np " + std::to_string(np) + " is larger than the " +
+                      std::to_string(total) + " slot(s) of the host list");
+  }
+  // Ranks per host, filling hosts in order.
+  std::vector<int> on_host;
+  for (int left = np, i = 0; left > 0; ++i) {
+    int n = std::min(left, hosts[i].slots);
+    on_host.push_back(n);
+    left -= n;
+  }
+  std::vector<Placement> out;
+  for (size_t h = 0; h < on_host.size(); ++h) {
+    for (int l = 0; l < on_host[h]; ++l) {
+      Placement p;
+      p.rank = static_cast<int>(out.size());
+      p.size = np;
+      p.local_rank = l;
+      p.local_size = on_host[h];
+      p.host = hosts[h].host;
+      p.cross_rank = 0;
+      p.cross_size = 0;
+      for (size_t k = 0; k < on_host.size(); ++k) {
+        if (on_host[k] > l) {
+          if (k < h) ++p.cross_rank;
+          ++p.cross_size;
+        }
+      }
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+}  // namespace launcher
+}  // namespace hvd

@@ -1,0 +1,58 @@
+// Host lists for hvdrun: `-H host:slots,...`, hostfiles (`host slots=N`), and the placement
+// of ranks onto hosts in host order.
+//
+// Thread-safety: pure functions. Errors are thrown as LaunchError (the launcher is an edge of
+// the project, where exceptions are allowed); hvdrun_main turns them into exit code 2.
+#pragma once
+
+#include <istream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hvd {
+namespace launcher {
+
+// A usage or configuration error: printed as "hvdrun: <what>" and exit code 2.
+class LaunchError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct HostSlots {
+  std::string host;
+  int slots = 1;
+};
+
+// "a:2,b:4,c" (slots default to 1). Repeated names are merged, keeping first-seen order.
+std::vector<HostSlots> ParseHostList(const std::string& spec);
+
+// One host per line: `host`, `host slots=N` or `host:N`; '#' starts a comment; blank lines
+// are skipped. `source` names the file in error messages.
+std::vector<HostSlots> ParseHostfile(std::istream& in, const std::string& source);
+
+int TotalSlots(const std::vector<HostSlots>& hosts);
+
+// True for localhost, 127.0.0.1, ::1 and this machine's own host name.
+bool IsLocalHost(const std::string& host);
+
+// Throws "remote hosts are not supported yet: HOST" for the first non-local host.
+void RequireLocalHosts(const std::vector<HostSlots>& hosts);
+
+// Where one rank runs and who it is in the job (the environment contract).
+struct Placement {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;  // index of this host among the hosts that have this local_rank
+  int cross_size = 1;  // number of hosts that have this local_rank
+  std::string host;
+};
+
+// Fills hosts in order: the first host's slots, then the next host's, ... Throws when np is
+// larger than the total slots or not positive.
+std::vector<Placement> PlaceRanks(const std::vector<HostSlots>& hosts, int np);
+
+}  // namespace launcher
+}  // namespace hvd

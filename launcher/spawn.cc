@@ -1,0 +1,202 @@
+#include "spawn.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace hvd {
+namespace launcher {
+namespace {
+
+[[noreturn]] void Fail(const std::string& what) {
+  throw std::runtime_error(what + ": " + std::strerror(errno));
+}
+
+sigset_t HandledSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
+  return set;
+}
+
+// Runs in the child between fork and exec: async-signal-safe calls only.
+[[noreturn]] void ExecChild(int out_w, int err_w, int report_w, pid_t parent, const char* path,
+                            char* const* argv, char* const* envp) {
+  ::setpgid(0, 0);
+  // Should hvdrun itself be SIGKILLed, its ranks do not outlive it.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);
+  int devnull = ::open("/dev/null", O_RDONLY);
+  if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+  ::dup2(out_w, STDOUT_FILENO);
+  ::dup2(err_w, STDERR_FILENO);
+  // Every other descriptor (pipes of other ranks, the store's sockets) closes on exec.
+  if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
+    for (int fd = 3; fd < 4096; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  struct sigaction dfl;
+  std::memset(&dfl, 0, sizeof(dfl));
+  dfl.sa_handler = SIG_DFL;
+  for (int s : {SIGPIPE, SIGCHLD, SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::execve(path, argv, envp);
+  int err = errno;
+  ssize_t ignored = ::write(report_w, &err, sizeof(err));
+  (void)ignored;
+  ::_exit(127);
+}
+
+// Waits (bounded) for the exec report of a child: 0 when exec succeeded.
+int ReadExecReport(int report_r, double timeout_seconds) {
+  pollfd p{report_r, POLLIN, 0};
+  int ms = static_cast<int>(timeout_seconds * 1000);
+  int err = 0;
+  while (true) {
+    int n = ::poll(&p, 1, ms);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return 0;  // no report in time: treat as started; waitpid tells the rest
+    ssize_t got = ::read(report_r, &err, sizeof(err));
+    if (got < 0 && errno == EINTR) continue;
+    return got == static_cast<ssize_t>(sizeof(err)) ? err : 0;
+  }
+}
+
+std::vector<char*> CStrings(const std::vector<std::string>& v) {
+  std::vector<char*> out;
+  for (const auto& s : v) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+std::string RandomSecret() {
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Fail("cannot open /dev/urandom");
+  unsigned char bytes[32];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    ssize_t n = ::read(fd, bytes + got, sizeof(bytes) - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      Fail("cannot read /dev/urandom");
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out.push_back(hex[b >> 4]);
+    out.push_back(hex[b & 15]);
+  }
+  return out;
+}
+
+std::vector<std::string> RankEnvironment(const Placement& p, const JobEnvironment& job) {
+  std::map<std::string, std::string> set = job.knobs;
+  set["HVD_RANK"] = std::to_string(p.rank);
+  set["HVD_SIZE"] = std::to_string(p.size);
+  set["HVD_LOCAL_RANK"] = std::to_string(p.local_rank);
+  set["HVD_LOCAL_SIZE"] = std::to_string(p.local_size);
+  set["HVD_CROSS_RANK"] = std::to_string(p.cross_rank);
+  set["HVD_CROSS_SIZE"] = std::to_string(p.cross_size);
+  set["HVD_HOSTNAME"] = p.host;
+  set["HVD_RENDEZVOUS_ADDR"] = job.rendezvous_addr;
+  set["HVD_RENDEZVOUS_PORT"] = std::to_string(job.rendezvous_port);
+  set["HVD_SECRET"] = job.secret;
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string kv(*e);
+    if (set.count(kv.substr(0, kv.find('='))) == 0) env.push_back(kv);
+  }
+  for (const auto& kv : set) env.push_back(kv.first + "=" + kv.second);
+  return env;
+}
+
+std::string ResolveProgram(const std::string& program) {
+  auto runnable = [](const std::string& path) {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+  };
+  if (program.find('/') != std::string::npos) {
+    if (!runnable(program)) throw LaunchError("cannot execute '" + program + "'");
+    return program;
+  }
+  const char* path_env = std::getenv("PATH");
+  std::string path = path_env ? path_env : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    std::string dir = path.substr(start, end - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (runnable(candidate)) return candidate;
+    start = end + 1;
+  }
+  throw LaunchError("command not found: " + program);
+}
+
+int SetUpSignals() {
+  sigset_t set = HandledSignals();
+  if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) Fail("sigprocmask");
+  ::signal(SIGPIPE, SIG_IGN);
+  // Children of ranks that exit are re-parented to hvdrun, so hvdrun can reap them.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  int fd = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (fd < 0) Fail("signalfd");
+  return fd;
+}
+
+RankProcess SpawnRank(const Placement& p, const std::vector<std::string>& command,
+                      const std::vector<std::string>& env, double start_timeout_seconds) {
+  int out[2], err[2], report[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) Fail("pipe");
+  if (::pipe2(err, O_CLOEXEC) != 0) Fail("pipe");
+  if (::pipe2(report, O_CLOEXEC) != 0) Fail("pipe");
+  std::vector<char*> argv = CStrings(command);
+  std::vector<char*> envp = CStrings(env);
+  pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) Fail("fork");
+  if (pid == 0) ExecChild(out[1], err[1], report[1], parent, argv[0], argv.data(), envp.data());
+  ::setpgid(pid, pid);  // also here, so the group exists before we might signal it
+  ::close(out[1]);
+  ::close(err[1]);
+  ::close(report[1]);
+  int exec_errno = ReadExecReport(report[0], start_timeout_seconds);
+  ::close(report[0]);
+  if (exec_errno != 0) {
+    std::string msg = "hvdrun: rank " + std::to_string(p.rank) + ": cannot execute '" +
+                      command[0] + "': " + std::strerror(exec_errno) + "\n";
+    ssize_t ignored = ::write(STDERR_FILENO, msg.data(), msg.size());
+    (void)ignored;
+  }
+  ::fcntl(out[0], F_SETFL, ::fcntl(out[0], F_GETFL) | O_NONBLOCK);
+  ::fcntl(err[0], F_SETFL, ::fcntl(err[0], F_GETFL) | O_NONBLOCK);
+  RankProcess r;
+  r.placement = p;
+  r.pid = pid;
+  r.out_fd = out[0];
+  r.err_fd = err[0];
+  r.running = true;
+  return r;
+}
+
+}  // namespace launcher
+}  // namespace hvd

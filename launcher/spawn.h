@@ -1,0 +1,59 @@
+// Starting ranks: the per-rank environment, fork/exec into a process group of its own with
+// stdout and stderr on pipes, and the signal set-up hvdrun needs to supervise them.
+//
+// Thread-safety: call from hvdrun's main thread only (fork, signal masks).
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "hosts.h"
+
+namespace hvd {
+namespace launcher {
+
+// What every rank of the job shares.
+struct JobEnvironment {
+  std::string rendezvous_addr;
+  int rendezvous_port = 0;
+  std::string secret;
+  std::map<std::string, std::string> knobs;
+};
+
+// A started rank. pid is also its process group id.
+struct RankProcess {
+  Placement placement;
+  pid_t pid = -1;
+  int out_fd = -1;  // read end of the rank's stdout pipe (non-blocking), -1 once closed
+  int err_fd = -1;  // read end of the rank's stderr pipe (non-blocking), -1 once closed
+  bool running = false;
+  int wait_status = 0;  // from waitpid, valid once !running
+};
+
+// 32 random bytes from /dev/urandom as 64 hex digits. Throws std::runtime_error.
+std::string RandomSecret();
+
+// hvdrun's own environment with the contract variables and knobs of this rank set.
+std::vector<std::string> RankEnvironment(const Placement& p, const JobEnvironment& job);
+
+// The absolute path of `program` (searched on PATH when it has no '/'). Throws LaunchError
+// "command not found" when there is none.
+std::string ResolveProgram(const std::string& program);
+
+// Blocks SIGCHLD, SIGINT, SIGTERM and SIGHUP (call before any thread starts, so every thread
+// inherits the mask), ignores SIGPIPE, makes hvdrun the subreaper of the ranks' children, and
+// returns a signalfd for the blocked signals. Throws std::runtime_error.
+int SetUpSignals();
+
+// Forks and execs `command` (command[0] already resolved) as one rank. The child gets its own
+// process group, stdin from /dev/null, default signal handling, and `env`. When exec fails the
+// child exits with 127 and the reason is printed here. Throws std::runtime_error when fork or
+// pipe fail.
+RankProcess SpawnRank(const Placement& p, const std::vector<std::string>& command,
+                      const std::vector<std::string>& env, double start_timeout_seconds);
+
+}  // namespace launcher
+}  // namespace hvd

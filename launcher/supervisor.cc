@@ -1,0 +1,260 @@
+#include "supervisor.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <string>
+#include <thread>
+
+namespace hvd {
+namespace launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kDrainAfterExit = std::chrono::seconds(2);
+constexpr auto kGiveUpAfterKill = std::chrono::seconds(5);
+
+Clock::time_point After(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(seconds));
+}
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+}  // namespace
+
+Supervisor::Supervisor(const SupervisorOptions& options, int signal_fd)
+    : options_(options), signal_fd_(signal_fd) {}
+
+void Supervisor::Say(const std::string& line) const { WriteAll(STDERR_FILENO, "hvdrun: " + line + "\n"); }
+
+void Supervisor::Verbose(const std::string& line) const {
+  if (options_.verbose) Say(line);
+}
+
+void Supervisor::Add(RankProcess rank) {
+  int r = rank.placement.rank;
+  out_pumps_.push_back(std::make_unique<LinePump>(r, "stdout", STDOUT_FILENO, options_.prefix_output));
+  err_pumps_.push_back(std::make_unique<LinePump>(r, "stderr", STDERR_FILENO, options_.prefix_output));
+  ranks_.push_back(rank);
+}
+
+void Supervisor::Abort(int exit_code) {
+  if (!exit_code_set_) {
+    exit_code_ = exit_code;
+    exit_code_set_ = true;
+  }
+  if (phase_ == Phase::kRunning || phase_ == Phase::kGrace) {
+    SignalLiveGroups(SIGTERM);
+    phase_ = Phase::kTerminating;
+    phase_deadline_ = After(options_.kill_after_seconds);
+  }
+}
+
+int Supervisor::Run() {
+  while (true) {
+    if (AllReaped()) {
+      if (drain_deadline_ == TimePoint::max()) drain_deadline_ = Clock::now() + kDrainAfterExit;
+      if (AllPipesClosed() || Clock::now() >= drain_deadline_) break;
+    }
+    if (phase_ == Phase::kKilled && Clock::now() >= phase_deadline_) {
+      Say("some ranks did not exit after SIGKILL; giving up on them");
+      break;
+    }
+    PollOnce();
+    AdvancePhase();
+  }
+  ClosePipes();
+  StopLeftoverGroups();
+  return exit_code_;
+}
+
+void Supervisor::PollOnce() {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<size_t, bool>> owners;  // (rank index, is stderr)
+  fds.push_back(pollfd{signal_fd_, POLLIN, 0});
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_[i].out_fd >= 0) {
+      fds.push_back(pollfd{ranks_[i].out_fd, POLLIN, 0});
+      owners.emplace_back(i, false);
+    }
+    if (ranks_[i].err_fd >= 0) {
+      fds.push_back(pollfd{ranks_[i].err_fd, POLLIN, 0});
+      owners.emplace_back(i, true);
+    }
+  }
+  int n = ::poll(fds.data(), fds.size(), NextTimeoutMs());
+  if (n <= 0) return;  // timeout or EINTR: deadlines are checked by the caller
+  for (size_t k = 1; k < fds.size(); ++k) {
+    if (fds[k].revents == 0) continue;
+    auto [i, is_err] = owners[k - 1];
+    int& fd = is_err ? ranks_[i].err_fd : ranks_[i].out_fd;
+    LinePump& pump = is_err ? *err_pumps_[i] : *out_pumps_[i];
+    if (!pump.Pump(fd)) {
+      pump.Flush();
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  if (fds[0].revents != 0) HandleSignals();
+}
+
+void Supervisor::HandleSignals() {
+  signalfd_siginfo info;
+  while (::read(signal_fd_, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
+    int sig = static_cast<int>(info.ssi_signo);
+    if (sig == SIGCHLD) {
+      ReapChildren();
+    } else {
+      OnHvdrunSignal(sig);
+    }
+  }
+  ReapChildren();  // SIGCHLDs coalesce; reaping is cheap
+}
+
+void Supervisor::ReapChildren() {
+  while (true) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;  // none ready, or no children left
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      if (ranks_[i].pid == pid && ranks_[i].running) OnRankExit(i, status);
+    }
+    // Other pids are orphans of ranks re-parented to hvdrun (the subreaper): just reaped.
+  }
+}
+
+void Supervisor::OnRankExit(size_t index, int status) {
+  RankProcess& r = ranks_[index];
+  r.running = false;
+  r.wait_status = status;
+  std::string who = "rank " + std::to_string(r.placement.rank) + " (pid " + std::to_string(r.pid) + ")";
+  bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  std::string what;
+  int code = 0;
+  if (WIFEXITED(status)) {
+    code = WEXITSTATUS(status);
+    what = who + " exited with code " + std::to_string(code);
+  } else {
+    code = 128 + WTERMSIG(status);
+    what = who + " was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+           SignalName(WTERMSIG(status)) + ")";
+  }
+  if (ok || exit_code_set_ || phase_ != Phase::kRunning) {
+    Verbose(what);
+    return;
+  }
+  first_failed_ = static_cast<int>(index);
+  exit_code_ = code;
+  exit_code_set_ = true;
+  Say(what);
+  phase_ = Phase::kGrace;
+  phase_deadline_ = After(options_.grace_seconds);
+  if (!AllReaped()) {
+    Verbose("giving the other ranks " + std::to_string(options_.grace_seconds) +
+            " s to finish before stopping them");
+  }
+}
+
+void Supervisor::OnHvdrunSignal(int sig) {
+  if (!exit_code_set_) {
+    exit_code_ = 128 + sig;
+    exit_code_set_ = true;
+  }
+  if (phase_ == Phase::kRunning || phase_ == Phase::kGrace) {
+    Say("received " + SignalName(sig) + ", stopping all ranks");
+    SignalLiveGroups(SIGTERM);
+    phase_ = Phase::kTerminating;
+    phase_deadline_ = After(options_.kill_after_seconds);
+  } else if (phase_ == Phase::kTerminating) {
+    Say("received " + SignalName(sig) + " again, killing all ranks");
+    SignalLiveGroups(SIGKILL);
+    phase_ = Phase::kKilled;
+    phase_deadline_ = Clock::now() + kGiveUpAfterKill;
+  }
+}
+
+void Supervisor::SignalLiveGroups(int sig) {
+  for (const auto& r : ranks_) {
+    if (!r.running) continue;
+    Verbose("sending " + SignalName(sig) + " to rank " + std::to_string(r.placement.rank) +
+            " (process group " + std::to_string(r.pid) + ")");
+    if (::killpg(r.pid, sig) != 0) ::kill(r.pid, sig);
+  }
+}
+
+void Supervisor::AdvancePhase() {
+  if (Clock::now() < phase_deadline_ || AllReaped()) return;
+  if (phase_ == Phase::kGrace) {
+    Verbose("grace period over");
+    SignalLiveGroups(SIGTERM);
+    phase_ = Phase::kTerminating;
+    phase_deadline_ = After(options_.kill_after_seconds);
+  } else if (phase_ == Phase::kTerminating) {
+    SignalLiveGroups(SIGKILL);
+    phase_ = Phase::kKilled;
+    phase_deadline_ = Clock::now() + kGiveUpAfterKill;
+  }
+}
+
+int Supervisor::NextTimeoutMs() const {
+  TimePoint next = std::min(phase_deadline_, drain_deadline_);
+  auto now = Clock::now();
+  if (next == TimePoint::max()) return 1000;
+  if (next <= now) return 0;
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
+  return static_cast<int>(std::min<long long>(ms, 1000));
+}
+
+bool Supervisor::AllReaped() const {
+  return std::none_of(ranks_.begin(), ranks_.end(), [](const RankProcess& r) { return r.running; });
+}
+
+bool Supervisor::AllPipesClosed() const {
+  return std::all_of(ranks_.begin(), ranks_.end(),
+                     [](const RankProcess& r) { return r.out_fd < 0 && r.err_fd < 0; });
+}
+
+void Supervisor::ClosePipes() {
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    for (bool is_err : {false, true}) {
+      int& fd = is_err ? ranks_[i].err_fd : ranks_[i].out_fd;
+      if (fd < 0) continue;
+      LinePump& pump = is_err ? *err_pumps_[i] : *out_pumps_[i];
+      pump.Pump(fd);
+      pump.Flush();
+      ::close(fd);
+      fd = -1;
+    }
+  }
+}
+
+// Processes the ranks left behind in their process groups (background children): SIGTERM,
+// up to one second to go, then SIGKILL; orphans re-parented to hvdrun are reaped.
+void Supervisor::StopLeftoverGroups() {
+  auto any_left = [this] {
+    ReapChildren();
+    bool left = false;
+    for (const auto& r : ranks_) left = left || ::killpg(r.pid, 0) == 0;
+    return left;
+  };
+  if (!any_left()) return;
+  Verbose("stopping processes left behind by the ranks");
+  for (const auto& r : ranks_) ::killpg(r.pid, SIGTERM);
+  for (int i = 0; i < 20 && any_left(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (!any_left()) return;
+  for (const auto& r : ranks_) ::killpg(r.pid, SIGKILL);
+  for (int i = 0; i < 20 && any_left(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+}  // namespace launcher
+}  // namespace hvd

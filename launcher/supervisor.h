@@ -1,0 +1,80 @@
+// The supervisor loop of hvdrun: forwards the ranks' output, reaps them, and applies the
+// failure policy.
+//
+//   1. Running: poll the ranks' pipes and a signalfd (SIGCHLD, SIGINT, SIGTERM, SIGHUP).
+//   2. The first rank that exits non-zero or by a signal is named on stderr; its code becomes
+//      hvdrun's (128+signal for a signal). The others get grace_seconds to finish and report
+//      their own errors.
+//   3. Then SIGTERM to every live rank's process group; after kill_after_seconds, SIGKILL.
+//   4. SIGINT/SIGTERM/SIGHUP to hvdrun go straight to step 3 and hvdrun exits 128+signal;
+//      a second such signal skips to SIGKILL.
+//   5. Once every rank is reaped (and their pipes drained, bounded), whatever is left in the
+//      ranks' process groups is stopped (SIGTERM, then SIGKILL) so no process outlives hvdrun.
+// Every wait in the loop has a deadline.
+//
+// Thread-safety: one thread (hvdrun's main thread).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "output.h"
+#include "spawn.h"
+
+namespace hvd {
+namespace launcher {
+
+struct SupervisorOptions {
+  double grace_seconds = 3.0;
+  double kill_after_seconds = 5.0;
+  bool prefix_output = true;
+  bool verbose = false;
+};
+
+class Supervisor {
+ public:
+  // Takes the signalfd from SetUpSignals (not owned). Ranks are added as they start.
+  Supervisor(const SupervisorOptions& options, int signal_fd);
+
+  void Add(RankProcess rank);
+  // Stops the ranks started so far (a later rank could not be started) with `exit_code`.
+  void Abort(int exit_code);
+  // Runs until every rank has exited; returns hvdrun's exit code.
+  int Run();
+
+ private:
+  using TimePoint = std::chrono::steady_clock::time_point;
+
+  enum class Phase { kRunning, kGrace, kTerminating, kKilled };
+
+  void PollOnce();
+  void HandleSignals();
+  void ReapChildren();
+  void OnRankExit(size_t index, int status);
+  void OnHvdrunSignal(int sig);
+  void SignalLiveGroups(int sig);
+  void AdvancePhase();
+  int NextTimeoutMs() const;
+  bool AllReaped() const;
+  bool AllPipesClosed() const;
+  void ClosePipes();
+  void StopLeftoverGroups();
+  void Say(const std::string& line) const;
+  void Verbose(const std::string& line) const;
+
+  SupervisorOptions options_;
+  int signal_fd_;
+  std::vector<RankProcess> ranks_;
+  std::vector<std::unique_ptr<LinePump>> out_pumps_;
+  std::vector<std::unique_ptr<LinePump>> err_pumps_;
+  Phase phase_ = Phase::kRunning;
+  TimePoint phase_deadline_ = TimePoint::max();
+  TimePoint drain_deadline_ = TimePoint::max();
+  int first_failed_ = -1;  // index into ranks_
+  int exit_code_ = 0;
+  bool exit_code_set_ = false;
+};
+
+}  // namespace launcher
+}  // namespace hvd

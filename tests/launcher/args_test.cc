@@ -1,0 +1,242 @@
+// Unit tests of hvdrun's flag, host-list and hostfile parsing and of rank placement.
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "args.h"
+#include "hosts.h"
+
+namespace hvd {
+namespace launcher {
+namespace {
+
+LaunchOptions Parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "hvdrun");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return ParseArgs(static_cast<int>(argv.size()), argv.data());
+}
+
+std::string ErrorOf(std::vector<std::string> args) {
+  try {
+    Parse(std::move(args));
+  } catch (const LaunchError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(HostList, SlotsAndDefaults) {
+  auto h = ParseHostList("localhost:2,127.0.0.1, node-1.example:16");
+  ASSERT_EQ(3u, h.size());
+  EXPECT_EQ("localhost", h[0].host);
+  EXPECT_EQ(2, h[0].slots);
+  EXPECT_EQ("127.0.0.1", h[1].host);
+  EXPECT_EQ(1, h[1].slots);
+  EXPECT_EQ("node-1.example", h[2].host);
+  EXPECT_EQ(16, h[2].slots);
+  EXPECT_EQ(19, TotalSlots(h));
+}
+
+TEST(HostList, DuplicatesMergeInFirstSeenOrder) {
+  auto h = ParseHostList("b:1,a:2,b:3");
+  ASSERT_EQ(2u, h.size());
+  EXPECT_EQ("b", h[0].host);
+  EXPECT_EQ(4, h[0].slots);
+  EXPECT_EQ("a", h[1].host);
+}
+
+TEST(HostList, Ipv6InBrackets) {
+  auto h = ParseHostList("[::1]:3");
+  ASSERT_EQ(1u, h.size());
+  EXPECT_EQ("[::1]", h[0].host);
+  EXPECT_EQ(3, h[0].slots);
+}
+
+TEST(HostList, Errors) {
+  for (const char* bad : {"", "a:0", "a:-1", "a:x", "a:", ",a", "a,,b", ":2", "a b:2", "a:99999999999"}) {
+    EXPECT_THROW(ParseHostList(bad), LaunchError) << bad;
+  }
+}
+
+TEST(Hostfile, CommentsBlankLinesAndSlots) {
+  std::istringstream in(
+      "# the job's hosts\n"
+      "\n"
+      "localhost slots=2   # two here\n"
+      "   127.0.0.1 slots=3 max_slots=8\n"
+      "myhost\n"
+      "other:4\n");
+  auto h = ParseHostfile(in, "hosts.txt");
+  ASSERT_EQ(4u, h.size());
+  EXPECT_EQ(2, h[0].slots);
+  EXPECT_EQ("127.0.0.1", h[1].host);
+  EXPECT_EQ(3, h[1].slots);
+  EXPECT_EQ(1, h[2].slots);
+  EXPECT_EQ(4, h[3].slots);
+}
+
+TEST(Hostfile, ErrorsNameFileAndLine) {
+  std::istringstream in("localhost slots=2\nnode slots=two\n");
+  try {
+    ParseHostfile(in, "hosts.txt");
+    FAIL();
+  } catch (const LaunchError& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("hosts.txt:2")) << e.what();
+  }
+  std::istringstream junk("node cpus=2\n");
+  EXPECT_THROW(ParseHostfile(junk, "f"), LaunchError);
+  std::istringstream empty("# nothing\n\n");
+  EXPECT_THROW(ParseHostfile(empty, "f"), LaunchError);
+}
+
+TEST(Placement, HostOrderLocalAndCross) {
+  auto p = PlaceRanks({{"a", 2}, {"b", 2}, {"c", 1}}, 5);
+  ASSERT_EQ(5u, p.size());
+  // rank: host local_rank/local_size cross_rank/cross_size
+  struct E { const char* host; int lr, ls, cr, cs; };
+  E want[] = {{"a", 0, 2, 0, 3}, {"a", 1, 2, 0, 2}, {"b", 0, 2, 1, 3}, {"b", 1, 2, 1, 2},
+              {"c", 0, 1, 2, 3}};
+  for (int r = 0; r < 5; ++r) {
+    EXPECT_EQ(r, p[r].rank);
+    EXPECT_EQ(5, p[r].size);
+    EXPECT_EQ(want[r].host, p[r].host) << r;
+    EXPECT_EQ(want[r].lr, p[r].local_rank) << r;
+    EXPECT_EQ(want[r].ls, p[r].local_size) << r;
+    EXPECT_EQ(want[r].cr, p[r].cross_rank) << r;
+    EXPECT_EQ(want[r].cs, p[r].cross_size) << r;
+  }
+}
+
+TEST(Placement, FewerRanksThanSlotsFillFirstHosts) {
+  auto p = PlaceRanks({{"a", 4}, {"b", 4}}, 3);
+  ASSERT_EQ(3u, p.size());
+  for (const auto& x : p) {
+    EXPECT_EQ("a", x.host);
+    EXPECT_EQ(3, x.local_size);
+    EXPECT_EQ(1, x.cross_size);
+  }
+  EXPECT_THROW(PlaceRanks({{"a", 2}}, 3), LaunchError);
+  EXPECT_THROW(PlaceRanks({{"a", 2}}, 0), LaunchError);
+}
+
+TEST(LocalHosts, Recognised) {
+  EXPECT_TRUE(IsLocalHost("localhost"));
+  EXPECT_TRUE(IsLocalHost("127.0.0.1"));
+  char name[256] = {};
+  ASSERT_EQ(0, gethostname(name, sizeof(name) - 1));
+  EXPECT_TRUE(IsLocalHost(name));
+  EXPECT_FALSE(IsLocalHost("surely-not-this-machine.invalid"));
+  EXPECT_THROW(RequireLocalHosts({{"localhost", 1}, {"far-away", 2}}), LaunchError);
+}
+
+TEST(Args, FlagsStopAtCommand) {
+  auto o = Parse({"-np", "2", "-v", "python3", "train.py", "--lr", "0.1", "-np", "9"});
+  EXPECT_EQ(2, o.np);
+  EXPECT_TRUE(o.verbose);
+  EXPECT_EQ((std::vector<std::string>{"python3", "train.py", "--lr", "0.1", "-np", "9"}), o.command);
+  ASSERT_EQ(1u, o.hosts.size());
+  EXPECT_EQ("localhost", o.hosts[0].host);
+  EXPECT_EQ(2, o.hosts[0].slots);
+}
+
+TEST(Args, SpellingsOfNp) {
+  EXPECT_EQ(3, Parse({"-np", "3", "x"}).np);
+  EXPECT_EQ(3, Parse({"-np=3", "x"}).np);
+  EXPECT_EQ(3, Parse({"--np", "3", "x"}).np);
+  EXPECT_EQ(3, Parse({"--np=3", "x"}).np);
+  EXPECT_EQ(3, Parse({"-n", "3", "x"}).np);
+  EXPECT_EQ(3, Parse({"-n3", "x"}).np);
+}
+
+TEST(Args, DoubleDashEndsFlags) {
+  auto o = Parse({"-np", "1", "--", "--weird-program", "-v"});
+  EXPECT_FALSE(o.verbose);
+  EXPECT_EQ((std::vector<std::string>{"--weird-program", "-v"}), o.command);
+}
+
+TEST(Args, NpFromHosts) {
+  EXPECT_EQ(4, Parse({"-H", "localhost:3,127.0.0.1", "x"}).np);
+  EXPECT_EQ(2, Parse({"-H", "localhost:3", "-np", "2", "x"}).np);
+}
+
+TEST(Args, KnobsMapToEnvironment) {
+  auto o = Parse({"-np", "1", "--fusion-threshold-mb", "32", "--cycle-time-ms", "3.5",
+                  "--cache-capacity", "0", "--timeout", "12", "--stall-check-seconds", "0",
+                  "--log-level", "DEBUG", "--timeline", "/tmp/tl.json", "--start-timeout", "7",
+                  "x"});
+  EXPECT_EQ("33554432", o.knobs["HVD_FUSION_THRESHOLD"]);
+  EXPECT_EQ("3.5", o.knobs["HVD_CYCLE_TIME"]);
+  EXPECT_EQ("0", o.knobs["HVD_CACHE_CAPACITY"]);
+  EXPECT_EQ("12", o.knobs["HVD_TIMEOUT_SECONDS"]);
+  EXPECT_EQ("0", o.knobs["HVD_STALL_CHECK_TIME_SECONDS"]);
+  EXPECT_EQ("debug", o.knobs["HVD_LOG_LEVEL"]);
+  EXPECT_EQ("/tmp/tl.json", o.knobs["HVD_TIMELINE"]);
+  EXPECT_EQ("7", o.knobs["HVD_START_TIMEOUT"]);
+  EXPECT_DOUBLE_EQ(7.0, o.start_timeout_seconds);
+}
+
+TEST(Args, KnobsAbsentWhenNotGiven) {
+  auto o = Parse({"-np", "1", "x"});
+  EXPECT_EQ(0u, o.knobs.count("HVD_FUSION_THRESHOLD"));
+  EXPECT_EQ(0u, o.knobs.count("HVD_LOG_LEVEL"));
+  EXPECT_DOUBLE_EQ(3.0, o.grace_seconds);
+  EXPECT_TRUE(o.prefix_output);
+}
+
+TEST(Args, JobFlags) {
+  auto o = Parse({"-np", "1", "--grace-seconds", "0.5", "--kill-after-seconds", "1", "--no-prefix", "x"});
+  EXPECT_DOUBLE_EQ(0.5, o.grace_seconds);
+  EXPECT_DOUBLE_EQ(1.0, o.kill_after_seconds);
+  EXPECT_FALSE(o.prefix_output);
+}
+
+TEST(Args, Help) {
+  EXPECT_TRUE(Parse({"--help"}).help);
+  EXPECT_TRUE(Parse({"-h"}).help);
+  std::string text = HelpText();
+  for (const char* word : {"--np", "--hosts", "--hostfile", "--fusion-threshold-mb", "--cycle-time-ms",
+                           "--cache-capacity", "--timeout", "--stall-check-seconds", "--log-level",
+                           "--timeline", "--start-timeout", "--grace-seconds", "--no-prefix",
+                           "--verbose", "HVD_RANK", "HVD_SECRET", "HVD_RENDEZVOUS_ADDR", "Example"}) {
+    EXPECT_NE(std::string::npos, text.find(word)) << word;
+  }
+}
+
+TEST(Args, Errors) {
+  struct Case { std::vector<std::string> args; const char* message; };
+  std::vector<Case> cases = {
+      {{"-np", "2"}, "missing COMMAND"},
+      {{"x"}, "missing -np"},
+      {{"--bogus", "x"}, "unknown flag '--bogus'"},
+      {{"-np"}, "needs a value"},
+      {{"-np", "0", "x"}, "-np"},
+      {{"-np", "two", "x"}, "'two'"},
+      {{"-np", "3", "-H", "localhost:2", "x"}, "larger than the 2 slot"},
+      {{"-H", "far.example.invalid:2", "x"}, "remote hosts are not supported yet: far.example.invalid"},
+      {{"-H", "localhost", "--hostfile", "f", "x"}, "not both"},
+      {{"--hostfile", "/nonexistent/hosts", "x"}, "cannot read hostfile"},
+      {{"-np", "1", "--fusion-threshold-mb", "-1", "x"}, "--fusion-threshold-mb"},
+      {{"-np", "1", "--cycle-time-ms", "0", "x"}, "--cycle-time-ms"},
+      {{"-np", "1", "--cache-capacity", "1.5", "x"}, "--cache-capacity"},
+      {{"-np", "1", "--timeout", "abc", "x"}, "--timeout"},
+      {{"-np", "1", "--timeout", "nan", "x"}, "--timeout"},
+      {{"-np", "1", "--stall-check-seconds", "-3", "x"}, "--stall-check-seconds"},
+      {{"-np", "1", "--log-level", "loud", "x"}, "--log-level"},
+      {{"-np", "1", "--timeline=", "x"}, "--timeline"},
+      {{"-np", "1", "--grace-seconds", "-1", "x"}, "--grace-seconds"},
+      {{"-np", "1", "--start-timeout", "0", "x"}, "--start-timeout"},
+      {{"-np", "1", "--grace-seconds", "1e300", "x"}, "at most"},
+      {{"-np", "1", "--verbose=yes", "x"}, "takes no value"},
+  };
+  for (const auto& c : cases) {
+    std::string err = ErrorOf(c.args);
+    EXPECT_NE(std::string::npos, err.find(c.message)) << "got: " << err;
+  }
+}
+
+}  // namespace
+}  // namespace launcher
+}  // namespace hvd

@@ -1,0 +1,390 @@
+// Runs the real hvdrun binary (HVDRUN_PATH) with tiny shell commands as ranks: the
+// environment contract, output prefixes, exit codes, failure and signal handling, usage errors.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Result {
+  int code = -1;  // exit code, 128+signal when hvdrun itself was killed, -1 on timeout
+  std::string out, err;
+  double seconds = 0;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A scratch directory removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/hvdrun_test.XXXXXX";
+    path_ = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// hvdrun running in the background with stdout and stderr going to files.
+class Job {
+ public:
+  explicit Job(const std::vector<std::string>& args) {
+    out_ = dir_.path() + "/out";
+    err_ = dir_.path() + "/err";
+    std::vector<std::string> argv = {HVDRUN_PATH};
+    argv.insert(argv.end(), args.begin(), args.end());
+    start_ = Clock::now();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int o = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int e = ::open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(o, 1);
+      ::dup2(e, 2);
+      std::vector<char*> cargv;
+      for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+      cargv.push_back(nullptr);
+      ::execv(cargv[0], cargv.data());
+      ::_exit(126);
+    }
+  }
+  ~Job() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+
+  // Waits at most `timeout` seconds for hvdrun to exit.
+  Result Wait(double timeout = 30) {
+    Result r;
+    auto deadline = start_ + std::chrono::duration<double>(timeout);
+    int status = 0;
+    while (Clock::now() < deadline) {
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    r.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    r.out = ReadFile(out_);
+    r.err = ReadFile(err_);
+    return r;
+  }
+
+ private:
+  TempDir dir_;
+  std::string out_, err_;
+  pid_t pid_ = -1;
+  Clock::time_point start_;
+};
+
+Result RunHvdrun(const std::vector<std::string>& args, double timeout = 30) { return Job(args).Wait(timeout); }
+
+std::vector<std::string> Lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// True while `pid` exists and is not a zombie.
+bool Alive(pid_t pid) {
+  std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  if (stat.empty()) return false;
+  size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+}
+
+// Waits (bounded) until `n` files named PREFIX.<rank> exist in dir; returns the pids in them.
+std::vector<pid_t> WaitForPidFiles(const std::string& dir, const std::string& prefix, int n) {
+  std::vector<pid_t> pids;
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < deadline) {
+    pids.clear();
+    for (int r = 0; r < n; ++r) {
+      std::string text = ReadFile(dir + "/" + prefix + "." + std::to_string(r));
+      if (!text.empty() && text.back() == '\n') pids.push_back(std::atoi(text.c_str()));
+    }
+    if (static_cast<int>(pids.size()) == n) return pids;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pids;
+}
+
+class EnvContract : public ::testing::TestWithParam<int> {};
+
+TEST_P(EnvContract, EveryRankGetsItsIdentity) {
+  int np = GetParam();
+  Result r = RunHvdrun({"-np", std::to_string(np), "sh", "-c",
+                  "echo \"$HVD_RANK $HVD_SIZE $HVD_LOCAL_RANK $HVD_LOCAL_SIZE $HVD_CROSS_RANK "
+                  "$HVD_CROSS_SIZE $HVD_HOSTNAME $HVD_RENDEZVOUS_ADDR $HVD_RENDEZVOUS_PORT "
+                  "$HVD_SECRET\""});
+  ASSERT_EQ(0, r.code) << r.err;
+  auto lines = Lines(r.out);
+  ASSERT_EQ(static_cast<size_t>(np), lines.size()) << r.out;
+  std::set<int> ranks;
+  std::set<std::string> secrets, ports;
+  for (const auto& line : lines) {
+    int rank, size, lr, ls, cr, cs;
+    char host[64], addr[64], port[16], secret[129];
+    int tag;
+    ASSERT_EQ(11, std::sscanf(line.c_str(), "[%d]<stdout>:%d %d %d %d %d %d %63s %63s %15s %128s",
+                              &tag, &rank, &size, &lr, &ls, &cr, &cs, host, addr, port, secret))
+        << line;
+    EXPECT_EQ(tag, rank);
+    EXPECT_EQ(np, size);
+    EXPECT_EQ(rank, lr);
+    EXPECT_EQ(np, ls);
+    EXPECT_EQ(0, cr);
+    EXPECT_EQ(1, cs);
+    EXPECT_STREQ("localhost", host);
+    EXPECT_STREQ("127.0.0.1", addr);
+    EXPECT_GT(std::atoi(port), 0);
+    EXPECT_EQ(64u, std::string(secret).size());
+    EXPECT_EQ(std::string::npos, std::string(secret).find_first_not_of("0123456789abcdef"));
+    ranks.insert(rank);
+    secrets.insert(secret);
+    ports.insert(port);
+  }
+  EXPECT_EQ(static_cast<size_t>(np), ranks.size());
+  EXPECT_EQ(1u, secrets.size());
+  EXPECT_EQ(1u, ports.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, EnvContract, ::testing::Values(1, 2, 3, 4));
+
+TEST(Hvdrun, TwoHostNamesGiveCrossRanks) {
+  Result r = RunHvdrun({"-H", "localhost:2,127.0.0.1:2", "sh", "-c",
+                  "echo $HVD_RANK $HVD_LOCAL_RANK $HVD_CROSS_RANK $HVD_CROSS_SIZE $HVD_HOSTNAME"});
+  ASSERT_EQ(0, r.code) << r.err;
+  for (const char* want : {"[0]<stdout>:0 0 0 2 localhost", "[1]<stdout>:1 1 0 2 localhost",
+                           "[2]<stdout>:2 0 1 2 127.0.0.1", "[3]<stdout>:3 1 1 2 127.0.0.1"}) {
+    EXPECT_TRUE(Contains(r.out, want)) << want << "\n" << r.out;
+  }
+}
+
+TEST(Hvdrun, SecretIsNotOnAnyCommandLine) {
+  Result r = RunHvdrun({"-np", "1", "sh", "-c",
+                  "tr '\\0' ' ' < /proc/$PPID/cmdline; echo; tr '\\0' ' ' < /proc/$$/cmdline; "
+                  "echo; echo \"secret=$HVD_SECRET\""});
+  ASSERT_EQ(0, r.code) << r.err;
+  size_t at = r.out.find("secret=");
+  ASSERT_NE(std::string::npos, at);
+  std::string secret = r.out.substr(at + 7, 64);
+  EXPECT_EQ(std::string::npos, r.out.substr(0, at).find(secret)) << r.out;
+}
+
+TEST(Hvdrun, PrefixesBothStreamsAndFlushesPartialLines) {
+  Result r = RunHvdrun({"-np", "2", "sh", "-c", "echo out$HVD_RANK; echo err$HVD_RANK >&2; printf tail"});
+  ASSERT_EQ(0, r.code);
+  for (int k = 0; k < 2; ++k) {
+    std::string t = "[" + std::to_string(k) + "]";
+    EXPECT_TRUE(Contains(r.out, t + "<stdout>:out" + std::to_string(k) + "\n")) << r.out;
+    EXPECT_TRUE(Contains(r.out, t + "<stdout>:tail\n")) << r.out;
+    EXPECT_TRUE(Contains(r.err, t + "<stderr>:err" + std::to_string(k) + "\n")) << r.err;
+  }
+  EXPECT_FALSE(Contains(r.out, "<stderr>"));
+  EXPECT_FALSE(Contains(r.err, "<stdout>"));
+}
+
+TEST(Hvdrun, NoPrefix) {
+  Result r = RunHvdrun({"-np", "2", "--no-prefix", "sh", "-c", "echo plain"});
+  ASSERT_EQ(0, r.code);
+  EXPECT_EQ("plain\nplain\n", r.out);
+}
+
+TEST(Hvdrun, LinesDoNotInterleave) {
+  // 4 ranks x 3000 lines of 200 characters each, written in odd-sized chunks.
+  std::string script =
+      "awk -v r=$HVD_RANK 'BEGIN { s = sprintf(\"%0200d\", 0); gsub(0, r, s); "
+      "for (i = 0; i < 3000; i++) print s }'";
+  Result r = RunHvdrun({"-np", "4", "sh", "-c", script});
+  ASSERT_EQ(0, r.code) << r.err;
+  auto lines = Lines(r.out);
+  ASSERT_EQ(12000u, lines.size());
+  for (const auto& line : lines) {
+    ASSERT_EQ(12u + 200u, line.size()) << line.substr(0, 40);
+    char rank = line[1];
+    ASSERT_EQ(std::string(200, rank), line.substr(12)) << line.substr(0, 40);
+  }
+}
+
+TEST(Hvdrun, ArgumentsAfterCommandBelongToIt) {
+  Result r = RunHvdrun({"-np", "1", "sh", "-c", "echo \"$@\"", "x", "--lr", "0.1", "-np", "5", "--help"});
+  ASSERT_EQ(0, r.code) << r.err;
+  EXPECT_EQ("[0]<stdout>:--lr 0.1 -np 5 --help\n", r.out);
+}
+
+TEST(Hvdrun, KnobsReachRanks) {
+  Result r = RunHvdrun({"-np", "1", "--fusion-threshold-mb", "2", "--cycle-time-ms", "5",
+                  "--cache-capacity", "7", "--timeout", "9", "--stall-check-seconds", "11",
+                  "--log-level", "info", "--timeline", "/tmp/x.json", "sh", "-c",
+                  "echo $HVD_FUSION_THRESHOLD $HVD_CYCLE_TIME $HVD_CACHE_CAPACITY "
+                  "$HVD_TIMEOUT_SECONDS $HVD_STALL_CHECK_TIME_SECONDS $HVD_LOG_LEVEL $HVD_TIMELINE"});
+  ASSERT_EQ(0, r.code) << r.err;
+  EXPECT_EQ("[0]<stdout>:2097152 5 7 9 11 info /tmp/x.json\n", r.out);
+}
+
+TEST(Hvdrun, HostfileGivesRankCount) {
+  TempDir dir;
+  std::ofstream(dir.path() + "/hosts") << "# test\nlocalhost slots=3\n\n";
+  Result r = RunHvdrun({"--hostfile", dir.path() + "/hosts", "sh", "-c", "echo $HVD_SIZE"});
+  ASSERT_EQ(0, r.code) << r.err;
+  EXPECT_EQ(3u, Lines(r.out).size());
+}
+
+TEST(Hvdrun, FailingRankNamedAndOthersStopped) {
+  TempDir dir;
+  Job job({"-np", "3", "--grace-seconds", "0.5", "sh", "-c",
+           "if [ $HVD_RANK = 1 ]; then echo failing >&2; exit 3; fi; "
+           "echo $$ > " + dir.path() + "/pid.$HVD_RANK; exec sleep 60"});
+  Result r = job.Wait(30);
+  EXPECT_EQ(3, r.code) << r.err;
+  EXPECT_TRUE(Contains(r.err, "hvdrun: rank 1 (pid ")) << r.err;
+  EXPECT_TRUE(Contains(r.err, "exited with code 3")) << r.err;
+  EXPECT_TRUE(Contains(r.err, "[1]<stderr>:failing")) << r.err;
+  EXPECT_LT(r.seconds, 10.0);
+  for (pid_t pid : WaitForPidFiles(dir.path(), "pid", 0)) EXPECT_FALSE(Alive(pid));
+  for (int k : {0, 2}) {
+    pid_t pid = std::atoi(ReadFile(dir.path() + "/pid." + std::to_string(k)).c_str());
+    if (pid > 0) EXPECT_FALSE(Alive(pid)) << "rank " << k;
+  }
+}
+
+TEST(Hvdrun, DefaultGraceIsShort) {
+  Result r = RunHvdrun({"-np", "2", "sh", "-c", "if [ $HVD_RANK = 0 ]; then exit 4; fi; exec sleep 60"});
+  EXPECT_EQ(4, r.code);
+  EXPECT_GE(r.seconds, 2.5);
+  EXPECT_LT(r.seconds, 10.0);
+}
+
+TEST(Hvdrun, KilledRankNamedWithSignal) {
+  Result r = RunHvdrun({"-np", "2", "--grace-seconds", "0.2", "sh", "-c",
+                  "if [ $HVD_RANK = 1 ]; then kill -9 $$; fi; exec sleep 60"});
+  EXPECT_EQ(128 + 9, r.code);
+  EXPECT_TRUE(Contains(r.err, "hvdrun: rank 1 (pid ")) << r.err;
+  EXPECT_TRUE(Contains(r.err, "was killed by signal 9 (SIGKILL)")) << r.err;
+  EXPECT_LT(r.seconds, 10.0);
+}
+
+TEST(Hvdrun, RankIgnoringSigtermIsKilled) {
+  Result r = RunHvdrun({"-np", "2", "--grace-seconds", "0.2", "--kill-after-seconds", "0.5", "sh", "-c",
+                  "if [ $HVD_RANK = 0 ]; then exit 5; fi; trap '' TERM; sleep 60"});
+  EXPECT_EQ(5, r.code);
+  EXPECT_LT(r.seconds, 10.0);
+}
+
+TEST(Hvdrun, SigtermStopsEveryProcess) {
+  TempDir dir;
+  Job job({"-np", "3", "sh", "-c",
+           "sleep 60 & echo $! > " + dir.path() + "/bg.$HVD_RANK; echo $$ > " + dir.path() +
+               "/pid.$HVD_RANK; wait"});
+  std::vector<pid_t> ranks = WaitForPidFiles(dir.path(), "pid", 3);
+  std::vector<pid_t> background = WaitForPidFiles(dir.path(), "bg", 3);
+  ASSERT_EQ(3u, ranks.size());
+  ASSERT_EQ(3u, background.size());
+  ASSERT_EQ(0, ::kill(job.pid(), SIGTERM));
+  Result r = job.Wait(20);
+  EXPECT_EQ(128 + SIGTERM, r.code) << r.err;
+  EXPECT_TRUE(Contains(r.err, "SIGTERM")) << r.err;
+  for (pid_t pid : ranks) EXPECT_FALSE(Alive(pid)) << pid;
+  for (pid_t pid : background) EXPECT_FALSE(Alive(pid)) << pid;
+}
+
+TEST(Hvdrun, SigintExits130) {
+  TempDir dir;
+  Job job({"-np", "2", "sh", "-c", "echo $$ > " + dir.path() + "/pid.$HVD_RANK; exec sleep 60"});
+  std::vector<pid_t> ranks = WaitForPidFiles(dir.path(), "pid", 2);
+  ASSERT_EQ(2u, ranks.size());
+  ASSERT_EQ(0, ::kill(job.pid(), SIGINT));
+  Result r = job.Wait(20);
+  EXPECT_EQ(130, r.code);
+  for (pid_t pid : ranks) EXPECT_FALSE(Alive(pid)) << pid;
+}
+
+TEST(Hvdrun, RanksDieWithAKilledHvdrun) {
+  TempDir dir;
+  Job job({"-np", "2", "sh", "-c", "echo $$ > " + dir.path() + "/pid.$HVD_RANK; exec sleep 60"});
+  std::vector<pid_t> ranks = WaitForPidFiles(dir.path(), "pid", 2);
+  ASSERT_EQ(2u, ranks.size());
+  ASSERT_EQ(0, ::kill(job.pid(), SIGKILL));
+  job.Wait(10);
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < deadline && (Alive(ranks[0]) || Alive(ranks[1]))) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (pid_t pid : ranks) EXPECT_FALSE(Alive(pid)) << pid;
+}
+
+TEST(Hvdrun, LeftoverBackgroundProcessesAreStoppedOnSuccess) {
+  TempDir dir;
+  Result r = RunHvdrun({"-np", "2", "sh", "-c",
+                  "sleep 60 > /dev/null 2>&1 & echo $! > " + dir.path() + "/bg.$HVD_RANK"});
+  EXPECT_EQ(0, r.code);
+  for (pid_t pid : WaitForPidFiles(dir.path(), "bg", 2)) EXPECT_FALSE(Alive(pid)) << pid;
+}
+
+TEST(Hvdrun, UsageErrorsExit2) {
+  struct Case { std::vector<std::string> args; const char* message; };
+  std::vector<Case> cases = {
+      {{"-np", "2", "--bogus", "true"}, "unknown flag '--bogus'"},
+      {{"-np", "2"}, "missing COMMAND"},
+      {{"true"}, "missing -np"},
+      {{"-np", "2", "--log-level", "loud", "true"}, "--log-level"},
+      {{"-np", "2", "--fusion-threshold-mb", "lots", "true"}, "--fusion-threshold-mb"},
+      {{"-np", "x", "true"}, "-np"},
+      {{"-H", "gpu-node-7.invalid:4", "true"}, "remote hosts are not supported yet: gpu-node-7.invalid"},
+      {{"-np", "5", "-H", "localhost:4", "true"}, "larger than the 4 slot"},
+  };
+  for (const auto& c : cases) {
+    Result r = RunHvdrun(c.args);
+    EXPECT_EQ(2, r.code) << c.message;
+    EXPECT_TRUE(Contains(r.err, c.message)) << r.err;
+    EXPECT_TRUE(r.out.empty());
+  }
+}
+
+TEST(Hvdrun, HelpExits0) {
+  Result r = RunHvdrun({"--help"});
+  EXPECT_EQ(0, r.code);
+  EXPECT_TRUE(Contains(r.out, "--fusion-threshold-mb"));
+  EXPECT_TRUE(Contains(r.out, "HVD_RANK"));
+  EXPECT_TRUE(Contains(r.out, "Examples:"));
+}
+
+TEST(Hvdrun, CommandNotFound) {
+  Result r = RunHvdrun({"-np", "2", "no-such-program-for-hvdrun"});
+  EXPECT_EQ(127, r.code);
+  EXPECT_TRUE(Contains(r.err, "command not found: no-such-program-for-hvdrun")) << r.err;
+}
+
+}  // namespace
