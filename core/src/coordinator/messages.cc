@@ -73,6 +73,10 @@ class Reader {
     return true;
   }
   bool Enum(uint8_t* v, uint8_t limit) { return Get(v) && *v < limit; }
+  // A count of items each at least `min_bytes` long that the rest of the payload can hold.
+  bool Count(uint32_t* n, size_t min_bytes) {
+    return Get(n) && *n <= kMaxCount && static_cast<size_t>(*n) * min_bytes <= n_ - pos_;
+  }
   bool done() const { return pos_ == n_; }
 
  private:
@@ -137,7 +141,7 @@ bool Get(Reader& rd, Response* r) {
   uint32_t n;
   if (!rd.Enum(&compact, 2)) return false;
   if (compact) return rd.Vec(&r->cache_bits) && !r->cache_bits.empty();
-  if (!rd.Enum(&type, static_cast<uint8_t>(OpType::kError) + 1) || !rd.Get(&n) || n > kMaxCount) {
+  if (!rd.Enum(&type, static_cast<uint8_t>(OpType::kError) + 1) || !rd.Count(&n, 4)) {
     return false;
   }
   r->type = static_cast<OpType>(type);
@@ -145,7 +149,7 @@ bool Get(Reader& rd, Response* r) {
   for (auto& s : r->names) {
     if (!rd.Str(&s)) return false;
   }
-  if (!rd.Get(&n) || n > kMaxCount) return false;
+  if (!rd.Count(&n, 4)) return false;
   r->shapes.resize(n);
   for (auto& s : r->shapes) {
     if (!rd.Vec(&s)) return false;
@@ -162,7 +166,7 @@ bool Get(Reader& rd, Response* r) {
 template <typename Item>
 Status DecodeItems(Reader& rd, std::vector<Item>* items, const char* what) {
   uint32_t n;
-  if (!rd.Get(&n) || n > kMaxCount) {
+  if (!rd.Count(&n, 1)) {
     return Status::InvalidArgument(std::string("malformed ") + what + ": bad count");
   }
   items->resize(n);

@@ -1,0 +1,273 @@
+// Unit tests of the negotiation layer: wire format, coordinator, fusion, response cache.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "coordinator/coordinator.h"
+#include "coordinator/messages.h"
+#include "coordinator/response_cache.h"
+#include "planner/fusion.h"
+
+namespace hvd {
+namespace {
+
+Request Allreduce(const std::string& name, std::vector<int64_t> shape,
+                  DataType dtype = DataType::kFloat32, ReduceOp op = ReduceOp::kSum) {
+  Request r;
+  r.type = OpType::kAllreduce;
+  r.name = name;
+  r.shape = std::move(shape);
+  r.dtype = dtype;
+  r.op = op;
+  return r;
+}
+
+TEST(Messages, RequestListRoundTrip) {
+  RequestList l;
+  l.requests.push_back(Allreduce("a", {2, 3}, DataType::kBFloat16, ReduceOp::kMax));
+  Request b;
+  b.type = OpType::kAlltoall;
+  b.name = std::string("b\0c", 3);
+  b.splits = {1, 0, 2};
+  b.shape = {3};
+  b.group = "g";
+  b.group_size = 2;
+  b.prescale = 0.5;
+  l.requests.push_back(b);
+  l.cache_epoch = 77;
+  l.cached_bits = {0x5, 1ull << 63};
+  auto bytes = Encode(l);
+  RequestList out;
+  ASSERT_TRUE(Decode(bytes.data(), bytes.size(), &out).ok());
+  ASSERT_EQ(out.requests.size(), 2u);
+  EXPECT_TRUE(SameRequest(out.requests[0], l.requests[0]));
+  EXPECT_TRUE(SameRequest(out.requests[1], l.requests[1]));
+  EXPECT_EQ(out.cache_epoch, 77u);
+  EXPECT_EQ(out.cached_bits, l.cached_bits);
+}
+
+TEST(Messages, ResponseListRoundTripWithCompactEntries) {
+  ResponseList l;
+  Response full;
+  full.type = OpType::kAllgather;
+  full.names = {"x", "y"};
+  full.shapes = {{4, 2}, {1}};
+  full.sizes = {1, 2, 3};
+  full.joined = {2};
+  full.error = "";
+  l.responses.push_back(full);
+  Response compact;
+  compact.cache_bits = {3, 9};
+  l.responses.push_back(compact);
+  auto bytes = Encode(l);
+  ResponseList out;
+  ASSERT_TRUE(Decode(bytes.data(), bytes.size(), &out).ok());
+  ASSERT_EQ(out.responses.size(), 2u);
+  EXPECT_EQ(out.responses[0].names, full.names);
+  EXPECT_EQ(out.responses[0].shapes, full.shapes);
+  EXPECT_EQ(out.responses[0].sizes, full.sizes);
+  EXPECT_EQ(out.responses[0].joined, full.joined);
+  EXPECT_EQ(out.responses[1].cache_bits, compact.cache_bits);
+}
+
+TEST(Messages, GarbageIsRefusedNotCrashed) {
+  RequestList l;
+  for (int i = 0; i < 5; ++i) l.requests.push_back(Allreduce("t" + std::to_string(i), {i, 7}));
+  auto good = Encode(l);
+  std::mt19937 rng(1);
+  int refused = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    auto bytes = good;
+    if (iter % 3 == 0) {
+      bytes.resize(rng() % bytes.size());  // truncated
+    } else {
+      for (int k = 0; k < 4; ++k) bytes[rng() % bytes.size()] = static_cast<uint8_t>(rng());
+    }
+    RequestList out;
+    ResponseList out2;
+    refused += Decode(bytes.data(), bytes.size(), &out).ok() ? 0 : 1;
+    (void)Decode(bytes.data(), bytes.size(), &out2);
+  }
+  EXPECT_GT(refused, 1000);  // truncations alone are a third of the cases
+  RequestList out;
+  EXPECT_FALSE(Decode(nullptr, 0, &out).ok());
+}
+
+TEST(Coordinator, ReadyOnlyWhenEveryRankAnnounced) {
+  Coordinator c(3, 0, 0);
+  c.AddRequests(2, {Allreduce("a", {4})});
+  c.AddRequests(0, {Allreduce("a", {4})});
+  EXPECT_TRUE(c.ComputeResponses().empty());
+  c.AddRequests(1, {Allreduce("a", {4})});
+  auto rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].type, OpType::kAllreduce);
+  EXPECT_EQ(rs[0].names, std::vector<std::string>{"a"});
+  EXPECT_TRUE(c.idle());
+}
+
+TEST(Coordinator, MismatchNamesTensorWhatAndRanks) {
+  Coordinator c(3, 0, 0);
+  c.AddRequests(0, {Allreduce("w", {4})});
+  c.AddRequests(1, {Allreduce("w", {4})});
+  c.AddRequests(2, {Allreduce("w", {5})});
+  auto rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].type, OpType::kError);
+  EXPECT_NE(rs[0].error.find("'w'"), std::string::npos) << rs[0].error;
+  EXPECT_NE(rs[0].error.find("shape [4] vs [5]"), std::string::npos) << rs[0].error;
+  EXPECT_NE(rs[0].error.find("rank 2"), std::string::npos) << rs[0].error;
+
+  for (int r = 0; r < 3; ++r) {
+    c.AddRequests(r, {Allreduce("d", {4}, r == 1 ? DataType::kFloat64 : DataType::kFloat32)});
+    c.AddRequests(r, {Allreduce("o", {4}, DataType::kFloat32, r == 0 ? ReduceOp::kMax : ReduceOp::kSum)});
+  }
+  rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 2u);
+  EXPECT_NE(rs[0].error.find("dtype float32 vs float64"), std::string::npos) << rs[0].error;
+  EXPECT_NE(rs[1].error.find("reduce op max vs sum"), std::string::npos) << rs[1].error;
+}
+
+TEST(Coordinator, BroadcastRootMismatch) {
+  Coordinator c(2, 0, 0);
+  for (int r = 0; r < 2; ++r) {
+    Request q = Allreduce("b", {3});
+    q.type = OpType::kBroadcast;
+    q.root = r;
+    c.AddRequests(r, {q});
+  }
+  auto rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_NE(rs[0].error.find("root rank 0 vs 1"), std::string::npos) << rs[0].error;
+}
+
+TEST(Coordinator, AllgatherSizesPerRank) {
+  Coordinator c(3, 0, 0);
+  for (int r = 0; r < 3; ++r) {
+    Request q = Allreduce("g", {r * 2, 5});
+    q.type = OpType::kAllgather;
+    c.AddRequests(r, {q});
+  }
+  auto rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].sizes, (std::vector<int64_t>{0, 2, 4}));
+}
+
+TEST(Coordinator, JoinCountsJoinedRanksAsReady) {
+  Coordinator c(3, 0, 0);
+  Request join;
+  join.type = OpType::kJoin;
+  join.name = "join";
+  c.AddRequests(1, {join});
+  c.AddRequests(0, {Allreduce("a", {2})});
+  EXPECT_TRUE(c.ComputeResponses().empty());
+  c.AddRequests(2, {Allreduce("a", {2})});
+  auto rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].joined, std::vector<int32_t>{1});
+  c.AddRequests(2, {join});
+  c.AddRequests(0, {join});
+  rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].type, OpType::kJoin);
+  EXPECT_EQ(rs[0].last_joined, 0);
+}
+
+TEST(Coordinator, GroupIsReleasedWhole) {
+  Coordinator c(2, 0, 0);
+  auto grouped = [](const std::string& n) {
+    Request q = Allreduce(n, {1});
+    q.group = "g1";
+    q.group_size = 2;
+    return q;
+  };
+  c.AddRequests(0, {grouped("x"), grouped("y")});
+  c.AddRequests(1, {grouped("x")});
+  EXPECT_TRUE(c.ComputeResponses().empty());  // x is ready, y is not: the group waits
+  c.AddRequests(1, {grouped("y")});
+  auto rs = c.ComputeResponses();
+  EXPECT_EQ(rs.size(), 2u);
+}
+
+TEST(Fusion, RespectsThresholdAndCompatibility) {
+  auto resp = [](const std::string& n, int64_t count, DataType t) {
+    Response r;
+    r.type = OpType::kAllreduce;
+    r.names = {n};
+    r.shapes = {{count}};
+    r.dtype = t;
+    return r;
+  };
+  std::vector<Response> in = {resp("a", 10, DataType::kFloat32), resp("b", 10, DataType::kFloat32),
+                              resp("c", 10, DataType::kFloat64), resp("d", 20, DataType::kFloat32)};
+  auto out = FuseResponses(in, 80);  // a+b = 80 bytes; d would exceed
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].names, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(out[1].names, std::vector<std::string>{"c"});
+  EXPECT_EQ(out[2].names, std::vector<std::string>{"d"});
+  EXPECT_EQ(FuseResponses(in, 0).size(), 4u);
+  EXPECT_EQ(FuseResponses(in, 1 << 20).size(), 2u);
+}
+
+Response ResponseFor(const Request& q) {
+  Response r;
+  r.type = q.type;
+  r.names = {q.name};
+  r.shapes = {q.shape};
+  r.dtype = q.dtype;
+  r.op = q.op;
+  return r;
+}
+
+TEST(ResponseCache, InsertLookupEvictAndHistory) {
+  ResponseCache c(2);
+  Request a = Allreduce("a", {1}), b = Allreduce("b", {2}), d = Allreduce("d", {3});
+  EXPECT_EQ(c.Lookup(a), -1);
+  c.Apply({ResponseFor(a), ResponseFor(b)});  // epoch 1
+  EXPECT_EQ(c.epoch(), 1u);
+  int bit_a = c.Lookup(a);
+  ASSERT_GE(bit_a, 0);
+  ASSERT_GE(c.Lookup(b), 0);
+  EXPECT_EQ(c.Lookup(Allreduce("a", {7})), -1);  // same name, other shape: no hit
+  c.Apply({ResponseFor(b)});                      // epoch 2: b used, a is least recent
+  c.Apply({ResponseFor(d)});                      // epoch 3: d evicts a
+  EXPECT_EQ(c.Lookup(a), -1);
+  EXPECT_EQ(c.Lookup(d), bit_a);
+  Request old;
+  ASSERT_TRUE(c.Decode(static_cast<uint32_t>(bit_a), 2, &old));  // as a sender at epoch 2 meant it
+  EXPECT_TRUE(SameRequest(old, a));
+  ASSERT_TRUE(c.Decode(static_cast<uint32_t>(bit_a), 3, &old));
+  EXPECT_TRUE(SameRequest(old, d));
+  c.PruneHistory(3);
+  ASSERT_TRUE(c.Decode(static_cast<uint32_t>(bit_a), 2, &old));
+  EXPECT_TRUE(SameRequest(old, d));  // history gone: the current meaning
+  EXPECT_FALSE(c.Decode(99, 3, &old));
+}
+
+TEST(ResponseCache, EncodeRebuildAndDisabled) {
+  ResponseCache c(8);
+  Request a = Allreduce("a", {4}), b = Allreduce("b", {5});
+  Response fused = ResponseFor(a);
+  fused.names.push_back("b");
+  fused.shapes.push_back({5});
+  std::vector<uint32_t> bits;
+  EXPECT_FALSE(c.Encodable(fused, &bits));
+  c.Apply({fused});
+  ASSERT_TRUE(c.Encodable(fused, &bits));
+  Response back;
+  ASSERT_TRUE(c.Rebuild(bits, &back));
+  EXPECT_EQ(back.names, fused.names);
+  EXPECT_EQ(back.shapes, fused.shapes);
+  Response with_joined = fused;
+  with_joined.joined = {1};
+  EXPECT_FALSE(c.Encodable(with_joined, &bits));
+
+  ResponseCache off(0);
+  off.Apply({fused});
+  EXPECT_FALSE(off.enabled());
+  EXPECT_EQ(off.Lookup(a), -1);
+  EXPECT_FALSE(off.Encodable(fused, &bits));
+}
+
+}  // namespace
+}  // namespace hvd
