@@ -15,12 +15,11 @@ namespace hvd {
 // scratch in L2. A multiple of every element size.
 constexpr size_t kSegmentBytes = 256 * 1024;
 
-// Receive slots (each one segment) used by algorithms that receive into scratch before
-// reducing, and how many receives are posted ahead of the one being reduced. kLookahead <
-// kRecvSlots leaves slack so that reusing a slot rarely has to wait for a send that still reads
-// it.
-constexpr size_t kRecvSlots = 4;
+// How many receives are posted ahead of the segment being reduced, and the receive slots (one
+// segment each) of the ring allreduce, which frees a slot as soon as it is reduced, so it needs
+// kLookahead + 1 of them. (ReduceScatter sends from its slots and sizes them itself.)
 constexpr size_t kLookahead = 2;
+constexpr size_t kRecvSlots = kLookahead + 1;
 
 // Broadcasts up to this size use a binomial tree (log2(p) hops of the whole buffer); larger
 // ones a pipelined chain (bandwidth-optimal: every link carries the buffer once).

@@ -8,6 +8,10 @@
 //   2. Each received segment of an intermediate step lands in a scratch slot; the rank reduces
 //      its own contribution from `in` into the slot and sends the slot on to the right as the
 //      same segment of step s+1. A slot is reused only after the send reading it completed.
+//      The right neighbour receives that send only after its own step-0 segments, so the wait
+//      could close a cycle around the ring if a rank had fewer slots than the segments of one
+//      chunk: there are (segments of the largest chunk) + kLookahead + 1 slots, about one
+//      chunk of scratch.
 //   3. Segments of the last step land straight in `out` and this rank's contribution from `in`
 //      is reduced into them. When `out` is this rank's chunk of `in` itself (in place), it
 //      already holds the contribution: they land in a slot and are reduced into `out`.
@@ -37,7 +41,7 @@ class ReduceScatterRun {
  private:
   const uint8_t* In(size_t elem) const { return in_ + elem * esize_; }
   uint8_t* Out(size_t elem) const { return out_ + (elem - out_offset_) * esize_; }
-  uint8_t* Slot(size_t k) const { return slots_ + (k % kRecvSlots) * slot_bytes_; }
+  uint8_t* Slot(size_t k) const { return slots_ + (k % slot_send_.size()) * slot_bytes_; }
   bool IntoSlot(const Segment& s) const { return s.step < last_step_ || aliased_; }
   Status Post(size_t k);
   Status Process(size_t k);
@@ -57,7 +61,7 @@ class ReduceScatterRun {
   std::vector<Segment> segs_;
   std::vector<TransportRequest> recvs_;
   std::vector<TransportRequest> sends_;  // step 0's sends, which read `in`
-  std::optional<TransportRequest> slot_send_[kRecvSlots];
+  std::vector<std::optional<TransportRequest>> slot_send_;  // per slot, the send reading it
   uint8_t* slots_ = nullptr;  // owned by the caller's ScratchBuffer
   size_t slot_bytes_ = 0;
 };
@@ -84,7 +88,8 @@ ReduceScatterRun::ReduceScatterRun(Transport& t, const void* in, void* out, bool
   size_t largest = 0;
   for (size_t c : counts) largest = c > largest ? c : largest;
   slot_bytes_ = (largest < seg_elems ? largest : seg_elems) * esize_;
-  slots_ = static_cast<uint8_t*>(scratch.Get(kRecvSlots * slot_bytes_));
+  slot_send_.resize((largest + seg_elems - 1) / seg_elems + kLookahead + 1);
+  slots_ = static_cast<uint8_t*>(scratch.Get(slot_send_.size() * slot_bytes_));
   const int first = PositiveMod(r - 1, p);
   std::vector<Segment> own;
   AppendSegments(&own, 0, offsets[first], counts[first], seg_elems);
@@ -97,7 +102,7 @@ Status ReduceScatterRun::Post(size_t k) {
     recvs_[k] = t_.Irecv(left_, Out(s.offset), s.count * esize_);
     return Status::OK();
   }
-  std::optional<TransportRequest>& pending = slot_send_[k % kRecvSlots];
+  std::optional<TransportRequest>& pending = slot_send_[k % slot_send_.size()];
   if (pending) {
     const TransportRequest req = *pending;
     pending.reset();
@@ -112,7 +117,7 @@ Status ReduceScatterRun::Process(size_t k) {
   HVD_RETURN_IF_ERROR(t_.Wait(recvs_[k], deadline_));
   if (s.step < last_step_) {
     ReduceInto(Slot(k), In(s.offset), s.count, dtype_, op_);
-    slot_send_[k % kRecvSlots] = t_.Isend(right_, Slot(k), s.count * esize_);
+    slot_send_[k % slot_send_.size()] = t_.Isend(right_, Slot(k), s.count * esize_);
   } else if (aliased_) {
     ReduceInto(Out(s.offset), Slot(k), s.count, dtype_, op_);
   } else {

@@ -7,6 +7,9 @@
 //      which the compiler vectorises. Signed integers wrap (the arithmetic is done unsigned).
 //   3. float16 / bfloat16 are handled in blocks of kBlock elements: both operands are widened to
 //      float32 on the stack, combined with the float32 loop, and rounded back (nearest even).
+//      float16 blocks use the F16C conversion instructions where the CPU has them (checked once
+//      at run time), else the portable branch-free code of half_convert.h; both give the same
+//      bits (NaN payloads aside).
 //   4. Float Min/Max propagate NaN so that every rank ends with the same answer whatever order
 //      the operands met in.
 #include <algorithm>
@@ -18,10 +21,67 @@
 #include "reduce/half_convert.h"
 #include "reduce/reduce.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace hvd {
 namespace {
 
 constexpr size_t kBlock = 256;
+
+// ---- Block codecs for the 16-bit float types ----
+
+using DecodeBlockFn = void (*)(const uint16_t* __restrict, float* __restrict, size_t);
+using EncodeBlockFn = void (*)(const float* __restrict, uint16_t* __restrict, size_t);
+struct Codec16 {
+  DecodeBlockFn decode;
+  EncodeBlockFn encode;
+};
+
+template <float (*Decode)(uint16_t)>
+void DecodePortable(const uint16_t* __restrict src, float* __restrict dst, size_t m) {
+  for (size_t i = 0; i < m; ++i) dst[i] = Decode(src[i]);
+}
+template <uint16_t (*Encode)(float)>
+void EncodePortable(const float* __restrict src, uint16_t* __restrict dst, size_t m) {
+  for (size_t i = 0; i < m; ++i) dst[i] = Encode(src[i]);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx,f16c"))) void DecodeHalfF16C(const uint16_t* __restrict src,
+                                                         float* __restrict dst, size_t m) {
+  size_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < m; ++i) dst[i] = detail::DecodeHalf(src[i]);
+}
+__attribute__((target("avx,f16c"))) void EncodeHalfF16C(const float* __restrict src,
+                                                         uint16_t* __restrict dst, size_t m) {
+  size_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+  for (; i < m; ++i) dst[i] = detail::EncodeHalf(src[i]);
+}
+#endif
+
+Codec16 HalfCodec() {
+#if defined(__x86_64__)
+  static const bool has_f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  if (has_f16c) return {DecodeHalfF16C, EncodeHalfF16C};
+#endif
+  return {DecodePortable<detail::DecodeHalf>, EncodePortable<detail::EncodeHalf>};
+}
+
+Codec16 BFloat16Codec() {
+  return {DecodePortable<detail::DecodeBFloat16>, EncodePortable<detail::EncodeBFloat16>};
+}
+
+// ---- Combining functors ----
 
 struct SumOp {
   template <typename T>
@@ -104,29 +164,28 @@ void ReduceBool(void* dst, const void* src, size_t n, ReduceOp op) {
 }
 
 // Widen, combine in float32, narrow: kBlock elements at a time.
-template <float (*Decode)(uint16_t), uint16_t (*Encode)(float), typename Op>
-void Combine16(uint16_t* __restrict dst, const uint16_t* __restrict src, size_t n, Op op) {
+template <typename Op>
+void Combine16(uint16_t* dst, const uint16_t* src, size_t n, Codec16 codec, Op op) {
   alignas(64) float a[kBlock];
   alignas(64) float b[kBlock];
   for (size_t base = 0; base < n; base += kBlock) {
     const size_t m = std::min(kBlock, n - base);
-    for (size_t i = 0; i < m; ++i) a[i] = Decode(dst[base + i]);
-    for (size_t i = 0; i < m; ++i) b[i] = Decode(src[base + i]);
+    codec.decode(dst + base, a, m);
+    codec.decode(src + base, b, m);
     Combine(a, b, m, op);
-    for (size_t i = 0; i < m; ++i) dst[base + i] = Encode(a[i]);
+    codec.encode(a, dst + base, m);
   }
 }
 
-template <float (*Decode)(uint16_t), uint16_t (*Encode)(float)>
-void Reduce16(void* dst_v, const void* src_v, size_t n, ReduceOp op) {
+void Reduce16(void* dst_v, const void* src_v, size_t n, ReduceOp op, Codec16 codec) {
   auto* dst = static_cast<uint16_t*>(dst_v);
   const auto* src = static_cast<const uint16_t*>(src_v);
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAverage: Combine16<Decode, Encode>(dst, src, n, SumOp()); return;
-    case ReduceOp::kMin: Combine16<Decode, Encode>(dst, src, n, MinOp()); return;
-    case ReduceOp::kMax: Combine16<Decode, Encode>(dst, src, n, MaxOp()); return;
-    case ReduceOp::kProduct: Combine16<Decode, Encode>(dst, src, n, ProductOp()); return;
+    case ReduceOp::kAverage: Combine16(dst, src, n, codec, SumOp()); return;
+    case ReduceOp::kMin: Combine16(dst, src, n, codec, MinOp()); return;
+    case ReduceOp::kMax: Combine16(dst, src, n, codec, MaxOp()); return;
+    case ReduceOp::kProduct: Combine16(dst, src, n, codec, ProductOp()); return;
   }
 }
 
@@ -155,14 +214,15 @@ void ScaleDouble(double* __restrict p, size_t n, double factor) {
   for (size_t i = 0; i < n; ++i) p[i] *= factor;
 }
 
-template <float (*Decode)(uint16_t), uint16_t (*Encode)(float)>
-void Scale16(uint16_t* __restrict p, size_t n, double factor) {
+void Scale16(void* buf, size_t n, double factor, Codec16 codec) {
+  auto* p = static_cast<uint16_t*>(buf);
   const float f = static_cast<float>(factor);
   alignas(64) float a[kBlock];
   for (size_t base = 0; base < n; base += kBlock) {
     const size_t m = std::min(kBlock, n - base);
-    for (size_t i = 0; i < m; ++i) a[i] = Decode(p[base + i]) * f;
-    for (size_t i = 0; i < m; ++i) p[base + i] = Encode(a[i]);
+    codec.decode(p + base, a, m);
+    for (size_t i = 0; i < m; ++i) a[i] *= f;
+    codec.encode(a, p + base, m);
   }
 }
 
@@ -178,12 +238,8 @@ void ReduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
     case DataType::kFloat32: ReduceNative<float>(dst, src, count, op); return;
     case DataType::kFloat64: ReduceNative<double>(dst, src, count, op); return;
     case DataType::kBool: ReduceBool(dst, src, count, op); return;
-    case DataType::kFloat16:
-      Reduce16<detail::DecodeHalf, detail::EncodeHalf>(dst, src, count, op);
-      return;
-    case DataType::kBFloat16:
-      Reduce16<detail::DecodeBFloat16, detail::EncodeBFloat16>(dst, src, count, op);
-      return;
+    case DataType::kFloat16: Reduce16(dst, src, count, op, HalfCodec()); return;
+    case DataType::kBFloat16: Reduce16(dst, src, count, op, BFloat16Codec()); return;
   }
 }
 
@@ -196,13 +252,8 @@ void Scale(void* buf, size_t count, DataType dtype, double factor) {
     case DataType::kInt64: ScaleInteger(static_cast<int64_t*>(buf), count, factor); return;
     case DataType::kFloat32: ScaleFloat(static_cast<float*>(buf), count, factor); return;
     case DataType::kFloat64: ScaleDouble(static_cast<double*>(buf), count, factor); return;
-    case DataType::kFloat16:
-      Scale16<detail::DecodeHalf, detail::EncodeHalf>(static_cast<uint16_t*>(buf), count, factor);
-      return;
-    case DataType::kBFloat16:
-      Scale16<detail::DecodeBFloat16, detail::EncodeBFloat16>(static_cast<uint16_t*>(buf), count,
-                                                              factor);
-      return;
+    case DataType::kFloat16: Scale16(buf, count, factor, HalfCodec()); return;
+    case DataType::kBFloat16: Scale16(buf, count, factor, BFloat16Codec()); return;
     case DataType::kBool: return;  // scaling a truth value is meaningless; left unchanged
   }
 }

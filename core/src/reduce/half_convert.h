@@ -26,6 +26,14 @@ inline float BitsToFloat(uint32_t u) {
   return f;
 }
 
+// cond ? a : b as mask arithmetic. A plain ?: between values computed with float operations
+// lets the compiler move each operation under a branch, which it then will not vectorise (a
+// float operation may trap), so the selects stay integer.
+inline uint32_t Select(bool cond, uint32_t a, uint32_t b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(cond);
+  return (a & mask) | (b & ~mask);
+}
+
 inline float DecodeHalf(uint16_t h) {
   const uint32_t w = static_cast<uint32_t>(h) << 16;
   const uint32_t sign = w & 0x80000000u;
@@ -35,7 +43,7 @@ inline float DecodeHalf(uint16_t h) {
   const float normal = BitsToFloat((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
   // Subnormal inputs: 0.5 + m * 2^-24 minus 0.5 leaves m * 2^-24 exactly.
   const float subnormal = BitsToFloat((two_w >> 17) | (126u << 23)) - 0.5f;
-  const uint32_t bits = two_w < (1u << 27) ? FloatBits(subnormal) : FloatBits(normal);
+  const uint32_t bits = Select(two_w < (1u << 27), FloatBits(subnormal), FloatBits(normal));
   return BitsToFloat(sign | bits);
 }
 
@@ -52,9 +60,9 @@ inline uint16_t EncodeHalf(float f) {
   // come out, which is the right encoding.
   const uint32_t subnormal = FloatBits(BitsToFloat(a) + 0.5f) - FloatBits(0.5f);
   const uint32_t nan = 0x7E00u | ((a >> 13) & 0x03FFu);
-  uint32_t r = a < 0x38800000u ? subnormal : normal;
-  r = a >= 0x477FF000u ? 0x7C00u : r;  // 65520 and above round to infinity
-  r = a > 0x7F800000u ? nan : r;
+  uint32_t r = Select(a < 0x38800000u, subnormal, normal);
+  r = Select(a >= 0x477FF000u, 0x7C00u, r);  // 65520 and above round to infinity
+  r = Select(a > 0x7F800000u, nan, r);
   return static_cast<uint16_t>(sign | r);
 }
 
@@ -64,7 +72,7 @@ inline uint16_t EncodeBFloat16(float f) {
   const uint32_t w = FloatBits(f);
   const uint32_t rounded = (w + 0x7FFFu + ((w >> 16) & 1u)) >> 16;
   const uint32_t nan = (w >> 16) | 0x0040u;
-  return static_cast<uint16_t>((w & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+  return static_cast<uint16_t>(Select((w & 0x7FFFFFFFu) > 0x7F800000u, nan, rounded));
 }
 
 }  // namespace detail

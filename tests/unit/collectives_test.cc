@@ -1,0 +1,519 @@
+// The collective algorithms over the in-process transport, ranks as threads. Expected values
+// come from formulas over (rank, index), never from the algorithms themselves.
+#include "collectives/collectives.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/pipeline.h"
+#include "inproc_transport.h"
+
+namespace hvd {
+namespace {
+
+using test::InProcWorld;
+using test::RunRanks;
+using Bytes = std::vector<uint8_t>;
+
+constexpr int kSizes[] = {1, 2, 3, 4, 7};
+constexpr DataType kDtypes[] = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt32,
+                                DataType::kInt64,   DataType::kFloat16, DataType::kBFloat16,
+                                DataType::kFloat32, DataType::kFloat64, DataType::kBool};
+constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
+                             ReduceOp::kProduct};
+constexpr size_t kPeriod = 251;  // inputs repeat every kPeriod elements (a prime)
+
+Deadline Soon() { return DeadlineAfterSeconds(30); }
+
+void ExpectAllOk(const std::vector<Status>& st, const std::string& what) {
+  for (size_t r = 0; r < st.size(); ++r)
+    EXPECT_TRUE(st[r].ok()) << what << " rank " << r << ": " << st[r].ToString();
+}
+
+// ---- Allreduce inputs: small integers whose reductions are exact in every dtype ----
+
+bool IsAndOp(ReduceOp op) { return op == ReduceOp::kMin || op == ReduceOp::kProduct; }
+
+// Rank r's element i. Sums stay within [-14, 28], min/max within [-8, 16], products are
+// products of values in {1, 2} (unsigned: at most 2^7 = 128) or of {-1, 1, 2} with 2 only on
+// even ranks (signed: |product| <= 2^4), so uint8, int8, float16 and bfloat16 are all exact.
+int64_t Input(DataType dtype, ReduceOp op, int r, size_t i) {
+  const int64_t k = static_cast<int64_t>(i % kPeriod);
+  const bool is_unsigned = dtype == DataType::kUInt8;
+  if (dtype == DataType::kBool)
+    return IsAndOp(op) ? ((k * 3 + r) % 11 != 0) : ((k * 3 + r) % 11 == 0);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      return (k * 7 + r * 3) % 5 - (is_unsigned ? 0 : 2);
+    case ReduceOp::kMin:
+    case ReduceOp::kMax:
+      return (k * 13 + r * 7) % 17 - (is_unsigned ? 0 : 8);
+    case ReduceOp::kProduct:
+      if (is_unsigned) return (k + r) % 3 == 0 ? 2 : 1;
+      if (r % 2 == 0) return (k + r) % 3 - 1 == 0 ? 2 : (k + r) % 3 - 1;  // -1, 2, 1
+      return (k + r) % 2 == 0 ? -1 : 1;
+  }
+  return 0;
+}
+
+int64_t Expected(DataType dtype, ReduceOp op, int size, size_t i) {
+  int64_t acc = Input(dtype, op, 0, i);
+  for (int r = 1; r < size; ++r) {
+    const int64_t v = Input(dtype, op, r, i);
+    if (dtype == DataType::kBool)
+      acc = IsAndOp(op) ? (acc && v) : (acc || v);
+    else if (op == ReduceOp::kMin)
+      acc = std::min(acc, v);
+    else if (op == ReduceOp::kMax)
+      acc = std::max(acc, v);
+    else if (op == ReduceOp::kProduct)
+      acc *= v;
+    else
+      acc += v;
+  }
+  return acc;
+}
+
+// Exact encodings of small integers, written from the formats' layouts.
+uint16_t SmallIntTo16(int64_t v, int mant_bits, int bias) {
+  if (v == 0) return 0;
+  const uint16_t sign = v < 0 ? 0x8000 : 0;
+  const int64_t a = v < 0 ? -v : v;
+  int e = 0;
+  while ((a >> (e + 1)) != 0) ++e;
+  const int64_t mant = (a - (int64_t{1} << e)) << (mant_bits - e);
+  return static_cast<uint16_t>(sign | ((e + bias) << mant_bits) | mant);
+}
+
+void Encode(DataType dtype, int64_t v, uint8_t* out) {
+  auto put = [out](auto x) { std::memcpy(out, &x, sizeof(x)); };
+  switch (dtype) {
+    case DataType::kUInt8:
+      put(static_cast<uint8_t>(v));
+      break;
+    case DataType::kInt8:
+      put(static_cast<int8_t>(v));
+      break;
+    case DataType::kBool:
+      put(static_cast<uint8_t>(v != 0));
+      break;
+    case DataType::kInt32:
+      put(static_cast<int32_t>(v));
+      break;
+    case DataType::kInt64:
+      put(static_cast<int64_t>(v));
+      break;
+    case DataType::kFloat32:
+      put(static_cast<float>(v));
+      break;
+    case DataType::kFloat64:
+      put(static_cast<double>(v));
+      break;
+    case DataType::kFloat16:
+      put(SmallIntTo16(v, 10, 15));
+      break;
+    case DataType::kBFloat16:
+      put(SmallIntTo16(v, 7, 127));
+      break;
+  }
+}
+
+// count elements whose element i is f(i % kPeriod), encoded in dtype.
+template <typename F>
+Bytes Tile(DataType dtype, size_t count, F f) {
+  const size_t es = DataTypeSize(dtype);
+  Bytes period(kPeriod * es), out(count * es);
+  for (size_t k = 0; k < kPeriod; ++k) Encode(dtype, f(k), &period[k * es]);
+  for (size_t i = 0; i < count; i += kPeriod) {
+    std::memcpy(&out[i * es], period.data(), std::min(kPeriod, count - i) * es);
+  }
+  return out;
+}
+
+std::vector<size_t> AllreduceCounts(int size, DataType dtype) {
+  // ... 0, 1, odd, large, and above kSegmentBytes x size so that every ring chunk is pipelined
+  // in several segments of uneven length.
+  return {0, 1, 37, 1001, (1u << 18) + 3, kSegmentBytes * size / DataTypeSize(dtype) + 1001};
+}
+
+void CheckAllreduce(AllreduceAlgorithm algo, int size, DataType dtype, ReduceOp op, size_t count) {
+  InProcWorld world(size);
+  std::vector<Bytes> bufs(size);
+  for (int r = 0; r < size; ++r) {
+    bufs[r] = Tile(dtype, count, [&](size_t k) { return Input(dtype, op, r, k); });
+  }
+  const Bytes want = Tile(dtype, count, [&](size_t k) { return Expected(dtype, op, size, k); });
+  const std::string what = std::string(DataTypeName(dtype)) + " " + ReduceOpName(op) + " count " +
+                           std::to_string(count) + " size " + std::to_string(size);
+  auto st = RunRanks(world, [&](Transport& t) {
+    ScratchBuffer scratch;
+    return Allreduce(t, bufs[t.rank()].data(), count, dtype, op, scratch, Soon(), algo);
+  });
+  ExpectAllOk(st, what);
+  for (int r = 0; r < size; ++r) {
+    if (bufs[r] == want) continue;
+    size_t i = 0;
+    const size_t es = DataTypeSize(dtype);
+    while (std::memcmp(&bufs[r][i * es], &want[i * es], es) == 0) ++i;
+    ADD_FAILURE() << what << ": rank " << r << " differs first at element " << i;
+  }
+}
+
+class AllreduceGrid : public ::testing::TestWithParam<std::tuple<AllreduceAlgorithm, int>> {};
+
+TEST_P(AllreduceGrid, EveryDtypeOpAndCountMatchesTheFormula) {
+  const auto [algo, size] = GetParam();
+  for (DataType dtype : kDtypes) {
+    for (ReduceOp op : kOps) {
+      for (size_t count : AllreduceCounts(size, dtype))
+        CheckAllreduce(algo, size, dtype, op, count);
+    }
+  }
+}
+
+std::string GridName(const ::testing::TestParamInfo<std::tuple<AllreduceAlgorithm, int>>& info) {
+  static const char* const kNames[] = {"Auto", "Ring", "RecursiveDoubling"};
+  return std::string(kNames[static_cast<int>(std::get<0>(info.param))]) + "_size" +
+         std::to_string(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Algorithms, AllreduceGrid,
+    ::testing::Combine(::testing::Values(AllreduceAlgorithm::kAuto, AllreduceAlgorithm::kRing,
+                                         AllreduceAlgorithm::kRecursiveDoubling),
+                       ::testing::ValuesIn(kSizes)),
+    GridName);
+
+// Every rank ends bitwise identical even when float sums round (values of mixed magnitude).
+TEST(Allreduce, RanksAgreeBitwiseOnRoundedFloatSums) {
+  for (AllreduceAlgorithm algo :
+       {AllreduceAlgorithm::kRing, AllreduceAlgorithm::kRecursiveDoubling}) {
+    for (int size : {3, 7}) {
+      const size_t count = 5003;
+      InProcWorld world(size);
+      std::vector<std::vector<float>> bufs(size, std::vector<float>(count));
+      for (int r = 0; r < size; ++r) {
+        for (size_t i = 0; i < count; ++i)
+          bufs[r][i] = std::ldexp(1.0f + 0.1f * r, (int(i) * 7 + r * 13) % 41 - 20);
+      }
+      ExpectAllOk(RunRanks(world,
+                           [&](Transport& t) {
+                             ScratchBuffer scratch;
+                             return Allreduce(t, bufs[t.rank()].data(), count, DataType::kFloat32,
+                                              ReduceOp::kSum, scratch, Soon(), algo);
+                           }),
+                  "float sums");
+      for (int r = 1; r < size; ++r)
+        EXPECT_EQ(std::memcmp(bufs[r].data(), bufs[0].data(), count * 4), 0) << r;
+    }
+  }
+}
+
+// ---- Allgatherv ----
+
+uint8_t PatternByte(int r, size_t i) { return static_cast<uint8_t>(r * 31 + i * 7 + (i >> 8)); }
+
+std::vector<std::vector<size_t>> AllgatherSizes(int size) {
+  std::vector<size_t> differing, some_zero, all_zero(size, 0), large;
+  for (int r = 0; r < size; ++r) {
+    differing.push_back(r * 37 + 1);
+    some_zero.push_back(r % 2 == 0 ? 0 : 1001 + r);
+    large.push_back(kSegmentBytes + 4099 * r);
+  }
+  return {differing, some_zero, all_zero, large};
+}
+
+TEST(Allgatherv, DifferingAndZeroContributionsInAndOutOfPlace) {
+  for (int size : kSizes) {
+    for (const std::vector<size_t>& bytes : AllgatherSizes(size)) {
+      for (bool in_place : {false, true}) {
+        const std::vector<size_t> off = PrefixOffsets(bytes);
+        const size_t total = off.back() + bytes.back();
+        Bytes want(total);
+        for (int r = 0; r < size; ++r)
+          for (size_t i = 0; i < bytes[r]; ++i) want[off[r] + i] = PatternByte(r, i);
+        std::vector<Bytes> ins(size), outs(size, Bytes(total + 1, 0xEE));
+        for (int r = 0; r < size; ++r) {
+          ins[r].resize(bytes[r] + 1);
+          for (size_t i = 0; i < bytes[r]; ++i) ins[r][i] = PatternByte(r, i);
+          if (in_place) std::memcpy(outs[r].data() + off[r], ins[r].data(), bytes[r]);
+        }
+        InProcWorld world(size);
+        ExpectAllOk(RunRanks(world,
+                             [&](Transport& t) {
+                               const int r = t.rank();
+                               const void* in = in_place ? outs[r].data() + off[r] : ins[r].data();
+                               return Allgatherv(t, in, outs[r].data(), bytes, Soon());
+                             }),
+                    "allgatherv");
+        for (int r = 0; r < size; ++r) {
+          EXPECT_EQ(Bytes(outs[r].begin(), outs[r].begin() + total), want)
+              << "size " << size << " rank " << r;
+          EXPECT_EQ(outs[r][total], 0xEE) << "wrote past the end";
+        }
+      }
+    }
+  }
+}
+
+// ---- Broadcast ----
+
+TEST(Broadcast, EveryRootTreeAndChain) {
+  for (int size : kSizes) {
+    for (size_t bytes : {size_t{0}, size_t{1}, size_t{1001}, kSmallBroadcastBytes,
+                         kSmallBroadcastBytes + 1, 2 * kSegmentBytes + 12345}) {
+      for (int root = 0; root < size; ++root) {
+        std::vector<Bytes> bufs(size, Bytes(bytes));
+        for (int r = 0; r < size; ++r)
+          for (size_t i = 0; i < bytes; ++i) bufs[r][i] = PatternByte(r, i);
+        InProcWorld world(size);
+        ExpectAllOk(RunRanks(world,
+                             [&](Transport& t) {
+                               return Broadcast(t, bufs[t.rank()].data(), bytes, root, Soon());
+                             }),
+                    "broadcast");
+        for (int r = 0; r < size; ++r) {
+          for (size_t i = 0; i < bytes; ++i) {
+            ASSERT_EQ(bufs[r][i], PatternByte(root, i))
+                << "size " << size << " root " << root << " rank " << r << " byte " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- Alltoallv ----
+
+// Bytes rank `from` sends to rank `to`: uneven, with zeros, or large.
+size_t Split(int pattern, int from, int to) {
+  if (pattern == 0) return ((from * 3 + to * 5) % 7) * 13;
+  return 70000 + 1009 * ((from + 2 * to) % 5);
+}
+
+TEST(Alltoallv, UnevenAndZeroSplits) {
+  for (int size : kSizes) {
+    for (int pattern : {0, 1}) {
+      std::vector<Bytes> ins(size), outs(size);
+      std::vector<std::vector<size_t>> sends(size), recvs(size);
+      for (int r = 0; r < size; ++r) {
+        for (int j = 0; j < size; ++j) {
+          sends[r].push_back(Split(pattern, r, j));
+          recvs[r].push_back(Split(pattern, j, r));
+        }
+        for (int j = 0; j < size; ++j) {  // byte i of the part r sends to j
+          for (size_t i = 0; i < sends[r][j]; ++i) ins[r].push_back(PatternByte(r * 8 + j, i));
+        }
+        outs[r].assign(PrefixOffsets(recvs[r]).back() + recvs[r].back(), 0);
+      }
+      InProcWorld world(size);
+      ExpectAllOk(RunRanks(world,
+                           [&](Transport& t) {
+                             const int r = t.rank();
+                             return Alltoallv(t, ins[r].data(), sends[r], outs[r].data(), recvs[r],
+                                              Soon());
+                           }),
+                  "alltoallv");
+      for (int r = 0; r < size; ++r) {
+        Bytes want;
+        for (int j = 0; j < size; ++j)
+          for (size_t i = 0; i < recvs[r][j]; ++i) want.push_back(PatternByte(j * 8 + r, i));
+        EXPECT_EQ(outs[r], want) << "size " << size << " pattern " << pattern << " rank " << r;
+      }
+    }
+  }
+}
+
+// ---- ReduceScatter ----
+
+std::vector<std::vector<size_t>> ScatterCounts(int size) {
+  std::vector<size_t> uneven, all_zero(size, 0), large;
+  for (int c = 0; c < size; ++c) {
+    uneven.push_back(c % 3 == 1 ? 0 : 17 * c + 5);
+    large.push_back(kSegmentBytes / 2 + 3001 * c);  // several segments for 4- and 8-byte types
+  }
+  return {uneven, all_zero, large};
+}
+
+TEST(ReduceScatter, UnevenCountsInAndOutOfPlace) {
+  const std::pair<DataType, ReduceOp> cases[] = {{DataType::kFloat32, ReduceOp::kSum},
+                                                 {DataType::kInt8, ReduceOp::kMax},
+                                                 {DataType::kFloat16, ReduceOp::kProduct},
+                                                 {DataType::kBool, ReduceOp::kMin},
+                                                 {DataType::kInt64, ReduceOp::kSum}};
+  for (int size : kSizes) {
+    for (const std::vector<size_t>& counts : ScatterCounts(size)) {
+      for (auto [dtype, op] : cases) {
+        for (bool in_place : {false, true}) {
+          const std::vector<size_t> off = PrefixOffsets(counts);
+          const size_t total = off.back() + counts.back(), es = DataTypeSize(dtype);
+          std::vector<Bytes> ins(size), outs(size);
+          for (int r = 0; r < size; ++r) {
+            ins[r] = Tile(dtype, total, [&](size_t k) { return Input(dtype, op, r, k); });
+            outs[r].assign(counts[r] * es, 0);
+          }
+          InProcWorld world(size);
+          ExpectAllOk(RunRanks(world,
+                               [&](Transport& t) {
+                                 ScratchBuffer scratch;
+                                 const int r = t.rank();
+                                 void* out =
+                                     in_place ? ins[r].data() + off[r] * es : outs[r].data();
+                                 return ReduceScatter(t, ins[r].data(), out, counts, dtype, op,
+                                                      scratch, Soon());
+                               }),
+                      "reducescatter");
+          const Bytes want =
+              Tile(dtype, total, [&](size_t k) { return Expected(dtype, op, size, k); });
+          for (int r = 0; r < size; ++r) {
+            const uint8_t* got = in_place ? ins[r].data() + off[r] * es : outs[r].data();
+            EXPECT_EQ(std::memcmp(got, want.data() + off[r] * es, counts[r] * es), 0)
+                << DataTypeName(dtype) << " size " << size << " rank " << r << " in_place "
+                << in_place;
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- Barrier ----
+
+TEST(Barrier, NoRankLeavesBeforeEveryRankEntered) {
+  for (int size : kSizes) {
+    for (int late = 0; late < size; late += 3) {
+      std::atomic<int> entered{0};
+      InProcWorld world(size);
+      ExpectAllOk(RunRanks(world,
+                           [&](Transport& t) -> Status {
+                             if (t.rank() == late)
+                               std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                             entered.fetch_add(1);
+                             HVD_RETURN_IF_ERROR(Barrier(t, Soon()));
+                             if (entered.load() != size)
+                               return Status::Internal("left the barrier early");
+                             return Status::OK();
+                           }),
+                  "barrier");
+    }
+  }
+}
+
+// ---- Faults: a dead peer gives PeerLost naming it, a missing one Timeout; nothing hangs ----
+
+using Collective = std::function<Status(Transport&, Deadline)>;
+
+std::vector<std::pair<std::string, Collective>> AllCollectives(int size) {
+  auto buffers = std::make_shared<std::vector<Bytes>>(size, Bytes(4 * kSegmentBytes));
+  auto scratch = std::make_shared<std::vector<ScratchBuffer>>(size);
+  auto allreduce = [=](AllreduceAlgorithm algo, size_t count) {
+    return [=](Transport& t, Deadline d) {
+      return Allreduce(t, (*buffers)[t.rank()].data(), count, DataType::kFloat32, ReduceOp::kSum,
+                       (*scratch)[t.rank()], d, algo);
+    };
+  };
+  std::vector<size_t> per_rank(size, 1000), counts(size, 1000);
+  return {
+      {"ring allreduce", allreduce(AllreduceAlgorithm::kRing, kSegmentBytes)},
+      {"recursive doubling allreduce", allreduce(AllreduceAlgorithm::kRecursiveDoubling, 100)},
+      {"auto allreduce", allreduce(AllreduceAlgorithm::kAuto, 10)},
+      {"allgatherv",
+       [=](Transport& t, Deadline d) {
+         Bytes& b = (*buffers)[t.rank()];
+         return Allgatherv(t, b.data(), b.data() + per_rank[0], per_rank, d);
+       }},
+      {"broadcast tree",
+       [=](Transport& t, Deadline d) {
+         return Broadcast(t, (*buffers)[t.rank()].data(), 100, 2, d);
+       }},
+      {"broadcast chain",
+       [=](Transport& t, Deadline d) {
+         return Broadcast(t, (*buffers)[t.rank()].data(), 2 * kSegmentBytes, 2, d);
+       }},
+      {"alltoallv",
+       [=](Transport& t, Deadline d) {
+         Bytes& b = (*buffers)[t.rank()];
+         return Alltoallv(t, b.data(), per_rank, b.data() + 2 * kSegmentBytes, per_rank, d);
+       }},
+      {"reducescatter",
+       [=](Transport& t, Deadline d) {
+         Bytes& b = (*buffers)[t.rank()];
+         return ReduceScatter(t, b.data(), b.data() + 3 * kSegmentBytes, counts, DataType::kInt32,
+                              ReduceOp::kMax, (*scratch)[t.rank()], d);
+       }},
+      {"barrier", [](Transport& t, Deadline d) { return Barrier(t, d); }},
+  };
+}
+
+TEST(Faults, KilledPeerFailsEverySurvivorWithPeerLostNamingIt) {
+  const int size = 4, dead = 2;
+  for (bool before_start : {true, false}) {
+    for (const auto& [name, collective] : AllCollectives(size)) {
+      InProcWorld world(size);
+      if (before_start) world.KillRank(dead);
+      std::thread killer([&] {
+        if (before_start) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        world.KillRank(dead);
+      });
+      const auto start = Clock::now();
+      auto st = RunRanks(
+          world, [&](Transport& t) { return collective(t, DeadlineAfterSeconds(30)); }, {dead});
+      killer.join();
+      EXPECT_LT(Clock::now() - start, std::chrono::seconds(10)) << name;
+      for (int r = 0; r < size; ++r) {
+        if (r == dead) continue;
+        EXPECT_EQ(st[r].code(), StatusCode::kPeerLost)
+            << name << " rank " << r << ": " << st[r].ToString();
+        EXPECT_NE(st[r].message().find("rank 2 lost"), std::string::npos)
+            << name << ": " << st[r].message();
+      }
+    }
+  }
+}
+
+TEST(Faults, PeerThatNeverShowsUpGivesTimeout) {
+  const int size = 3, missing = 1;
+  for (const auto& [name, collective] : AllCollectives(size)) {
+    if (name.rfind("broadcast", 0) == 0) continue;  // root 2 needs nothing from rank 1
+    InProcWorld world(size);
+    const auto start = Clock::now();
+    auto st = RunRanks(
+        world, [&](Transport& t) { return collective(t, DeadlineAfterSeconds(0.2)); }, {missing});
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(5)) << name;
+    for (int r = 0; r < size; ++r) {
+      if (r != missing)
+        EXPECT_EQ(st[r].code(), StatusCode::kTimeout)
+            << name << " rank " << r << ": " << st[r].ToString();
+    }
+  }
+}
+
+TEST(Collectives, InconsistentArgumentsAreRefused) {
+  InProcWorld world(2);
+  ScratchBuffer scratch;
+  Transport& t = world.transport(0);
+  Bytes b(16);
+  EXPECT_EQ(Allgatherv(t, b.data(), b.data(), {1}, Soon()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Broadcast(t, b.data(), 4, 2, Soon()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Alltoallv(t, b.data(), {1, 2}, b.data() + 8, {2, 2}, Soon()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ReduceScatter(t, b.data(), b.data(), {1}, DataType::kUInt8, ReduceOp::kSum, scratch, Soon())
+          .code(),
+      StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace hvd
