@@ -1,0 +1,254 @@
+// hvd_bench: an nccl-tests style sweep of one hvd collective over message sizes.
+//
+//   hvdrun -np 4 build/bin/hvd_bench --coll allreduce -e 16M [--raw] [--csv]
+//
+// Method, per size (the same as the peers in shared/peers):
+//   1. `-w` untimed warmup iterations, then `iters` timed ones (-n, or clamp(budget/size, 5, 100)).
+//   2. Before every iteration all ranks meet in an engine Barrier; then each rank times its own
+//      call from the enqueue to Wait() returning (engine mode: the whole engine operation,
+//      negotiation and fusion included, under one tensor name per size, reused every iteration as
+//      a training loop does; --raw: hvd::RunRawCollective, the transport and algorithm alone).
+//   3. Outside the timed region: the per-rank times are reduced with an hvd allreduce Max (the
+//      sample of an iteration is its slowest rank), the output of the last iteration is checked
+//      element by element against the formula (bench_check.h) and the wrong counts are summed.
+//   4. Rank 0 prints the median and min sample, algbw = data bytes / median and busbw.
+// Exit status: 0, or 1 if any element was wrong or an hvd call failed, 2 for bad flags.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_args.h"
+#include "bench_check.h"
+#include "hvd/engine.h"
+#include "hvd/raw.h"
+
+namespace hvd_bench {
+namespace {
+
+using hvd::RawCollective;
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<char, FreeDeleter>;
+
+Buffer AllocPageAligned(size_t bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
+  return Buffer(static_cast<char*>(std::aligned_alloc(4096, rounded)));
+}
+
+[[noreturn]] void Die(int rank, const std::string& what, const hvd::Status& st) {
+  std::fprintf(stderr, "hvd_bench: rank %d: %s failed: %s\n", rank, what.c_str(),
+               st.ToString().c_str());
+  std::exit(1);
+}
+
+double BusFactor(RawCollective c, int n) {
+  switch (c) {
+    case RawCollective::kAllreduce: return 2.0 * (n - 1) / n;
+    case RawCollective::kBroadcast: return 1.0;
+    default: return static_cast<double>(n - 1) / n;
+  }
+}
+
+bool IsReducing(RawCollective c) {
+  return c == RawCollective::kAllreduce || c == RawCollective::kReducescatter;
+}
+
+// Everything one sweep needs; one per process, used from the main thread only.
+class Bench {
+ public:
+  Bench(hvd::Engine& engine, const BenchArgs& args)
+      : engine_(engine), a_(args), rank_(engine.rank()), size_(engine.size()),
+        esize_(hvd::DataTypeSize(args.dtype)),
+        checker_(args.coll, args.dtype, args.op, engine.rank(), engine.size()) {}
+
+  // Runs every size; returns the total number of wrong elements over all ranks and sizes.
+  int64_t Run();
+
+ private:
+  size_t CountFor(size_t bytes) const;
+  hvd::Status RunOnce(const std::string& name, size_t count);
+  int64_t RunSize(size_t count);
+  void PrintHeader() const;
+  void PrintRow(size_t count, std::vector<double>& samples, int64_t wrong) const;
+
+  hvd::Engine& engine_;
+  const BenchArgs a_;
+  const int rank_, size_;
+  const size_t esize_;
+  const Checker checker_;
+  Buffer in_, out_;
+  size_t out_capacity_ = 0;  // bytes
+};
+
+// Elements per rank for a size: at least one; alltoall and reducescatter need a multiple of
+// the world size (rounded down, at least size elements), as nccl-tests does.
+size_t Bench::CountFor(size_t bytes) const {
+  size_t count = std::max<size_t>(bytes / esize_, 1);
+  if (a_.coll == RawCollective::kAlltoall || a_.coll == RawCollective::kReducescatter) {
+    count = std::max<size_t>(count / size_ * size_, size_);
+  }
+  return count;
+}
+
+hvd::Status Bench::RunOnce(const std::string& name, size_t count) {
+  if (a_.raw) {
+    return hvd::RunRawCollective(engine_, a_.coll, in_.get(), out_.get(), count, a_.dtype, a_.op);
+  }
+  const std::vector<int64_t> shape{static_cast<int64_t>(count)};
+  hvd::TensorView in(in_.get(), a_.dtype, shape), out(out_.get(), a_.dtype, shape);
+  char* dst = out_.get();
+  const size_t cap = out_capacity_, esize = esize_;
+  hvd::OutputAllocator alloc = [dst, cap, esize](const std::vector<int64_t>& s) -> void* {
+    size_t n = 1;
+    for (int64_t d : s) n *= static_cast<size_t>(d);
+    return n * esize <= cap ? dst : nullptr;
+  };
+  hvd::HandlePtr h;
+  switch (a_.coll) {
+    case RawCollective::kAllreduce: h = engine_.Allreduce(name, in, out, a_.op); break;
+    case RawCollective::kAllgather: h = engine_.Allgather(name, in, alloc); break;
+    case RawCollective::kBroadcast: h = engine_.Broadcast(name, in, out, 0); break;
+    case RawCollective::kAlltoall: h = engine_.Alltoall(name, in, {}, alloc); break;
+    case RawCollective::kReducescatter:
+      h = engine_.Reducescatter(name, in, a_.op, 1.0, 1.0, alloc);
+      break;
+  }
+  return h->Wait();
+}
+
+// One size: warmup, timed iterations, max over ranks, check. Returns the wrong count (all ranks).
+int64_t Bench::RunSize(size_t count) {
+  const size_t bytes = count * esize_;
+  const int iters = ItersForSize(a_, bytes);
+  const std::string name = std::string("bench.") + CollectiveName(a_.coll) + "." +
+                           std::to_string(bytes);
+  std::vector<double> samples(iters);
+  for (int it = -a_.warmup; it < iters; ++it) {
+    hvd::Status st = engine_.Barrier()->Wait();
+    if (!st.ok()) Die(rank_, "barrier", st);
+    const auto t0 = std::chrono::steady_clock::now();
+    st = RunOnce(name, count);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!st.ok()) Die(rank_, std::string(CollectiveName(a_.coll)) + " of " + std::to_string(bytes) + " bytes", st);
+    if (it >= 0) samples[it] = std::chrono::duration<double>(t1 - t0).count();
+  }
+  hvd::TensorView tv(samples.data(), hvd::DataType::kFloat64, {iters});
+  hvd::Status st = engine_.Allreduce(name + ".times", tv, tv, hvd::ReduceOp::kMax)->Wait();
+  if (!st.ok()) Die(rank_, "allreduce max of the times", st);
+
+  int64_t wrong = a_.check ? checker_.CountWrong(out_.get(), count) : 0;
+  hvd::TensorView wv(&wrong, hvd::DataType::kInt64, {1});
+  st = engine_.Allreduce(name + ".wrong", wv, wv, hvd::ReduceOp::kSum)->Wait();
+  if (!st.ok()) Die(rank_, "allreduce sum of the wrong counts", st);
+  if (rank_ == 0) PrintRow(count, samples, wrong);
+  return wrong;
+}
+
+void Bench::PrintHeader() const {
+  if (rank_ != 0) return;
+  if (a_.csv) {
+    std::printf("label,ranks,bytes,count,iters,median_us,min_us,algbw_GBps,busbw_GBps,check\n");
+  } else {
+    const char* op = IsReducing(a_.coll) ? hvd::ReduceOpName(a_.op) : "none";
+    std::printf("# hvd_bench %s %s %s, ranks=%d, %s\n", CollectiveName(a_.coll),
+                hvd::DataTypeName(a_.dtype), op, size_,
+                a_.raw ? "raw (hvd::RunRawCollective: transport + algorithm, no negotiation)"
+                       : "engine (enqueue to Wait(): negotiation, fusion, collective)");
+    std::printf("# size = bytes of each rank's input buffer, count = its elements; algbw = data/time"
+                " with data = size (allgather: size x ranks, the gathered output, as nccl-tests)\n");
+    std::printf("# time = median over iters of the max over ranks (min = fastest sample);"
+                " GB/s = 1e9 B/s; busbw = algbw x %s\n",
+                a_.coll == RawCollective::kAllreduce   ? "2(n-1)/n"
+                : a_.coll == RawCollective::kBroadcast ? "1"
+                                                       : "(n-1)/n");
+    std::printf("%12s %12s %9s %7s %6s %12s %12s %12s %12s %8s\n", "size", "count", "type", "redop",
+                "iters", "time(us)", "min(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+  }
+  std::fflush(stdout);
+}
+
+void Bench::PrintRow(size_t count, std::vector<double>& samples, int64_t wrong) const {
+  std::sort(samples.begin(), samples.end());
+  const size_t n = samples.size();
+  const double med = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+  const double data = static_cast<double>(count * esize_) *
+                      (a_.coll == RawCollective::kAllgather ? size_ : 1);
+  const double algbw = data / med / 1e9;
+  const double busbw = algbw * BusFactor(a_.coll, size_);
+  if (a_.csv) {
+    std::printf("%s,%d,%zu,%zu,%zu,%.3f,%.3f,%.4f,%.4f,%s\n", a_.raw ? "hvd-raw" : "hvd", size_,
+                count * esize_, count, n, med * 1e6, samples[0] * 1e6, algbw, busbw,
+                !a_.check ? "skip" : wrong ? "FAIL" : "ok");
+  } else {
+    const std::string w = a_.check ? std::to_string(wrong) : "N/A";
+    std::printf("%12zu %12zu %9s %7s %6zu %12.2f %12.2f %12.3f %12.3f %8s\n", count * esize_, count,
+                hvd::DataTypeName(a_.dtype),
+                IsReducing(a_.coll) ? hvd::ReduceOpName(a_.op) : "none", n, med * 1e6,
+                samples[0] * 1e6, algbw, busbw, w.c_str());
+  }
+  std::fflush(stdout);
+}
+
+int64_t Bench::Run() {
+  const size_t max_count = CountFor(a_.max_bytes);
+  const size_t in_bytes = max_count * esize_;
+  out_capacity_ = in_bytes * (a_.coll == RawCollective::kAllgather ? size_ : 1);
+  in_ = AllocPageAligned(in_bytes);
+  out_ = AllocPageAligned(out_capacity_);
+  if (!in_ || !out_) Die(rank_, "allocation of " + std::to_string(in_bytes + out_capacity_) + " bytes",
+                         hvd::Status::Internal("out of memory"));
+  Fill(in_.get(), max_count, a_.dtype, rank_);  // v(r, i) depends on i only: every size is a prefix
+  std::memset(out_.get(), 0, out_capacity_);    // fault the pages in up front
+  PrintHeader();
+  int64_t wrong = 0;
+  size_t last = 0;
+  for (size_t bytes = a_.min_bytes; bytes <= a_.max_bytes; bytes *= a_.factor) {
+    const size_t count = CountFor(bytes);
+    if (count != last && count <= max_count) wrong += RunSize(count);
+    last = count;
+    if (bytes > a_.max_bytes / a_.factor) break;  // the next step would overflow
+  }
+  return wrong;
+}
+
+}  // namespace
+}  // namespace hvd_bench
+
+int main(int argc, char** argv) {
+  hvd_bench::BenchArgs args;
+  std::string error;
+  if (!hvd_bench::ParseBenchArgs(argc, argv, &args, &error)) {
+    std::fprintf(stderr, "hvd_bench: %s\n%s", error.c_str(), hvd_bench::BenchUsage(argv[0]).c_str());
+    return 2;
+  }
+  if (args.help) {
+    std::printf("%s", hvd_bench::BenchUsage(argv[0]).c_str());
+    return 0;
+  }
+  if (args.dtype == hvd::DataType::kBool && args.op == hvd::ReduceOp::kAverage &&
+      hvd_bench::IsReducing(args.coll)) {
+    std::fprintf(stderr, "hvd_bench: -o average is not defined for -d bool\n");
+    return 2;
+  }
+  auto engine = hvd::Engine::CreateFromEnvironment();
+  if (!engine.ok()) {
+    std::fprintf(stderr, "hvd_bench: engine init failed: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  hvd_bench::Bench bench(**engine, args);
+  const int64_t wrong = bench.Run();
+  hvd::Status st = (*engine)->Shutdown();
+  if (!st.ok()) std::fprintf(stderr, "hvd_bench: shutdown: %s\n", st.ToString().c_str());
+  if (wrong) {
+    std::fprintf(stderr, "hvd_bench: %lld wrong elements\n", static_cast<long long>(wrong));
+    return 1;
+  }
+  return 0;
+}
