@@ -37,7 +37,8 @@ int RunJob(const LaunchOptions& opts) {
   if (level != opts.knobs.end() && ParseLogLevel(level->second, &parsed)) SetLogLevel(parsed);
 
   int signal_fd = SetUpSignals();  // before the store's thread starts: it inherits the mask
-  auto server = StoreServer::Start("127.0.0.1", 0);
+  const std::string secret = RandomSecret();
+  auto server = StoreServer::Start("127.0.0.1", 0, secret);
   if (!server.ok()) {
     std::cerr << "hvdrun: cannot start the rendezvous store: " << server.status().ToString() << "\n";
     return kStartError;
@@ -45,7 +46,7 @@ int RunJob(const LaunchOptions& opts) {
   JobEnvironment job;
   job.rendezvous_addr = "127.0.0.1";
   job.rendezvous_port = (*server)->port();
-  job.secret = RandomSecret();
+  job.secret = secret;
   job.knobs = opts.knobs;
 
   SupervisorOptions sopts;

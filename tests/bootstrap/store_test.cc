@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "bootstrap/auth.h"
 #include "bootstrap/store.h"
 #include "bootstrap/store_wire.h"
 
@@ -32,7 +33,8 @@ std::unique_ptr<StoreClient> Connect(int port) {
   return std::move(c).value();
 }
 
-// A raw TCP connection to the server, for sending malformed frames.
+// A raw TCP connection to the server that has passed the authentication handshake (empty
+// secret, as StartServer's), for sending malformed frames.
 int RawConnect(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -40,6 +42,15 @@ int RawConnect(int port) {
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   EXPECT_EQ(0, ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)));
+  auth::Nonce ns, nc = auth::RandomNonce();
+  EXPECT_EQ(static_cast<ssize_t>(ns.size()), ::recv(fd, ns.data(), ns.size(), MSG_WAITALL));
+  auth::Mac mac = auth::Proof("", "hvd client", ns, nc, "store");
+  std::string hello = "store";
+  hello.append(reinterpret_cast<const char*>(nc.data()), nc.size());
+  hello.append(reinterpret_cast<const char*>(mac.data()), mac.size());
+  EXPECT_EQ(static_cast<ssize_t>(hello.size()), ::send(fd, hello.data(), hello.size(), 0));
+  auth::Mac reply;
+  EXPECT_EQ(static_cast<ssize_t>(reply.size()), ::recv(fd, reply.data(), reply.size(), MSG_WAITALL));
   return fd;
 }
 

@@ -25,8 +25,18 @@ struct HVD_EXPORT Options {
   int cross_size = 1;
   std::string hostname;
 
-  // Rendezvous store hosted by hvdrun (HVD_RENDEZVOUS_ADDR / HVD_RENDEZVOUS_PORT). Required
-  // when size > 1.
+  // How the ranks of a job with size > 1 find each other; decided from where the identity came.
+  enum class Bootstrap {
+    kStore,  // the rendezvous store at rendezvous_addr:rendezvous_port, hosted by hvdrun
+    kMpi,    // MPI_Allgather of the ranks' addresses (mpirun, no HVD_RENDEZVOUS_ADDR given)
+    kSlurm,  // rank 0 hosts the store at rendezvous_addr:rendezvous_port (srun, no hvdrun);
+             // the address defaults to the step's first node, the port to one derived from
+             // SLURM_JOB_ID and SLURM_STEP_ID
+  };
+  Bootstrap bootstrap = Bootstrap::kStore;
+
+  // Rendezvous store (HVD_RENDEZVOUS_ADDR / HVD_RENDEZVOUS_PORT). Required when size > 1 and
+  // bootstrap is kStore.
   std::string rendezvous_addr;
   int rendezvous_port = 0;
   std::string secret;  // HVD_SECRET: the job's secret (may be empty for now)
@@ -41,6 +51,12 @@ struct HVD_EXPORT Options {
   std::string timeline_path;                  // HVD_TIMELINE
   LogLevel log_level = LogLevel::kWarning;    // HVD_LOG_LEVEL
   std::string bind_addr = "127.0.0.1";        // HVD_BIND_ADDR: where this rank listens
+
+  // HVD_CPU_OPERATIONS (HOROVOD_CPU_OPERATIONS): what runs the collectives on CPU tensors.
+  //   tcp (also "gloo"): hvd's own algorithms over its TCP connections.
+  //   mpi: MPI's collectives (MPI_Allreduce, ...); needs a build with MPI and mpirun.
+  enum class CpuOperations { kTcp, kMpi };
+  CpuOperations cpu_operations = CpuOperations::kTcp;
 
   // Reads the environment. A process with no contract variables is a world of size 1.
   // Fails with InvalidArgument naming the variable and what was expected.

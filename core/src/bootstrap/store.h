@@ -1,7 +1,8 @@
 // The rendezvous store: a small key-value service that ranks use to find each other.
 // hvdrun hosts the server for the job; every rank connects as a client.
 //
-// Wire protocol (TCP, all integers little-endian):
+// Every connection starts with the authentication handshake of bootstrap/auth.h (context
+// "store"); then the wire protocol (TCP, all integers little-endian):
 //   frame    = u32 payload_length, payload            (payload_length <= 16 MiB)
 //   request  = u8 op, u32 key_length, key, value       op 'S' set (value = rest of payload)
 //                                                      op 'G' get (value empty): the server
@@ -25,9 +26,12 @@ namespace hvd {
 class StoreClient {
  public:
   virtual ~StoreClient() = default;
-  // Retries the connection until the deadline (the server may still be starting).
+  // Retries the connection until the deadline (the server may still be starting). Every
+  // connection proves knowledge of `secret` to the server and checks the server's proof
+  // (bootstrap/auth.h); a wrong secret fails at once with PeerLost.
   static StatusOr<std::unique_ptr<StoreClient>> Connect(const std::string& host, int port,
-                                                        Deadline deadline);
+                                                        Deadline deadline,
+                                                        const std::string& secret = "");
   virtual Status Set(const std::string& key, const std::string& value, Deadline deadline) = 0;
   // Blocks until the key exists or the deadline passes (Timeout naming the key).
   virtual StatusOr<std::string> Get(const std::string& key, Deadline deadline) = 0;
@@ -36,8 +40,10 @@ class StoreClient {
 class StoreServer {
  public:
   virtual ~StoreServer() = default;  // stops the server
-  // port 0 picks a free port.
-  static StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& bind_addr, int port);
+  // port 0 picks a free port. A client that does not prove knowledge of `secret` within a few
+  // seconds is dropped and logged (bootstrap/auth.h).
+  static StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& bind_addr, int port,
+                                                      const std::string& secret = "");
   virtual int port() const = 0;
   virtual void Stop() = 0;
 };

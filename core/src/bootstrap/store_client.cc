@@ -11,6 +11,7 @@
 
 #include <asio.hpp>
 
+#include "bootstrap/auth.h"
 #include "bootstrap/store.h"
 #include "bootstrap/store_wire.h"
 #include "common/logging.h"
@@ -39,9 +40,9 @@ std::string Printable(const std::string& key) {
 
 class StoreClientImpl : public StoreClient {
  public:
-  StoreClientImpl(std::string host, int port)
+  StoreClientImpl(std::string host, int port, std::string secret)
       : host_(std::move(host)), port_(port), where_(host_ + ":" + std::to_string(port)),
-        socket_(io_), resolver_(io_) {}
+        secret_(std::move(secret)), socket_(io_), resolver_(io_) {}
 
   Status ConnectLoop(Deadline deadline);
   Status Set(const std::string& key, const std::string& value, Deadline deadline) override;
@@ -62,6 +63,7 @@ class StoreClientImpl : public StoreClient {
   const std::string host_;
   const int port_;
   const std::string where_;
+  const std::string secret_;
   asio::io_context io_;
   tcp::socket socket_;
   tcp::resolver resolver_;
@@ -125,6 +127,11 @@ Status StoreClientImpl::ConnectLoop(Deadline deadline) {
     if (!timed_out && !ec) {
       asio::error_code opt_ec;
       socket_.set_option(tcp::no_delay(true), opt_ec);
+      Status st = auth::ClientHandshake(io_, socket_, secret_, "store", deadline);
+      if (!st.ok()) {
+        Disconnect();
+        return st.WithContext("rendezvous store at " + where_);
+      }
       connected_ = true;
       return Status::OK();
     }
@@ -234,11 +241,12 @@ StatusOr<std::string> StoreClientImpl::Get(const std::string& key, Deadline dead
 }  // namespace
 
 StatusOr<std::unique_ptr<StoreClient>> StoreClient::Connect(const std::string& host, int port,
-                                                            Deadline deadline) {
+                                                            Deadline deadline,
+                                                            const std::string& secret) {
   if (port <= 0 || port > 65535) {
     return Status::InvalidArgument("rendezvous store port out of range: " + std::to_string(port));
   }
-  auto client = std::make_unique<StoreClientImpl>(host, port);
+  auto client = std::make_unique<StoreClientImpl>(host, port, secret);
   HVD_RETURN_IF_ERROR(client->ConnectLoop(deadline));
   return std::unique_ptr<StoreClient>(std::move(client));
 }

@@ -22,6 +22,7 @@
 
 #include <asio.hpp>
 
+#include "bootstrap/auth.h"
 #include "bootstrap/store.h"
 #include "bootstrap/store_wire.h"
 #include "common/logging.h"
@@ -31,6 +32,7 @@ namespace {
 
 using asio::ip::tcp;
 constexpr int kFrameSeconds = 30;
+const std::string kAuthContext = "store";
 
 class StoreServerImpl;
 
@@ -45,7 +47,7 @@ class Session : public std::enable_shared_from_this<Session> {
     peer_ = ec ? std::string("unknown peer") : ep.address().to_string() + ":" + std::to_string(ep.port());
   }
 
-  void Start() { ReadHeader(); }
+  void Start(const std::string& secret);
   void Close();
   // Answers the parked Get with `value` (io thread only).
   void Deliver(const std::string& value);
@@ -73,7 +75,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
 class StoreServerImpl : public StoreServer {
  public:
-  StoreServerImpl() : acceptor_(io_) {}
+  explicit StoreServerImpl(std::string secret) : acceptor_(io_), secret_(std::move(secret)) {}
   ~StoreServerImpl() override { Stop(); }
 
   Status Listen(const std::string& bind_addr, int port);
@@ -98,6 +100,7 @@ class StoreServerImpl : public StoreServer {
   asio::io_context io_;  // declared first: destroyed after everything that uses it
   tcp::acceptor acceptor_;
   int port_ = 0;
+  const std::string secret_;
   std::thread thread_;
   std::mutex stop_mu_;
   bool stopped_ = false;  // guarded by stop_mu_
@@ -106,6 +109,24 @@ class StoreServerImpl : public StoreServer {
   std::unordered_map<std::string, std::vector<std::shared_ptr<Session>>> waiters_;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;
 };
+
+void Session::Start(const std::string& secret) {
+  auto self = shared_from_this();
+  auth::AcceptHandshake(socket_, secret, kAuthContext.size(), self,
+                        [self](const Status& st, const std::string& context) {
+                          if (self->closed_) return;
+                          if (st.ok() && context != kAuthContext) {
+                            HVD_LOG(kWarning) << "store: dropped " << self->peer_
+                                              << ": handshake for another service";
+                            return self->Close();
+                          }
+                          if (!st.ok()) {
+                            HVD_LOG(kWarning) << "store: dropped a connection: " << st.message();
+                            return self->Close();
+                          }
+                          self->ReadHeader();
+                        });
+}
 
 void Session::ReadHeader() {
   auto self = shared_from_this();
@@ -259,7 +280,7 @@ void StoreServerImpl::Accept() {
       socket.set_option(tcp::no_delay(true), opt_ec);
       auto s = std::make_shared<Session>(std::move(socket), this);
       sessions_[s.get()] = s;
-      s->Start();
+      s->Start(secret_);
     }
     Accept();
   });
@@ -324,8 +345,9 @@ void StoreServerImpl::Stop() {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& bind_addr, int port) {
-  auto server = std::make_unique<StoreServerImpl>();
+StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& bind_addr, int port,
+                                                          const std::string& secret) {
+  auto server = std::make_unique<StoreServerImpl>(secret);
   Status st = server->Listen(bind_addr, port);
   if (!st.ok()) return st;
   return std::unique_ptr<StoreServer>(std::move(server));

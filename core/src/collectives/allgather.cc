@@ -36,6 +36,9 @@ Status Allgatherv(Transport& t, const void* in, void* out, const std::vector<siz
   // 1. Own block into place.
   if (bytes[r] > 0 && mine != base + offsets[r]) std::memcpy(base + offsets[r], mine, bytes[r]);
   if (p == 1) return Status::OK();
+  if (CollectiveOffload* o = t.offload()) {
+    if (std::optional<Status> s = o->Allgatherv(base + offsets[r], out, bytes, deadline)) return *s;
+  }
   const int left = PositiveMod(r - 1, p);
   const int right = PositiveMod(r + 1, p);
   // 2. Every receive up front.

@@ -18,6 +18,9 @@ Status Allreduce(Transport& t, void* buf, size_t count, DataType dtype, ReduceOp
   }
   if (count == 0 || t.size() == 1) return Status::OK();
   if (buf == nullptr) return Status::InvalidArgument("allreduce: null buffer");
+  if (CollectiveOffload* o = t.offload()) {
+    if (std::optional<Status> s = o->Allreduce(buf, count, dtype, op, deadline)) return *s;
+  }
   if (algo == AllreduceAlgorithm::kAuto) {
     algo = count * esize <= kSmallAllreduceBytes ? AllreduceAlgorithm::kRecursiveDoubling
                                                  : AllreduceAlgorithm::kRing;

@@ -31,6 +31,9 @@ Status Alltoallv(Transport& t, const void* in, const std::vector<size_t>& send_b
                                    std::to_string(send_bytes[r]) + " bytes but expects " +
                                    std::to_string(recv_bytes[r]));
   }
+  if (CollectiveOffload* o = t.offload()) {
+    if (std::optional<Status> s = o->Alltoallv(in, send_bytes, out, recv_bytes, deadline)) return *s;
+  }
   const std::vector<size_t> soff = PrefixOffsets(send_bytes);
   const std::vector<size_t> roff = PrefixOffsets(recv_bytes);
   const auto* src = static_cast<const uint8_t*>(in);

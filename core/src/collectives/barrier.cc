@@ -14,6 +14,9 @@ namespace hvd {
 Status Barrier(Transport& t, Deadline deadline) {
   const int p = t.size();
   const int r = t.rank();
+  if (CollectiveOffload* o = t.offload()) {
+    if (std::optional<Status> s = o->Barrier(deadline)) return *s;
+  }
   for (int d = 1; d < p; d <<= 1) {
     const uint8_t token = 1;
     uint8_t got = 0;

@@ -72,6 +72,9 @@ Status Broadcast(Transport& t, void* buf, size_t bytes, int root, Deadline deadl
   }
   if (p == 1 || bytes == 0) return Status::OK();
   if (buf == nullptr) return Status::InvalidArgument("broadcast: null buffer");
+  if (CollectiveOffload* o = t.offload()) {
+    if (std::optional<Status> s = o->Broadcast(buf, bytes, root, deadline)) return *s;
+  }
   if (bytes <= kSmallBroadcastBytes) return TreeBroadcast(t, buf, bytes, root, deadline);
   return ChainBroadcast(t, buf, bytes, root, deadline);
 }

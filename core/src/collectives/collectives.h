@@ -1,5 +1,7 @@
 // The collective algorithms, written only against Transport. Each one is called by every rank
-// of the transport with matching arguments, from the rank's background thread.
+// of the transport with matching arguments, from the rank's background thread. When the
+// transport carries a CollectiveOffload (HVD_CPU_OPERATIONS=mpi), each entry point below hands
+// the call to it after checking the arguments (transport/collective_offload.h).
 //
 // Every function returns the transport's failure (PeerLost, Timeout) unchanged, or
 // InvalidArgument for inconsistent arguments. `scratch` is a reusable buffer owned by the caller
@@ -13,6 +15,7 @@
 #include "common/time.h"
 #include "hvd/status.h"
 #include "hvd/types.h"
+#include "transport/collective_offload.h"
 #include "transport/transport.h"
 
 namespace hvd {

@@ -169,6 +169,9 @@ Status ReduceScatter(Transport& t, const void* in, void* out, const std::vector<
     if (counts[0] > 0 && !in_place) std::memcpy(out, in, counts[0] * esize);
     return Status::OK();
   }
+  if (CollectiveOffload* o = t.offload()) {
+    if (std::optional<Status> s = o->ReduceScatter(in, out, counts, dtype, op, deadline)) return *s;
+  }
   ReduceScatterRun run(t, in, out, in_place, counts, dtype, op, scratch, deadline);
   return run.Run();
 }

@@ -2,8 +2,10 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
+#include "bootstrap/slurm.h"
 #include "hvd/options.h"
 
 namespace hvd {
@@ -50,40 +52,71 @@ Status ParseDouble(const std::string& var, const char* v, double lo, double* out
   return Status::OK();
 }
 
-// Reads an integer identity variable from the first of `names` that is set.
-Status IdentityInt(std::initializer_list<const char*> names, int* out, bool* found) {
+// Reads an integer identity variable from the first of `names` that is set; *which names it.
+Status IdentityInt(std::initializer_list<const char*> names, int* out, bool* found,
+                   const char** which = nullptr) {
   for (const char* n : names) {
     if (const char* v = std::getenv(n)) {
       long x;
       HVD_RETURN_IF_ERROR(ParseInt(n, v, 0, 1 << 24, &x));
       *out = static_cast<int>(x);
       *found = true;
+      if (which) *which = n;
       return Status::OK();
     }
   }
   return Status::OK();
 }
 
-Status ReadIdentity(Options* o) {
+// Who said who this process is; decides how the ranks find each other (Options::Bootstrap).
+enum class IdentitySource { kNone, kHvd, kMpi, kSlurm };
+
+// Under srun without hvdrun or mpirun: the identity from SLURM_* (bootstrap/slurm.h).
+Status ReadSlurmIdentity(Options* o, IdentitySource* source, std::optional<SlurmTask>* task) {
+  auto t = ReadSlurmTask([](const char* n) -> const char* { return std::getenv(n); });
+  if (!t.ok()) return t.status();
+  if (!t->has_value()) return Status::OK();
+  *task = std::move(*t);
+  const SlurmTask& st = **task;
+  o->rank = st.rank;
+  o->size = st.size;
+  o->local_rank = st.local_rank;
+  o->local_size = st.local_size;
+  o->cross_rank = st.node_id;
+  o->cross_size = st.num_nodes;
+  *source = IdentitySource::kSlurm;
+  return Status::OK();
+}
+
+Status ReadIdentity(Options* o, IdentitySource* source, std::optional<SlurmTask>* slurm) {
   bool have_rank = false, have_size = false, ignored = false;
-  HVD_RETURN_IF_ERROR(IdentityInt({"HVD_RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
-                                   "SLURM_PROCID"}, &o->rank, &have_rank));
-  HVD_RETURN_IF_ERROR(IdentityInt({"HVD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-                                   "SLURM_NTASKS"}, &o->size, &have_size));
+  const char* rank_var = nullptr;
+  HVD_RETURN_IF_ERROR(IdentityInt({"HVD_RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"},
+                                  &o->rank, &have_rank, &rank_var));
+  HVD_RETURN_IF_ERROR(IdentityInt({"HVD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"},
+                                  &o->size, &have_size));
   if (have_rank != have_size) {
     return Status::InvalidArgument(std::string("the environment sets ") +
                                    (have_rank ? "a rank (HVD_RANK) but no size (HVD_SIZE)"
                                               : "a size (HVD_SIZE) but no rank (HVD_RANK)"));
   }
-  o->local_rank = o->rank;
-  o->local_size = o->size;
+  if (have_rank) {
+    bool from_hvd = std::string(rank_var).rfind("HVD_", 0) == 0 ||
+                    std::string(rank_var).rfind("HOROVOD_", 0) == 0;
+    *source = from_hvd ? IdentitySource::kHvd : IdentitySource::kMpi;
+    o->local_rank = o->rank;
+    o->local_size = o->size;
+  } else {
+    HVD_RETURN_IF_ERROR(ReadSlurmIdentity(o, source, slurm));
+  }
   HVD_RETURN_IF_ERROR(IdentityInt({"HVD_LOCAL_RANK", "HOROVOD_LOCAL_RANK",
-                                   "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"},
-                                  &o->local_rank, &ignored));
+                                   "OMPI_COMM_WORLD_LOCAL_RANK"}, &o->local_rank, &ignored));
   HVD_RETURN_IF_ERROR(IdentityInt({"HVD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE",
                                    "OMPI_COMM_WORLD_LOCAL_SIZE"}, &o->local_size, &ignored));
-  o->cross_rank = o->local_size > 0 ? o->rank / o->local_size : 0;
-  o->cross_size = o->local_size > 0 ? (o->size + o->local_size - 1) / o->local_size : 1;
+  if (*source != IdentitySource::kSlurm) {
+    o->cross_rank = o->local_size > 0 ? o->rank / o->local_size : 0;
+    o->cross_size = o->local_size > 0 ? (o->size + o->local_size - 1) / o->local_size : 1;
+  }
   HVD_RETURN_IF_ERROR(IdentityInt({"HVD_CROSS_RANK", "HOROVOD_CROSS_RANK"}, &o->cross_rank, &ignored));
   HVD_RETURN_IF_ERROR(IdentityInt({"HVD_CROSS_SIZE", "HOROVOD_CROSS_SIZE"}, &o->cross_size, &ignored));
   char host[256] = {0};
@@ -91,6 +124,25 @@ Status ReadIdentity(Options* o) {
   o->hostname = host;
   if (const char* h = std::getenv("HVD_HOSTNAME")) o->hostname = h;
   return Status::OK();
+}
+
+// Picks the bootstrap from the identity's source (see Options::Bootstrap); under Slurm fills in
+// the rendezvous address and port that were not given.
+void ChooseBootstrap(Options* o, IdentitySource source, const std::optional<SlurmTask>& slurm) {
+  switch (source) {
+    case IdentitySource::kNone:
+    case IdentitySource::kHvd:
+      o->bootstrap = Options::Bootstrap::kStore;
+      break;
+    case IdentitySource::kMpi:
+      o->bootstrap = o->rendezvous_addr.empty() ? Options::Bootstrap::kMpi : Options::Bootstrap::kStore;
+      break;
+    case IdentitySource::kSlurm:
+      o->bootstrap = Options::Bootstrap::kSlurm;
+      if (o->rendezvous_addr.empty() && !slurm->nodes.empty()) o->rendezvous_addr = slurm->nodes[0];
+      if (o->rendezvous_port == 0) o->rendezvous_port = SlurmStorePort(slurm->job_id, slurm->step_id);
+      break;
+  }
 }
 
 Status ReadKnobs(Options* o) {
@@ -123,6 +175,16 @@ Status ReadKnobs(Options* o) {
   if (const char* v = Knob("STALL_CHECK_TIME_SECONDS", &var)) {
     HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.0, &o->stall_check_seconds));
   }
+  if (const char* v = Knob("CPU_OPERATIONS", &var)) {
+    std::string c = v;
+    if (c == "tcp" || c == "gloo") {
+      o->cpu_operations = Options::CpuOperations::kTcp;
+    } else if (c == "mpi") {
+      o->cpu_operations = Options::CpuOperations::kMpi;
+    } else {
+      return BadValue(var, v, "tcp (hvd's algorithms; 'gloo' means the same) or mpi");
+    }
+  }
   if (const char* v = Knob("TIMELINE", &var)) o->timeline_path = v;
   if (const char* v = Knob("LOG_LEVEL", &var)) {
     if (!ParseLogLevel(v, &o->log_level)) {
@@ -136,8 +198,11 @@ Status ReadKnobs(Options* o) {
 
 StatusOr<Options> Options::FromEnvironment() {
   Options o;
-  Status s = ReadIdentity(&o);
+  IdentitySource source = IdentitySource::kNone;
+  std::optional<SlurmTask> slurm;
+  Status s = ReadIdentity(&o, &source, &slurm);
   if (s.ok()) s = ReadKnobs(&o);
+  if (s.ok()) ChooseBootstrap(&o, source, slurm);
   if (s.ok()) s = o.Validate();
   if (!s.ok()) return s;
   return o;
@@ -153,11 +218,18 @@ Status Options::Validate() const {
     return Status::InvalidArgument("local rank " + std::to_string(local_rank) +
                                    " is outside [0, local size " + std::to_string(local_size) + ")");
   }
-  if (size > 1 && (rendezvous_addr.empty() || rendezvous_port == 0)) {
+  if (size > 1 && bootstrap == Bootstrap::kStore &&
+      (rendezvous_addr.empty() || rendezvous_port == 0)) {
     return Status::InvalidArgument(
         "size is " + std::to_string(size) +
-        " but HVD_RENDEZVOUS_ADDR / HVD_RENDEZVOUS_PORT are not set: start the job with hvdrun "
-        "(or set them to the address of a running rendezvous store)");
+        " but HVD_RENDEZVOUS_ADDR / HVD_RENDEZVOUS_PORT are not set: start the job with hvdrun, "
+        "mpirun or srun (or set them to the address of a running rendezvous store)");
+  }
+  if (size > 1 && bootstrap == Bootstrap::kSlurm && rendezvous_addr.empty()) {
+    return Status::InvalidArgument(
+        "under Slurm with size " + std::to_string(size) + ", rank 0 hosts the rendezvous store, "
+        "but SLURM_STEP_NODELIST / SLURM_JOB_NODELIST are not set: set HVD_RENDEZVOUS_ADDR to "
+        "rank 0's host");
   }
   return Status::OK();
 }

@@ -59,7 +59,8 @@ Status EngineImpl::Connect() {
     return Status::OK();
   }
   Deadline deadline = DeadlineAfterSeconds(options_.start_timeout_seconds);
-  auto store = StoreClient::Connect(options_.rendezvous_addr, options_.rendezvous_port, deadline);
+  auto store = StoreClient::Connect(options_.rendezvous_addr, options_.rendezvous_port, deadline,
+                                    options_.secret);
   if (!store.ok()) {
     return store.status().WithContext("rank " + std::to_string(options_.rank) +
                                       ": rendezvous store at " + options_.rendezvous_addr + ":" +

@@ -22,6 +22,8 @@
 
 namespace hvd {
 
+class CollectiveOffload;  // transport/collective_offload.h
+
 struct TransportRequest {
   uint64_t id = 0;
 };
@@ -57,6 +59,15 @@ class Transport {
     Status st2 = Wait(s, d);
     return st.ok() ? st2 : st;
   }
+
+  // The backend that runs whole collectives over this transport's ranks instead of hvd's
+  // algorithms (HVD_CPU_OPERATIONS=mpi), or null. Not owned: the engine owns it and keeps it
+  // alive as long as this transport.
+  CollectiveOffload* offload() const { return offload_; }
+  void set_offload(CollectiveOffload* offload) { offload_ = offload; }
+
+ private:
+  CollectiveOffload* offload_ = nullptr;
 };
 
 }  // namespace hvd

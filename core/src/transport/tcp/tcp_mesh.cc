@@ -3,6 +3,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "bootstrap/auth.h"
 #include "common/logging.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -14,7 +15,6 @@ using asio::ip::tcp;
 
 constexpr uint32_t kHelloMagic = 0x31445648;  // "HVD1"
 constexpr uint8_t kKindData = 0, kKindControl = 1;
-constexpr auto kHelloTimeout = std::chrono::seconds(5);
 
 struct Hello {
   uint32_t magic;
@@ -55,7 +55,8 @@ StatusOr<tcp::endpoint> ParseAddr(const std::string& s, int peer) {
 
 // Connects to `ep` and sends the hello, within the deadline.
 StatusOr<std::unique_ptr<tcp::socket>> Dial(asio::io_context& io, const tcp::endpoint& ep,
-                                            const Hello& hello, int peer, Deadline deadline) {
+                                            const Hello& hello, int peer,
+                                            const std::string& secret, Deadline deadline) {
   auto sock = std::make_unique<tcp::socket>(io);
   asio::error_code result = asio::error::would_block;
   sock->async_connect(ep, [&](const asio::error_code& ec) { result = ec; });
@@ -72,17 +73,18 @@ StatusOr<std::unique_ptr<tcp::socket>> Dial(asio::io_context& io, const tcp::end
   TuneSocket(*sock);
   uint8_t buf[kHelloBytes];
   PackHello(hello, buf);
-  asio::error_code ec;
-  asio::write(*sock, asio::buffer(buf), ec);
-  if (ec) return Status::PeerLost("cannot greet rank " + std::to_string(peer) + ": " + ec.message());
+  Status st = auth::ClientHandshake(io, *sock, secret,
+                                    std::string(reinterpret_cast<char*>(buf), kHelloBytes), deadline);
+  if (!st.ok()) return st.WithContext("connecting to rank " + std::to_string(peer));
   return sock;
 }
 
 // Accepts connections and sorts them by hello into the mesh.
 class Acceptor {
  public:
-  Acceptor(asio::io_context& io, tcp::acceptor& acc, TcpMesh& mesh, int rank, int size)
-      : io_(io), acc_(acc), mesh_(mesh), rank_(rank), size_(size) {}
+  Acceptor(asio::io_context& io, tcp::acceptor& acc, TcpMesh& mesh, int rank, int size,
+           std::string secret)
+      : io_(io), acc_(acc), mesh_(mesh), rank_(rank), size_(size), secret_(std::move(secret)) {}
 
   void Start() { AcceptNext(); }
   int remaining() const { return expected_ - got_; }
@@ -93,7 +95,6 @@ class Acceptor {
       if (auto in = w.lock()) {
         asio::error_code ignored;
         if (in->sock) in->sock->close(ignored);  // null once placed in the mesh
-        if (in->timer) in->timer->cancel();
       }
     }
   }
@@ -102,8 +103,6 @@ class Acceptor {
  private:
   struct Incoming {
     std::unique_ptr<tcp::socket> sock;
-    uint8_t buf[kHelloBytes];
-    std::unique_ptr<asio::steady_timer> timer;
   };
 
   void AcceptNext() {
@@ -121,29 +120,24 @@ class Acceptor {
     });
   }
 
+  // The hello travels as the authenticated context of the handshake (bootstrap/auth.h), so
+  // a peer can only claim a rank if it knows the job's secret.
   void ReadHello(std::shared_ptr<Incoming> in) {
-    in->timer = std::make_unique<asio::steady_timer>(io_, kHelloTimeout);
-    pending_ += 2;
-    in->timer->async_wait([this, in](const asio::error_code& ec) {
-      --pending_;
-      if (!ec) {
-        asio::error_code ignored;
-        in->sock->close(ignored);
-      }
-    });
-    asio::async_read(*in->sock, asio::buffer(in->buf), [this, in](const asio::error_code& ec, size_t) {
-      --pending_;
-      in->timer->cancel();
-      if (ec) {
-        HVD_LOG(kWarning) << "dropped a connection that sent no valid hello: " << ec.message();
-        return;
-      }
-      Hello h;
-      std::memcpy(&h.magic, in->buf, 4);
-      std::memcpy(&h.rank, in->buf + 4, 4);
-      h.kind = in->buf[8];
-      Place(h, std::move(in->sock));
-    });
+    ++pending_;
+    auth::AcceptHandshake(*in->sock, secret_, kHelloBytes, in,
+                          [this, in](const Status& st, const std::string& context) {
+                            --pending_;
+                            if (!st.ok()) {
+                              HVD_LOG(kWarning) << "dropped a connection: " << st.message();
+                              return;
+                            }
+                            if (stopped_) return;
+                            Hello h;
+                            std::memcpy(&h.magic, context.data(), 4);
+                            std::memcpy(&h.rank, context.data() + 4, 4);
+                            h.kind = static_cast<uint8_t>(context[8]);
+                            Place(h, std::move(in->sock));
+                          });
   }
 
   void Place(const Hello& h, std::unique_ptr<tcp::socket> sock) {
@@ -167,6 +161,7 @@ class Acceptor {
   tcp::acceptor& acc_;
   TcpMesh& mesh_;
   const int rank_, size_;
+  const std::string secret_;
   std::vector<std::weak_ptr<Incoming>> incoming_;
   int expected_ = 0, got_ = 0, pending_ = 0;
   bool stopped_ = false;
@@ -193,7 +188,7 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Create(asio::io_context& io, const O
   addr << acc.local_endpoint().address().to_string() << ":" << acc.local_endpoint().port();
   HVD_RETURN_IF_ERROR(store.Set("hvd/addr/" + std::to_string(o.rank), addr.str(), deadline));
 
-  Acceptor acceptor(io, acc, *mesh, o.rank, o.size);
+  Acceptor acceptor(io, acc, *mesh, o.rank, o.size, o.secret);
   acceptor.set_expected((o.size - 1 - o.rank) + (o.rank == 0 ? o.size - 1 : 0));
   acceptor.Start();
 
@@ -203,11 +198,11 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Create(asio::io_context& io, const O
     if (!a.ok()) return a.status().WithContext("rendezvous with rank " + std::to_string(j));
     auto ep = ParseAddr(*a, j);
     if (!ep.ok()) return ep.status();
-    auto s = Dial(io, *ep, Hello{kHelloMagic, o.rank, kKindData}, j, deadline);
+    auto s = Dial(io, *ep, Hello{kHelloMagic, o.rank, kKindData}, j, o.secret, deadline);
     if (!s.ok()) return s.status();
     mesh->data[j] = std::move(*s);
     if (j == 0) {
-      auto c = Dial(io, *ep, Hello{kHelloMagic, o.rank, kKindControl}, 0, deadline);
+      auto c = Dial(io, *ep, Hello{kHelloMagic, o.rank, kKindControl}, 0, o.secret, deadline);
       if (!c.ok()) return c.status();
       mesh->control[0] = std::move(*c);
     }

@@ -3,12 +3,14 @@
 // Steps (every rank):
 //   1. Listen on an ephemeral port of the bind address; publish "host:port" under
 //      "hvd/addr/<rank>" in the store.
-//   2. For every lower rank j: read j's address from the store, connect, send a hello
-//      (magic, rank, kind): one data connection per pair, and one control connection from each
-//      worker to rank 0.
+//   2. For every lower rank j: read j's address from the store, connect, and run the
+//      authentication handshake (bootstrap/auth.h) whose context is the hello (magic, rank,
+//      kind): one data connection per pair, and one control connection from each worker to
+//      rank 0.
 //   3. Accept until every higher rank's data connection (and, on rank 0, every worker's
-//      control connection) has arrived with a valid hello, or the deadline passes. A
-//      connection with a bad or missing hello is dropped and logged; set-up goes on.
+//      control connection) has arrived with a valid proof of the job's secret and hello, or
+//      the deadline passes. A connection that fails the handshake (no secret, a wrong one, a
+//      replay, garbage, silence for 5 s) is dropped and logged; set-up goes on.
 //   4. Close the listener.
 //
 // Thread-safety: Create runs on one thread and uses `io` until it returns.

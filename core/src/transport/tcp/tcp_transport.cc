@@ -9,6 +9,9 @@ namespace hvd {
 void TuneSocket(asio::ip::tcp::socket& s) {
   asio::error_code ec;
   s.set_option(asio::ip::tcp::no_delay(true), ec);
+  // Large kernel buffers keep a whole pipeline of segments in flight between two waits.
+  s.set_option(asio::socket_base::send_buffer_size(4 << 20), ec);
+  s.set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
 }
 
 TcpTransport::TcpTransport(asio::io_context& io, int rank,

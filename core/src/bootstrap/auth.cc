@@ -1,0 +1,157 @@
+#include "bootstrap/auth.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <cstring>
+#include <random>
+
+namespace hvd {
+namespace auth {
+
+Nonce RandomNonce() {
+  Nonce n;
+  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1) {
+    std::random_device rd;  // OpenSSL's generator failed: still never a fixed nonce
+    for (auto& b : n) b = static_cast<uint8_t>(rd());
+  }
+  return n;
+}
+
+Mac Proof(const std::string& secret, const char* role, const Nonce& first, const Nonce& second,
+          const std::string& context) {
+  std::string msg(role);
+  msg.append(reinterpret_cast<const char*>(first.data()), first.size());
+  msg.append(reinterpret_cast<const char*>(second.data()), second.size());
+  msg += context;
+  Mac mac{};
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), mac.data(), &len);
+  return mac;
+}
+
+bool Equal(const Mac& a, const Mac& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+namespace {
+
+struct ServerState {
+  asio::ip::tcp::socket* sock;
+  std::string secret;
+  size_t context_len;
+  std::shared_ptr<void> keepalive;
+  AcceptFn done;
+  Nonce ns;
+  std::vector<uint8_t> in;
+  Mac reply;
+  std::unique_ptr<asio::steady_timer> timer;
+  bool finished = false;
+
+  void Finish(const Status& s, const std::string& context) {
+    if (finished) return;
+    finished = true;
+    timer->cancel();
+    if (!s.ok()) {
+      asio::error_code ignored;
+      sock->close(ignored);
+    }
+    done(s, context);
+  }
+};
+
+std::string Describe(const asio::ip::tcp::socket& s) {
+  asio::error_code ec;
+  auto ep = s.remote_endpoint(ec);
+  if (ec) return "a peer";
+  return ep.address().to_string() + ":" + std::to_string(ep.port());
+}
+
+}  // namespace
+
+void AcceptHandshake(asio::ip::tcp::socket& sock, const std::string& secret, size_t context_len,
+                     std::shared_ptr<void> keepalive, AcceptFn done) {
+  auto st = std::make_shared<ServerState>();
+  st->sock = &sock;
+  st->secret = secret;
+  st->context_len = context_len;
+  st->keepalive = std::move(keepalive);
+  st->done = std::move(done);
+  st->ns = RandomNonce();
+  st->in.resize(context_len + kNonceBytes + kMacBytes);
+  st->timer = std::make_unique<asio::steady_timer>(sock.get_executor(), kHandshakeTimeout);
+  const std::string who = Describe(sock);
+  st->timer->async_wait([st, who](const asio::error_code& ec) {
+    if (!ec) st->Finish(Status::Timeout("no valid handshake from " + who + " within 5 s"), "");
+  });
+  asio::async_write(sock, asio::buffer(st->ns), [st, who](const asio::error_code& ec, size_t) {
+    if (ec) return st->Finish(Status::PeerLost(who + ": " + ec.message()), "");
+    asio::async_read(*st->sock, asio::buffer(st->in), [st, who](const asio::error_code& ec2, size_t) {
+      if (ec2) {
+        return st->Finish(Status::PeerLost(who + " sent no complete handshake: " + ec2.message()), "");
+      }
+      std::string context(st->in.begin(), st->in.begin() + st->context_len);
+      Nonce nc;
+      Mac mac;
+      std::memcpy(nc.data(), st->in.data() + st->context_len, kNonceBytes);
+      std::memcpy(mac.data(), st->in.data() + st->context_len + kNonceBytes, kMacBytes);
+      if (!Equal(mac, Proof(st->secret, "hvd client", st->ns, nc, context))) {
+        return st->Finish(Status::InvalidArgument(who + " failed authentication (wrong or no job secret)"), "");
+      }
+      st->reply = Proof(st->secret, "hvd server", nc, st->ns, context);
+      asio::async_write(*st->sock, asio::buffer(st->reply),
+                        [st, who, context](const asio::error_code& ec3, size_t) {
+                          if (ec3) return st->Finish(Status::PeerLost(who + ": " + ec3.message()), "");
+                          st->Finish(Status::OK(), context);
+                        });
+    });
+  });
+}
+
+Status ClientHandshake(asio::io_context& io, asio::ip::tcp::socket& sock,
+                       const std::string& secret, const std::string& context, Deadline deadline) {
+  Nonce ns, nc = RandomNonce();
+  Mac server_mac;
+  asio::error_code result = asio::error::would_block;
+  auto run = [&](auto start) -> asio::error_code {
+    result = asio::error::would_block;
+    start();
+    while (result == asio::error::would_block) {
+      auto now = Clock::now();
+      if (now >= deadline) {
+        asio::error_code ignored;
+        sock.close(ignored);
+        // Let the cancelled operation finish before its buffers go away.
+        while (result == asio::error::would_block) {
+          if (io.stopped()) io.restart();
+          io.run_one_for(std::chrono::milliseconds(100));
+        }
+        return asio::error::timed_out;
+      }
+      if (io.stopped()) io.restart();
+      io.run_one_for(std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(200)));
+    }
+    return result;
+  };
+  auto on_done = [&](const asio::error_code& ec, size_t) { result = ec ? ec : asio::error_code(); };
+  asio::error_code ec = run([&] { asio::async_read(sock, asio::buffer(ns), on_done); });
+  if (ec) return Status::PeerLost("authentication: no challenge from the peer: " + ec.message());
+  Mac mac = Proof(secret, "hvd client", ns, nc, context);
+  std::string out = context;
+  out.append(reinterpret_cast<const char*>(nc.data()), nc.size());
+  out.append(reinterpret_cast<const char*>(mac.data()), mac.size());
+  ec = run([&] { asio::async_write(sock, asio::buffer(out), on_done); });
+  if (!ec) ec = run([&] { asio::async_read(sock, asio::buffer(server_mac), on_done); });
+  if (ec) {
+    return Status::PeerLost("authentication refused by the peer (is HVD_SECRET the job's?): " +
+                            ec.message());
+  }
+  if (!Equal(server_mac, Proof(secret, "hvd server", nc, ns, context))) {
+    return Status::PeerLost("the peer failed authentication: it does not know the job's secret");
+  }
+  return Status::OK();
+}
+
+}  // namespace auth
+}  // namespace hvd

@@ -1,0 +1,43 @@
+// A backend that runs whole collectives itself instead of hvd's algorithms over point-to-point
+// messages: MPI's collectives when HVD_CPU_OPERATIONS=mpi. A Transport may carry one
+// (Transport::offload()); the entry points in collectives/collectives.h then hand each call to
+// it after checking the arguments. The algorithms themselves never see it.
+//
+// Every method has the meaning of the entry point of the same name in collectives.h. It returns
+// nullopt when it leaves this call to hvd's algorithm (the decision depends only on arguments
+// that are equal on every rank, so all ranks decide alike), or the collective's status:
+// PeerLost or Timeout mean, as for a Transport, that the communicator is gone.
+//
+// Thread-safety: not thread-safe; used only by the background thread, like the transport.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <vector>
+
+#include "common/time.h"
+#include "hvd/status.h"
+#include "hvd/types.h"
+
+namespace hvd {
+
+class CollectiveOffload {
+ public:
+  virtual ~CollectiveOffload() = default;
+
+  // In place; kAverage reduces like kSum (the caller scales).
+  virtual std::optional<Status> Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                                          Deadline deadline) = 0;
+  virtual std::optional<Status> Allgatherv(const void* in, void* out,
+                                           const std::vector<size_t>& bytes, Deadline deadline) = 0;
+  virtual std::optional<Status> Broadcast(void* buf, size_t bytes, int root, Deadline deadline) = 0;
+  virtual std::optional<Status> Alltoallv(const void* in, const std::vector<size_t>& send_bytes,
+                                          void* out, const std::vector<size_t>& recv_bytes,
+                                          Deadline deadline) = 0;
+  virtual std::optional<Status> ReduceScatter(const void* in, void* out,
+                                              const std::vector<size_t>& counts, DataType dtype,
+                                              ReduceOp op, Deadline deadline) = 0;
+  virtual std::optional<Status> Barrier(Deadline deadline) = 0;
+};
+
+}  // namespace hvd

@@ -1,0 +1,55 @@
+// HVD_CPU_OPERATIONS=mpi: the collectives on the engine's buffers run as MPI's non-blocking
+// collectives (MPI_Iallreduce, MPI_Iallgatherv, MPI_Ibcast, MPI_Ialltoallv,
+// MPI_Ireduce_scatter, MPI_Ibarrier) on hvd's private communicator, each completed by
+// MpiContext::Wait under the collective's deadline.
+//
+// Types and ops: the integer and float types map to MPI's own types and MPI_SUM / MIN / MAX /
+// PROD (bool: MPI_LOR for sum and max, MPI_LAND for min and product, as hvd's kernels do).
+// float16 and bfloat16 travel as MPI_UINT16_T with user-defined commutative ops that call
+// hvd's reduction kernels (reduce/reduce.h).
+//
+// Sizes: MPI-3 counts and displacements are ints. Allreduce and broadcast go in chunks of at
+// most 2^30 elements / 1 GiB. Allgatherv and reducescatter whose totals exceed INT_MAX are
+// left to hvd's algorithms (every rank sees the same sizes, so every rank decides alike);
+// alltoallv, whose sizes differ per rank, first agrees on that with a one-int MPI_Iallreduce.
+//
+// Thread-safety: not thread-safe; the background thread only.
+#pragma once
+
+#include <vector>
+
+#include "transport/collective_offload.h"
+#include "transport/mpi/mpi_context.h"
+
+namespace hvd {
+
+class MpiCollectives : public CollectiveOffload {
+ public:
+  explicit MpiCollectives(MpiContext& mpi);  // `mpi` must outlive this object
+  ~MpiCollectives() override;
+
+  std::optional<Status> Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                                  Deadline deadline) override;
+  std::optional<Status> Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes,
+                                   Deadline deadline) override;
+  std::optional<Status> Broadcast(void* buf, size_t bytes, int root, Deadline deadline) override;
+  std::optional<Status> Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                                  const std::vector<size_t>& recv_bytes, Deadline deadline) override;
+  std::optional<Status> ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                                      DataType dtype, ReduceOp op, Deadline deadline) override;
+  std::optional<Status> Barrier(Deadline deadline) override;
+
+ private:
+  MPI_Op OpFor(DataType dtype, ReduceOp op) const;
+  // Starts one MPI call (which fills *req) and waits for it.
+  template <typename Start>
+  Status Run(const char* what, Deadline deadline, Start start);
+  // `in` itself, or a copy of its first `bytes` bytes when it overlaps [out, out + out_bytes).
+  const void* Unaliased(const void* in, size_t bytes, const void* out, size_t out_bytes);
+
+  MpiContext& mpi_;
+  MPI_Op half_ops_[2][kNumReduceOps];  // [float16, bfloat16][op]
+  std::vector<uint8_t> copy_;          // input copies for aliased buffers
+};
+
+}  // namespace hvd

@@ -1,0 +1,67 @@
+// MPI as hvd uses it: initialisation (unless the program has done it already), a private
+// duplicate of MPI_COMM_WORLD, and the one wrapper through which MPI's error codes become a
+// Status.
+//
+// Threads: MPI is initialised by the thread that creates the engine, and used afterwards by the
+// background thread (collectives) and at shutdown by the thread that destroys the engine. That
+// needs MPI_THREAD_SERIALIZED or better when the collectives run over MPI; hvd asks for
+// MPI_THREAD_MULTIPLE so that the program may use MPI too. Only the bootstrap (on the creating
+// thread) and MPI_Finalize run when MPI merely bootstraps the TCP mesh; then any level does.
+//
+// Waiting: every non-blocking MPI call is completed by Wait, which polls MPI_Test until the
+// request completes or the deadline passes: it yields for the first ~200 us (collectives of
+// small buffers finish in that time) and then sleeps 50 us between polls, so that ranks sharing
+// cores do not starve each other. A request that outlives its deadline cannot be cancelled
+// (MPI cannot cancel collectives): the context is then broken, every later call fails at once
+// with that Timeout, and MPI_Finalize is skipped (it could wait for the lost peer forever).
+//
+// Thread-safety: not thread-safe; one thread at a time (see above).
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "common/time.h"
+#include "hvd/options.h"
+#include "hvd/status.h"
+
+namespace hvd {
+
+class MpiContext {
+ public:
+  // Initialises MPI if it is not yet, and checks that MPI's world is hvd's: the same size and
+  // this process at options.rank. need_threads: the background thread will call MPI (fail with
+  // FailedPrecondition when MPI provides less than MPI_THREAD_SERIALIZED).
+  static StatusOr<std::unique_ptr<MpiContext>> Create(const Options& options, bool need_threads);
+  // Frees the communicator and calls MPI_Finalize if hvd initialised MPI and nothing broke.
+  ~MpiContext();
+
+  MPI_Comm comm() const { return comm_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // OK, or the Status of the first failure so far (the communicator is gone).
+  const Status& broken() const { return broken_; }
+
+  // Turns an MPI return code into a Status naming `what`; a failure breaks the context.
+  Status Check(int rc, const std::string& what);
+  // Completes `req` (see Waiting above).
+  Status Wait(MPI_Request* req, Deadline deadline, const std::string& what);
+
+ private:
+  MpiContext() = default;
+  Status Break(Status why);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  bool finalize_ = false;  // hvd called MPI_Init_thread, so it calls MPI_Finalize
+  Status broken_;
+};
+
+// The name of an MPI thread level, for messages.
+const char* MpiThreadLevelName(int level);
+
+}  // namespace hvd
