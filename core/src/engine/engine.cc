@@ -4,6 +4,7 @@
 #include "bootstrap/store.h"
 #include "common/logging.h"
 #include "transport/tcp/tcp_mesh.h"
+#include "transport/transport_factory.h"
 
 namespace hvd {
 
@@ -59,25 +60,25 @@ Status EngineImpl::Connect() {
     return Status::OK();
   }
   Deadline deadline = DeadlineAfterSeconds(options_.start_timeout_seconds);
-  auto store = StoreClient::Connect(options_.rendezvous_addr, options_.rendezvous_port, deadline,
-                                    options_.secret);
-  if (!store.ok()) {
-    return store.status().WithContext("rank " + std::to_string(options_.rank) +
-                                      ": rendezvous store at " + options_.rendezvous_addr + ":" +
-                                      std::to_string(options_.rendezvous_port));
-  }
-  auto mesh = TcpMesh::Create(io_, options_, **store, deadline);
-  if (!mesh.ok()) return mesh.status().WithContext("rank " + std::to_string(options_.rank));
-  transport_ = std::make_unique<TcpTransport>(io_, options_.rank, std::move((*mesh)->data));
+  auto job = ConnectJob(io_, options_, deadline);  // transport/transport_factory.h
+  if (!job.ok()) return job.status().WithContext("rank " + std::to_string(options_.rank));
+  backends_ = std::move(job->backends);
+  TcpMesh* mesh = job->mesh.get();
+  // Spin briefly in collective waits only when every local rank can have a core of its own.
+  unsigned cores = std::thread::hardware_concurrency();
+  auto spin = (cores > 0 && static_cast<unsigned>(options_.local_size) <= cores)
+                  ? std::chrono::microseconds(50) : std::chrono::microseconds(0);
+  transport_ = std::make_unique<TcpTransport>(io_, options_.rank, std::move(mesh->data), spin);
+  transport_->set_offload(backends_->offload());
   auto on_msg = [this](int peer, uint8_t type, std::vector<uint8_t>&& p) {
     OnControlMessage(peer, type, std::move(p));
   };
   auto on_err = [this](int peer, const std::string& what) { OnControlError(peer, what); };
-  control_.resize((*mesh)->control.size());
+  control_.resize(mesh->control.size());
   for (size_t i = 0; i < control_.size(); ++i) {
-    if (!(*mesh)->control[i]) continue;
+    if (!mesh->control[i]) continue;
     control_[i] = std::make_shared<ControlChannel>(static_cast<int>(i),
-                                                   std::move((*mesh)->control[i]), on_msg, on_err);
+                                                   std::move(mesh->control[i]), on_msg, on_err);
     control_[i]->Start();
   }
   return Status::OK();

@@ -36,6 +36,8 @@
 
 namespace hvd {
 
+class JobBackends;  // transport/transport_factory.h
+
 // One submitted operation, from enqueue until its handle completes.
 struct TensorEntry {
   Request request;
@@ -106,6 +108,9 @@ class EngineImpl {
 
   // Background side.
   asio::io_context io_;
+  // MPI and the Slurm-hosted store when used (transport/transport_factory.h); declared before
+  // transport_ so that it outlives the transport that points at its offload.
+  std::unique_ptr<JobBackends> backends_;
   std::unique_ptr<TcpTransport> transport_;
   std::vector<std::shared_ptr<ControlChannel>> control_;  // rank 0: [peer]; worker: [0]
   std::unique_ptr<Coordinator> coordinator_;              // rank 0 only

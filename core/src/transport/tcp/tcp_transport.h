@@ -22,8 +22,11 @@ namespace hvd {
 
 class TcpTransport : public Transport {
  public:
-  // sockets[peer] is null for this rank; the transport takes ownership.
-  TcpTransport(asio::io_context& io, int rank, std::vector<std::unique_ptr<asio::ip::tcp::socket>> sockets);
+  // sockets[peer] is null for this rank; the transport takes ownership. `spin` is how long a
+  // Wait polls without sleeping before it blocks in the kernel (zero when ranks outnumber
+  // cores: a spinning rank would take the core its peer needs).
+  TcpTransport(asio::io_context& io, int rank, std::vector<std::unique_ptr<asio::ip::tcp::socket>> sockets,
+               std::chrono::microseconds spin = std::chrono::microseconds(0));
   ~TcpTransport() override;
 
   int rank() const override { return rank_; }
@@ -67,6 +70,7 @@ class TcpTransport : public Transport {
   std::unordered_map<uint64_t, OpState> ops_;
   uint64_t next_id_ = 1;
   int in_flight_ = 0;  // async operations whose handler has not run yet
+  const std::chrono::microseconds spin_;
   Status broken_;
 };
 

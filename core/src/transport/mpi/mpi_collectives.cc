@@ -1,0 +1,188 @@
+#include "transport/mpi/mpi_collectives.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "reduce/reduce.h"
+
+namespace hvd {
+
+namespace {
+
+constexpr size_t kMaxChunkElements = size_t{1} << 30;
+constexpr size_t kMaxChunkBytes = size_t{1} << 30;
+
+template <DataType D, ReduceOp O>
+void HalfReduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  ReduceInto(inout, in, static_cast<size_t>(*len), D, O);
+}
+
+template <DataType D>
+void CreateHalfOps(MPI_Op* ops) {
+  MPI_Op_create(&HalfReduce<D, ReduceOp::kSum>, 1, &ops[static_cast<int>(ReduceOp::kSum)]);
+  MPI_Op_create(&HalfReduce<D, ReduceOp::kSum>, 1, &ops[static_cast<int>(ReduceOp::kAverage)]);
+  MPI_Op_create(&HalfReduce<D, ReduceOp::kMin>, 1, &ops[static_cast<int>(ReduceOp::kMin)]);
+  MPI_Op_create(&HalfReduce<D, ReduceOp::kMax>, 1, &ops[static_cast<int>(ReduceOp::kMax)]);
+  MPI_Op_create(&HalfReduce<D, ReduceOp::kProduct>, 1, &ops[static_cast<int>(ReduceOp::kProduct)]);
+}
+
+MPI_Datatype TypeFor(DataType d) {
+  switch (d) {
+    case DataType::kUInt8: return MPI_UINT8_T;
+    case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kFloat16:
+    case DataType::kBFloat16: return MPI_UINT16_T;
+    case DataType::kFloat32: return MPI_FLOAT;
+    case DataType::kFloat64: return MPI_DOUBLE;
+    case DataType::kBool: return MPI_C_BOOL;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+bool FitsInt(size_t x) { return x <= static_cast<size_t>(INT_MAX); }
+
+// Counts and displacements as MPI wants them; false if some does not fit an int.
+bool ToInts(const std::vector<size_t>& sizes, std::vector<int>* counts, std::vector<int>* displs) {
+  size_t off = 0;
+  counts->resize(sizes.size());
+  displs->resize(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (!FitsInt(sizes[i]) || !FitsInt(off)) return false;
+    (*counts)[i] = static_cast<int>(sizes[i]);
+    (*displs)[i] = static_cast<int>(off);
+    off += sizes[i];
+  }
+  return FitsInt(off);
+}
+
+}  // namespace
+
+MpiCollectives::MpiCollectives(MpiContext& mpi) : mpi_(mpi) {
+  CreateHalfOps<DataType::kFloat16>(half_ops_[0]);
+  CreateHalfOps<DataType::kBFloat16>(half_ops_[1]);
+}
+
+MpiCollectives::~MpiCollectives() {
+  if (!mpi_.broken().ok()) return;  // leave MPI alone after a failure (see MpiContext)
+  for (auto& row : half_ops_) {
+    for (MPI_Op& op : row) MPI_Op_free(&op);
+  }
+}
+
+MPI_Op MpiCollectives::OpFor(DataType dtype, ReduceOp op) const {
+  if (dtype == DataType::kFloat16) return half_ops_[0][static_cast<int>(op)];
+  if (dtype == DataType::kBFloat16) return half_ops_[1][static_cast<int>(op)];
+  if (dtype == DataType::kBool) {
+    return op == ReduceOp::kMin || op == ReduceOp::kProduct ? MPI_LAND : MPI_LOR;
+  }
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: return MPI_SUM;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kProduct: return MPI_PROD;
+  }
+  return MPI_OP_NULL;
+}
+
+template <typename Start>
+Status MpiCollectives::Run(const char* what, Deadline deadline, Start start) {
+  HVD_RETURN_IF_ERROR(mpi_.broken());
+  MPI_Request req = MPI_REQUEST_NULL;
+  HVD_RETURN_IF_ERROR(mpi_.Check(start(&req), what));
+  return mpi_.Wait(&req, deadline, what);
+}
+
+const void* MpiCollectives::Unaliased(const void* in, size_t bytes, const void* out,
+                                      size_t out_bytes) {
+  auto* a = static_cast<const uint8_t*>(in);
+  auto* b = static_cast<const uint8_t*>(out);
+  if (bytes == 0 || out_bytes == 0 || a >= b + out_bytes || b >= a + bytes) return in;
+  copy_.resize(bytes);
+  std::memcpy(copy_.data(), in, bytes);
+  return copy_.data();
+}
+
+std::optional<Status> MpiCollectives::Allreduce(void* buf, size_t count, DataType dtype,
+                                                ReduceOp op, Deadline deadline) {
+  const size_t esize = DataTypeSize(dtype);
+  const MPI_Datatype type = TypeFor(dtype);
+  const MPI_Op mop = OpFor(dtype, op);
+  for (size_t done = 0; done < count; done += kMaxChunkElements) {
+    const int n = static_cast<int>(std::min(count - done, kMaxChunkElements));
+    void* p = static_cast<uint8_t*>(buf) + done * esize;
+    HVD_RETURN_IF_ERROR(Run("MPI_Iallreduce", deadline, [&](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, p, n, type, mop, mpi_.comm(), r);
+    }));
+  }
+  return Status::OK();
+}
+
+std::optional<Status> MpiCollectives::Allgatherv(const void* in, void* out,
+                                                 const std::vector<size_t>& bytes,
+                                                 Deadline deadline) {
+  std::vector<int> counts, displs;
+  if (!ToInts(bytes, &counts, &displs)) return std::nullopt;
+  // The entry point has put this rank's block in place already (`in` points at it).
+  return Run("MPI_Iallgatherv", deadline, [&](MPI_Request* r) {
+    return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, counts.data(), displs.data(),
+                           MPI_BYTE, mpi_.comm(), r);
+  });
+}
+
+std::optional<Status> MpiCollectives::Broadcast(void* buf, size_t bytes, int root,
+                                                Deadline deadline) {
+  for (size_t done = 0; done < bytes; done += kMaxChunkBytes) {
+    const int n = static_cast<int>(std::min(bytes - done, kMaxChunkBytes));
+    void* p = static_cast<uint8_t*>(buf) + done;
+    HVD_RETURN_IF_ERROR(Run("MPI_Ibcast", deadline, [&](MPI_Request* r) {
+      return MPI_Ibcast(p, n, MPI_BYTE, root, mpi_.comm(), r);
+    }));
+  }
+  return Status::OK();
+}
+
+std::optional<Status> MpiCollectives::Alltoallv(const void* in, const std::vector<size_t>& send_bytes,
+                                                void* out, const std::vector<size_t>& recv_bytes,
+                                                Deadline deadline) {
+  std::vector<int> sc, sd, rc, rd;
+  int too_big = ToInts(send_bytes, &sc, &sd) && ToInts(recv_bytes, &rc, &rd) ? 0 : 1;
+  HVD_RETURN_IF_ERROR(Run("MPI_Iallreduce (alltoallv sizes)", deadline, [&](MPI_Request* r) {
+    return MPI_Iallreduce(MPI_IN_PLACE, &too_big, 1, MPI_INT, MPI_MAX, mpi_.comm(), r);
+  }));
+  if (too_big) return std::nullopt;
+  size_t in_bytes = 0, out_bytes = 0;
+  for (size_t b : send_bytes) in_bytes += b;
+  for (size_t b : recv_bytes) out_bytes += b;
+  const void* src = Unaliased(in, in_bytes, out, out_bytes);
+  return Run("MPI_Ialltoallv", deadline, [&](MPI_Request* r) {
+    return MPI_Ialltoallv(src, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE,
+                          mpi_.comm(), r);
+  });
+}
+
+std::optional<Status> MpiCollectives::ReduceScatter(const void* in, void* out,
+                                                    const std::vector<size_t>& counts,
+                                                    DataType dtype, ReduceOp op,
+                                                    Deadline deadline) {
+  std::vector<int> ic, displs;
+  if (!ToInts(counts, &ic, &displs)) return std::nullopt;
+  const size_t esize = DataTypeSize(dtype);
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  const void* src = Unaliased(in, total * esize, out, counts[mpi_.rank()] * esize);
+  const MPI_Datatype type = TypeFor(dtype);
+  const MPI_Op mop = OpFor(dtype, op);
+  return Run("MPI_Ireduce_scatter", deadline, [&](MPI_Request* r) {
+    return MPI_Ireduce_scatter(src, out, ic.data(), type, mop, mpi_.comm(), r);
+  });
+}
+
+std::optional<Status> MpiCollectives::Barrier(Deadline deadline) {
+  return Run("MPI_Ibarrier", deadline, [&](MPI_Request* r) { return MPI_Ibarrier(mpi_.comm(), r); });
+}
+
+}  // namespace hvd

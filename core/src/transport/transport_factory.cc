@@ -1,0 +1,137 @@
+#include "transport/transport_factory.h"
+
+#include <unistd.h>
+
+#include "bootstrap/store.h"
+#include "common/logging.h"
+#include "hvd/config.h"
+
+#if HVD_HAVE_MPI
+#include "transport/mpi/mpi_bootstrap.h"
+#include "transport/mpi/mpi_collectives.h"
+#include "transport/mpi/mpi_context.h"
+#endif
+
+namespace hvd {
+
+namespace {
+
+using asio::ip::tcp;
+
+class JobBackendsImpl : public JobBackends {
+ public:
+  CollectiveOffload* offload() override { return offload_; }
+
+  // Members are destroyed in reverse order: the collectives before MPI.
+  std::unique_ptr<StoreServer> store_server;
+#if HVD_HAVE_MPI
+  std::unique_ptr<MpiContext> mpi;
+  std::unique_ptr<MpiCollectives> collectives;
+#endif
+  CollectiveOffload* offload_ = nullptr;
+};
+
+// Step 1: MPI, when the options need it.
+Status StartMpi(const Options& o, JobBackendsImpl* b) {
+  const bool mpi_ops = o.cpu_operations == Options::CpuOperations::kMpi;
+  if (o.bootstrap != Options::Bootstrap::kMpi && !mpi_ops) return Status::OK();
+#if HVD_HAVE_MPI
+  auto ctx = MpiContext::Create(o, /*need_threads=*/mpi_ops);
+  if (!ctx.ok()) return ctx.status();
+  b->mpi = std::move(*ctx);
+  if (mpi_ops) {
+    b->collectives = std::make_unique<MpiCollectives>(*b->mpi);
+    b->offload_ = b->collectives.get();
+  }
+  return Status::OK();
+#else
+  return Status::FailedPrecondition(
+      std::string(mpi_ops ? "HVD_CPU_OPERATIONS=mpi" : "starting under mpirun without hvdrun") +
+      " needs MPI, but this build of hvd has none (rebuild with -DHVD_WITH_MPI=ON, or start the "
+      "job with hvdrun, which hosts a rendezvous store)");
+#endif
+}
+
+// Step 2: the store to meet at; may change o.secret (kMpi without one).
+StatusOr<std::unique_ptr<StoreClient>> MeetingPlace(Options* o, JobBackendsImpl* b,
+                                                   Deadline deadline) {
+  if (o->bootstrap == Options::Bootstrap::kMpi) {
+#if HVD_HAVE_MPI
+    if (o->secret.empty()) {
+      auto s = MpiShareNewSecret(*b->mpi, deadline);
+      if (!s.ok()) return s.status();
+      o->secret = *s;
+    }
+    return std::unique_ptr<StoreClient>(new MpiAddressStore(*b->mpi));
+#endif  // without MPI, StartMpi has failed already
+
+  }
+  if (o->bootstrap == Options::Bootstrap::kSlurm && o->rank == 0) {
+    auto server = StoreServer::Start("0.0.0.0", o->rendezvous_port, o->secret);
+    if (!server.ok()) {
+      return server.status().WithContext(
+          "under Slurm rank 0 hosts the rendezvous store on port " +
+          std::to_string(o->rendezvous_port) + " (set HVD_RENDEZVOUS_PORT to a free port)");
+    }
+    b->store_server = std::move(*server);
+  }
+  auto store = StoreClient::Connect(o->rendezvous_addr, o->rendezvous_port, deadline, o->secret);
+  if (!store.ok()) {
+    return store.status().WithContext("rendezvous store at " + o->rendezvous_addr + ":" +
+                                      std::to_string(o->rendezvous_port));
+  }
+  return std::move(*store);
+}
+
+// Step 3's bind address on a multi-node job left at the loopback default; empty: keep it.
+std::string MultiNodeBindAddress(asio::io_context& io, const Options& o) {
+  if (o.cross_size <= 1 || o.bind_addr != "127.0.0.1") return "";
+  asio::error_code ec;
+  if (o.bootstrap == Options::Bootstrap::kSlurm) {
+    // The local address of a (never used) UDP socket connected towards rank 0's host.
+    tcp::resolver resolver(io);
+    auto eps = resolver.resolve(o.rendezvous_addr, std::to_string(o.rendezvous_port), ec);
+    if (ec || eps.empty()) return "";
+    asio::ip::udp::socket probe(io);
+    asio::ip::udp::endpoint target(eps.begin()->endpoint().address(), eps.begin()->endpoint().port());
+    probe.open(target.protocol(), ec);
+    if (!ec) probe.connect(target, ec);
+    if (ec) return "";
+    return probe.local_endpoint(ec).address().to_string();
+  }
+  if (o.bootstrap == Options::Bootstrap::kMpi) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    tcp::resolver resolver(io);
+    auto eps = resolver.resolve(host, "0", ec);
+    if (ec) return "";
+    for (const auto& e : eps) {
+      if (!e.endpoint().address().is_loopback()) return e.endpoint().address().to_string();
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options,
+                                    Deadline deadline) {
+  auto backends = std::make_unique<JobBackendsImpl>();
+  Options o = options;
+  HVD_RETURN_IF_ERROR(StartMpi(o, backends.get()));
+  auto store = MeetingPlace(&o, backends.get(), deadline);
+  if (!store.ok()) return store.status();
+  std::string bind = MultiNodeBindAddress(io, o);
+  if (!bind.empty()) {
+    HVD_LOG(kInfo) << "multi-node job: listening on " << bind << " (set HVD_BIND_ADDR to choose)";
+    o.bind_addr = bind;
+  }
+  auto mesh = TcpMesh::Create(io, o, **store, deadline);
+  if (!mesh.ok()) return mesh.status();
+  JobConnections job;
+  job.mesh = std::move(*mesh);
+  job.backends = std::move(backends);
+  return job;
+}
+
+}  // namespace hvd

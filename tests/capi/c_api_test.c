@@ -1,0 +1,132 @@
+/* The C API under hvdrun: allreduce (sum, average), broadcast, allgather with differing first
+ * dimensions, a mismatch error, barrier and join; expected values by formula. Exits non-zero
+ * naming the failed check. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hvd_c.h"
+
+static int failures = 0;
+#define CHECK(cond, ...)                        \
+  do {                                          \
+    if (!(cond)) {                              \
+      fprintf(stderr, "FAIL: " __VA_ARGS__);    \
+      fprintf(stderr, "\n");                    \
+      ++failures;                               \
+    }                                           \
+  } while (0)
+
+static int wait_ok(hvd_handle* h, const char* what) {
+  hvd_error* err = NULL;
+  int code = hvd_wait(h, 30000, &err);
+  if (code != HVD_OK) {
+    fprintf(stderr, "FAIL: %s: %s\n", what, hvd_error_message(err));
+    ++failures;
+  }
+  hvd_error_free(err);
+  return code;
+}
+
+int main(void) {
+  hvd_error* err = NULL;
+  hvd_engine* e = hvd_init(&err);
+  if (!e) {
+    fprintf(stderr, "hvd_init: %s\n", hvd_error_message(err));
+    hvd_error_free(err);
+    return 1;
+  }
+  const int rank = hvd_rank(e), size = hvd_size(e);
+
+  /* Allreduce sum and average, count 0, 1, odd, large. */
+  const int64_t counts[] = {0, 1, 1001, 1 << 18};
+  for (int c = 0; c < 4; ++c) {
+    int64_t n = counts[c];
+    double* in = malloc(sizeof(double) * (n ? n : 1));
+    double* out = malloc(sizeof(double) * (n ? n : 1));
+    for (int64_t i = 0; i < n; ++i) in[i] = (rank + 1) * (double)(i % 7 + 1);
+    char name[64];
+    snprintf(name, sizeof name, "c.sum.%d", c);
+    hvd_handle* h = hvd_allreduce(e, name, in, out, HVD_FLOAT64, 1, &n, HVD_SUM, 1.0, 1.0);
+    if (wait_ok(h, name) == HVD_OK) {
+      for (int64_t i = 0; i < n; ++i) {
+        double expect = size * (size + 1) / 2.0 * (double)(i % 7 + 1);
+        if (out[i] != expect) {
+          CHECK(0, "%s[%ld] = %g, expected %g", name, (long)i, out[i], expect);
+          break;
+        }
+      }
+    }
+    hvd_handle_free(h);
+    snprintf(name, sizeof name, "c.avg.%d", c);
+    h = hvd_allreduce(e, name, in, in, HVD_FLOAT64, 1, &n, HVD_AVERAGE, 1.0, 1.0);
+    if (wait_ok(h, name) == HVD_OK) {
+      for (int64_t i = 0; i < n; ++i) {
+        double expect = (size + 1) / 2.0 * (double)(i % 7 + 1);
+        if (in[i] != expect) {
+          CHECK(0, "%s[%ld] = %g, expected %g", name, (long)i, in[i], expect);
+          break;
+        }
+      }
+    }
+    hvd_handle_free(h);
+    free(in);
+    free(out);
+  }
+
+  /* Broadcast from the last rank. */
+  int32_t b[5];
+  for (int i = 0; i < 5; ++i) b[i] = rank * 100 + i;
+  int64_t bshape = 5;
+  hvd_handle* h = hvd_broadcast(e, "c.bcast", b, HVD_INT32, 1, &bshape, size - 1);
+  if (wait_ok(h, "broadcast") == HVD_OK) {
+    for (int i = 0; i < 5; ++i) CHECK(b[i] == (size - 1) * 100 + i, "broadcast[%d] = %d", i, b[i]);
+  }
+  hvd_handle_free(h);
+
+  /* Allgather: rank r contributes r+1 rows of 2 floats, value r. */
+  float g[64];
+  int64_t gshape[2] = {rank + 1, 2};
+  for (int i = 0; i < (rank + 1) * 2; ++i) g[i] = (float)rank;
+  h = hvd_allgather(e, "c.gather", g, HVD_FLOAT32, 2, gshape);
+  if (wait_ok(h, "allgather") == HVD_OK) {
+    int64_t shape[4];
+    int nd = hvd_handle_output_shape(h, shape, 4);
+    size_t bytes = 0;
+    const float* out = hvd_handle_output(h, &bytes);
+    int64_t rows = (int64_t)size * (size + 1) / 2;
+    CHECK(nd == 2 && shape[0] == rows && shape[1] == 2, "allgather shape");
+    CHECK(bytes == (size_t)rows * 2 * sizeof(float), "allgather bytes %zu", bytes);
+    int64_t row = 0;
+    for (int r = 0; r < size && bytes; ++r) {
+      for (int k = 0; k <= r; ++k, ++row) CHECK(out[row * 2] == (float)r, "allgather row %ld", (long)row);
+    }
+  }
+  hvd_handle_free(h);
+
+  /* A shape mismatch fails on every rank with a message naming the tensor; the next op works. */
+  if (size > 1) {
+    float m[4] = {0};
+    int64_t mshape = rank == 0 ? 3 : 4;
+    h = hvd_allreduce(e, "c.mismatch", m, m, HVD_FLOAT32, 1, &mshape, HVD_SUM, 1.0, 1.0);
+    err = NULL;
+    int code = hvd_wait(h, 30000, &err);
+    CHECK(code == HVD_INVALID_ARGUMENT, "mismatch gave code %d", code);
+    CHECK(strstr(hvd_error_message(err), "c.mismatch") != NULL, "mismatch message: %s",
+          hvd_error_message(err));
+    hvd_error_free(err);
+    hvd_handle_free(h);
+  }
+  h = hvd_barrier(e);
+  wait_ok(h, "barrier");
+  hvd_handle_free(h);
+  h = hvd_join(e);
+  if (wait_ok(h, "join") == HVD_OK) {
+    int last = hvd_handle_join_last_rank(h);
+    CHECK(last >= 0 && last < size, "join last rank %d", last);
+  }
+  hvd_handle_free(h);
+  hvd_shutdown(e);
+  if (rank == 0) printf("c_api_test: %s (size %d)\n", failures ? "FAILED" : "ok", size);
+  return failures ? 1 : 0;
+}
