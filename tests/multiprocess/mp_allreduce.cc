@@ -1,0 +1,204 @@
+// Allreduce checks: every dtype x op x count (0, 1, odd, large), in place and out of place;
+// prescale/postscale; many small tensors in flight at once (fusion); grouped allreduce.
+#include <memory>
+
+#include "mp_checks.h"
+
+namespace mp {
+
+using hvd::DataType;
+using hvd::ReduceOp;
+using hvd::TensorView;
+
+namespace {
+
+struct Case {
+  DataType t;
+  ReduceOp op;
+  int64_t count;
+  bool in_place;
+  int64_t salt;
+  double prescale = 1.0, postscale = 1.0;
+  std::string name;
+  std::unique_ptr<Buffer> in, out;
+  hvd::HandlePtr h;
+
+  std::string What() const {
+    return name + " dtype=" + Str(t) + " op=" + Str(op) + " count=" + std::to_string(count) +
+           (in_place ? " in-place" : " out-of-place");
+  }
+};
+
+// Input of the prescale/postscale cases: a multiple of 2n small enough that 3 * the sum of n
+// of them fits int8, so Sum(3v) * 0.5 and Average are exact integers in every dtype.
+double ScaledInput(DataType t, int r, int n, int64_t i, int64_t salt) {
+  const int64_t w = 120 / (6 * n * n);
+  const int64_t span = IsSigned(t) ? 2 * w + 1 : w + 1;
+  const int64_t x = (i * 7 + r * 13 + salt * 31) % span;
+  return 2.0 * n * (IsSigned(t) ? x - w : x);
+}
+
+double ScaledExpected(DataType t, ReduceOp op, int n, int64_t i, int64_t salt, double pre,
+                      double post) {
+  double sum = 0;
+  for (int q = 0; q < n; ++q) sum += pre * ScaledInput(t, q, n, i, salt);
+  return op == ReduceOp::kAverage ? sum * post / n : sum * post;
+}
+
+double InputOf(const Case& c, int r, int n, int64_t i) {
+  if (c.prescale != 1.0 || c.postscale != 1.0) return ScaledInput(c.t, r, n, i, c.salt);
+  return ReduceInput(c.t, c.op, r, n, i, c.salt);
+}
+
+double ExpectedOf(const Case& c, int n, int64_t i) {
+  if (c.prescale != 1.0 || c.postscale != 1.0) {
+    return ScaledExpected(c.t, c.op, n, i, c.salt, c.prescale, c.postscale);
+  }
+  return ExpectedReduce(c.t, c.op, n, i, c.salt);
+}
+
+void Submit(hvd::Engine& e, Case& c) {
+  const int r = e.rank(), n = e.size();
+  c.in = std::make_unique<Buffer>(c.t, c.count);
+  for (int64_t i = 0; i < c.count; ++i) Put(c.t, c.in->data(), i, InputOf(c, r, n, i));
+  TensorView in(c.in->data(), c.t, {c.count});
+  TensorView out = in;
+  if (!c.in_place) {
+    c.out = std::make_unique<Buffer>(c.t, c.count);
+    out.data = c.out->data();
+  }
+  c.h = e.Allreduce(c.name, in, out, c.op, c.prescale, c.postscale);
+}
+
+void Verify(Checker& ck, Case& c) {
+  const int r = ck.rank(), n = ck.size();
+  hvd::Status s = WaitDone(c.h);
+  if (!ck.ExpectOk(s, c.What())) return;
+  const void* result = c.in_place ? c.in->data() : c.out->data();
+  ck.ExpectElements(c.t, result, c.count, [&](int64_t i) { return ExpectedOf(c, n, i); },
+                    c.What() + " result");
+  if (!c.in_place) {
+    ck.ExpectElements(c.t, c.in->data(), c.count, [&](int64_t i) { return InputOf(c, r, n, i); },
+                      c.What() + " input left unchanged");
+  }
+  c.in.reset();
+  c.out.reset();
+}
+
+// Submits every case of the list at once, then waits for and checks each.
+void RunBatch(hvd::Engine& e, Checker& ck, std::vector<Case>& cases) {
+  for (auto& c : cases) Submit(e, c);
+  for (auto& c : cases) Verify(ck, c);
+}
+
+void CheckGrid(hvd::Engine& e, Checker& ck) {
+  int64_t salt = 0;
+  for (DataType t : AllDataTypes()) {
+    const int64_t large = t == DataType::kFloat32 ? (int64_t{1} << 20) + 7 : (int64_t{1} << 16) + 3;
+    for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{33}, int64_t{1001}, large}) {
+      std::vector<Case> cases;
+      for (ReduceOp op : AllReduceOps()) {
+        if (t == DataType::kBool && op == ReduceOp::kAverage) continue;
+        for (bool in_place : {true, false}) {
+          Case c{t, op, count, in_place, ++salt};
+          c.name = "ar." + Str(t) + "." + Str(op) + "." + std::to_string(count) +
+                   (in_place ? ".inplace" : ".outofplace");
+          cases.push_back(std::move(c));
+        }
+      }
+      RunBatch(e, ck, cases);
+    }
+  }
+  // Average of bool is refused up front.
+  uint8_t b = 1;
+  TensorView bv(&b, DataType::kBool, {1});
+  hvd::Status s = WaitDone(e.Allreduce("ar.bool.average", bv, bv, ReduceOp::kAverage));
+  ck.Expect(s.code() == hvd::StatusCode::kInvalidArgument,
+            "allreduce average of bool is refused with InvalidArgument: " + s.ToString());
+}
+
+void CheckScale(hvd::Engine& e, Checker& ck) {
+  std::vector<Case> cases;
+  int64_t salt = 500;
+  for (DataType t : AllDataTypes()) {
+    if (t == DataType::kBool) continue;
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      for (int64_t count : {1, 33, 1001}) {
+        for (bool in_place : {true, false}) {
+          Case c{t, op, count, in_place, ++salt, 3.0, 0.5};
+          c.name = "scale." + Str(t) + "." + Str(op) + "." + std::to_string(count) +
+                   (in_place ? ".inplace" : ".outofplace");
+          cases.push_back(std::move(c));
+        }
+      }
+    }
+  }
+  RunBatch(e, ck, cases);
+}
+
+void CheckFused(hvd::Engine& e, Checker& ck) {
+  std::vector<Case> cases;
+  const auto types = AllDataTypes();
+  const auto ops = AllReduceOps();
+  for (int k = 0; k < 240; ++k) {
+    DataType t = types[k % types.size()];
+    ReduceOp op = ops[(k / types.size()) % ops.size()];
+    if (t == DataType::kBool && op == ReduceOp::kAverage) op = ReduceOp::kSum;
+    Case c{t, op, 1 + (k * 37) % 97, k % 2 == 0, 2000 + k};
+    c.name = "fused." + std::to_string(k);
+    cases.push_back(std::move(c));
+  }
+  RunBatch(e, ck, cases);
+}
+
+void CheckGrouped(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  for (auto [t, op] : {std::pair{DataType::kFloat32, ReduceOp::kSum},
+                       std::pair{DataType::kInt32, ReduceOp::kMax},
+                       std::pair{DataType::kBFloat16, ReduceOp::kAverage}}) {
+    const std::vector<int64_t> counts = {0, 1, 7, 33, 1001, 4099};
+    std::vector<std::string> names;
+    std::vector<TensorView> ins, outs;
+    std::vector<std::unique_ptr<Buffer>> in_bufs, out_bufs;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      names.push_back("group." + Str(t) + "." + std::to_string(k));
+      in_bufs.push_back(std::make_unique<Buffer>(t, counts[k]));
+      out_bufs.push_back(std::make_unique<Buffer>(t, counts[k]));
+      for (int64_t i = 0; i < counts[k]; ++i) {
+        Put(t, in_bufs[k]->data(), i, ReduceInput(t, op, r, n, i, 3000 + k));
+      }
+      ins.emplace_back(in_bufs[k]->data(), t, std::vector<int64_t>{counts[k]});
+      outs.emplace_back(out_bufs[k]->data(), t, std::vector<int64_t>{counts[k]});
+    }
+    auto hs = e.GroupedAllreduce(names, ins, outs, op);
+    ck.Expect(hs.size() == counts.size(), "grouped allreduce returns one handle per tensor");
+    for (size_t k = 0; k < hs.size() && k < counts.size(); ++k) {
+      std::string what = names[k] + " dtype=" + Str(t) + " op=" + Str(op) +
+                         " count=" + std::to_string(counts[k]);
+      if (!ck.ExpectOk(WaitDone(hs[k]), what)) continue;
+      ck.ExpectElements(t, out_bufs[k]->data(), counts[k],
+                        [&](int64_t i) { return ExpectedReduce(t, op, n, i, 3000 + k); }, what);
+    }
+  }
+}
+
+}  // namespace
+
+int RunAllreduceChecks(hvd::Engine& e, Checker& ck) {
+  int failures = 0;
+  ck.Begin("allreduce grid");
+  CheckGrid(e, ck);
+  failures += ck.End();
+  ck.Begin("allreduce scale");
+  CheckScale(e, ck);
+  failures += ck.End();
+  ck.Begin("allreduce fused");
+  CheckFused(e, ck);
+  failures += ck.End();
+  ck.Begin("grouped allreduce");
+  CheckGrouped(e, ck);
+  failures += ck.End();
+  return failures;
+}
+
+}  // namespace mp

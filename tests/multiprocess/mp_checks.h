@@ -1,0 +1,20 @@
+// The check groups of mp_collectives_worker. Each runs the same sequence of operations on every
+// rank (whatever the outcome of a check, so that a failure never desynchronises the ranks) and
+// returns its number of failed checks.
+#pragma once
+
+#include "hvd/engine.h"
+#include "mp_common.h"
+
+namespace mp {
+
+int RunAllreduceChecks(hvd::Engine& e, Checker& ck);     // mp_allreduce.cc
+int RunMovementChecks(hvd::Engine& e, Checker& ck);      // mp_movement.cc
+int RunReducescatterChecks(hvd::Engine& e, Checker& ck); // mp_movement.cc
+int RunBarrierAndJoinChecks(hvd::Engine& e, Checker& ck);  // mp_control.cc
+int RunThreadChecks(hvd::Engine& e, Checker& ck);        // mp_control.cc
+int RunMismatchChecks(hvd::Engine& e, Checker& ck);      // mp_errors.cc
+// Shuts the engine down and checks that later operations fail.
+int RunShutdownChecks(hvd::Engine& e, Checker& ck);      // mp_errors.cc
+
+}  // namespace mp

@@ -1,0 +1,156 @@
+// The multi-process worker, run under hvdrun (`hvdrun -np N mp_collectives_worker [MODE]`).
+//
+// Modes:
+//   (none) / --checks     every check group (see mp_checks.h); one summary line per group,
+//                          exit 1 if any check failed.
+//   --memory              20,000 allreduces under one name; the resident set size after them
+//                          must be within 2 MiB of the size after the first 1,000.
+//   --memory-cycling      the same over 3,000 names in turn (response-cache eviction), measured
+//                          from allreduce 4,000.
+//   --peerloss=V          rank V SIGKILLs itself after a warm-up while the others keep
+//                          submitting; every survivor must fail with PeerLost/Timeout naming
+//                          rank V within HVD_TIMEOUT_SECONDS + 10 s. Survivors print
+//                          "PEERLOSS-OK rank r" (or "PEERLOSS-FAIL ...") and exit 0 (or 1).
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "mp_checks.h"
+
+namespace mp {
+namespace {
+
+using hvd::DataType;
+using hvd::ReduceOp;
+using hvd::TensorView;
+
+std::unique_ptr<hvd::Engine> CreateOrDie() {
+  auto e = hvd::Engine::CreateFromEnvironment();
+  if (!e.ok()) {
+    std::printf("FAIL [init] Engine::CreateFromEnvironment: %s\n", e.status().ToString().c_str());
+    std::exit(2);
+  }
+  return std::move(*e);
+}
+
+int RunChecks() {
+  auto e = CreateOrDie();
+  Checker ck(e->rank(), e->size());
+  auto t0 = Clock::now();
+  int failures = 0;
+  failures += RunAllreduceChecks(*e, ck);
+  failures += RunMovementChecks(*e, ck);
+  failures += RunReducescatterChecks(*e, ck);
+  failures += RunBarrierAndJoinChecks(*e, ck);
+  failures += RunThreadChecks(*e, ck);
+  failures += RunMismatchChecks(*e, ck);
+  failures += RunShutdownChecks(*e, ck);
+  std::printf("[mp] rank %d of %d: %s (%d failed checks, %.1f s)\n", e->rank(), e->size(),
+              failures ? "FAILED" : "all checks passed", failures, SecondsSince(t0));
+  return failures ? 1 : 0;
+}
+
+// Resident set size in bytes, from /proc/self/statm (second field, in pages).
+long ResidentBytes() {
+  std::ifstream f("/proc/self/statm");
+  long size = 0, resident = 0;
+  f >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// `total` allreduces of 16 float32 (Sum), the k-th named name_of(k); checks the values now and
+// then and that the resident set after all of them is within 2 MiB of the size after `settle`.
+template <typename NameFn>
+int RunMemory(const char* label, int total, int settle, NameFn name_of) {
+  auto e = CreateOrDie();
+  Checker ck(e->rank(), e->size());
+  const int r = e->rank(), n = e->size();
+  ck.Begin(label);
+  long after_settle = 0;
+  float buf[16];
+  TensorView v(buf, DataType::kFloat32, {16});
+  for (int k = 1; k <= total; ++k) {
+    for (int i = 0; i < 16; ++i) buf[i] = static_cast<float>(r + i);
+    hvd::Status s = WaitDone(e->Allreduce(name_of(k), v, v, ReduceOp::kSum));
+    if (!ck.ExpectOk(s, "allreduce " + std::to_string(k) + " dtype=float32 op=sum count=16")) break;
+    if (k % 997 == 0) {
+      const float want = static_cast<float>(n * (n - 1) / 2 + 5 * n);
+      ck.Expect(buf[5] == want, "allreduce " + std::to_string(k) + " value");
+    }
+    if (k == settle) after_settle = ResidentBytes();
+  }
+  const long after_all = ResidentBytes();
+  std::printf("[mp] %s: resident %ld KiB after %d allreduces, %ld KiB after %d (rank %d)\n", label,
+              after_settle >> 10, settle, after_all >> 10, total, r);
+  ck.Expect(after_all - after_settle <= (2L << 20),
+            "resident set grew by " + std::to_string((after_all - after_settle) >> 10) +
+                " KiB between allreduce " + std::to_string(settle) + " and " +
+                std::to_string(total) + " (allowed 2048 KiB)");
+  ck.ExpectOk(WaitDone(e->Barrier()), "final barrier");
+  return ck.End() ? 1 : 0;
+}
+
+int RunPeerLoss(int victim) {
+  auto e = CreateOrDie();
+  const int r = e->rank();
+  const double timeout = e->options().timeout_seconds;
+  float x[64] = {0};
+  TensorView v(x, DataType::kFloat32, {64});
+  hvd::Status warm = WaitDone(e->Allreduce("peerloss.warmup", v, v, ReduceOp::kSum));
+  if (!warm.ok()) {
+    std::printf("PEERLOSS-FAIL rank %d: warm-up failed: %s\n", r, warm.ToString().c_str());
+    return 1;
+  }
+  if (r == victim) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // survivors are now waiting
+    std::printf("[mp] rank %d kills itself\n", r);
+    std::fflush(stdout);
+    raise(SIGKILL);
+  }
+  auto t0 = Clock::now();
+  hvd::Status s;
+  int steps = 0;
+  while (s.ok() && SecondsSince(t0) < timeout + 20) {
+    s = WaitDone(e->Allreduce("peerloss.step" + std::to_string(steps++), v, v, ReduceOp::kSum),
+                 timeout + 10);
+  }
+  const double took = SecondsSince(t0);
+  const std::string named = "rank " + std::to_string(victim);
+  bool ok = (s.code() == hvd::StatusCode::kPeerLost || s.code() == hvd::StatusCode::kTimeout) &&
+            s.message().find(named) != std::string::npos && took < timeout + 10;
+  // Later operations fail too, at once.
+  hvd::Status later = WaitDone(e->Allreduce("peerloss.later", v, v, ReduceOp::kSum), 5.0);
+  ok = ok && !later.ok() && later.code() != hvd::StatusCode::kTimeout;
+  std::printf("%s rank %d: failed after %.2f s and %d steps with %s; the next operation: %s\n",
+              ok ? "PEERLOSS-OK" : "PEERLOSS-FAIL", r, took, steps, s.ToString().c_str(),
+              later.ToString().c_str());
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace mp
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::string mode = argc > 1 ? argv[1] : "--checks";
+  if (mode == "--checks") return mp::RunChecks();
+  if (mode == "--memory") {
+    return mp::RunMemory("memory", 20000, 1000, [](int) { return std::string("memory.same.name"); });
+  }
+  if (mode == "--memory-cycling") {
+    // 3,000 names in turn: more than the response cache holds (1024 by default), so entries
+    // are evicted and replaced all the time. By allreduce 4,000 every name has been seen.
+    return mp::RunMemory("memory cycling", 20000, 4000,
+                         [](int k) { return "memory.cycle." + std::to_string(k % 3000); });
+  }
+  if (mode.rfind("--peerloss=", 0) == 0) return mp::RunPeerLoss(std::atoi(mode.c_str() + 11));
+  std::fprintf(stderr, "usage: %s [--checks | --memory | --memory-cycling | --peerloss=RANK]\n",
+               argv[0]);
+  return 2;
+}

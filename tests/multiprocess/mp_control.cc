@@ -1,0 +1,199 @@
+// Barrier, join and many caller threads.
+#include <algorithm>
+#include <memory>
+#include <thread>
+
+#include "mp_checks.h"
+
+namespace mp {
+
+using hvd::DataType;
+using hvd::ReduceOp;
+using hvd::TensorView;
+
+namespace {
+
+void CheckBarrier(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  for (int k = 0; k < 20; ++k) ck.ExpectOk(WaitDone(e.Barrier()), "barrier " + std::to_string(k));
+  // Rank r arrives r * 150 ms late: no rank may leave before the last one arrived. The 100 ms
+  // slack covers the ranks leaving the first barrier at slightly different times.
+  ck.ExpectOk(WaitDone(e.Barrier()), "barrier before the staggered one");
+  auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(150 * r));
+  ck.ExpectOk(WaitDone(e.Barrier()), "staggered barrier");
+  const double waited = SecondsSince(t0), least = 0.15 * (n - 1) - 0.1;
+  ck.Expect(waited >= least, "staggered barrier returned after " + std::to_string(waited) +
+                                 " s, before the last rank arrived (>= " + std::to_string(least) + " s)");
+}
+
+// One round of join: rank r runs steps(r) steps, then joins. Each step is a float32 and an int32
+// allreduce (Sum) and an int32 allgather; ranks that have joined contribute zeros / no rows.
+void JoinRound(hvd::Engine& e, Checker& ck, int round, int (*steps)(int r, int n)) {
+  const int r = e.rank(), n = e.size();
+  int last = 0;
+  for (int q = 1; q < n; ++q) {
+    if (steps(q, n) > steps(last, n)) last = q;
+  }
+  const std::string tag = "join" + std::to_string(round);
+  auto fval = [](int q, int k, int64_t i) { return 1.0 + (q + k + i) % 5; };
+  auto ival = [](int q, int k, int64_t i) { return 10.0 * q + k + i; };
+  for (int k = 0; k < steps(r, n); ++k) {
+    const std::string step = tag + ".step" + std::to_string(k);
+    Buffer f(DataType::kFloat32, 17), in(DataType::kInt32, 5), g(DataType::kInt32, 2 * (1 + r));
+    for (int64_t i = 0; i < 17; ++i) Put(DataType::kFloat32, f.data(), i, fval(r, k, i));
+    for (int64_t i = 0; i < 5; ++i) Put(DataType::kInt32, in.data(), i, ival(r, k, i));
+    for (int64_t i = 0; i < 2 * (1 + r); ++i) Put(DataType::kInt32, g.data(), i, Pattern(DataType::kInt32, r, i, k));
+    TensorView fv(f.data(), DataType::kFloat32, {17}), iv(in.data(), DataType::kInt32, {5});
+    auto hf = e.Allreduce(step + ".f", fv, fv, ReduceOp::kSum);
+    auto hi = e.Allreduce(step + ".i", iv, iv, ReduceOp::kSum);
+    auto hg = e.Allgather(step + ".g", TensorView(g.data(), DataType::kInt32, {1 + r, 2}));
+    auto present = [&](int q) { return steps(q, n) > k; };
+    auto sum = [&](auto val, int64_t i) {
+      double s = 0;
+      for (int q = 0; q < n; ++q) s += present(q) ? val(q, k, i) : 0;
+      return s;
+    };
+    if (ck.ExpectOk(WaitDone(hf), step + ".f dtype=float32 op=sum count=17")) {
+      ck.ExpectElements(DataType::kFloat32, f.data(), 17, [&](int64_t i) { return sum(fval, i); },
+                        step + ".f: joined ranks contribute zeros");
+    }
+    if (ck.ExpectOk(WaitDone(hi), step + ".i dtype=int32 op=sum count=5")) {
+      ck.ExpectElements(DataType::kInt32, in.data(), 5, [&](int64_t i) { return sum(ival, i); },
+                        step + ".i: joined ranks contribute zeros");
+    }
+    if (ck.ExpectOk(WaitDone(hg), step + ".g allgather dtype=int32")) {
+      std::vector<std::pair<int, int64_t>> origin;
+      for (int q = 0; q < n; ++q) {
+        for (int64_t j = 0; present(q) && j < 2 * (1 + q); ++j) origin.emplace_back(q, j);
+      }
+      const int64_t total = static_cast<int64_t>(origin.size());
+      ck.Expect(hg->output_shape() == std::vector<int64_t>{total / 2, 2},
+                step + ".g: output shape " + ShapeStr(hg->output_shape()) +
+                    " (joined ranks give no rows)");
+      if (hg->output_bytes().size() >= static_cast<size_t>(total) * 4) {
+        ck.ExpectElements(DataType::kInt32, hg->output_bytes().data(), total,
+                          [&](int64_t i) {
+                            auto [q, j] = origin[static_cast<size_t>(i)];
+                            return Pattern(DataType::kInt32, q, j, k);
+                          },
+                          step + ".g values");
+      }
+    }
+  }
+  auto hj = e.Join();
+  if (ck.ExpectOk(WaitDone(hj), tag + ": join")) {
+    ck.Expect(hj->join_last_rank() == last, tag + ": join_last_rank() is " +
+                                                std::to_string(hj->join_last_rank()) +
+                                                ", expected " + std::to_string(last));
+  }
+  // After the join every rank takes part again.
+  int64_t x = r + 1;
+  TensorView xv(&x, DataType::kInt64, {1});
+  if (ck.ExpectOk(WaitDone(e.Allreduce(tag + ".after", xv, xv, ReduceOp::kSum)), tag + ".after")) {
+    ck.Expect(x == int64_t{n} * (n + 1) / 2, tag + ".after: sum of rank+1 over all ranks is " + std::to_string(x));
+  }
+}
+
+int StepsRotated(int r, int n) { return 2 + 2 * ((r + 1) % n); }  // last to join: n-2 (n >= 2)
+int StepsByRank(int r, int n) { return 1 + r; }                   // last to join: n-1
+
+// Rank n-1 joins at once; meanwhile the others' reducescatter is refused (it cannot run with a
+// joined rank) and their broadcast from rank 0 works. Needs n >= 2.
+void JoinRefusals(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  hvd::HandlePtr hj;
+  if (r == n - 1) {
+    hj = e.Join();
+  } else {
+    float x[6] = {1, 2, 3, 4, 5, 6};
+    hvd::Status s = WaitDone(e.Reducescatter("join2.rs", TensorView(x, DataType::kFloat32, {6}), ReduceOp::kSum));
+    ck.Expect(s.code() == hvd::StatusCode::kInvalidArgument &&
+                  s.message().find("join2.rs") != std::string::npos,
+              "join2.rs: reducescatter while rank " + std::to_string(n - 1) +
+                  " has joined fails with InvalidArgument naming it: " + s.ToString());
+    int64_t b[3] = {r == 0 ? 7 : 0, r == 0 ? 8 : 0, r == 0 ? 9 : 0};
+    TensorView bv(b, DataType::kInt64, {3});
+    if (ck.ExpectOk(WaitDone(e.Broadcast("join2.bc", bv, bv, 0)), "join2.bc: broadcast from 0 with a joined rank")) {
+      ck.Expect(b[0] == 7 && b[1] == 8 && b[2] == 9, "join2.bc values");
+    }
+    hj = e.Join();
+  }
+  if (ck.ExpectOk(WaitDone(hj), "join2: join")) {
+    ck.Expect(hj->join_last_rank() >= 0 && hj->join_last_rank() < n - 1,
+              "join2: join_last_rank() " + std::to_string(hj->join_last_rank()) + " is not the rank that joined first");
+  }
+}
+
+void CheckJoin(hvd::Engine& e, Checker& ck) {
+  JoinRound(e, ck, 0, StepsRotated);
+  JoinRound(e, ck, 1, StepsByRank);
+  if (e.size() > 1) JoinRefusals(e, ck);
+}
+
+// Four caller threads submit allreduces with distinct names at once.
+void CheckThreads(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  auto worker = [&](int t) {
+    const int ops = 40;
+    std::vector<std::unique_ptr<Buffer>> bufs(ops);
+    std::vector<hvd::HandlePtr> hs(ops);
+    auto meta = [&](int k, DataType* dt, int64_t* count, int64_t* salt) {
+      *dt = k % 2 ? DataType::kInt64 : DataType::kFloat32;
+      *count = 1 + (t * 13 + k * 7) % 300;
+      *salt = 9000 + t * 100 + k;
+    };
+    auto submit = [&](int k) {
+      DataType dt;
+      int64_t count, salt;
+      meta(k, &dt, &count, &salt);
+      bufs[k] = std::make_unique<Buffer>(dt, count);
+      for (int64_t i = 0; i < count; ++i) Put(dt, bufs[k]->data(), i, ReduceInput(dt, ReduceOp::kSum, r, n, i, salt));
+      TensorView v(bufs[k]->data(), dt, {count});
+      hs[k] = e.Allreduce("thread" + std::to_string(t) + "." + std::to_string(k), v, v, ReduceOp::kSum);
+    };
+    auto verify = [&](int k) {
+      DataType dt;
+      int64_t count, salt;
+      meta(k, &dt, &count, &salt);
+      std::string what = "thread " + std::to_string(t) + " op " + std::to_string(k) +
+                         " dtype=" + Str(dt) + " op=sum count=" + std::to_string(count);
+      if (!ck.ExpectOk(WaitDone(hs[k]), what)) return;
+      ck.ExpectElements(dt, bufs[k]->data(), count,
+                        [&](int64_t i) { return ExpectedReduce(dt, ReduceOp::kSum, n, i, salt); }, what);
+    };
+    if (t % 2 == 0) {  // one at a time
+      for (int k = 0; k < ops; ++k) {
+        submit(k);
+        verify(k);
+      }
+    } else {  // all in flight, then waited
+      for (int k = 0; k < ops; ++k) submit(k);
+      for (int k = 0; k < ops; ++k) verify(k);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+}
+
+}  // namespace
+
+int RunBarrierAndJoinChecks(hvd::Engine& e, Checker& ck) {
+  int failures = 0;
+  ck.Begin("barrier");
+  CheckBarrier(e, ck);
+  failures += ck.End();
+  ck.Begin("join");
+  CheckJoin(e, ck);
+  failures += ck.End();
+  return failures;
+}
+
+int RunThreadChecks(hvd::Engine& e, Checker& ck) {
+  ck.Begin("caller threads");
+  CheckThreads(e, ck);
+  return ck.End();
+}
+
+}  // namespace mp

@@ -1,0 +1,147 @@
+// Bad environments: each case runs Engine::CreateFromEnvironment in a forked child whose
+// environment holds only the case's variables (the contract is read once per process), and the
+// parent checks the reported status.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hvd/engine.h"
+#include "mp_fork.h"
+
+extern char** environ;
+
+namespace mp {
+namespace {
+
+using hvd::DataType;
+using hvd::Engine;
+using hvd::ReduceOp;
+using hvd::TensorView;
+
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+// Removes every variable that could tell hvd who it is, then sets `env`.
+void ReplaceEnvironment(const Env& env) {
+  std::vector<std::string> drop;
+  for (char** p = environ; *p; ++p) {
+    std::string kv = *p;
+    std::string name = kv.substr(0, kv.find('='));
+    for (const char* prefix : {"HVD_", "HOROVOD_", "OMPI_", "PMI_", "SLURM_"}) {
+      if (name.rfind(prefix, 0) == 0) drop.push_back(name);
+    }
+  }
+  for (const auto& name : drop) unsetenv(name.c_str());
+  for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+}
+
+struct Outcome {
+  bool finished = false;
+  std::string create;  // "OK" or the status
+  std::string detail;  // after OK: rank/size and an allreduce's result
+  double seconds = 0;
+  std::string describe;
+};
+
+Outcome CreateWith(const Env& env) {
+  ForkedWorld w(1, 30.0);  // only the fork and pipe machinery; the store goes unused
+  Outcome o;
+  if (!w.Start([env](int, const hvd::Options&, const Reporter& out) {
+        ReplaceEnvironment(env);
+        auto e = Engine::CreateFromEnvironment();
+        if (!e.ok()) {
+          out.Say("create", e.status().ToString());
+          return 0;
+        }
+        out.Say("create", "OK");
+        float x[3] = {1, 2, 3};
+        TensorView v(x, DataType::kFloat32, {3});
+        hvd::Status s = (*e)->Allreduce("env.check", v, v, ReduceOp::kSum)->WaitFor(std::chrono::seconds(30));
+        out.Say("detail", "rank=" + std::to_string((*e)->rank()) + " size=" + std::to_string((*e)->size()) +
+                              " allreduce=" + s.ToString() + " values=" + std::to_string(x[0]) + "," +
+                              std::to_string(x[2]));
+        return 0;
+      })) {
+    return o;
+  }
+  o.finished = w.WaitAll(60);
+  const ChildResult& c = w.result(0);
+  o.create = c.values.count("create") ? c.values.at("create") : "";
+  o.detail = c.values.count("detail") ? c.values.at("detail") : "";
+  o.seconds = c.seconds;
+  o.describe = Describe(c);
+  return o;
+}
+
+void ExpectRefused(const Env& env, const std::string& names) {
+  Outcome o = CreateWith(env);
+  SCOPED_TRACE(o.describe);
+  ASSERT_TRUE(o.finished);
+  EXPECT_EQ(o.create.rfind("InvalidArgument", 0), 0u) << o.create;
+  EXPECT_NE(o.create.find(names), std::string::npos) << "the message does not name " << names;
+}
+
+TEST(BadEnvironment, SizeWithoutRendezvous) {
+  ExpectRefused({{"HVD_RANK", "0"}, {"HVD_SIZE", "2"}}, "HVD_RENDEZVOUS_ADDR");
+}
+
+TEST(BadEnvironment, SizeWithAddressButNoPort) {
+  ExpectRefused({{"HVD_RANK", "1"}, {"HVD_SIZE", "2"}, {"HVD_RENDEZVOUS_ADDR", "127.0.0.1"}},
+                "HVD_RENDEZVOUS_PORT");
+}
+
+TEST(BadEnvironment, TimeoutNotANumber) { ExpectRefused({{"HVD_TIMEOUT_SECONDS", "abc"}}, "HVD_TIMEOUT_SECONDS"); }
+
+TEST(BadEnvironment, OtherKnobsNotParsable) {
+  ExpectRefused({{"HVD_FUSION_THRESHOLD", "-1"}}, "HVD_FUSION_THRESHOLD");
+  ExpectRefused({{"HVD_CACHE_CAPACITY", "lots"}}, "HVD_CACHE_CAPACITY");
+  ExpectRefused({{"HVD_CYCLE_TIME", "1ms"}}, "HVD_CYCLE_TIME");
+  ExpectRefused({{"HVD_STALL_CHECK_TIME_SECONDS", "x"}}, "HVD_STALL_CHECK_TIME_SECONDS");
+  ExpectRefused({{"HVD_LOG_LEVEL", "loud"}}, "HVD_LOG_LEVEL");
+  ExpectRefused({{"HVD_START_TIMEOUT", "soon"}}, "HVD_START_TIMEOUT");
+  ExpectRefused({{"HVD_RANK", "0"}, {"HVD_SIZE", "2"}, {"HVD_RENDEZVOUS_ADDR", "127.0.0.1"},
+                 {"HVD_RENDEZVOUS_PORT", "99999"}},
+                "HVD_RENDEZVOUS_PORT");
+}
+
+TEST(BadEnvironment, RankOutsideSize) {
+  ExpectRefused({{"HVD_RANK", "2"}, {"HVD_SIZE", "2"}, {"HVD_RENDEZVOUS_ADDR", "127.0.0.1"},
+                 {"HVD_RENDEZVOUS_PORT", "1234"}},
+                "rank 2");
+}
+
+TEST(BadEnvironment, RankWithoutSize) { ExpectRefused({{"HVD_RANK", "0"}}, "HVD_SIZE"); }
+
+// Nothing listens at the rendezvous address: creation fails within HVD_START_TIMEOUT (plus slack)
+// with a message that names the store, instead of waiting forever.
+TEST(BadEnvironment, UnreachableRendezvous) {
+  // Port 1 (tcpmux) is privileged and unused: connecting is refused.
+  Outcome o = CreateWith({{"HVD_RANK", "1"}, {"HVD_SIZE", "2"}, {"HVD_RENDEZVOUS_ADDR", "127.0.0.1"},
+                          {"HVD_RENDEZVOUS_PORT", "1"}, {"HVD_START_TIMEOUT", "2"}});
+  SCOPED_TRACE(o.describe);
+  ASSERT_TRUE(o.finished);
+  EXPECT_NE(o.create, "OK");
+  EXPECT_NE(o.create.find("rendezvous"), std::string::npos) << o.create;
+  EXPECT_LT(o.seconds, 2.0 + 10.0);
+}
+
+TEST(GoodEnvironment, NoVariablesIsAWorldOfOne) {
+  Outcome o = CreateWith({});
+  SCOPED_TRACE(o.describe);
+  ASSERT_TRUE(o.finished);
+  EXPECT_EQ(o.create, "OK");
+  EXPECT_EQ(o.detail, "rank=0 size=1 allreduce=OK values=1.000000,3.000000");
+}
+
+TEST(BadEnvironment, HorovodAliasIsNamed) {
+  Outcome o = CreateWith({{"HOROVOD_TIMEOUT_SECONDS", "abc"}});
+  SCOPED_TRACE(o.describe);
+  ASSERT_TRUE(o.finished);
+  EXPECT_NE(o.create.find("HOROVOD_TIMEOUT_SECONDS"), std::string::npos) << o.create;
+}
+
+}  // namespace
+}  // namespace mp

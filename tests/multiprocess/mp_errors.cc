@@ -1,0 +1,132 @@
+// Mismatch errors (shape, dtype, reduce op, scale, operation, allgather row shape, broadcast
+// root, duplicate names): each fails with InvalidArgument naming the tensor, and the next
+// operation works. Then shutdown: later operations fail.
+#include <thread>
+
+#include "mp_checks.h"
+
+namespace mp {
+
+using hvd::DataType;
+using hvd::ReduceOp;
+using hvd::StatusCode;
+using hvd::TensorView;
+
+namespace {
+
+void ExpectInvalid(Checker& ck, const hvd::HandlePtr& h, const std::string& name,
+                   const std::string& differs) {
+  hvd::Status s = WaitDone(h);
+  const std::string what = "mismatch '" + name + "'";
+  ck.Expect(s.code() == StatusCode::kInvalidArgument, what + " fails with InvalidArgument; got " + s.ToString());
+  ck.Expect(s.message().find(name) != std::string::npos, what + ": the message names the tensor: " + s.message());
+  if (!differs.empty()) {
+    ck.Expect(s.message().find(differs) != std::string::npos,
+              what + ": the message says what differed ('" + differs + "'): " + s.message());
+  }
+}
+
+// The operation after an error works: an int32 Sum of rank + 1.
+void ExpectNextWorks(hvd::Engine& e, Checker& ck, const std::string& after) {
+  const int r = e.rank(), n = e.size();
+  int32_t x[3] = {r + 1, 2 * (r + 1), 0};
+  TensorView v(x, DataType::kInt32, {3});
+  const std::string what = "the allreduce after '" + after + "'";
+  if (!ck.ExpectOk(WaitDone(e.Allreduce(after + ".next", v, v, ReduceOp::kSum)), what)) return;
+  const int s = n * (n + 1) / 2;
+  ck.Expect(x[0] == s && x[1] == 2 * s && x[2] == 0,
+            what + " gives " + std::to_string(x[0]) + "," + std::to_string(x[1]) + "," + std::to_string(x[2]));
+}
+
+void CheckAcrossRanks(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank();
+  const bool odd = r != 0;  // rank 0 disagrees with the others
+  float f[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  int32_t i32[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+
+  TensorView shape_v(f, DataType::kFloat32, {odd ? 5 : 4});
+  ExpectInvalid(ck, e.Allreduce("mm.shape", shape_v, shape_v, ReduceOp::kSum), "mm.shape", "shape");
+  ExpectNextWorks(e, ck, "mm.shape");
+
+  TensorView dtype_v = odd ? TensorView(i32, DataType::kInt32, {3}) : TensorView(f, DataType::kFloat32, {3});
+  ExpectInvalid(ck, e.Allreduce("mm.dtype", dtype_v, dtype_v, ReduceOp::kSum), "mm.dtype", "dtype");
+  ExpectNextWorks(e, ck, "mm.dtype");
+
+  TensorView op_v(f, DataType::kFloat32, {3});
+  ExpectInvalid(ck, e.Allreduce("mm.op", op_v, op_v, odd ? ReduceOp::kMax : ReduceOp::kSum), "mm.op", "reduce op");
+  ExpectNextWorks(e, ck, "mm.op");
+
+  ExpectInvalid(ck, e.Allreduce("mm.scale", op_v, op_v, ReduceOp::kSum, odd ? 2.0 : 1.0), "mm.scale", "scale");
+  ExpectNextWorks(e, ck, "mm.scale");
+
+  TensorView root_v(f, DataType::kFloat32, {2});
+  ExpectInvalid(ck, e.Broadcast("mm.root", root_v, root_v, odd ? 1 : 0), "mm.root", "root");
+  ExpectNextWorks(e, ck, "mm.root");
+
+  TensorView rows_v(f, DataType::kFloat32, {2, odd ? 3 : 4});
+  ExpectInvalid(ck, e.Allgather("mm.allgather", rows_v), "mm.allgather", "shape");
+  ExpectNextWorks(e, ck, "mm.allgather");
+
+  hvd::HandlePtr h = odd ? e.Broadcast("mm.optype", op_v, op_v, 0) : e.Allreduce("mm.optype", op_v, op_v, ReduceOp::kSum);
+  ExpectInvalid(ck, h, "mm.optype", "");
+  ExpectNextWorks(e, ck, "mm.optype");
+}
+
+// A name in flight cannot be submitted again. Rank 0 submits 'mm.dup' twice before the others
+// submit it at all (they wait for a barrier that rank 0 enters after its second try), so the
+// first copy is certainly still in flight.
+void CheckDuplicateInFlight(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  float a[2] = {1, 2}, b[2] = {3, 4};
+  TensorView av(a, DataType::kFloat32, {2}), bv(b, DataType::kFloat32, {2});
+  hvd::HandlePtr first;
+  if (r == 0) {
+    first = e.Allreduce("mm.dup", av, av, ReduceOp::kSum);
+    ExpectInvalid(ck, e.Allreduce("mm.dup", bv, bv, ReduceOp::kSum), "mm.dup", "in flight");
+  }
+  ck.ExpectOk(WaitDone(e.Barrier()), "barrier around mm.dup");
+  if (r != 0) first = e.Allreduce("mm.dup", av, av, ReduceOp::kSum);
+  if (ck.ExpectOk(WaitDone(first), "the first 'mm.dup' completes")) {
+    ck.Expect(a[0] == n && a[1] == 2 * n, "the first 'mm.dup' gives the sum");
+  }
+  ck.Expect(b[0] == 3 && b[1] == 4, "the refused 'mm.dup' left its tensor alone");
+  ExpectNextWorks(e, ck, "mm.dup");
+}
+
+void CheckDuplicateInGroup(hvd::Engine& e, Checker& ck) {
+  float a[2] = {1, 2}, b[2] = {3, 4};
+  TensorView av(a, DataType::kFloat32, {2}), bv(b, DataType::kFloat32, {2});
+  auto hs = e.GroupedAllreduce({"mm.group", "mm.group"}, {av, bv}, {av, bv}, ReduceOp::kSum);
+  for (auto& h : hs) ExpectInvalid(ck, h, "mm.group", "");
+  ExpectNextWorks(e, ck, "mm.group");
+}
+
+}  // namespace
+
+int RunMismatchChecks(hvd::Engine& e, Checker& ck) {
+  ck.Begin("mismatch errors");
+  if (e.size() > 1) {
+    CheckAcrossRanks(e, ck);
+    CheckDuplicateInFlight(e, ck);
+  }
+  CheckDuplicateInGroup(e, ck);
+  return ck.End();
+}
+
+int RunShutdownChecks(hvd::Engine& e, Checker& ck) {
+  ck.Begin("shutdown");
+  ck.ExpectOk(WaitDone(e.Barrier()), "the last barrier");
+  ck.ExpectOk(e.Shutdown(), "shutdown");
+  float x = 1;
+  TensorView v(&x, DataType::kFloat32, {1});
+  hvd::HandlePtr h = e.Allreduce("after.shutdown", v, v, ReduceOp::kSum);
+  hvd::Status s = WaitDone(h, 10.0);
+  ck.Expect(h->Poll() && !s.ok(), "an allreduce after shutdown fails at once: " + s.ToString());
+  ck.Expect(s.code() == StatusCode::kAborted, "... with Aborted: " + s.ToString());
+  s = WaitDone(e.Barrier(), 10.0);
+  ck.Expect(!s.ok() && s.code() != StatusCode::kTimeout, "a barrier after shutdown fails: " + s.ToString());
+  ck.ExpectOk(e.Shutdown(), "a second shutdown");
+  return ck.End();
+}
+
+}  // namespace mp
