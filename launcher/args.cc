@@ -20,12 +20,13 @@ const std::set<std::string>& ValueFlags() {
   static const std::set<std::string> flags = {
       "n", "np", "H", "hosts", "hostfile", "fusion-threshold-mb", "cycle-time-ms",
       "cache-capacity", "timeout", "stall-check-seconds", "log-level", "timeline",
-      "start-timeout", "grace-seconds", "kill-after-seconds"};
+      "start-timeout", "grace-seconds", "kill-after-seconds",
+      "p", "ssh-port", "i", "ssh-identity-file", "ssh-config", "network-interface"};
   return flags;
 }
 
 const std::set<std::string>& BoolFlags() {
-  static const std::set<std::string> flags = {"h", "help", "v", "verbose", "no-prefix"};
+  static const std::set<std::string> flags = {"h", "help", "v", "verbose", "no-prefix", "mpi"};
   return flags;
 }
 
@@ -40,13 +41,20 @@ cxxopts::Options BuildOptions() {
        "LIST")
       ("hostfile", "File with one 'host slots=N' per line ('#' comments)", s(), "FILE")
       ("start-timeout", "Seconds a rank may take to start and reach the rendezvous store; "
-                        "exported as HVD_START_TIMEOUT (default 30)", s(), "SEC")
+                        "exported as HVD_START_TIMEOUT; also ssh's connect timeout for the "
+                        "check of remote hosts (default 30)", s(), "SEC")
+      ("p,ssh-port", "Port of sshd on the remote hosts (default: ssh's own)", s(), "PORT")
+      ("i,ssh-identity-file", "Private key ssh uses for the remote hosts", s(), "FILE")
+      ("ssh-config", "ssh configuration file for the remote hosts (ssh -F FILE)", s(), "FILE")
+      ("network-interface", "Interface (same name on every host) whose IPv4 address the ranks "
+                            "and the rendezvous store listen on and publish", s(), "IFACE")
       ("grace-seconds", "After the first rank fails, seconds the others get to finish "
                         "before SIGTERM (default 3)", s(), "SEC")
       ("kill-after-seconds", "Seconds between SIGTERM and SIGKILL when stopping ranks "
                              "(default 5)", s(), "SEC")
       ("no-prefix", "Do not prefix output lines with [rank]<stream>:")
       ("v,verbose", "Print what hvdrun does to stderr")
+      ("mpi", "Run the job through Open MPI's mpirun with the equivalent flags")
       ("h,help", "Print this help");
   o.add_options("Engine knobs (exported to every rank)")
       ("fusion-threshold-mb", "Fusion buffer size in MiB -> HVD_FUSION_THRESHOLD (bytes); "
@@ -137,7 +145,6 @@ void ParseHosts(const cxxopts::ParseResult& r, LaunchOptions* out) {
     if (!in) throw LaunchError("cannot read hostfile '" + path + "'");
     out->hosts = ParseHostfile(in, path);
   }
-  RequireLocalHosts(out->hosts);
   if (r.count("np")) {
     out->np = ParseCount("-np", r["np"].as<std::string>());
   } else if (!out->hosts.empty()) {
@@ -201,6 +208,7 @@ double ParseSeconds(const std::string& flag, const std::string& text, bool zero_
 
 void ParseJobFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
   out->verbose = r.count("verbose") > 0;
+  out->mpi = r.count("mpi") > 0;
   out->prefix_output = r.count("no-prefix") == 0;
   if (r.count("grace-seconds")) {
     out->grace_seconds = ParseSeconds("--grace-seconds", r["grace-seconds"].as<std::string>(), true);
@@ -214,6 +222,39 @@ void ParseJobFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
         ParseSeconds("--start-timeout", r["start-timeout"].as<std::string>(), false);
   }
   out->knobs["HVD_START_TIMEOUT"] = Str(out->start_timeout_seconds);
+}
+
+void RequireReadable(const std::string& flag, const std::string& path) {
+  std::ifstream in(path);
+  if (path.empty() || !in) throw LaunchError("cannot read '" + path + "' given to " + flag);
+}
+
+void ParseSshFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
+  if (r.count("ssh-port")) {
+    std::string text = r["ssh-port"].as<std::string>();
+    out->ssh_port = ParseCount("--ssh-port", text);
+    if (out->ssh_port > 65535) {
+      throw LaunchError("bad value '" + text + "' for --ssh-port (expected 1 to 65535)");
+    }
+  }
+  if (r.count("ssh-identity-file")) {
+    out->ssh_identity_file = r["ssh-identity-file"].as<std::string>();
+    RequireReadable("--ssh-identity-file", out->ssh_identity_file);
+  }
+  if (r.count("ssh-config")) {
+    out->ssh_config_file = r["ssh-config"].as<std::string>();
+    RequireReadable("--ssh-config", out->ssh_config_file);
+  }
+  if (r.count("network-interface")) {
+    const std::string name = r["network-interface"].as<std::string>();
+    // It goes into the remote probe's command line: allow what Linux allows in practice.
+    if (name.empty() || name.size() > 15 ||
+        name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                               "0123456789_.-@") != std::string::npos) {
+      throw LaunchError("bad interface name '" + name + "' for --network-interface");
+    }
+    out->network_interface = name;
+  }
 }
 
 }  // namespace
@@ -256,6 +297,7 @@ LaunchOptions ParseArgs(int argc, const char* const* argv) {
     }
     ParseHosts(r, &out);
     ParseJobFlags(r, &out);
+    ParseSshFlags(r, &out);
     ParseKnobs(r, &out);
   } catch (const cxxopts::exceptions::exception& e) {
     throw LaunchError(e.what());
@@ -266,7 +308,14 @@ LaunchOptions ParseArgs(int argc, const char* const* argv) {
 std::string HelpText() {
   std::string text = BuildOptions().help({"Job", "Engine knobs (exported to every rank)"});
   text +=
-      "\nOnly local hosts (localhost, 127.0.0.1, this machine's name) are supported for now.\n"
+      "\nHosts: localhost, 127.0.0.1 and this machine's name start ranks here; every other host\n"
+      "is reached with ssh (BatchMode: keys or an agent, never a password prompt). Before any\n"
+      "rank starts, every remote host is checked at once; hosts that fail are listed with\n"
+      "ssh's own message and nothing is started. Remote ranks run in the same working\n"
+      "directory with hvdrun's environment (less HOME, USER, SSH_*, ... which describe the\n"
+      "login there) and the variables below; they travel over ssh's stdin, never argv.\n"
+      "Ranks listen on (HVD_BIND_ADDR) and publish the address the --network-interface has\n"
+      "on their host, or by default the address hvdrun's ssh reached that host on.\n"
       "Several local names (e.g. -H localhost:2,127.0.0.1:2) act as separate hosts.\n"
       "\nEnvironment of every rank (besides hvdrun's own environment):\n"
       "  HVD_RANK, HVD_SIZE               this rank and the number of ranks\n"
@@ -275,6 +324,7 @@ std::string HelpText() {
       "  HVD_HOSTNAME                     the host name from the host list\n"
       "  HVD_RENDEZVOUS_ADDR/_PORT        the rendezvous store hosted by hvdrun\n"
       "  HVD_SECRET                       the job's random secret (64 hex digits)\n"
+      "  HVD_BIND_ADDR                    (multi-host jobs) where this rank listens\n"
       "  HVD_START_TIMEOUT and the knob variables above, when given\n"
       "\nOutput lines are written as [RANK]<stdout>:TEXT and [RANK]<stderr>:TEXT.\n"
       "\nExit status: 0 when every rank exits 0; otherwise the exit code of the first rank\n"
@@ -282,7 +332,9 @@ std::string HelpText() {
       "(SIGINT, SIGTERM, SIGHUP); 2 for a usage error; 1 when the job cannot be started.\n"
       "\nExamples:\n"
       "  hvdrun -np 4 python3 train.py --lr 0.1\n"
-      "  hvdrun -H localhost:2 --fusion-threshold-mb 32 --log-level info ./bench\n";
+      "  hvdrun -H localhost:2 --fusion-threshold-mb 32 --log-level info ./bench\n"
+      "  hvdrun -np 8 -H node1:4,node2:4 -p 2222 -i ~/.ssh/id_ed25519 python3 train.py\n"
+      "  hvdrun --hostfile hosts.txt --network-interface eth0 ./train\n";
   return text;
 }
 

@@ -20,10 +20,16 @@ struct LaunchOptions {
   std::vector<std::string> command;          // COMMAND ARGS...
   std::map<std::string, std::string> knobs;  // HVD_* knob variables for every rank
   bool verbose = false;
+  bool mpi = false;  // --mpi: run the job through Open MPI's mpirun
   bool prefix_output = true;
   double grace_seconds = 3.0;       // after the first failure, before SIGTERM
   double kill_after_seconds = 5.0;  // after SIGTERM, before SIGKILL
   double start_timeout_seconds = 30.0;
+  // Remote hosts (any host that is not this machine) are reached with ssh.
+  int ssh_port = 0;               // -p/--ssh-port; 0: ssh's own default
+  std::string ssh_identity_file;  // -i/--ssh-identity-file
+  std::string ssh_config_file;    // --ssh-config (ssh -F)
+  std::string network_interface;  // --network-interface: addresses to publish come from it
 };
 
 // Parses argv (argv[0] is the program). Flags end at the first word that is not a flag or a

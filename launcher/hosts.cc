@@ -129,12 +129,6 @@ bool IsLocalHost(const std::string& host) {
          (host.find('.') == std::string::npos || own.find('.') == std::string::npos);
 }
 
-void RequireLocalHosts(const std::vector<HostSlots>& hosts) {
-  for (const auto& h : hosts) {
-    if (!IsLocalHost(h.host)) throw LaunchError("remote hosts are not supported yet: " + h.host);
-  }
-}
-
 std::vector<Placement> PlaceRanks(const std::vector<HostSlots>& hosts, int np) {
   if (np <= 0) throw LaunchError("-np must be positive, got " + std::to_string(np));
   int total = TotalSlots(hosts);

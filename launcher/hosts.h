@@ -36,9 +36,6 @@ int TotalSlots(const std::vector<HostSlots>& hosts);
 // True for localhost, 127.0.0.1, ::1 and this machine's own host name.
 bool IsLocalHost(const std::string& host);
 
-// Throws "remote hosts are not supported yet: HOST" for the first non-local host.
-void RequireLocalHosts(const std::vector<HostSlots>& hosts);
-
 // Where one rank runs and who it is in the job (the environment contract).
 struct Placement {
   int rank = 0;

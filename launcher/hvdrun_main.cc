@@ -1,15 +1,19 @@
-// hvdrun: starts the ranks of an hvd job on this machine and supervises them.
+// hvdrun: starts the ranks of an hvd job, here and over ssh, and supervises them.
 // See `hvdrun --help` and supervisor.h for the failure policy.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <map>
 #include <exception>
 #include <iostream>
 #include <memory>
 
 #include "args.h"
+#include "mpi_launch.h"
 #include "bootstrap/store.h"
 #include "common/logging.h"
+#include "remote.h"
 #include "spawn.h"
 #include "supervisor.h"
 
@@ -27,24 +31,123 @@ std::string Join(const std::vector<std::string>& words) {
   return out;
 }
 
+// Where the store listens and which addresses each host's ranks get.
+struct Addresses {
+  bool multi_host = false;                       // any remote host
+  std::string store_bind = "127.0.0.1";
+  std::string local_addr = "127.0.0.1";          // rendezvous and bind address for local ranks
+  std::map<std::string, std::string> rendezvous;  // remote host -> HVD_RENDEZVOUS_ADDR there
+  std::map<std::string, std::string> bind;        // remote host -> HVD_BIND_ADDR there
+};
+
+SshOptions SshOptionsOf(const LaunchOptions& opts) {
+  SshOptions ssh;
+  ssh.port = opts.ssh_port;
+  ssh.identity_file = opts.ssh_identity_file;
+  ssh.config_file = opts.ssh_config_file;
+  ssh.connect_timeout_seconds = opts.start_timeout_seconds;
+  return ssh;
+}
+
+std::vector<std::string> RemoteHosts(const std::vector<Placement>& placements) {
+  std::vector<std::string> hosts;
+  for (const Placement& p : placements) {
+    if (!IsLocalHost(p.host) && (hosts.empty() || hosts.back() != p.host)) hosts.push_back(p.host);
+  }
+  return hosts;
+}
+
+// Step 1 of remote.h: probes the remote hosts and picks the addresses. Returns false, after
+// naming every host that failed, when any did.
+bool PlanAddresses(const LaunchOptions& opts, const std::vector<Placement>& placements,
+                   Addresses* out) {
+  std::vector<std::string> hosts = RemoteHosts(placements);
+  if (hosts.empty()) return true;
+  out->multi_host = true;
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<HostProbe> probes =
+      ProbeHosts(hosts, SshOptionsOf(opts), opts.network_interface, opts.start_timeout_seconds);
+  int failed = 0;
+  for (const HostProbe& p : probes) {
+    if (p.ok) continue;
+    std::cerr << "hvdrun: host " << p.host << " failed the ssh check: " << p.error << "\n";
+    ++failed;
+  }
+  if (failed > 0) {
+    std::cerr << "hvdrun: " << failed << " of " << probes.size()
+              << " remote host(s) cannot be used; no rank was started\n";
+    return false;
+  }
+  if (!opts.network_interface.empty()) {
+    out->local_addr = LocalInterfaceAddress(opts.network_interface);
+    if (out->local_addr.empty()) {
+      throw std::runtime_error("no IPv4 address on interface " + opts.network_interface +
+                               " on this host (--network-interface)");
+    }
+    out->store_bind = out->local_addr;
+  } else {
+    out->local_addr = probes[0].client_addr;  // this host as the remote hosts see it
+    out->store_bind = out->local_addr;
+  }
+  for (const HostProbe& p : probes) {
+    out->rendezvous[p.host] = opts.network_interface.empty() ? p.client_addr : out->local_addr;
+    out->bind[p.host] = p.host_addr;
+    if (out->rendezvous[p.host] != out->local_addr) {  // reached over different networks
+      out->store_bind = out->local_addr.find(':') == std::string::npos ? "0.0.0.0" : "::";
+    }
+  }
+  if (opts.verbose) {
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::cerr << "hvdrun: ssh check of " << hosts.size() << " host(s) took " << ms << " ms\n";
+    for (const HostProbe& p : probes) {
+      std::cerr << "hvdrun: host " << p.host << ": ranks listen on " << p.host_addr
+                << ", reach the store at " << out->rendezvous[p.host] << "\n";
+    }
+  }
+  return true;
+}
+
+// Starts one rank, here or over ssh, with its share of the addresses.
+RankProcess StartRank(const LaunchOptions& opts, const Placement& p,
+                      const std::vector<std::string>& local_command, const JobEnvironment& job,
+                      const Addresses& addrs) {
+  JobEnvironment mine = job;
+  bool remote = addrs.bind.count(p.host) > 0;
+  if (addrs.multi_host) {
+    mine.rendezvous_addr = remote ? addrs.rendezvous.at(p.host) : addrs.local_addr;
+    mine.knobs["HVD_BIND_ADDR"] = remote ? addrs.bind.at(p.host) : addrs.local_addr;
+  }
+  if (!remote) {
+    return SpawnRank(p, local_command, RankEnvironment(p, mine), opts.start_timeout_seconds);
+  }
+  return SpawnRemoteRank(p, SshOptionsOf(opts), opts.command, ContractVariables(p, mine),
+                         opts.kill_after_seconds, opts.start_timeout_seconds);
+}
+
 int RunJob(const LaunchOptions& opts) {
-  std::vector<std::string> command = opts.command;
-  command[0] = ResolveProgram(command[0]);
   std::vector<Placement> placements = PlaceRanks(opts.hosts, opts.np);
+  Addresses addrs;
+  if (!PlanAddresses(opts, placements, &addrs)) return kStartError;
+  // Resolved here for local ranks only; remote ranks find it on the PATH hvdrun forwards.
+  std::vector<std::string> command = opts.command;
+  bool any_local = false;
+  for (const Placement& p : placements) any_local = any_local || addrs.bind.count(p.host) == 0;
+  if (any_local) command[0] = ResolveProgram(command[0]);
 
   auto level = opts.knobs.find("HVD_LOG_LEVEL");  // also for the store's own messages
   LogLevel parsed;
   if (level != opts.knobs.end() && ParseLogLevel(level->second, &parsed)) SetLogLevel(parsed);
 
   int signal_fd = SetUpSignals();  // before the store's thread starts: it inherits the mask
-  const std::string secret = RandomSecret();
-  auto server = StoreServer::Start("127.0.0.1", 0, secret);
+  const std::string secret = RandomSecret();  // proves every connection of the job
+  auto server = StoreServer::Start(addrs.store_bind, 0, secret);
   if (!server.ok()) {
-    std::cerr << "hvdrun: cannot start the rendezvous store: " << server.status().ToString() << "\n";
+    std::cerr << "hvdrun: cannot start the rendezvous store: " << server.status().ToString()
+              << (addrs.multi_host ? " (try --network-interface)" : "") << "\n";
     return kStartError;
   }
   JobEnvironment job;
-  job.rendezvous_addr = "127.0.0.1";
+  job.rendezvous_addr = addrs.local_addr;
   job.rendezvous_port = (*server)->port();
   job.secret = secret;
   job.knobs = opts.knobs;
@@ -56,14 +159,15 @@ int RunJob(const LaunchOptions& opts) {
   sopts.verbose = opts.verbose;
   Supervisor supervisor(sopts, signal_fd);
   if (opts.verbose) {
-    std::cerr << "hvdrun: rendezvous store on 127.0.0.1:" << job.rendezvous_port << "\n";
+    std::cerr << "hvdrun: rendezvous store on " << addrs.store_bind << ":" << job.rendezvous_port
+              << "\n";
   }
   for (const Placement& p : placements) {
     try {
-      RankProcess r = SpawnRank(p, command, RankEnvironment(p, job), opts.start_timeout_seconds);
+      RankProcess r = StartRank(opts, p, command, job, addrs);
       if (opts.verbose) {
-        std::cerr << "hvdrun: started rank " << p.rank << " (pid " << r.pid << ") on " << p.host
-                  << ": " << Join(command) << "\n";
+        std::cerr << "hvdrun: started rank " << p.rank << (r.remote ? " over ssh" : "") << " (pid "
+                  << r.pid << ") on " << p.host << ": " << Join(opts.command) << "\n";
       }
       supervisor.Add(r);
     } catch (const std::exception& e) {
@@ -93,6 +197,7 @@ int Main(int argc, char** argv) {
     return 0;
   }
   try {
+    if (opts.mpi) return ExecMpirun(opts);
     return RunJob(opts);
   } catch (const LaunchError& e) {
     std::cerr << "hvdrun: " << e.what() << "\n";

@@ -32,14 +32,14 @@ sigset_t HandledSignals() {
 }
 
 // Runs in the child between fork and exec: async-signal-safe calls only.
-[[noreturn]] void ExecChild(int out_w, int err_w, int report_w, pid_t parent, const char* path,
-                            char* const* argv, char* const* envp) {
+[[noreturn]] void ExecChild(int in_r, int out_w, int err_w, int report_w, pid_t parent,
+                            const char* path, char* const* argv, char* const* envp) {
   ::setpgid(0, 0);
   // Should hvdrun itself be SIGKILLed, its ranks do not outlive it.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);
-  int devnull = ::open("/dev/null", O_RDONLY);
-  if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+  int in = in_r >= 0 ? in_r : ::open("/dev/null", O_RDONLY);
+  if (in >= 0) ::dup2(in, STDIN_FILENO);
   ::dup2(out_w, STDOUT_FILENO);
   ::dup2(err_w, STDERR_FILENO);
   // Every other descriptor (pipes of other ranks, the store's sockets) closes on exec.
@@ -108,7 +108,7 @@ std::string RandomSecret() {
   return out;
 }
 
-std::vector<std::string> RankEnvironment(const Placement& p, const JobEnvironment& job) {
+std::map<std::string, std::string> ContractVariables(const Placement& p, const JobEnvironment& job) {
   std::map<std::string, std::string> set = job.knobs;
   set["HVD_RANK"] = std::to_string(p.rank);
   set["HVD_SIZE"] = std::to_string(p.size);
@@ -120,6 +120,11 @@ std::vector<std::string> RankEnvironment(const Placement& p, const JobEnvironmen
   set["HVD_RENDEZVOUS_ADDR"] = job.rendezvous_addr;
   set["HVD_RENDEZVOUS_PORT"] = std::to_string(job.rendezvous_port);
   set["HVD_SECRET"] = job.secret;
+  return set;
+}
+
+std::vector<std::string> RankEnvironment(const Placement& p, const JobEnvironment& job) {
+  std::map<std::string, std::string> set = ContractVariables(p, job);
   std::vector<std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     std::string kv(*e);
@@ -164,7 +169,8 @@ int SetUpSignals() {
 }
 
 RankProcess SpawnRank(const Placement& p, const std::vector<std::string>& command,
-                      const std::vector<std::string>& env, double start_timeout_seconds) {
+                      const std::vector<std::string>& env, double start_timeout_seconds,
+                      int stdin_fd) {
   int out[2], err[2], report[2];
   if (::pipe2(out, O_CLOEXEC) != 0) Fail("pipe");
   if (::pipe2(err, O_CLOEXEC) != 0) Fail("pipe");
@@ -174,7 +180,9 @@ RankProcess SpawnRank(const Placement& p, const std::vector<std::string>& comman
   pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) Fail("fork");
-  if (pid == 0) ExecChild(out[1], err[1], report[1], parent, argv[0], argv.data(), envp.data());
+  if (pid == 0) {
+    ExecChild(stdin_fd, out[1], err[1], report[1], parent, argv[0], argv.data(), envp.data());
+  }
   ::setpgid(pid, pid);  // also here, so the group exists before we might signal it
   ::close(out[1]);
   ::close(err[1]);

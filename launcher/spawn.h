@@ -23,10 +23,13 @@ struct JobEnvironment {
   std::map<std::string, std::string> knobs;
 };
 
-// A started rank. pid is also its process group id.
+// A started rank. pid is also its process group id. For a rank on a remote host, pid is the
+// local ssh client that runs it there (see remote.h).
 struct RankProcess {
   Placement placement;
   pid_t pid = -1;
+  bool remote = false;
+  int in_fd = -1;   // remote ranks: write end of ssh's stdin; closing it stops the rank
   int out_fd = -1;  // read end of the rank's stdout pipe (non-blocking), -1 once closed
   int err_fd = -1;  // read end of the rank's stderr pipe (non-blocking), -1 once closed
   bool running = false;
@@ -35,6 +38,9 @@ struct RankProcess {
 
 // 32 random bytes from /dev/urandom as 64 hex digits. Throws std::runtime_error.
 std::string RandomSecret();
+
+// The contract variables and knobs of this rank.
+std::map<std::string, std::string> ContractVariables(const Placement& p, const JobEnvironment& job);
 
 // hvdrun's own environment with the contract variables and knobs of this rank set.
 std::vector<std::string> RankEnvironment(const Placement& p, const JobEnvironment& job);
@@ -49,11 +55,12 @@ std::string ResolveProgram(const std::string& program);
 int SetUpSignals();
 
 // Forks and execs `command` (command[0] already resolved) as one rank. The child gets its own
-// process group, stdin from /dev/null, default signal handling, and `env`. When exec fails the
-// child exits with 127 and the reason is printed here. Throws std::runtime_error when fork or
-// pipe fail.
+// process group, stdin from `stdin_fd` (not owned; -1: /dev/null), default signal handling,
+// and `env`. When exec fails the child exits with 127 and the reason is printed here. Throws
+// std::runtime_error when fork or pipe fail.
 RankProcess SpawnRank(const Placement& p, const std::vector<std::string>& command,
-                      const std::vector<std::string>& env, double start_timeout_seconds);
+                      const std::vector<std::string>& env, double start_timeout_seconds,
+                      int stdin_fd = -1);
 
 }  // namespace launcher
 }  // namespace hvd

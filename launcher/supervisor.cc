@@ -137,13 +137,23 @@ void Supervisor::OnRankExit(size_t index, int status) {
   RankProcess& r = ranks_[index];
   r.running = false;
   r.wait_status = status;
-  std::string who = "rank " + std::to_string(r.placement.rank) + " (pid " + std::to_string(r.pid) + ")";
+  CloseInput(&r);
+  std::string who = "rank " + std::to_string(r.placement.rank) +
+                    (r.remote ? " on host " + r.placement.host + " (ssh pid "
+                              : " (pid ") + std::to_string(r.pid) + ")";
   bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   std::string what;
   int code = 0;
   if (WIFEXITED(status)) {
     code = WEXITSTATUS(status);
     what = who + " exited with code " + std::to_string(code);
+    // Through ssh a signal arrives as the shell's 128+N; 255 is ssh's own failure.
+    if (r.remote && code > 128 && code < 128 + 65) {
+      what += " (128+" + std::to_string(code - 128) + ": " + SignalName(code - 128) +
+              " on that host)";
+    } else if (r.remote && code == 255) {
+      what += " (ssh failed or lost the connection)";
+    }
   } else {
     code = 128 + WTERMSIG(status);
     what = who + " was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
@@ -183,9 +193,24 @@ void Supervisor::OnHvdrunSignal(int sig) {
   }
 }
 
+void Supervisor::CloseInput(RankProcess* r) {
+  if (r->in_fd < 0) return;
+  ::close(r->in_fd);
+  r->in_fd = -1;
+}
+
+// A remote rank is stopped by closing its ssh's stdin: the watcher on that host sends SIGTERM
+// and, after kill_after_seconds, SIGKILL to the rank's group (remote.h). SIGKILL (or a second
+// SIGTERM) goes to the local ssh client, which drops the connection; the watcher still acts.
 void Supervisor::SignalLiveGroups(int sig) {
-  for (const auto& r : ranks_) {
+  for (auto& r : ranks_) {
     if (!r.running) continue;
+    if (r.remote && sig == SIGTERM && r.in_fd >= 0) {
+      Verbose("stopping rank " + std::to_string(r.placement.rank) + " on host " +
+              r.placement.host + " (closing its ssh input)");
+      CloseInput(&r);
+      continue;
+    }
     Verbose("sending " + SignalName(sig) + " to rank " + std::to_string(r.placement.rank) +
             " (process group " + std::to_string(r.pid) + ")");
     if (::killpg(r.pid, sig) != 0) ::kill(r.pid, sig);
@@ -235,6 +260,7 @@ void Supervisor::ClosePipes() {
       ::close(fd);
       fd = -1;
     }
+    CloseInput(&ranks_[i]);
   }
 }
 

@@ -6,6 +6,8 @@
 //      hvdrun's (128+signal for a signal). The others get grace_seconds to finish and report
 //      their own errors.
 //   3. Then SIGTERM to every live rank's process group; after kill_after_seconds, SIGKILL.
+//      A remote rank's "SIGTERM" is the closing of its ssh's stdin (see remote.h); its
+//      "SIGKILL" goes to the local ssh client.
 //   4. SIGINT/SIGTERM/SIGHUP to hvdrun go straight to step 3 and hvdrun exits 128+signal;
 //      a second such signal skips to SIGKILL.
 //   5. Once every rank is reaped (and their pipes drained, bounded), whatever is left in the
@@ -54,6 +56,7 @@ class Supervisor {
   void OnRankExit(size_t index, int status);
   void OnHvdrunSignal(int sig);
   void SignalLiveGroups(int sig);
+  void CloseInput(RankProcess* r);
   void AdvancePhase();
   int NextTimeoutMs() const;
   bool AllReaped() const;

@@ -362,7 +362,6 @@ TEST(Hvdrun, UsageErrorsExit2) {
       {{"-np", "2", "--log-level", "loud", "true"}, "--log-level"},
       {{"-np", "2", "--fusion-threshold-mb", "lots", "true"}, "--fusion-threshold-mb"},
       {{"-np", "x", "true"}, "-np"},
-      {{"-H", "gpu-node-7.invalid:4", "true"}, "remote hosts are not supported yet: gpu-node-7.invalid"},
       {{"-np", "5", "-H", "localhost:4", "true"}, "larger than the 4 slot"},
   };
   for (const auto& c : cases) {
@@ -371,6 +370,20 @@ TEST(Hvdrun, UsageErrorsExit2) {
     EXPECT_TRUE(Contains(r.err, c.message)) << r.err;
     EXPECT_TRUE(r.out.empty());
   }
+}
+
+// 127.0.0.2 is not one of hvdrun's local names, so it is a remote host reached with ssh; on
+// port 9 of the loopback nobody listens. (Real multi-host jobs: tests/launcher/multihost/.)
+TEST(Hvdrun, RemoteHostThatRefusesIsReportedBeforeAnythingStarts) {
+  Result r = RunHvdrun({"-H", "localhost:1,127.0.0.2:1", "-p", "9", "--start-timeout", "5", "sh",
+                        "-c", "echo started"});
+  EXPECT_EQ(1, r.code) << r.err;
+  EXPECT_TRUE(Contains(r.err, "hvdrun: host 127.0.0.2 failed the ssh check: ")) << r.err;
+  EXPECT_TRUE(Contains(r.err, "Connection refused")) << r.err;  // ssh's own words
+  EXPECT_TRUE(Contains(r.err, "1 of 1 remote host(s) cannot be used; no rank was started")) << r.err;
+  EXPECT_FALSE(Contains(r.err, "localhost failed")) << r.err;
+  EXPECT_EQ("", r.out);
+  EXPECT_LT(r.seconds, 10.0);
 }
 
 TEST(Hvdrun, HelpExits0) {

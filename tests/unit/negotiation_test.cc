@@ -220,7 +220,7 @@ Response ResponseFor(const Request& q) {
 }
 
 TEST(ResponseCache, InsertLookupEvictAndHistory) {
-  ResponseCache c(2);
+  ResponseCache c(2, /*keep_history=*/true);
   Request a = Allreduce("a", {1}), b = Allreduce("b", {2}), d = Allreduce("d", {3});
   EXPECT_EQ(c.Lookup(a), -1);
   c.Apply({ResponseFor(a), ResponseFor(b)});  // epoch 1
@@ -245,7 +245,7 @@ TEST(ResponseCache, InsertLookupEvictAndHistory) {
 }
 
 TEST(ResponseCache, EncodeRebuildAndDisabled) {
-  ResponseCache c(8);
+  ResponseCache c(8, true);
   Request a = Allreduce("a", {4}), b = Allreduce("b", {5});
   Response fused = ResponseFor(a);
   fused.names.push_back("b");
@@ -262,7 +262,7 @@ TEST(ResponseCache, EncodeRebuildAndDisabled) {
   with_joined.joined = {1};
   EXPECT_FALSE(c.Encodable(with_joined, &bits));
 
-  ResponseCache off(0);
+  ResponseCache off(0, true);
   off.Apply({fused});
   EXPECT_FALSE(off.enabled());
   EXPECT_EQ(off.Lookup(a), -1);

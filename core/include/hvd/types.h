@@ -55,6 +55,6 @@ struct HVD_EXPORT TensorView {
   std::string ShapeString() const;  // "[2, 3]"
 };
 
-std::string ShapeToString(const std::vector<int64_t>& shape);
+HVD_EXPORT std::string ShapeToString(const std::vector<int64_t>& shape);
 
 }  // namespace hvd

@@ -70,6 +70,7 @@ enum class MessageType : uint8_t {
   kResponses = 2,  // coordinator -> workers: ResponseList
   kShutdown = 3,   // either way: payload = the rank that asked
   kAbort = 4,      // either way: payload = a Status message; the communicator is gone
+  kHeartbeat = 5,  // either way, every second: the sender's background thread is alive
 };
 
 // Join and barrier travel as requests too (names "join" and "barrier.<n>").

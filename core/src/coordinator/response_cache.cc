@@ -1,5 +1,7 @@
 #include "coordinator/response_cache.h"
 
+#include <algorithm>
+
 namespace hvd {
 
 bool SameRequest(const Request& a, const Request& b) {
@@ -9,7 +11,8 @@ bool SameRequest(const Request& a, const Request& b) {
          a.group == b.group && a.group_size == b.group_size;
 }
 
-ResponseCache::ResponseCache(int capacity) : slots_(capacity > 0 ? capacity : 0) {}
+ResponseCache::ResponseCache(int capacity, bool keep_history)
+    : slots_(capacity > 0 ? capacity : 0), keep_history_(keep_history) {}
 
 int ResponseCache::Lookup(const Request& r) const {
   auto it = by_name_.find(r.name);
@@ -18,7 +21,7 @@ int ResponseCache::Lookup(const Request& r) const {
 }
 
 bool ResponseCache::Decode(uint32_t bit, uint64_t epoch, Request* out) const {
-  if (bit >= slots_.size()) return false;
+  if (bit >= slots_.size() || epoch < history_floor_) return false;
   for (const auto& ev : history_) {
     if (ev.bit == bit && ev.epoch > epoch) {
       *out = ev.request;
@@ -86,7 +89,7 @@ void ResponseCache::Touch(const Request& req) {
     Slot& s = slots_[it->second];
     if (!SameRequest(s.request, req)) {
       // The tensor changed: the bit takes the new request; older epochs keep the old meaning.
-      history_.push_back(Eviction{epoch_ + 1, it->second, s.request});
+      if (keep_history_) history_.push_back(Eviction{epoch_ + 1, it->second, s.request});
       s.request = req;
     }
     s.last_used = clock_;
@@ -105,7 +108,7 @@ void ResponseCache::Touch(const Request& req) {
   }
   Slot& s = slots_[bit];
   if (!found_free) {
-    history_.push_back(Eviction{epoch_ + 1, bit, s.request});
+    if (keep_history_) history_.push_back(Eviction{epoch_ + 1, bit, s.request});
     by_name_.erase(s.request.name);
   }
   s.live = true;
@@ -120,8 +123,17 @@ void ResponseCache::Apply(const std::vector<Response>& list) {
       if (!Cacheable(r)) continue;
       for (size_t i = 0; i < r.names.size(); ++i) Touch(FromResponse(r, i));
     }
+    BoundHistory();
   }
   ++epoch_;
+}
+
+void ResponseCache::BoundHistory() {
+  const size_t limit = 1024 + 4 * slots_.size();
+  while (history_.size() > limit) {
+    history_floor_ = std::max(history_floor_, history_.front().epoch);
+    history_.pop_front();
+  }
 }
 
 void ResponseCache::PruneHistory(uint64_t oldest_epoch_in_use) {

@@ -32,7 +32,8 @@ namespace hvd {
 
 class ResponseCache {
  public:
-  explicit ResponseCache(int capacity);
+  // Only rank 0 decodes bits from other ranks, so only it keeps the eviction history.
+  ResponseCache(int capacity, bool keep_history);
 
   bool enabled() const { return !slots_.empty(); }
   uint64_t epoch() const { return epoch_; }
@@ -70,6 +71,11 @@ class ResponseCache {
   std::deque<Eviction> history_;
   uint64_t epoch_ = 0;
   uint64_t clock_ = 0;
+  const bool keep_history_;
+  // Evictions older than this were dropped to bound memory (a rank silent for that long);
+  // bits from before it cannot be decoded.
+  uint64_t history_floor_ = 0;
+  void BoundHistory();
 };
 
 // Requests are equal for the cache when every field that shapes the response is.

@@ -184,8 +184,54 @@ void EngineImpl::BroadcastControl(uint8_t type, std::shared_ptr<const std::vecto
   }
 }
 
+// Liveness: every background thread sends a heartbeat on its control connections each
+// interval, from a timer that also fires inside long collectives (they run io_). A peer silent
+// for longer than HVD_TIMEOUT_SECONDS (stopped, hung, unreachable) fails the job with Timeout
+// naming it, so no rank waits forever on a negotiation that cannot finish.
+void EngineImpl::StartHeartbeat() {
+  last_heard_.assign(control_.size(), Clock::now());
+  heartbeat_ = std::make_unique<asio::steady_timer>(io_);
+  OnHeartbeatTimer();
+}
+
+void EngineImpl::OnHeartbeatTimer() {
+  if (done_ || !abort_.ok()) return;
+  auto now = Clock::now();
+  auto limit = std::chrono::duration<double>(options_.timeout_seconds);
+  auto empty = Payload({});
+  for (auto& c : control_) {
+    if (!c || !c->open()) continue;
+    if (now - last_heard_[c->peer()] > limit) {
+      std::ostringstream os;
+      os << "nothing heard for " << options_.timeout_seconds
+         << " s (HVD_TIMEOUT_SECONDS): the process is stopped, hung or unreachable";
+      return OnControlError(c->peer(), os.str(), StatusCode::kTimeout);
+    }
+    c->Send(static_cast<uint8_t>(MessageType::kHeartbeat), empty);
+  }
+  auto interval = std::min(std::chrono::duration<double>(1.0), limit / 4);
+  heartbeat_->expires_after(std::chrono::duration_cast<Clock::duration>(interval));
+  heartbeat_->async_wait([this](const asio::error_code& ec) {
+    if (!ec) OnHeartbeatTimer();
+  });
+}
+
+// A collective that broke because a survivor closed its connections names that survivor;
+// the rank that saw the real loss tells the coordinator, which tells everyone. Wait briefly
+// for that message so that every survivor reports the rank that was actually lost.
+Status EngineImpl::AwaitRootCause(const Status& local) {
+  auto limit = Clock::now() + std::chrono::seconds(1);
+  while (abort_.ok() && Clock::now() < limit) {
+    if (io_.stopped()) io_.restart();
+    io_.run_one_for(std::chrono::milliseconds(50));
+  }
+  return abort_.ok() ? local : abort_;
+}
+
 void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&& payload) {
   auto mt = static_cast<MessageType>(type);
+  if (peer >= 0 && static_cast<size_t>(peer) < last_heard_.size()) last_heard_[peer] = Clock::now();
+  if (mt == MessageType::kHeartbeat) return;
   if (mt == MessageType::kRequests && coordinator_) {
     RequestList list;
     Status s = Decode(payload.data(), payload.size(), &list);
@@ -202,27 +248,28 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
     if (shutdown_by_ < 0) shutdown_by_ = (by >= 0 && by < options_.size) ? by : peer;
   } else if (mt == MessageType::kAbort) {
     std::string why(payload.begin(), payload.end());
-    Status s = Status::PeerLost(why);
+    if (!abort_.ok()) return;  // the first cause is the one reported
     if (coordinator_) {
       // A worker saw the communicator break: tell everyone else.
       BroadcastControl(type, Payload(std::move(payload)));
     }
-    if (abort_.ok()) abort_ = s;
+    abort_ = Status::PeerLost(why);
     transport_->Abort(abort_);
   } else {
     OnControlError(peer, "unexpected control message type " + std::to_string(type));
   }
 }
 
-void EngineImpl::OnControlError(int peer, const std::string& what) {
+void EngineImpl::OnControlError(int peer, const std::string& what, StatusCode code) {
   if (shutdown_by_ >= 0 || done_) return;  // connections close as the job ends
+  if (!abort_.ok()) return;                 // already failing for an earlier cause
   std::ostringstream os;
   if (coordinator_) {
     os << "rank " << peer << " lost: control connection: " << what;
   } else {
     os << "rank 0 (the coordinator) lost: control connection: " << what;
   }
-  Status s = Status::PeerLost(os.str());
+  Status s(code, os.str());
   HVD_LOG(kError) << s.message();
   if (coordinator_) {
     std::string msg = s.message();

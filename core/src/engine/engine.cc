@@ -47,7 +47,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(const Options& options)
 }
 
 Status EngineImpl::Connect() {
-  cache_ = std::make_unique<ResponseCache>(options_.cache_capacity);
+  cache_ = std::make_unique<ResponseCache>(options_.cache_capacity, options_.rank == 0);
   timeline_ = std::make_unique<Timeline>(options_.timeline_path, options_.rank);
   worker_epochs_.assign(options_.size, 0);
   if (options_.rank == 0) {
@@ -81,6 +81,7 @@ Status EngineImpl::Connect() {
                                                    std::move(mesh->control[i]), on_msg, on_err);
     control_[i]->Start();
   }
+  StartHeartbeat();
   return Status::OK();
 }
 

@@ -75,7 +75,11 @@ class EngineImpl {
   bool DrainQueue();
   void Announce(std::vector<Request> requests);
   void OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&& payload);
-  void OnControlError(int peer, const std::string& what);
+  void OnControlError(int peer, const std::string& what,
+                      StatusCode code = StatusCode::kPeerLost);
+  void StartHeartbeat();
+  void OnHeartbeatTimer();
+  Status AwaitRootCause(const Status& local);
   void CoordinatorStep();
   Status OnRequests(int peer, RequestList&& list);
   Status OnResponses(ResponseList&& list);
@@ -126,6 +130,8 @@ class EngineImpl {
   Deadline shutdown_deadline_ = NoDeadline();
   int shutdown_by_ = -1;   // the rank whose shutdown ends the job, once known
   Status abort_;           // set by a control message or a lost peer
+  std::unique_ptr<asio::steady_timer> heartbeat_;
+  std::vector<Clock::time_point> last_heard_;  // per control peer
   bool done_ = false;
   std::atomic<uint64_t> responses_executed_{0};
   std::atomic<uint64_t> cache_hits_{0};

@@ -94,6 +94,7 @@ void EngineImpl::Execute(const Response& r) {
   }
   timeline_->End(s.ok() ? "ok" : StatusCodeName(s.code()));
   bool comm_gone = s.code() == StatusCode::kPeerLost || s.code() == StatusCode::kTimeout;
+  if (comm_gone) s = AwaitRootCause(s);
   if (!s.ok() && r.type != OpType::kError) {
     s = s.WithContext(std::string(OpTypeName(r.type)) + " '" + r.names[0] + "'" +
                       (r.names.size() > 1 ? " (fused with " + std::to_string(r.names.size() - 1) + " more)" : ""));

@@ -90,7 +90,7 @@ std::string MultiNodeBindAddress(asio::io_context& io, const Options& o) {
   if (o.bootstrap == Options::Bootstrap::kSlurm) {
     // The local address of a (never used) UDP socket connected towards rank 0's host.
     tcp::resolver resolver(io);
-    auto eps = resolver.resolve(o.rendezvous_addr, std::to_string(o.rendezvous_port), ec);
+    auto eps = resolver.resolve(tcp::v4(), o.rendezvous_addr, std::to_string(o.rendezvous_port), ec);
     if (ec || eps.empty()) return "";
     asio::ip::udp::socket probe(io);
     asio::ip::udp::endpoint target(eps.begin()->endpoint().address(), eps.begin()->endpoint().port());
@@ -103,7 +103,7 @@ std::string MultiNodeBindAddress(asio::io_context& io, const Options& o) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
     tcp::resolver resolver(io);
-    auto eps = resolver.resolve(host, "0", ec);
+    auto eps = resolver.resolve(tcp::v4(), host, "0", ec);
     if (ec) return "";
     for (const auto& e : eps) {
       if (!e.endpoint().address().is_loopback()) return e.endpoint().address().to_string();

@@ -9,7 +9,11 @@ namespace hvd {
 
 namespace {
 
-constexpr auto kYieldPhase = std::chrono::microseconds(200);
+// Yield (no sleep) while a collective is young: up to ~1 MiB finishes in that time, and sleeping
+// between MPI_Test calls would stall MPI's progress. Measured on 2 shared cores, 2 ranks: 1 MiB
+// allreduce 370 us with 1 ms of yielding vs 500 us with 0.2 ms; for 16 MiB sleeping sooner wins
+// (the yielding rank takes CPU from the one reducing).
+constexpr auto kYieldPhase = std::chrono::microseconds(1000);
 constexpr auto kPollSleep = std::chrono::microseconds(50);
 
 std::string ErrorString(int rc) {

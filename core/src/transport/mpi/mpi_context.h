@@ -9,8 +9,8 @@
 // thread) and MPI_Finalize run when MPI merely bootstraps the TCP mesh; then any level does.
 //
 // Waiting: every non-blocking MPI call is completed by Wait, which polls MPI_Test until the
-// request completes or the deadline passes: it yields for the first ~200 us (collectives of
-// small buffers finish in that time) and then sleeps 50 us between polls, so that ranks sharing
+// request completes or the deadline passes: it yields for the first ~1 ms (collectives of up
+// to ~1 MiB finish in that time) and then sleeps 50 us between polls, so that ranks sharing
 // cores do not starve each other. A request that outlives its deadline cannot be cancelled
 // (MPI cannot cancel collectives): the context is then broken, every later call fails at once
 // with that Timeout, and MPI_Finalize is skipped (it could wait for the lost peer forever).

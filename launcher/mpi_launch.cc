@@ -1,0 +1,79 @@
+#include "mpi_launch.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <set>
+
+extern char** environ;
+
+namespace hvd {
+namespace launcher {
+
+std::vector<std::string> MpirunCommand(const LaunchOptions& opts,
+                                       const std::vector<std::string>& environ_names,
+                                       bool as_root) {
+  const char* mpirun = std::getenv("HVD_MPIRUN");
+  std::vector<std::string> cmd = {mpirun && *mpirun ? mpirun : "mpirun"};
+  if (as_root) cmd.push_back("--allow-run-as-root");
+  cmd.insert(cmd.end(), {"-np", std::to_string(opts.np)});
+  std::string hosts;
+  for (const HostSlots& h : opts.hosts) {
+    hosts += (hosts.empty() ? "" : ",") + h.host + ":" + std::to_string(h.slots);
+  }
+  if (hosts.empty()) hosts = "localhost:" + std::to_string(opts.np);
+  cmd.insert(cmd.end(), {"-H", hosts});
+  if (opts.prefix_output) cmd.push_back("--tag-output");
+  std::string rsh;
+  if (opts.ssh_port) rsh += "-p " + std::to_string(opts.ssh_port);
+  if (!opts.ssh_identity_file.empty()) rsh += (rsh.empty() ? "" : " ") + std::string("-i ") + opts.ssh_identity_file;
+  if (!opts.ssh_config_file.empty()) rsh += (rsh.empty() ? "" : " ") + std::string("-F ") + opts.ssh_config_file;
+  if (!rsh.empty()) cmd.insert(cmd.end(), {"--mca", "plm_rsh_args", rsh});
+  if (!opts.network_interface.empty()) {
+    cmd.insert(cmd.end(), {"--mca", "btl_tcp_if_include", opts.network_interface,
+                           "--mca", "oob_tcp_if_include", opts.network_interface});
+  }
+  std::set<std::string> exported;
+  for (const auto& [name, value] : opts.knobs) {
+    cmd.insert(cmd.end(), {"-x", name + "=" + value});
+    exported.insert(name);
+  }
+  for (const std::string& name : environ_names) {
+    bool ours = name.rfind("HVD_", 0) == 0 || name.rfind("HOROVOD_", 0) == 0;
+    // Identity and rendezvous variables would contradict mpirun's; HVD_MPIRUN is hvdrun's own.
+    bool contract = name == "HVD_RANK" || name == "HVD_SIZE" || name == "HVD_LOCAL_RANK" ||
+                    name == "HVD_LOCAL_SIZE" || name == "HVD_CROSS_RANK" ||
+                    name == "HVD_CROSS_SIZE" || name == "HVD_RENDEZVOUS_ADDR" ||
+                    name == "HVD_RENDEZVOUS_PORT" || name == "HVD_MPIRUN";
+    if (ours && !contract && !exported.count(name)) cmd.insert(cmd.end(), {"-x", name});
+  }
+  cmd.insert(cmd.end(), opts.command.begin(), opts.command.end());
+  return cmd;
+}
+
+int ExecMpirun(const LaunchOptions& opts) {
+  std::vector<std::string> names;
+  for (char** e = environ; *e; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq) names.emplace_back(*e, eq - *e);
+  }
+  std::vector<std::string> cmd = MpirunCommand(opts, names, geteuid() == 0);
+  if (opts.verbose) {
+    std::cerr << "hvdrun: running";
+    for (const auto& w : cmd) std::cerr << " " << w;
+    std::cerr << "\n";
+  }
+  std::vector<char*> argv;
+  for (auto& w : cmd) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  std::cerr << "hvdrun: cannot run " << cmd[0] << ": " << std::strerror(errno)
+            << " (install Open MPI, or set HVD_MPIRUN to its mpirun)\n";
+  return 127;
+}
+
+}  // namespace launcher
+}  // namespace hvd

@@ -1,0 +1,256 @@
+// The worker of the MPI and Slurm tests: one rank of a job started by mpirun (or by
+// slurm_job_test, which fakes srun). It creates the engine from the environment, runs every
+// collective over a small grid and checks each result against a formula.
+//
+// Output: "FAIL <what>" for each failed check, then one line
+//   "[mpi-worker] rank R of N bootstrap=B ops=O: all checks passed (K checks)"
+// (or "...: FAILED (F of K checks)"); exit status 0 only when every check passed.
+// Argument: --expect-bootstrap=store|mpi|slurm and --expect-ops=tcp|mpi fail the run when the
+// engine chose differently.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "hvd/engine.h"
+
+namespace {
+
+using hvd::DataType;
+using hvd::ReduceOp;
+using hvd::TensorView;
+
+int g_checks = 0, g_failures = 0;
+
+void Expect(bool ok, const std::string& what) {
+  ++g_checks;
+  if (!ok) {
+    ++g_failures;
+    std::printf("FAIL %s\n", what.c_str());
+    std::fflush(stdout);
+  }
+}
+
+bool ExpectOk(const hvd::Status& s, const std::string& what) {
+  Expect(s.ok(), what + ": " + s.ToString());
+  return s.ok();
+}
+
+// float16 / bfloat16 of small integers (exact in both).
+uint16_t IntToHalf(int v) {
+  if (v == 0) return 0;
+  uint16_t sign = v < 0 ? 0x8000 : 0;
+  unsigned a = static_cast<unsigned>(std::abs(v));
+  int e = 31 - __builtin_clz(a);  // a = 1.m * 2^e
+  unsigned mant = (a << (10 - e)) & 0x3ff;
+  return static_cast<uint16_t>(sign | ((e + 15) << 10) | mant);
+}
+uint16_t IntToBf16(int v) {
+  float f = static_cast<float>(v);
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// Each rank r contributes value(r, i) = r + 1 + i % 5 (small, so sums stay exact in halves).
+int Value(int r, size_t i) { return r + 1 + static_cast<int>(i % 5); }
+
+void CheckAllreduceFloat(hvd::Engine& e, size_t count, ReduceOp op) {
+  const int r = e.rank(), n = e.size();
+  std::vector<float> buf(count);
+  for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(Value(r, i));
+  std::string name = std::string("ar.f32.") + hvd::ReduceOpName(op) + "." + std::to_string(count);
+  TensorView v(buf.data(), DataType::kFloat32, {static_cast<int64_t>(count)});
+  if (!ExpectOk(e.Allreduce(name, v, v, op)->Wait(), name)) return;
+  size_t bad = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double sum = 0, lo = 1e30, hi = -1e30;
+    for (int k = 0; k < n; ++k) {
+      sum += Value(k, i);
+      lo = std::min<double>(lo, Value(k, i));
+      hi = std::max<double>(hi, Value(k, i));
+    }
+    double want = op == ReduceOp::kSum ? sum : op == ReduceOp::kAverage ? sum / n
+                  : op == ReduceOp::kMin ? lo : hi;
+    if (std::fabs(buf[i] - want) > 1e-4 * std::fabs(want) + 1e-6) ++bad;
+  }
+  Expect(bad == 0, name + ": " + std::to_string(bad) + " wrong elements");
+}
+
+void CheckAllreduceTyped(hvd::Engine& e, DataType dtype, size_t count) {
+  const int r = e.rank(), n = e.size();
+  std::vector<uint8_t> buf(count * hvd::DataTypeSize(dtype));
+  for (size_t i = 0; i < count; ++i) {
+    int v = Value(r, i);
+    if (dtype == DataType::kInt32) reinterpret_cast<int32_t*>(buf.data())[i] = v;
+    if (dtype == DataType::kInt64) reinterpret_cast<int64_t*>(buf.data())[i] = v;
+    if (dtype == DataType::kFloat64) reinterpret_cast<double*>(buf.data())[i] = v;
+    if (dtype == DataType::kFloat16) reinterpret_cast<uint16_t*>(buf.data())[i] = IntToHalf(v);
+    if (dtype == DataType::kBFloat16) reinterpret_cast<uint16_t*>(buf.data())[i] = IntToBf16(v);
+  }
+  std::string name = std::string("ar.") + hvd::DataTypeName(dtype) + "." + std::to_string(count);
+  TensorView v(buf.data(), dtype, {static_cast<int64_t>(count)});
+  if (!ExpectOk(e.Allreduce(name, v, v, ReduceOp::kSum)->Wait(), name)) return;
+  size_t bad = 0;
+  for (size_t i = 0; i < count; ++i) {
+    int want = 0;
+    for (int k = 0; k < n; ++k) want += Value(k, i);
+    bool ok = false;
+    if (dtype == DataType::kInt32) ok = reinterpret_cast<int32_t*>(buf.data())[i] == want;
+    if (dtype == DataType::kInt64) ok = reinterpret_cast<int64_t*>(buf.data())[i] == want;
+    if (dtype == DataType::kFloat64) ok = reinterpret_cast<double*>(buf.data())[i] == want;
+    if (dtype == DataType::kFloat16) ok = reinterpret_cast<uint16_t*>(buf.data())[i] == IntToHalf(want);
+    if (dtype == DataType::kBFloat16) ok = reinterpret_cast<uint16_t*>(buf.data())[i] == IntToBf16(want);
+    bad += ok ? 0 : 1;
+  }
+  Expect(bad == 0, name + ": " + std::to_string(bad) + " wrong elements");
+}
+
+// Several tensors at once: fused into one buffer by the engine.
+void CheckGroupedAllreduce(hvd::Engine& e) {
+  const int r = e.rank(), n = e.size();
+  const int k = 6;
+  std::vector<std::vector<int32_t>> bufs(k);
+  std::vector<std::string> names;
+  std::vector<TensorView> views;
+  for (int t = 0; t < k; ++t) {
+    bufs[t].assign(10 + t, r * 100 + t);
+    names.push_back("group." + std::to_string(t));
+    views.emplace_back(bufs[t].data(), DataType::kInt32, std::vector<int64_t>{10 + t});
+  }
+  auto hs = e.GroupedAllreduce(names, views, views, ReduceOp::kSum);
+  for (int t = 0; t < k; ++t) {
+    if (!ExpectOk(hs[t]->Wait(), names[t])) continue;
+    int32_t want = 100 * n * (n - 1) / 2 + n * t;
+    Expect(bufs[t][0] == want && bufs[t].back() == want, names[t] + " value");
+  }
+}
+
+// Rank r gives r + 1 rows of 3 int32 (row j of rank r holds 1000 r + j).
+void CheckAllgather(hvd::Engine& e) {
+  const int r = e.rank(), n = e.size();
+  std::vector<int32_t> in(static_cast<size_t>(r + 1) * 3);
+  for (int j = 0; j <= r; ++j) {
+    for (int c = 0; c < 3; ++c) in[j * 3 + c] = 1000 * r + j;
+  }
+  auto h = e.Allgather("ag", TensorView(in.data(), DataType::kInt32, {r + 1, 3}));
+  if (!ExpectOk(h->Wait(), "allgather")) return;
+  const int rows = n * (n + 1) / 2;
+  Expect(h->output_shape() == std::vector<int64_t>{rows, 3}, "allgather shape");
+  if (h->output_bytes().size() != static_cast<size_t>(rows) * 3 * 4) return;
+  auto* out = reinterpret_cast<const int32_t*>(h->output_bytes().data());
+  size_t bad = 0, row = 0;
+  for (int k = 0; k < n; ++k) {
+    for (int j = 0; j <= k; ++j, ++row) bad += out[row * 3 + 2] == 1000 * k + j ? 0 : 1;
+  }
+  Expect(bad == 0, "allgather values: " + std::to_string(bad) + " wrong rows");
+}
+
+void CheckBroadcast(hvd::Engine& e, size_t count) {
+  const int r = e.rank(), n = e.size();
+  for (int root = 0; root < n; ++root) {
+    std::vector<double> buf(count, r == root ? 7.0 * root + 0.5 : -1.0);
+    std::string name = "bc." + std::to_string(root) + "." + std::to_string(count);
+    TensorView v(buf.data(), DataType::kFloat64, {static_cast<int64_t>(count)});
+    if (!ExpectOk(e.Broadcast(name, v, v, root)->Wait(), name)) continue;
+    Expect(buf.front() == 7.0 * root + 0.5 && buf.back() == 7.0 * root + 0.5, name + " value");
+  }
+}
+
+// Rank r sends j + 1 rows (value 100 r + j) to rank j.
+void CheckAlltoall(hvd::Engine& e) {
+  const int r = e.rank(), n = e.size();
+  std::vector<int64_t> splits(n);
+  std::vector<int32_t> in;
+  for (int j = 0; j < n; ++j) {
+    splits[j] = j + 1;
+    in.insert(in.end(), j + 1, 100 * r + j);
+  }
+  auto h = e.Alltoall("a2a", TensorView(in.data(), DataType::kInt32, {static_cast<int64_t>(in.size())}), splits);
+  if (!ExpectOk(h->Wait(), "alltoall")) return;
+  Expect(h->output_shape() == std::vector<int64_t>{static_cast<int64_t>(n) * (r + 1)}, "alltoall shape");
+  auto* out = reinterpret_cast<const int32_t*>(h->output_bytes().data());
+  size_t bad = 0;
+  for (int k = 0; k < n && h->output_bytes().size() == static_cast<size_t>(n * (r + 1)) * 4; ++k) {
+    for (int j = 0; j <= r; ++j) bad += out[k * (r + 1) + j] == 100 * k + r ? 0 : 1;
+  }
+  Expect(bad == 0, "alltoall values");
+}
+
+// 2n + 1 rows of 2 floats, every element of rank r = r + row: rank q gets its rows summed.
+void CheckReducescatter(hvd::Engine& e) {
+  const int r = e.rank(), n = e.size();
+  const int rows = 2 * n + 1;
+  std::vector<float> in(static_cast<size_t>(rows) * 2);
+  for (int i = 0; i < rows; ++i) in[i * 2] = in[i * 2 + 1] = static_cast<float>(r + i);
+  auto h = e.Reducescatter("rs", TensorView(in.data(), DataType::kFloat32, {rows, 2}), ReduceOp::kSum);
+  if (!ExpectOk(h->Wait(), "reducescatter")) return;
+  const int mine = rows / n + (r < rows % n ? 1 : 0);
+  int first = 0;
+  for (int q = 0; q < r; ++q) first += rows / n + (q < rows % n ? 1 : 0);
+  Expect(h->output_shape() == std::vector<int64_t>{mine, 2}, "reducescatter shape");
+  if (h->output_bytes().size() != static_cast<size_t>(mine) * 8) return;
+  auto* out = reinterpret_cast<const float*>(h->output_bytes().data());
+  size_t bad = 0;
+  for (int i = 0; i < mine; ++i) {
+    float want = static_cast<float>(n * (n - 1) / 2 + n * (first + i));
+    bad += out[i * 2] == want && out[i * 2 + 1] == want ? 0 : 1;
+  }
+  Expect(bad == 0, "reducescatter values");
+}
+
+const char* BootstrapName(hvd::Options::Bootstrap b) {
+  switch (b) {
+    case hvd::Options::Bootstrap::kStore: return "store";
+    case hvd::Options::Bootstrap::kMpi: return "mpi";
+    case hvd::Options::Bootstrap::kSlurm: return "slurm";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string want_bootstrap, want_ops;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--expect-bootstrap=", 0) == 0) want_bootstrap = a.substr(19);
+    if (a.rfind("--expect-ops=", 0) == 0) want_ops = a.substr(13);
+  }
+  auto created = hvd::Engine::CreateFromEnvironment();
+  if (!created.ok()) {
+    std::printf("FAIL init: %s\n", created.status().ToString().c_str());
+    return 2;
+  }
+  hvd::Engine& e = **created;
+  const char* bootstrap = BootstrapName(e.options().bootstrap);
+  const char* ops = e.options().cpu_operations == hvd::Options::CpuOperations::kMpi ? "mpi" : "tcp";
+  if (!want_bootstrap.empty()) Expect(want_bootstrap == bootstrap, std::string("bootstrap is ") + bootstrap);
+  if (!want_ops.empty()) Expect(want_ops == ops, std::string("cpu operations are ") + ops);
+
+  for (size_t count : {size_t{1}, size_t{7}, size_t{1000}, size_t{100003}}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax}) {
+      CheckAllreduceFloat(e, count, op);
+    }
+  }
+  for (DataType d : {DataType::kInt32, DataType::kInt64, DataType::kFloat64, DataType::kFloat16,
+                     DataType::kBFloat16}) {
+    CheckAllreduceTyped(e, d, 5);
+    CheckAllreduceTyped(e, d, 40000);
+  }
+  CheckGroupedAllreduce(e);
+  CheckAllgather(e);
+  CheckBroadcast(e, 3);
+  CheckBroadcast(e, 300000);
+  CheckAlltoall(e);
+  CheckReducescatter(e);
+  ExpectOk(e.Barrier()->Wait(), "barrier");
+  ExpectOk(e.Shutdown(), "shutdown");
+
+  std::printf("[mpi-worker] rank %d of %d local %d/%d cross %d/%d bootstrap=%s ops=%s: %s (%d of %d checks failed)\n",
+              e.rank(), e.size(), e.local_rank(), e.local_size(), e.cross_rank(), e.cross_size(),
+              bootstrap, ops, g_failures ? "FAILED" : "all checks passed", g_failures, g_checks);
+  return g_failures ? 1 : 0;
+}

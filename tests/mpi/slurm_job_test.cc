@@ -1,0 +1,181 @@
+// A job under a simulated srun: the test starts the worker (mpi_worker) as N local processes
+// with the SLURM_* variables srun would set and no hvdrun, and checks that they form one job
+// (rank 0 hosting the rendezvous store) and that each reports the identity Slurm gave it.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <asio.hpp>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/slurm.h"
+
+extern char** environ;
+
+namespace {
+
+constexpr int kJobSeconds = 60;
+
+// The parent's environment without any launcher's variables.
+std::map<std::string, std::string> CleanEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    std::string k = kv.substr(0, eq);
+    bool launcher = false;
+    for (const char* p : {"HVD_", "HOROVOD_", "OMPI_", "PMI_", "PMIX_", "SLURM_"}) {
+      launcher |= k.rfind(p, 0) == 0;
+    }
+    if (!launcher) env[k] = kv.substr(eq + 1);
+  }
+  env["HVD_START_TIMEOUT"] = "30";
+  env["HVD_TIMEOUT_SECONDS"] = "30";
+  return env;
+}
+
+int FreePort() {
+  asio::io_context io;
+  asio::ip::tcp::acceptor a(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  return a.local_endpoint().port();
+}
+
+bool PortIsFree(int port) {
+  asio::io_context io;
+  asio::error_code ec;
+  asio::ip::tcp::acceptor a(io);
+  a.open(asio::ip::tcp::v4(), ec);
+  if (!ec) a.bind(asio::ip::tcp::endpoint(asio::ip::address_v4::any(), static_cast<uint16_t>(port)), ec);
+  return !ec;
+}
+
+struct Task {
+  pid_t pid = -1;
+  std::string log;
+};
+
+Task Start(const std::map<std::string, std::string>& vars, const std::string& log) {
+  std::vector<std::string> kv;
+  for (const auto& [k, v] : vars) kv.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& s : kv) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string worker = HVD_MPI_WORKER;
+  std::string arg = "--expect-bootstrap=slurm";
+  char* argv[] = {worker.data(), arg.data(), nullptr};
+  Task t;
+  t.log = log;
+  t.pid = fork();
+  if (t.pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execve(worker.c_str(), argv, envp.data());
+    _exit(127);
+  }
+  return t;
+}
+
+// Waits for every task; kills them all when the job overruns. Returns the exit statuses.
+std::vector<int> WaitAll(std::vector<Task>& tasks) {
+  std::vector<int> codes(tasks.size(), -1);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kJobSeconds);
+  size_t left = tasks.size();
+  while (left > 0) {
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      if (tasks[i].pid < 0) continue;
+      int st = 0;
+      if (waitpid(tasks[i].pid, &st, WNOHANG) == tasks[i].pid) {
+        codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        tasks[i].pid = -1;
+        --left;
+      }
+    }
+    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
+      for (auto& t : tasks) {
+        if (t.pid > 0) kill(t.pid, SIGKILL);
+      }
+      ADD_FAILURE() << "the job did not finish within " << kJobSeconds << " s";
+      deadline = std::chrono::steady_clock::time_point::max();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return codes;
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Runs a step of `tasks_per_node` tasks on each of the named (local) nodes.
+void RunStep(const std::vector<int>& tasks_per_node, const std::string& nodelist,
+             const std::string& per_node_var, const std::string& job_id, int port) {
+  int size = 0;
+  for (int c : tasks_per_node) size += c;
+  std::vector<Task> tasks;
+  int rank = 0;
+  for (size_t node = 0; node < tasks_per_node.size(); ++node) {
+    for (int local = 0; local < tasks_per_node[node]; ++local, ++rank) {
+      auto env = CleanEnvironment();
+      env["SLURM_JOB_ID"] = job_id;
+      env["SLURM_STEP_ID"] = "0";
+      env["SLURM_PROCID"] = std::to_string(rank);
+      env["SLURM_STEP_NUM_TASKS"] = std::to_string(size);
+      env["SLURM_NTASKS"] = std::to_string(size);
+      env["SLURM_LOCALID"] = std::to_string(local);
+      env["SLURM_NODEID"] = std::to_string(node);
+      env["SLURM_STEP_NUM_NODES"] = std::to_string(tasks_per_node.size());
+      env["SLURM_STEP_NODELIST"] = nodelist;
+      env["SLURM_STEP_TASKS_PER_NODE"] = per_node_var;
+      if (port) env["HVD_RENDEZVOUS_PORT"] = std::to_string(port);
+      std::string log = ::testing::TempDir() + "slurm_job_" + job_id + "_" + std::to_string(rank) + ".log";
+      tasks.push_back(Start(env, log));
+    }
+  }
+  std::vector<int> codes = WaitAll(tasks);
+  rank = 0;
+  for (size_t node = 0; node < tasks_per_node.size(); ++node) {
+    for (int local = 0; local < tasks_per_node[node]; ++local, ++rank) {
+      std::string out = Slurp(tasks[rank].log);
+      EXPECT_EQ(codes[rank], 0) << "rank " << rank << " output:\n" << out;
+      std::ostringstream want;
+      want << "rank " << rank << " of " << size << " local " << local << "/" << tasks_per_node[node]
+           << " cross " << node << "/" << tasks_per_node.size() << " bootstrap=slurm ops=tcp: all checks passed";
+      EXPECT_NE(out.find(want.str()), std::string::npos) << "expected '" << want.str() << "' in:\n" << out;
+    }
+  }
+}
+
+TEST(SlurmJob, TwoTasksOneNode) {
+  RunStep({2}, "localhost", "2", "7001", FreePort());
+}
+
+TEST(SlurmJob, FourTasksTwoNodes) {
+  // Two "nodes" that are both this host: node 0 (rank 0's) must be reachable by name.
+  RunStep({2, 2}, "localhost,127.0.0.1", "2(x2)", "7002", FreePort());
+}
+
+TEST(SlurmJob, UnevenNodesAndDerivedPort) {
+  // No HVD_RENDEZVOUS_PORT: every task derives the same port from the job and step ids.
+  std::string job;
+  for (int j = 7100; j < 7200 && job.empty(); ++j) {
+    if (PortIsFree(hvd::SlurmStorePort(std::to_string(j), "0"))) job = std::to_string(j);
+  }
+  ASSERT_FALSE(job.empty()) << "no free derived port";
+  RunStep({2, 1}, "localhost,127.0.0.1", "2,1", job, 0);
+}
+
+}  // namespace

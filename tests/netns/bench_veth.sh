@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Cross-"host" allreduce bandwidth over veth: hvd (hvdrun + hvd_bench) against Open MPI's tcp
+# btl (mpirun over ssh) between the same two network namespaces. A measuring helper, not a
+# CTest; needs root. Prints both tables.
+#
+#   tests/netns/bench_veth.sh HVDRUN HVD_BENCH [MAX_BYTES]      e.g. build/bin/hvdrun build/bin/hvd_bench 64M
+set -u
+HVDRUN=$1 BENCH=$2 MAX=${3:-64M}
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/netns_hosts.sh"
+netns_hosts_up 2 || { echo "cannot set up the fake hosts"; exit 1; }
+H1=${NETNS_ADDR[1]} H2=${NETNS_ADDR[2]}
+SSH_FLAGS=(--ssh-config "$NETNS_SSH_CONFIG" -i "$NETNS_SSH_KEY" -p "$NETNS_SSH_PORT")
+cd "$NETNS_DIR" || exit 1
+
+for spec in "$H1:1,$H2:1" "$H1:2,$H2:2"; do
+  echo "=== hvd: hvdrun -H $spec hvd_bench (tcp over veth)"
+  timeout 300 ip netns exec "$NETNS_L" "$HVDRUN" "${SSH_FLAGS[@]}" -H "$spec" \
+    "$BENCH" -b 1K -e "$MAX" -B 512
+done
+
+if command -v mpicc > /dev/null && command -v mpirun > /dev/null; then
+  mpicc -O3 -march=native -o "$NETNS_DIR/mpi_allreduce_bench" \
+    /work/shared/peers/mpi_allreduce_bench.c 2> /dev/null || { echo "mpicc failed"; exit 0; }
+  for spec in "$H1:1,$H2:1" "$H1:2,$H2:2"; do
+    np=$(( ${spec##*:} * 2 ))
+    echo "=== Open MPI: mpirun -np $np --host $spec --mca btl tcp,self"
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 \
+      ip netns exec "$NETNS_L" mpirun -np "$np" --host "$spec" --oversubscribe \
+      --mca plm_rsh_agent "ssh -F $NETNS_SSH_CONFIG -i $NETNS_SSH_KEY -p $NETNS_SSH_PORT" \
+      --mca btl tcp,self --mca pml ob1 --mca btl_tcp_if_include eth0 \
+      --mca oob_tcp_if_include eth0 \
+      "$NETNS_DIR/mpi_allreduce_bench" -b 1K -e "$MAX" -B 512
+  done
+fi
