@@ -47,6 +47,9 @@ struct HVD_EXPORT Options {
   int cache_capacity = 1024;                  // HVD_CACHE_CAPACITY; 0 disables the cache
   double timeout_seconds = 30.0;              // HVD_TIMEOUT_SECONDS
   double start_timeout_seconds = 30.0;        // HVD_START_TIMEOUT: connecting at start-up
+  // HVD_SPIN_MICROSECONDS: how long a collective polls before sleeping in the kernel; -1 =
+  // automatic (100 when every local rank has a core, else 0).
+  int spin_microseconds = -1;
   double stall_check_seconds = 60.0;          // HVD_STALL_CHECK_TIME_SECONDS; 0 disables
   std::string timeline_path;                  // HVD_TIMELINE
   LogLevel log_level = LogLevel::kWarning;    // HVD_LOG_LEVEL

@@ -169,6 +169,10 @@ Status ReadKnobs(Options* o) {
   if (const char* v = Knob("TIMEOUT_SECONDS", &var)) {
     HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.001, &o->timeout_seconds));
   }
+  if (const char* v = Knob("SPIN_MICROSECONDS", &var)) {
+    HVD_RETURN_IF_ERROR(ParseInt(var, v, -1, 1000000, &x));
+    o->spin_microseconds = static_cast<int>(x);
+  }
   if (const char* v = Knob("START_TIMEOUT", &var)) {
     HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.001, &o->start_timeout_seconds));
   }

@@ -1,5 +1,7 @@
 // The background thread: negotiation traffic, the coordinator step and the execution order.
 // The protocol is described in coordinator/coordinator.h; the threads in engine_impl.h.
+#include <sched.h>
+
 #include <cstring>
 #include <sstream>
 
@@ -45,8 +47,17 @@ void EngineImpl::Loop() {
       FinishShutdown(shutdown_by_);
       break;
     }
-    if (worked) continue;
+    if (worked) {
+      last_work_ = Clock::now();
+      continue;
+    }
     if (io_.stopped()) io_.restart();
+    // Right after work the next message (a response, the peer's data) is usually microseconds
+    // away: poll for it before sleeping in the kernel, when there are cores for it.
+    if (spin_.count() > 0 && Clock::now() - last_work_ < spin_) {
+      if (io_.poll() == 0) sched_yield();
+      continue;
+    }
     io_.run_one_for(kIdleTick);
     if (io_.stopped()) io_.restart();
     io_.poll();

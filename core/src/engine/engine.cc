@@ -67,7 +67,9 @@ Status EngineImpl::Connect() {
   // Spin briefly in collective waits only when every local rank can have a core of its own.
   unsigned cores = std::thread::hardware_concurrency();
   auto spin = (cores > 0 && static_cast<unsigned>(options_.local_size) <= cores)
-                  ? std::chrono::microseconds(50) : std::chrono::microseconds(0);
+                  ? std::chrono::microseconds(100) : std::chrono::microseconds(0);
+  if (options_.spin_microseconds >= 0) spin = std::chrono::microseconds(options_.spin_microseconds);
+  spin_ = spin;
   transport_ = std::make_unique<TcpTransport>(io_, options_.rank, std::move(mesh->data), spin);
   transport_->set_offload(backends_->offload());
   auto on_msg = [this](int peer, uint8_t type, std::vector<uint8_t>&& p) {

@@ -131,6 +131,8 @@ class EngineImpl {
   int shutdown_by_ = -1;   // the rank whose shutdown ends the job, once known
   Status abort_;           // set by a control message or a lost peer
   std::unique_ptr<asio::steady_timer> heartbeat_;
+  std::chrono::microseconds spin_{0};  // polling window before sleeping (HVD_SPIN_MICROSECONDS)
+  Clock::time_point last_work_;
   std::vector<Clock::time_point> last_heard_;  // per control peer
   bool done_ = false;
   std::atomic<uint64_t> responses_executed_{0};

@@ -1,0 +1,185 @@
+"""Framework-neutral collectives: hvd.numpy and hvd.torch call these with an adapter.
+
+An adapter turns a framework's tensor into what the core takes (a contiguous tensor, its data
+address, the core's dtype code and its shape) and builds result tensors. Its interface:
+
+    prepare(t) -> (c, ptr, dtype_code, shape)  c is t, or a contiguous copy of it
+    empty_like(c) -> a new contiguous tensor of c's dtype and shape
+    ptr(t) -> data address of a tensor made by empty_like
+    from_output(core_handle, like) -> the result bytes of a gather-like op as a tensor of
+                                      like's dtype (a view of the engine's memory, no copy)
+    copy_(dst, src) -> copies src into dst (in-place ops on non-contiguous tensors)
+
+Every operation is named. Without a name, the next number of a per-process counter is used
+("allreduce.noname.17"), as Horovod does: ranks agree as long as they issue their unnamed
+operations in the same order. Given names get the operation as prefix ("allreduce.<name>"), so
+an allreduce and a broadcast may share a name.
+
+Memory handed to the core stays referenced by the core handle until the operation finishes.
+"""
+
+import itertools
+
+from hvd import _core
+from hvd._core import HvdError
+
+_counter = itertools.count()
+
+
+def op_name(kind, name):
+    if name is None:
+        return "%s.noname.%d" % (kind, next(_counter))
+    return "%s.%s" % (kind, name)
+
+
+class Handle:
+    """An operation (or a group of operations) in flight.
+
+    ``poll()`` says whether it has finished; ``wait()`` blocks without the GIL, raises the
+    engine's error or returns the result. Waiting again returns the same result.
+    """
+
+    __slots__ = ("_parts", "_finish", "_state", "_value", "__weakref__")
+
+    def __init__(self, parts, finish):
+        self._parts = parts      # list of _core.Handle
+        self._finish = finish    # parts -> result, run once after success
+        self._state = 0          # 0 pending, 1 done, 2 failed
+        self._value = None       # the result, or the exception
+
+    def poll(self):
+        if self._state:
+            return True
+        for p in self._parts:
+            if not p.poll():
+                return False
+        return True
+
+    def wait(self):
+        if self._state == 0:
+            error = None
+            for p in self._parts:
+                try:
+                    p.wait()
+                except HvdError as e:
+                    if error is None:
+                        error = e
+            if error is not None:
+                self._state, self._value = 2, error
+            else:
+                self._state, self._value = 1, self._finish(self._parts)
+            self._parts = ()
+        if self._state == 2:
+            raise self._value
+        return self._value
+
+
+def check_op(op, average=None):
+    """Horovod's rules: op defaults to Average; the deprecated ``average`` flag maps to it."""
+    if average is not None:
+        if op is not None:
+            raise ValueError("pass either op or the deprecated average, not both")
+        return _core.AVERAGE if average else _core.SUM
+    if op is None:
+        return _core.AVERAGE
+    return op
+
+
+def allreduce_async(A, tensor, name, op, prescale, postscale, inplace):
+    c, ptr, dt, shape = A.prepare(tensor)
+    if inplace:
+        out, out_ptr = c, ptr
+    else:
+        out = A.empty_like(c)
+        out_ptr = A.ptr(out)
+    h = _core.allreduce(op_name("allreduce", name), ptr, out_ptr, dt, shape, op,
+                        float(prescale), float(postscale), (c, out))
+    if inplace and c is not tensor:
+        return Handle([h], lambda parts: A.copy_(tensor, c))
+    return Handle([h], lambda parts: out)
+
+
+def grouped_allreduce_async(A, tensors, name, op, prescale, postscale, inplace):
+    tensors = list(tensors)
+    if not tensors:
+        return Handle([], lambda parts: [])
+    base = op_name("grouped_allreduce", name)
+    names, cs, ptrs, outs, out_ptrs, dts, shapes = [], [], [], [], [], [], []
+    for i, t in enumerate(tensors):
+        c, ptr, dt, shape = A.prepare(t)
+        out = c if inplace else A.empty_like(c)
+        names.append("%s.%d" % (base, i))
+        cs.append(c)
+        ptrs.append(ptr)
+        outs.append(out)
+        out_ptrs.append(ptr if inplace else A.ptr(out))
+        dts.append(dt)
+        shapes.append(shape)
+    parts = _core.grouped_allreduce(names, ptrs, out_ptrs, dts, shapes, op, float(prescale),
+                                    float(postscale), (cs, outs))
+
+    def finish(_):
+        if not inplace:
+            return outs
+        return [A.copy_(t, c) if c is not t else t for t, c in zip(tensors, cs)]
+
+    return Handle(parts, finish)
+
+
+def allgather_async(A, tensor, name):
+    c, ptr, dt, shape = A.prepare(tensor)
+    h = _core.allgather(op_name("allgather", name), ptr, dt, shape, c)
+    return Handle([h], lambda parts: A.from_output(parts[0], c))
+
+
+def grouped_allgather_async(A, tensors, name):
+    tensors = list(tensors)
+    if not tensors:
+        return Handle([], lambda parts: [])
+    base = op_name("grouped_allgather", name)
+    prepared = [A.prepare(t) for t in tensors]
+    names = ["%s.%d" % (base, i) for i in range(len(tensors))]
+    cs = [p[0] for p in prepared]
+    parts = _core.grouped_allgather(names, [p[1] for p in prepared], [p[2] for p in prepared],
+                                    [p[3] for p in prepared], cs)
+    return Handle(parts, lambda ps: [A.from_output(p, c) for p, c in zip(ps, cs)])
+
+
+def broadcast_async(A, tensor, root_rank, name, inplace):
+    c, ptr, dt, shape = A.prepare(tensor)
+    if inplace:
+        out, out_ptr = c, ptr
+    else:
+        out = A.empty_like(c)
+        out_ptr = A.ptr(out)
+    h = _core.broadcast(op_name("broadcast", name), ptr, out_ptr, dt, shape, int(root_rank),
+                        (c, out))
+    if inplace and c is not tensor:
+        return Handle([h], lambda parts: A.copy_(tensor, c))
+    return Handle([h], lambda parts: out)
+
+
+def alltoall_async(A, tensor, splits, name):
+    """Result: (output, received_splits as a list of ints)."""
+    c, ptr, dt, shape = A.prepare(tensor)
+    splits = [] if splits is None else [int(s) for s in splits]
+    h = _core.alltoall(op_name("alltoall", name), ptr, dt, shape, splits, c)
+    return Handle([h], lambda parts: (A.from_output(parts[0], c), parts[0].received_splits))
+
+
+def reducescatter_async(A, tensor, name, op, prescale, postscale):
+    c, ptr, dt, shape = A.prepare(tensor)
+    h = _core.reducescatter(op_name("reducescatter", name), ptr, dt, shape, op, float(prescale),
+                            float(postscale), c)
+    return Handle([h], lambda parts: A.from_output(parts[0], c))
+
+
+def barrier():
+    _core.barrier().wait()
+
+
+def join():
+    """Blocks until every rank has joined; returns the rank that joined last."""
+    h = _core.join()
+    h.wait()
+    return h.join_last_rank

@@ -1,0 +1,85 @@
+"""hvd.torch: horovod.torch's API on the hvd engine.
+
+    import hvd.torch as hvd            # instead of: import horovod.torch as hvd
+    hvd.init()
+    model.load_state_dict(...)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+Run under the launcher: ``hvdrun -np 4 /usr/bin/python3 train.py``. Environment knobs may use
+the HOROVOD_* names as aliases of HVD_* ones (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...).
+"""
+
+from hvd import (  # noqa: F401  (re-exported)
+    AbortedError,
+    Average,
+    FailedPreconditionError,
+    HorovodInternalError,
+    HvdError,
+    HvdTimeoutError,
+    InternalError,
+    InvalidArgumentError,
+    Max,
+    Min,
+    PeerLostError,
+    ProcessSet,
+    Product,
+    Sum,
+    __version__,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    global_process_set,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+)
+from hvd.torch.compression import Compression  # noqa: F401
+from hvd.torch.functions import (  # noqa: F401
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from hvd.torch.mpi_ops import (  # noqa: F401
+    Handle,
+    allgather,
+    allgather_async,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    alltoall,
+    alltoall_async,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter,
+    join,
+    poll,
+    reducescatter,
+    reducescatter_async,
+    synchronize,
+)
+from hvd.torch.optimizer import DistributedOptimizer  # noqa: F401

@@ -1,0 +1,141 @@
+"""Helpers that move model state between ranks: parameters, optimizer state, Python objects."""
+
+import pickle
+
+import numpy as np
+import torch
+
+from hvd import _core, _ops, global_process_set
+from hvd.torch.mpi_ops import (
+    _check_process_set,
+    allgather,
+    broadcast_,
+    broadcast_async_,
+    synchronize,
+)
+
+
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
+    """Copies root_rank's tensors into every rank's, in place.
+
+    params: a state_dict (dict name -> tensor), model.named_parameters() (pairs) or a list of
+    tensors. All broadcasts are enqueued before any is waited on, so they fuse.
+    """
+    _check_process_set(process_set)
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    else:
+        items = []
+        for i, p in enumerate(params):
+            items.append(p if isinstance(p, tuple) else ("param.%d" % i, p))
+    handles = []
+    for name, p in items:
+        if p is None:
+            continue
+        if not torch.is_tensor(p):
+            raise ValueError("broadcast_parameters: %s is a %s, not a tensor"
+                             % (name, type(p).__name__))
+        handles.append(broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p,
+                                        root_rank, "bp." + str(name)))
+    for h in handles:
+        synchronize(h)
+
+
+def _object_op_name(name):
+    # Not type(obj).__name__ as Horovod does: non-root ranks often pass None, and the names
+    # must agree across ranks. Unnamed calls take the next number of the shared counter.
+    return name if name is not None else _ops.op_name("object", None)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Returns root_rank's obj (pickled) on every rank."""
+    _check_process_set(process_set)
+    name = _object_op_name(name)
+    if _core.rank() == root_rank:
+        payload = torch.from_numpy(np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy())
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    broadcast_(length, root_rank, "bo.%s.size" % name)
+    if _core.rank() != root_rank:
+        payload = torch.empty(int(length[0]), dtype=torch.uint8)
+    broadcast_(payload, root_rank, "bo.%s.data" % name)
+    if _core.rank() == root_rank:
+        return obj
+    return pickle.loads(payload.numpy().tobytes())
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Returns the list of every rank's obj (pickled), in rank order."""
+    _check_process_set(process_set)
+    name = _object_op_name(name)
+    payload = torch.from_numpy(np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy())
+    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
+                      name="ao.%s.size" % name).tolist()
+    data = allgather(payload, name="ao.%s.data" % name).numpy()
+    result, offset = [], 0
+    for n in sizes:
+        result.append(pickle.loads(data[offset:offset + n].tobytes()))
+        offset += n
+    return result
+
+
+def _state_layout(optimizer):
+    """Root's description of the optimizer: options per group, and per parameter (by position
+    in param_groups) its state's tensors (shape, dtype) and plain values."""
+    groups, state = [], {}
+    index = 0
+    for group in optimizer.param_groups:
+        groups.append({k: v for k, v in group.items() if k != "params"})
+        for p in group["params"]:
+            entry = {}
+            for key, value in optimizer.state.get(p, {}).items():
+                if torch.is_tensor(value):
+                    entry[key] = ("tensor", tuple(value.shape), value.dtype)
+                else:
+                    entry[key] = ("value", value)
+            if entry:
+                state[index] = entry
+            index += 1
+    return {"groups": groups, "state": state}
+
+
+def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+    """Makes every rank's optimizer state (options such as lr, momentum buffers, Adam moments
+    and steps) equal to root_rank's.
+
+    State that an optimizer creates lazily on its first step works too: the root describes its
+    state (a pickled broadcast), other ranks create missing tensors with the same shapes and
+    drop state the root does not have, then every tensor is broadcast in place.
+    """
+    _check_process_set(process_set)
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("broadcast_optimizer_state does not support LBFGS")
+    layout = broadcast_object(_state_layout(optimizer) if _core.rank() == root_rank else None,
+                              root_rank, name="optimizer_state")
+    if len(layout["groups"]) != len(optimizer.param_groups):
+        raise ValueError("broadcast_optimizer_state: root has %d param groups, this rank %d"
+                         % (len(layout["groups"]), len(optimizer.param_groups)))
+    tensors = []
+    index = 0
+    for group, options in zip(optimizer.param_groups, layout["groups"]):
+        group.update(options)
+        for p in group["params"]:
+            entry = layout["state"].get(index)
+            if entry is None:
+                optimizer.state.pop(p, None)
+            else:
+                mine = optimizer.state.setdefault(p, {})
+                for key in [k for k in mine if k not in entry]:
+                    del mine[key]
+                for key, desc in entry.items():
+                    if desc[0] == "value":
+                        mine[key] = desc[1]
+                        continue
+                    _, shape, dtype = desc
+                    t = mine.get(key)
+                    if not torch.is_tensor(t) or tuple(t.shape) != shape or t.dtype != dtype:
+                        mine[key] = t = torch.zeros(shape, dtype=dtype)
+                    tensors.append(("%d.%s" % (index, key), t))
+            index += 1
+    broadcast_parameters(tensors, root_rank)

@@ -1,0 +1,396 @@
+"""hvd.torch collectives with horovod.torch's names, arguments and defaults.
+
+Tensors must be on the CPU; a non-contiguous tensor is made contiguous first (in-place ops then
+copy the result back). Supported dtypes: uint8, int8, int32, int64, float16, bfloat16, float32,
+float64, bool; others raise TypeError. The extension takes tensor.data_ptr() (no libtorch
+headers), so the engine reads and writes the tensor's memory without a copy. Results of
+allgather, alltoall and reducescatter are views of memory the engine allocated.
+
+allreduce, grouped_allreduce, allgather, broadcast, alltoall and reducescatter are
+differentiable (torch.autograd.Function), with horovod.torch's backward passes:
+  allreduce      the gradient allreduced with the same op and factors
+  allgather      the gradient averaged over ranks, this rank's rows
+  broadcast      the gradient averaged over ranks on the root, zero elsewhere
+  alltoall       the gradient sent back with the received splits
+  reducescatter  the gradients allgathered (divided by size for Average)
+The async and in-place variants are not differentiable.
+"""
+
+import warnings
+
+import torch
+
+from hvd import _core, _ops, global_process_set
+from hvd._ops import Handle  # noqa: F401  (the type of async results)
+from hvd.torch.compression import Compression
+
+_TO_CORE = {
+    torch.uint8: _core.UINT8,
+    torch.int8: _core.INT8,
+    torch.int32: _core.INT32,
+    torch.int64: _core.INT64,
+    torch.float16: _core.FLOAT16,
+    torch.bfloat16: _core.BFLOAT16,
+    torch.float32: _core.FLOAT32,
+    torch.float64: _core.FLOAT64,
+    torch.bool: _core.BOOL,
+}
+
+
+class _TorchAdapter:
+    @staticmethod
+    def prepare(t):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("hvd.torch expects a torch.Tensor, got %s" % type(t).__name__)
+        code = _TO_CORE.get(t.dtype)
+        if code is None:
+            raise TypeError("hvd does not support %s tensors; supported dtypes: %s"
+                            % (t.dtype, ", ".join(str(d) for d in _TO_CORE)))
+        if t.device.type != "cpu":
+            raise TypeError("hvd.torch supports CPU tensors only; got a tensor on %s" % t.device)
+        if t.layout != torch.strided:
+            raise TypeError("hvd.torch supports dense tensors only; got layout %s" % t.layout)
+        if not t.is_contiguous():
+            t = t.contiguous()
+        return t, t.data_ptr(), code, t.shape
+
+    @staticmethod
+    def empty_like(t):
+        return torch.empty(t.shape, dtype=t.dtype)
+
+    @staticmethod
+    def ptr(t):
+        return t.data_ptr()
+
+    @staticmethod
+    def from_output(h, like):
+        raw = h.output()
+        if raw.size == 0:
+            return torch.empty(h.output_shape, dtype=like.dtype)
+        out = torch.from_numpy(raw)
+        if like.dtype != torch.uint8:
+            out = out.view(like.dtype)
+        return out.view(h.output_shape)
+
+    @staticmethod
+    def copy_(dst, src):
+        with torch.no_grad():
+            dst.copy_(src)
+        return dst
+
+
+_A = _TorchAdapter
+
+
+def _check_process_set(process_set):
+    if process_set is not None and process_set is not global_process_set:
+        raise NotImplementedError("hvd supports only the global process set")
+
+
+def _op(op, average):
+    if average is not None:
+        warnings.warn("the average argument is deprecated; use op=hvd.Average or op=hvd.Sum",
+                      DeprecationWarning, stacklevel=3)
+    return _ops.check_op(op, average)
+
+
+def _needs_grad(t):
+    # The autograd.Function costs a few microseconds a call; take it only when it matters.
+    return isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled()
+
+
+def poll(handle):
+    """True once the async operation behind handle has finished."""
+    return handle.poll()
+
+
+def synchronize(handle):
+    """Waits for an async operation and returns its output; raises HvdError on failure."""
+    return handle.wait()
+
+
+# ---------------------------------------------------------------- allreduce
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    _check_process_set(process_set)
+    return _ops.allreduce_async(_A, tensor, name, _op(op, average), prescale_factor,
+                                postscale_factor, inplace=False)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    _check_process_set(process_set)
+    return _ops.allreduce_async(_A, tensor, name, _op(op, average), prescale_factor,
+                                postscale_factor, inplace=True)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                            process_set).wait()
+
+
+class HvdAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+        ctx.op, ctx.prescale, ctx.postscale = op, prescale_factor, postscale_factor
+        return _ops.allreduce_async(_A, tensor, name, op, prescale_factor, postscale_factor,
+                                    inplace=False).wait()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, op=ctx.op, prescale_factor=ctx.prescale,
+                         postscale_factor=ctx.postscale)
+        return grad, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Reduces tensor over all ranks (default op: Average) and returns a new tensor."""
+    _check_process_set(process_set)
+    compressed, cctx = compression.compress(tensor)
+    op = _op(op, average)
+    if _needs_grad(compressed):
+        reduced = HvdAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
+    else:
+        reduced = _ops.allreduce_async(_A, compressed, name, op, prescale_factor,
+                                       postscale_factor, inplace=False).wait()
+    return compression.decompress(reduced, cctx)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    _check_process_set(process_set)
+    return _ops.grouped_allreduce_async(_A, tensors, name, _op(op, average), prescale_factor,
+                                        postscale_factor, inplace=False)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    _check_process_set(process_set)
+    return _ops.grouped_allreduce_async(_A, tensors, name, _op(op, average), prescale_factor,
+                                        postscale_factor, inplace=True)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                    postscale_factor, process_set).wait()
+
+
+class HvdGroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.prescale, ctx.postscale = op, prescale_factor, postscale_factor
+        return tuple(_ops.grouped_allreduce_async(_A, tensors, name, op, prescale_factor,
+                                                  postscale_factor, inplace=False).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = grouped_allreduce(list(grads), op=ctx.op, prescale_factor=ctx.prescale,
+                                    postscale_factor=ctx.postscale)
+        return (None, None, None, None) + tuple(reduced)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set):
+    """Allreduces a list of tensors negotiated as one group; returns a list."""
+    _check_process_set(process_set)
+    pairs = [compression.compress(t) for t in tensors]
+    if not pairs:
+        return []
+    reduced = HvdGroupedAllreduce.apply(name, _op(op, average), prescale_factor,
+                                        postscale_factor, *[p[0] for p in pairs])
+    return [compression.decompress(t, p[1]) for t, p in zip(reduced, pairs)]
+
+
+# ---------------------------------------------------------------- allgather
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    _check_process_set(process_set)
+    return _ops.allgather_async(_A, tensor, name)
+
+
+class HvdAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.rows = tensor.shape[0] if tensor.dim() > 0 else 1
+        ctx.scalar = tensor.dim() == 0
+        return _ops.allgather_async(_A, tensor, name).wait()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, op=_core.AVERAGE)
+        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64))
+        offset = int(rows[:_core.rank()].sum())
+        mine = grad.narrow(0, offset, ctx.rows)
+        return (mine.reshape(()) if ctx.scalar else mine), None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Concatenates the ranks' tensors along dimension 0 (which may differ per rank)."""
+    _check_process_set(process_set)
+    if _needs_grad(tensor):
+        return HvdAllgather.apply(tensor, name)
+    return _ops.allgather_async(_A, tensor, name).wait()
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    _check_process_set(process_set)
+    return _ops.grouped_allgather_async(_A, tensors, name)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Allgathers a list of tensors negotiated as one group; returns a list (no gradient)."""
+    return grouped_allgather_async(tensors, name, process_set).wait()
+
+
+# ---------------------------------------------------------------- broadcast
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    _check_process_set(process_set)
+    return _ops.broadcast_async(_A, tensor, root_rank, name, inplace=False)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    _check_process_set(process_set)
+    return _ops.broadcast_async(_A, tensor, root_rank, name, inplace=True)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    return broadcast_async_(tensor, root_rank, name, process_set).wait()
+
+
+class HvdBroadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank = root_rank
+        return _ops.broadcast_async(_A, tensor, root_rank, name, inplace=False).wait()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, op=_core.AVERAGE)
+        if _core.rank() != ctx.root_rank:
+            grad = torch.zeros_like(grad)
+        return grad, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns root_rank's tensor on every rank (a new tensor; the input is unchanged)."""
+    _check_process_set(process_set)
+    if _needs_grad(tensor):
+        return HvdBroadcast.apply(tensor, root_rank, name)
+    return _ops.broadcast_async(_A, tensor, root_rank, name, inplace=False).wait()
+
+
+# ---------------------------------------------------------------- alltoall
+
+def _splits_list(splits):
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        return [int(s) for s in splits.tolist()]
+    return [int(s) for s in splits]
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """synchronize() returns (output, received_splits as an int32 tensor)."""
+    _check_process_set(process_set)
+    h = _ops.alltoall_async(_A, tensor, _splits_list(splits), name)
+    finish = h._finish
+
+    def with_tensor_splits(parts):
+        out, received = finish(parts)
+        return out, torch.tensor(received, dtype=torch.int32)
+
+    h._finish = with_tensor_splits
+    return h
+
+
+class HvdAlltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        out, received = _ops.alltoall_async(_A, tensor, splits, name).wait()
+        ctx.received = received
+        received_t = torch.tensor(received, dtype=torch.int32)
+        ctx.mark_non_differentiable(received_t)
+        return out, received_t
+
+    @staticmethod
+    def backward(ctx, grad_output, _unused):
+        grad, _ = alltoall(grad_output, splits=ctx.received)
+        return grad, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Sends splits[j] rows of tensor to rank j (equal parts when splits is None).
+
+    Returns the received rows in rank order; when splits is given, also the received splits
+    (an int32 tensor), as horovod.torch does.
+    """
+    _check_process_set(process_set)
+    split_list = _splits_list(splits)
+    out, received = HvdAlltoall.apply(tensor, split_list, name)
+    return out if splits is None else (out, received)
+
+
+# ---------------------------------------------------------------- reducescatter
+
+def reducescatter_async(tensor, name=None, op=None, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    _check_process_set(process_set)
+    return _ops.reducescatter_async(_A, tensor, name, _ops.check_op(op), prescale_factor,
+                                    postscale_factor)
+
+
+class HvdReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+        ctx.scale = prescale_factor * postscale_factor
+        if op == _core.AVERAGE:
+            ctx.scale /= _core.size()
+        return _ops.reducescatter_async(_A, tensor, name, op, prescale_factor,
+                                        postscale_factor).wait()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allgather(grad_output.contiguous())
+        if ctx.scale != 1.0:
+            grad = grad * ctx.scale
+        return grad, None, None, None, None
+
+
+def reducescatter(tensor, name=None, op=None, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces over ranks (default op: Average); rank r gets its part of dimension 0 (parts
+    differ by at most one row; the first rows % size ranks get the extra one)."""
+    _check_process_set(process_set)
+    return HvdReducescatter.apply(tensor, name, _ops.check_op(op), prescale_factor,
+                                  postscale_factor)
+
+
+def grouped_reducescatter(tensors, name=None, op=None, process_set=global_process_set,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """Reducescatters each tensor (all enqueued before any is waited on); returns a list."""
+    _check_process_set(process_set)
+    base = _ops.op_name("grouped_reducescatter", name)
+    handles = [_ops.reducescatter_async(_A, t, "%s.%d" % (base, i), _ops.check_op(op),
+                                        prescale_factor, postscale_factor)
+               for i, t in enumerate(tensors)]
+    return [h.wait() for h in handles]
+
+
+# ---------------------------------------------------------------- barrier, join
+
+def barrier(process_set=global_process_set):
+    """Returns once every rank has called barrier()."""
+    _check_process_set(process_set)
+    _ops.barrier()
+
+
+def join(device=-1):
+    """This rank has no more data: it takes part in the others' allreduces with zeros until
+    every rank has joined. Returns the rank that joined last."""
+    return _ops.join()

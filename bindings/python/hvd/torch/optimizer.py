@@ -1,0 +1,171 @@
+"""DistributedOptimizer: averages gradients over ranks while backward is still running.
+
+For every parameter that requires a gradient, a hook on its gradient accumulator (the autograd
+node that writes p.grad) enqueues p.grad's allreduce the moment autograd has produced it, so
+communication overlaps the rest of backward. step() (or synchronize()) waits for all of them,
+writes the averaged gradients back into p.grad and then runs the wrapped optimizer's step.
+
+With backward_passes_per_step = k, gradients accumulate locally for k backward passes and the
+allreduce is enqueued on the k-th. Parameters that got no gradient in a step are allreduced in
+synchronize() (with zero gradients) so every rank submits the same names.
+
+Thread-safety: like the torch optimizer it wraps, one per training loop.
+"""
+
+import contextlib
+import warnings
+
+import torch
+
+from hvd import _core
+from hvd.torch.compression import Compression
+from hvd.torch.mpi_ops import allreduce_async_, synchronize
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
+                 op=_core.AVERAGE, gradient_predivide_factor=1.0):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        if gradient_predivide_factor != 1.0 and op != _core.AVERAGE:
+            raise ValueError("gradient_predivide_factor needs op=hvd.Average")
+
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+            names = [n for n, _ in named_parameters]
+            if len(set(names)) != len(names):
+                dups = sorted({n for n in names if names.count(n) > 1})
+                raise ValueError("named_parameters has duplicate names: %s" % ", ".join(dups))
+            self._parameter_names = {p: n for n, p in named_parameters}
+            missing = [p for p in all_params if p not in self._parameter_names]
+            if missing:
+                raise ValueError("named_parameters lacks %d of the optimizer's parameters"
+                                 % len(missing))
+        else:
+            self._parameter_names = {p: "noname.%d" % i for i, p in enumerate(all_params)}
+
+        self._handles = {}        # parameter -> (handle or None, compression ctx)
+        self._grad_accs = []      # keeps the accumulator nodes (and so the hooks) alive
+        self._allreduce_delay = {}
+        self._requires_update = set()
+        self._ordered = []        # the parameters that require grad, in param_groups order
+        self._synchronized = False
+        self._should_synchronize = True
+        if _core.size() > 1:
+            self._register_hooks()
+
+    def _register_hooks(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                self._requires_update.add(p)
+                self._ordered.append(p)
+                self._allreduce_delay[p] = self.backward_passes_per_step
+                # expand_as gives a view whose grad_fn's first input is p's accumulator.
+                grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                grad_acc.register_hook(self._make_hook(p))
+                self._grad_accs.append(grad_acc)
+
+    def _make_hook(self, p):
+        def hook(*_):
+            if p in self._handles and self._handles[p][0] is not None:
+                if self._allreduce_delay[p] <= 0:
+                    raise AssertionError(
+                        "gradients were computed more than backward_passes_per_step times "
+                        "before step(); raise backward_passes_per_step to accumulate locally")
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                handle, ctx = self._allreduce_grad_async(p)
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def _allreduce_grad_async(self, p):
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        prescale, postscale = 1.0, 1.0
+        if self.op == _core.AVERAGE:
+            prescale = 1.0 / self.gradient_predivide_factor
+            postscale = self.gradient_predivide_factor
+        compressed, ctx = self._compression.compress(p.grad)
+        handle = allreduce_async_(compressed, name=self._parameter_names[p], op=self.op,
+                                  prescale_factor=prescale, postscale_factor=postscale)
+        return handle, ctx
+
+    def synchronize(self):
+        """Waits for every gradient's allreduce (enqueueing those not yet started)."""
+        if _core.size() == 1:
+            self._synchronized = True
+            return
+        for p in self._ordered:
+            if p not in self._handles or self._handles[p][0] is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+        try:
+            for p, (handle, ctx) in self._handles.items():
+                output = synchronize(handle)
+                self._allreduce_delay[p] = self.backward_passes_per_step
+                result = self._compression.decompress(output, ctx)
+                if result is not p.grad:
+                    p.grad.copy_(result)
+        finally:
+            self._handles.clear()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside this block step() does not synchronize (call synchronize() yourself first,
+        e.g. to clip the averaged gradients)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
+                              "skip_synchronize(); the gradients were averaged only once")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize()")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=_core.AVERAGE,
+                         gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
+                         process_set=None):
+    """Wraps a torch optimizer so that step() uses gradients averaged (op) over all ranks.
+
+    Arguments as horovod.torch.DistributedOptimizer: named_parameters (names the allreduces;
+    otherwise positions are used), compression (Compression.none / fp16),
+    backward_passes_per_step (local accumulation), op (Average, Sum, ...),
+    gradient_predivide_factor (divide by f before the sum and multiply by f/size after).
+    groups and sparse_as_dense are accepted for compatibility: the engine fuses ready
+    gradients on its own and there are no sparse gradients on this path.
+    """
+    if process_set is not None and process_set is not _global():
+        raise NotImplementedError("hvd supports only the global process set")
+    if groups is not None:
+        warnings.warn("DistributedOptimizer(groups=...) is ignored: the engine fuses gradients "
+                      "that are ready together")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               op, gradient_predivide_factor)
+
+
+def _global():
+    from hvd import global_process_set
+    return global_process_set

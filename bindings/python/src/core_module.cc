@@ -1,0 +1,334 @@
+// hvd._core: the pybind11 module under the Python package `hvd`.
+//
+// It binds the public C++ API (hvd/engine.h) for both frameworks at once by taking tensors as
+// raw addresses plus a dtype code and a shape that the Python layer reads from the tensor or the
+// array. It includes no libtorch or NumPy headers, so it builds in seconds and does not depend on
+// torch's C++ ABI; the core stays free of Python types.
+//
+// Ownership and threads:
+//   - The module holds the one per-process Engine (g_engine). It is created by init() and
+//     destroyed by shutdown() (also run at interpreter exit from hvd/__init__.py). Every
+//     function that touches g_engine runs with the GIL held, which serialises them; the
+//     destruction itself runs with the GIL released after g_engine has been emptied.
+//   - Each enqueue returns a PyHandle that owns the engine's HandlePtr and `keep`, the Python
+//     objects (input and output tensors) whose memory the engine reads or writes. `keep` is
+//     dropped only once the operation has finished; a PyHandle collected earlier parks its
+//     `keep` in Orphans(), which the next enqueue sweeps. Memory handed to the engine therefore
+//     stays valid however the caller drops the handle.
+//   - Allgather, alltoall and reducescatter results are owned by the engine's Handle (no
+//     OutputAllocator, so no Python object is touched on the background thread); output()
+//     exposes those bytes as a writable uint8 NumPy array that keeps the Handle alive, from
+//     which the Python layer builds the result tensor without a copy.
+//   - wait() releases the GIL; poll() and the accessors do not block.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hvd/config.h"
+#include "hvd/engine.h"
+
+namespace py = pybind11;
+
+namespace {
+
+std::unique_ptr<hvd::Engine> g_engine;  // guarded by the GIL
+
+// A failed Status on its way to Python; translated into the exception class of its code.
+struct StatusError : std::exception {
+  explicit StatusError(hvd::Status s) : status(std::move(s)), text(status.ToString()) {}
+  const char* what() const noexcept override { return text.c_str(); }
+  hvd::Status status;
+  std::string text;
+};
+
+// The Python exception classes, one per StatusCode (index = code). Owned by the module.
+PyObject* g_errors[7] = {nullptr};
+
+struct Orphan {
+  hvd::HandlePtr handle;
+  py::object keep;
+};
+// Guarded by the GIL. Never destroyed: it must not outlive the interpreter's objects at exit
+// (shutdown() at exit empties it, as every pending operation then finishes).
+std::vector<Orphan>& Orphans() {
+  static auto* orphans = new std::vector<Orphan>();
+  return *orphans;
+}
+
+void SweepOrphans() {
+  auto& orphans = Orphans();
+  if (orphans.empty()) return;
+  std::vector<Orphan> still;
+  for (auto& o : orphans) {
+    if (!o.handle->Poll()) still.push_back(std::move(o));
+  }
+  orphans.swap(still);
+}
+
+// The Python face of one operation. Thread-safety: methods are called with the GIL held;
+// wait() releases it while blocking.
+class PyHandle {
+ public:
+  PyHandle(hvd::HandlePtr h, py::object keep) : h_(std::move(h)), keep_(std::move(keep)) {}
+  ~PyHandle() {
+    if (keep_ && !keep_.is_none() && !h_->Poll()) Orphans().push_back({h_, std::move(keep_)});
+  }
+
+  bool Poll() const { return h_->Poll(); }
+
+  void Wait() {
+    hvd::Status s;
+    {
+      py::gil_scoped_release release;
+      s = h_->Wait();
+    }
+    keep_ = py::none();
+    if (!s.ok()) throw StatusError(s);
+  }
+
+  // The result bytes of allgather, alltoall and reducescatter as a uint8 array viewing the
+  // handle's memory; the array keeps the handle alive.
+  py::array Output() const {
+    auto* owner = new hvd::HandlePtr(h_);
+    py::capsule base(owner, [](void* p) { delete static_cast<hvd::HandlePtr*>(p); });
+    auto* data = const_cast<uint8_t*>(h_->output_bytes().data());
+    return py::array(py::dtype("uint8"), {static_cast<py::ssize_t>(h_->output_bytes().size())},
+                     {1}, data, base);
+  }
+
+  std::vector<int64_t> OutputShape() const { return h_->output_shape(); }
+  std::vector<int64_t> ReceivedSplits() const { return h_->received_splits(); }
+  int JoinLastRank() const { return h_->join_last_rank(); }
+  int Code() const { return static_cast<int>(h_->status().code()); }
+  std::string Message() const { return h_->status().message(); }
+
+ private:
+  hvd::HandlePtr h_;
+  py::object keep_;
+};
+
+hvd::Engine& Eng() {
+  if (!g_engine) {
+    throw StatusError(hvd::Status::FailedPrecondition(
+        "hvd has not been initialized; call hvd.init() first"));
+  }
+  return *g_engine;
+}
+
+hvd::DataType ToDataType(int code) {
+  if (code < 0 || code >= hvd::kNumDataTypes) {
+    throw StatusError(hvd::Status::InvalidArgument("unknown dtype code " + std::to_string(code)));
+  }
+  return static_cast<hvd::DataType>(code);
+}
+
+hvd::ReduceOp ToReduceOp(int code) {
+  if (code < 0 || code >= hvd::kNumReduceOps) {
+    throw StatusError(hvd::Status::InvalidArgument(
+        "unknown reduce op " + std::to_string(code) +
+        "; use hvd.Sum, hvd.Average, hvd.Min, hvd.Max or hvd.Product"));
+  }
+  return static_cast<hvd::ReduceOp>(code);
+}
+
+hvd::TensorView View(uintptr_t ptr, int dtype, std::vector<int64_t> shape) {
+  return hvd::TensorView(reinterpret_cast<void*>(ptr), ToDataType(dtype), std::move(shape));
+}
+
+PyHandle* Wrap(hvd::HandlePtr h, py::object keep) {
+  return new PyHandle(std::move(h), std::move(keep));
+}
+
+void Init() {
+  if (g_engine) return;
+  hvd::StatusOr<std::unique_ptr<hvd::Engine>> e = hvd::Status::Internal("not started");
+  {
+    py::gil_scoped_release release;
+    e = hvd::Engine::CreateFromEnvironment();
+  }
+  if (!e.ok()) throw StatusError(e.status());
+  g_engine = std::move(*e);
+}
+
+void Shutdown() {
+  std::unique_ptr<hvd::Engine> e = std::move(g_engine);
+  if (!e) return;
+  {
+    py::gil_scoped_release release;
+    e->Shutdown();
+    e.reset();
+  }
+  SweepOrphans();
+}
+
+void RegisterErrors(py::module_& m) {
+  static const char* kNames[7] = {nullptr,           "InvalidArgumentError", "FailedPreconditionError",
+                                  "HvdTimeoutError", "PeerLostError",        "AbortedError",
+                                  "InternalError"};
+  PyObject* base = PyErr_NewExceptionWithDoc(
+      "hvd.HvdError",
+      "An error reported by the hvd engine (a RuntimeError); the message is the core's.",
+      PyExc_RuntimeError, nullptr);
+  m.add_object("HvdError", py::handle(base));
+  g_errors[0] = base;
+  for (int i = 1; i < 7; ++i) {
+    std::string qual = std::string("hvd.") + kNames[i];
+    g_errors[i] = PyErr_NewException(qual.c_str(), base, nullptr);
+    m.add_object(kNames[i], py::handle(g_errors[i]));
+  }
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      int code = static_cast<int>(e.status.code());
+      PyErr_SetString(g_errors[code > 0 && code < 7 ? code : 6], e.what());
+    }
+  });
+}
+
+void BindConstants(py::module_& m) {
+  m.attr("UINT8") = static_cast<int>(hvd::DataType::kUInt8);
+  m.attr("INT8") = static_cast<int>(hvd::DataType::kInt8);
+  m.attr("INT32") = static_cast<int>(hvd::DataType::kInt32);
+  m.attr("INT64") = static_cast<int>(hvd::DataType::kInt64);
+  m.attr("FLOAT16") = static_cast<int>(hvd::DataType::kFloat16);
+  m.attr("BFLOAT16") = static_cast<int>(hvd::DataType::kBFloat16);
+  m.attr("FLOAT32") = static_cast<int>(hvd::DataType::kFloat32);
+  m.attr("FLOAT64") = static_cast<int>(hvd::DataType::kFloat64);
+  m.attr("BOOL") = static_cast<int>(hvd::DataType::kBool);
+  m.attr("SUM") = static_cast<int>(hvd::ReduceOp::kSum);
+  m.attr("AVERAGE") = static_cast<int>(hvd::ReduceOp::kAverage);
+  m.attr("MIN") = static_cast<int>(hvd::ReduceOp::kMin);
+  m.attr("MAX") = static_cast<int>(hvd::ReduceOp::kMax);
+  m.attr("PRODUCT") = static_cast<int>(hvd::ReduceOp::kProduct);
+  m.attr("HAVE_CUDA") = bool(HVD_HAVE_CUDA);
+  m.attr("HAVE_NCCL") = bool(HVD_HAVE_NCCL);
+  m.attr("HAVE_MPI") = bool(HVD_HAVE_MPI);
+  m.attr("VERSION") = HVD_VERSION_STRING;
+}
+
+void BindEngine(py::module_& m) {
+  m.def("init", &Init, "Creates the engine from the environment (idempotent).");
+  m.def("shutdown", &Shutdown, "Stops the engine; pending operations fail with AbortedError.");
+  m.def("is_initialized", [] { return static_cast<bool>(g_engine); });
+  m.def("rank", [] { return Eng().rank(); });
+  m.def("size", [] { return Eng().size(); });
+  m.def("local_rank", [] { return Eng().local_rank(); });
+  m.def("local_size", [] { return Eng().local_size(); });
+  m.def("cross_rank", [] { return Eng().cross_rank(); });
+  m.def("cross_size", [] { return Eng().cross_size(); });
+  m.def("dtype_name", [](int code) { return std::string(hvd::DataTypeName(ToDataType(code))); });
+}
+
+void BindReductions(py::module_& m) {
+  auto ref = py::return_value_policy::take_ownership;
+  m.def("allreduce",
+        [](const std::string& name, uintptr_t in, uintptr_t out, int dtype,
+           std::vector<int64_t> shape, int op, double pre, double post, py::object keep) {
+          SweepOrphans();
+          auto v_in = View(in, dtype, shape);
+          auto v_out = View(out, dtype, shape);
+          return Wrap(Eng().Allreduce(name, v_in, v_out, ToReduceOp(op), pre, post),
+                      std::move(keep));
+        },
+        ref);
+  m.def("grouped_allreduce",
+        [](const std::vector<std::string>& names, const std::vector<uintptr_t>& ins,
+           const std::vector<uintptr_t>& outs, const std::vector<int>& dtypes,
+           const std::vector<std::vector<int64_t>>& shapes, int op, double pre, double post,
+           py::object keep) {
+          SweepOrphans();
+          std::vector<hvd::TensorView> vin, vout;
+          for (size_t i = 0; i < ins.size() && i < outs.size() && i < dtypes.size() &&
+                             i < shapes.size(); ++i) {
+            vin.push_back(View(ins[i], dtypes[i], shapes[i]));
+            vout.push_back(View(outs[i], dtypes[i], shapes[i]));
+          }
+          auto hs = Eng().GroupedAllreduce(names, vin, vout, ToReduceOp(op), pre, post);
+          py::list result;
+          for (auto& h : hs) result.append(py::cast(Wrap(h, keep), py::return_value_policy::take_ownership));
+          return result;
+        });
+  m.def("reducescatter",
+        [](const std::string& name, uintptr_t in, int dtype, std::vector<int64_t> shape, int op,
+           double pre, double post, py::object keep) {
+          SweepOrphans();
+          return Wrap(Eng().Reducescatter(name, View(in, dtype, std::move(shape)), ToReduceOp(op),
+                                          pre, post),
+                      std::move(keep));
+        },
+        ref);
+}
+
+void BindGathers(py::module_& m) {
+  auto ref = py::return_value_policy::take_ownership;
+  m.def("allgather",
+        [](const std::string& name, uintptr_t in, int dtype, std::vector<int64_t> shape,
+           py::object keep) {
+          SweepOrphans();
+          return Wrap(Eng().Allgather(name, View(in, dtype, std::move(shape))), std::move(keep));
+        },
+        ref);
+  m.def("grouped_allgather",
+        [](const std::vector<std::string>& names, const std::vector<uintptr_t>& ins,
+           const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes,
+           py::object keep) {
+          SweepOrphans();
+          std::vector<hvd::TensorView> vin;
+          for (size_t i = 0; i < ins.size() && i < dtypes.size() && i < shapes.size(); ++i) {
+            vin.push_back(View(ins[i], dtypes[i], shapes[i]));
+          }
+          auto hs = Eng().GroupedAllgather(names, vin);
+          py::list result;
+          for (auto& h : hs) result.append(py::cast(Wrap(h, keep), py::return_value_policy::take_ownership));
+          return result;
+        });
+  m.def("broadcast",
+        [](const std::string& name, uintptr_t in, uintptr_t out, int dtype,
+           std::vector<int64_t> shape, int root, py::object keep) {
+          SweepOrphans();
+          auto v_in = View(in, dtype, shape);
+          auto v_out = View(out, dtype, shape);
+          return Wrap(Eng().Broadcast(name, v_in, v_out, root), std::move(keep));
+        },
+        ref);
+  m.def("alltoall",
+        [](const std::string& name, uintptr_t in, int dtype, std::vector<int64_t> shape,
+           std::vector<int64_t> splits, py::object keep) {
+          SweepOrphans();
+          return Wrap(Eng().Alltoall(name, View(in, dtype, std::move(shape)), splits),
+                      std::move(keep));
+        },
+        ref);
+  m.def("barrier", [] { return Wrap(Eng().Barrier(), py::none()); }, ref);
+  m.def("join", [] { return Wrap(Eng().Join(), py::none()); }, ref);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "hvd's C++ engine, bound for the hvd, hvd.numpy and hvd.torch packages";
+  RegisterErrors(m);
+  BindConstants(m);
+  BindEngine(m);
+  BindReductions(m);
+  BindGathers(m);
+
+  py::class_<PyHandle>(m, "Handle")
+      .def("poll", &PyHandle::Poll, "True once the operation has finished.")
+      .def("wait", &PyHandle::Wait,
+           "Blocks (without the GIL) until the operation has finished; raises HvdError on failure.")
+      .def("output", &PyHandle::Output)
+      .def_property_readonly("output_shape", &PyHandle::OutputShape)
+      .def_property_readonly("received_splits", &PyHandle::ReceivedSplits)
+      .def_property_readonly("join_last_rank", &PyHandle::JoinLastRank)
+      .def_property_readonly("code", &PyHandle::Code)
+      .def_property_readonly("message", &PyHandle::Message);
+}

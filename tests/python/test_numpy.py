@@ -1,0 +1,81 @@
+"""hvd.numpy: the collectives on NumPy arrays, sync and async."""
+
+import numpy as np
+import pytest
+
+import hvd.numpy as hvd
+from conftest import pattern, world
+
+DTYPES = [np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64, np.bool_]
+
+
+def make(shape, r, dtype, kind="small"):
+    return pattern(shape, r, "bool" if dtype == np.bool_ else kind).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(), (6,), (2, 3, 2)], ids=str)
+def test_allreduce_sum_and_max(dtype, shape):
+    r, n = world()
+    stack = np.stack([make(shape, q, dtype).astype(np.float64) for q in range(n)])
+    for op, ref in ((hvd.Sum, stack.max(0) if dtype == np.bool_ else stack.sum(0)),
+                    (hvd.Max, stack.max(0)), (hvd.Min, stack.min(0))):
+        got = hvd.allreduce(make(shape, r, dtype), op=op)
+        assert got.dtype == np.dtype(dtype) and got.shape == shape
+        np.testing.assert_array_equal(got, ref.astype(dtype))
+
+
+def test_allreduce_average_in_place_and_async():
+    r, n = world()
+    x = make((4, 5), r, np.float64, "avg")
+    hvd.allreduce_(x)
+    np.testing.assert_array_equal(x, pattern((4, 5), 0, "small") + 3)
+    handles = [hvd.allreduce_async(np.full(3, float(i + r)), op=hvd.Sum) for i in range(20)]
+    for i, h in enumerate(handles):
+        np.testing.assert_array_equal(hvd.synchronize(h), np.full(3, n * i + n * (n - 1) / 2))
+
+
+def test_non_contiguous_in_place():
+    r, n = world()
+    base = np.arange(12.0).reshape(3, 4) + r
+    view = base.T
+    hvd.allreduce_(view, op=hvd.Sum)
+    np.testing.assert_array_equal(base, np.arange(12.0).reshape(3, 4) * n + n * (n - 1) / 2)
+
+
+def test_grouped_allreduce():
+    r, n = world()
+    ys = hvd.grouped_allreduce([np.full(2, float(r)), np.ones((2, 2), dtype=np.int32)], op=hvd.Sum)
+    np.testing.assert_array_equal(ys[0], np.full(2, n * (n - 1) / 2))
+    np.testing.assert_array_equal(ys[1], np.full((2, 2), n, dtype=np.int32))
+
+
+def test_allgather_broadcast_alltoall_reducescatter():
+    r, n = world()
+    got = hvd.allgather(np.full((r + 1, 2), r, dtype=np.int64))
+    np.testing.assert_array_equal(got, np.concatenate([np.full((q + 1, 2), q) for q in range(n)]))
+    got = hvd.synchronize(hvd.allgather_async(np.array([r], dtype=np.float32)))
+    np.testing.assert_array_equal(got, np.arange(n, dtype=np.float32))
+    for root in range(n):
+        np.testing.assert_array_equal(hvd.broadcast(np.full(3, r), root), np.full(3, root))
+        x = np.full(2, float(r))
+        hvd.broadcast_(x, root)
+        np.testing.assert_array_equal(x, np.full(2, float(root)))
+    out, received = hvd.alltoall(np.arange(n, dtype=np.int32) + 10 * r)
+    np.testing.assert_array_equal(out, np.array([r + 10 * q for q in range(n)], dtype=np.int32))
+    np.testing.assert_array_equal(received, np.ones(n, dtype=np.int32))
+    got = hvd.reducescatter(np.ones((n, 3)), op=hvd.Sum)
+    np.testing.assert_array_equal(got, np.full((1, 3), float(n)))
+
+
+def test_errors():
+    r, n = world()
+    with pytest.raises(TypeError, match="does not support"):
+        hvd.allreduce(np.zeros(2, dtype=np.int16))
+    with pytest.raises(ValueError, match="writable"):
+        hvd.allreduce_([1.0, 2.0])
+    if n > 1:
+        with pytest.raises(hvd.HvdError, match="np.mismatch"):
+            hvd.allreduce(np.zeros(2 + r), name="np.mismatch")
+    np.testing.assert_array_equal(hvd.allreduce(np.ones(1), op=hvd.Sum), np.full(1, float(n)))
+    hvd.barrier()

@@ -1,0 +1,300 @@
+"""hvd.torch collectives: every dtype, several shapes, every op, in place and not, async,
+fused, grouped; mismatch errors across ranks."""
+
+import numpy as np
+import pytest
+import torch
+
+import hvd.torch as hvd
+from conftest import pattern, world
+
+DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+          torch.float32, torch.float64, torch.bool]
+NUMERIC = [d for d in DTYPES if d != torch.bool]
+SHAPES = [(), (0,), (1,), (5,), (3, 4), (2, 3, 4), (17, 1, 3, 2)]
+OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
+       "product": hvd.Product}
+
+
+def make(shape, r, dtype, kind):
+    if dtype == torch.bool:
+        kind = "bool"
+    return torch.from_numpy(pattern(shape, r, kind)).to(dtype)
+
+
+def expected_allreduce(shape, dtype, op_name):
+    """float64 reference from every rank's input."""
+    _, n = world()
+    kind = {"product": "prod", "average": "avg"}.get(op_name, "small")
+    inputs = [make(shape, q, dtype, kind).to(torch.float64).numpy() for q in range(n)]
+    stack = np.stack(inputs)
+    if dtype == torch.bool:
+        result = {"sum": stack.max(0), "max": stack.max(0), "min": stack.min(0),
+                  "product": stack.min(0)}[op_name]
+    else:
+        result = {"sum": stack.sum(0), "average": stack.sum(0) / n, "min": stack.min(0),
+                  "max": stack.max(0), "product": stack.prod(0)}[op_name]
+    return torch.from_numpy(np.asarray(result, dtype=np.float64)).to(dtype)
+
+
+def kind_of(op_name):
+    return {"product": "prod", "average": "avg"}.get(op_name, "small")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_allreduce(dtype, shape, op_name):
+    r, _ = world()
+    x = make(shape, r, dtype, kind_of(op_name))
+    before = x.clone()
+    if dtype == torch.bool and op_name == "average":
+        with pytest.raises(hvd.InvalidArgumentError, match="average"):
+            hvd.allreduce(x, op=OPS[op_name])
+        return
+    y = hvd.allreduce(x, op=OPS[op_name])
+    assert y.dtype == dtype and y.shape == x.shape
+    assert torch.equal(y, expected_allreduce(shape, dtype, op_name))
+    assert torch.equal(x, before), "allreduce must not modify its input"
+
+
+@pytest.mark.parametrize("dtype", NUMERIC, ids=str)
+@pytest.mark.parametrize("shape", [(), (7,), (3, 5)], ids=str)
+@pytest.mark.parametrize("op_name", ["sum", "max", "average"])
+def test_allreduce_in_place(dtype, shape, op_name):
+    r, _ = world()
+    x = make(shape, r, dtype, kind_of(op_name))
+    out = hvd.allreduce_(x, op=OPS[op_name])
+    assert out is x
+    assert torch.equal(x, expected_allreduce(shape, dtype, op_name))
+
+
+def test_allreduce_default_op_is_average():
+    r, n = world()
+    x = torch.full((4,), float(r), dtype=torch.float64)
+    assert torch.allclose(hvd.allreduce(x), torch.full((4,), (n - 1) / 2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
+                         ids=str)
+def test_allreduce_scale_factors(dtype):
+    r, n = world()
+    x = torch.full((6,), float(r + 1), dtype=dtype)
+    y = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0)
+    assert torch.equal(y, torch.full((6,), 2.0 * n * (n + 1) / 2, dtype=dtype))
+
+
+def test_allreduce_non_contiguous():
+    r, n = world()
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4) + r
+    x = base.t()
+    assert not x.is_contiguous()
+    want = (torch.arange(12, dtype=torch.float32).reshape(3, 4) * n + n * (n - 1) / 2).t()
+    assert torch.equal(hvd.allreduce(x, op=hvd.Sum), want)
+    hvd.allreduce_(x, op=hvd.Sum)
+    assert torch.equal(x, want)
+    assert torch.equal(base, want.t()), "in place on a view writes through to its base"
+
+
+def test_allreduce_fp16_compression():
+    r, n = world()
+    x = torch.full((10,), float(r), dtype=torch.float32)
+    y = hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16)
+    assert y.dtype == torch.float32
+    assert torch.equal(y, torch.full((10,), n * (n - 1) / 2))
+
+
+def test_deprecated_average_flag():
+    r, n = world()
+    x = torch.ones(3)
+    with pytest.warns(DeprecationWarning):
+        y = hvd.allreduce(x, average=False)
+    assert torch.equal(y, torch.full((3,), float(n)))
+
+
+def test_many_async_in_flight_fuse():
+    r, n = world()
+    tensors = [torch.full((i % 7 + 1, 3), float(i + r)) for i in range(64)]
+    handles = [hvd.allreduce_async(t, op=hvd.Sum) for t in tensors]
+    named = [hvd.allreduce_async_(torch.full((5,), float(r)), name="inflight.%d" % i,
+                                  op=hvd.Max) for i in range(16)]
+    while not all(hvd.poll(h) for h in handles + named):
+        pass
+    for i, h in enumerate(handles):
+        assert torch.equal(hvd.synchronize(h), torch.full((i % 7 + 1, 3), float(n * i + n * (n - 1) / 2)))
+    for h in named:
+        assert torch.equal(hvd.synchronize(h), torch.full((5,), float(n - 1)))
+    assert torch.equal(hvd.synchronize(handles[0]), torch.full((1, 3), n * (n - 1) / 2))
+
+
+def test_same_name_reused_sequentially():
+    _, n = world()
+    for i in range(5):
+        y = hvd.allreduce(torch.full((2,), float(i)), name="reused", op=hvd.Sum)
+        assert torch.equal(y, torch.full((2,), float(i * n)))
+
+
+def test_grouped_allreduce():
+    r, n = world()
+    xs = [torch.full((i + 1,), float(r + i)) for i in range(5)] + [torch.ones(2, dtype=torch.int64)]
+    ys = hvd.grouped_allreduce(xs, op=hvd.Sum)
+    assert len(ys) == 6
+    for i in range(5):
+        assert torch.equal(ys[i], torch.full((i + 1,), float(n * i + n * (n - 1) / 2)))
+    assert torch.equal(ys[5], torch.full((2,), n, dtype=torch.int64))
+    hvd.grouped_allreduce_(xs, op=hvd.Sum)
+    for x, y in zip(xs, ys):
+        assert torch.equal(x, y)
+    h = hvd.grouped_allreduce_async([torch.ones(3)], op=hvd.Average)
+    assert torch.equal(hvd.synchronize(h)[0], torch.ones(3))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rest", [(), (3,), (2, 2)], ids=str)
+def test_allgather(dtype, rest):
+    r, n = world()
+    x = make((r + 1,) + rest, r, dtype, "small")
+    y = hvd.allgather(x)
+    want = torch.cat([make((q + 1,) + rest, q, dtype, "small") for q in range(n)])
+    assert y.dtype == dtype and torch.equal(y, want)
+
+
+def test_allgather_empty_and_async():
+    r, n = world()
+    x = torch.ones(r % 2, 3)
+    y = hvd.synchronize(hvd.allgather_async(x))
+    rows = sum(q % 2 for q in range(n))
+    assert y.shape == (rows, 3)
+
+
+def test_grouped_allgather():
+    r, n = world()
+    ys = hvd.grouped_allgather([torch.full((1,), r), torch.full((r + 1, 2), float(r))])
+    assert torch.equal(ys[0], torch.arange(n))
+    assert torch.equal(ys[1], torch.cat([torch.full((q + 1, 2), float(q)) for q in range(n)]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(), (4,), (2, 3)], ids=str)
+def test_broadcast(dtype, shape):
+    r, n = world()
+    for root in range(n):
+        x = make(shape, r, dtype, "small")
+        before = x.clone()
+        y = hvd.broadcast(x, root_rank=root)
+        assert torch.equal(y, make(shape, root, dtype, "small"))
+        assert torch.equal(x, before)
+        hvd.broadcast_(x, root_rank=root)
+        assert torch.equal(x, make(shape, root, dtype, "small"))
+    h = hvd.broadcast_async(torch.full((2,), r), root_rank=n - 1)
+    assert torch.equal(hvd.synchronize(h), torch.full((2,), n - 1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_alltoall_equal_splits(dtype):
+    r, n = world()
+    # Row k of rank r's input goes to rank k // 2 and holds r*100 + k (mod 2 for bool).
+    x = torch.arange(2 * n, dtype=torch.float64).reshape(2 * n, 1).repeat(1, 3) + 100 * r
+    conv = (lambda t: (t % 2).to(dtype)) if dtype == torch.bool else (lambda t: (t % 120).to(dtype))
+    y = hvd.alltoall(conv(x))
+    want = torch.cat([torch.arange(2 * r, 2 * r + 2, dtype=torch.float64).reshape(2, 1).repeat(1, 3)
+                      + 100 * q for q in range(n)])
+    assert torch.equal(y, conv(want))
+
+
+def test_alltoall_uneven_splits():
+    r, n = world()
+    splits = [(r + j) % 3 for j in range(n)]
+    rows = []
+    for j in range(n):
+        rows += [[r, j, k] for k in range(splits[j])]
+    x = torch.tensor(rows, dtype=torch.int32).reshape(-1, 3)
+    y, received = hvd.alltoall(x, splits=torch.tensor(splits, dtype=torch.int32))
+    want_rows = []
+    for q in range(n):
+        want_rows += [[q, r, k] for k in range((q + r) % 3)]
+    assert torch.equal(y, torch.tensor(want_rows, dtype=torch.int32).reshape(-1, 3))
+    assert torch.equal(received, torch.tensor([(q + r) % 3 for q in range(n)], dtype=torch.int32))
+    out, recv = hvd.synchronize(hvd.alltoall_async(x, splits=splits))
+    assert torch.equal(out, y) and recv.tolist() == received.tolist()
+
+
+@pytest.mark.parametrize("dtype", NUMERIC, ids=str)
+@pytest.mark.parametrize("op_name", ["sum", "max", "average"])
+def test_reducescatter(dtype, op_name):
+    r, n = world()
+    rows = 2 * n + 1
+    x = make((rows, 2), r, dtype, kind_of(op_name))
+    y = hvd.reducescatter(x, op=OPS[op_name])
+    full = expected_allreduce((rows, 2), dtype, op_name)
+    start = sum(rows // n + (q < rows % n) for q in range(r))
+    mine = rows // n + (r < rows % n)
+    assert torch.equal(y, full[start:start + mine])
+
+
+def test_grouped_reducescatter_and_async():
+    r, n = world()
+    ys = hvd.grouped_reducescatter([torch.ones(n, 2), torch.full((2 * n,), float(r))], op=hvd.Sum)
+    assert torch.equal(ys[0], torch.full((1, 2), float(n)))
+    assert torch.equal(ys[1], torch.full((2,), n * (n - 1) / 2))
+    y = hvd.synchronize(hvd.reducescatter_async(torch.ones(n, 3)))
+    assert torch.equal(y, torch.ones(1, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.complex64], ids=str)
+def test_unsupported_dtype_is_a_clear_error(dtype):
+    with pytest.raises(TypeError, match="does not support"):
+        hvd.allreduce(torch.zeros(3, dtype=dtype))
+
+
+def test_exception_classes():
+    assert issubclass(hvd.HvdError, RuntimeError)
+    assert hvd.HorovodInternalError is hvd.HvdError
+    for cls in (hvd.InvalidArgumentError, hvd.PeerLostError, hvd.AbortedError,
+                hvd.HvdTimeoutError, hvd.FailedPreconditionError, hvd.InternalError):
+        assert issubclass(cls, hvd.HvdError)
+
+
+def test_mismatched_shape_fails_everywhere_then_next_op_works():
+    r, n = world()
+    x = torch.zeros(3 + (r if n > 1 else 1))
+    if n > 1:
+        with pytest.raises(hvd.HvdError, match="mismatch.shape"):
+            hvd.allreduce(x, name="mismatch.shape")
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)))
+
+
+def test_mismatched_dtype_fails_then_next_op_works():
+    r, n = world()
+    x = torch.zeros(3, dtype=torch.float32 if r % 2 == 0 else torch.float64)
+    if n > 1:
+        with pytest.raises(hvd.HvdError, match="mismatch.dtype"):
+            hvd.allreduce(x, name="mismatch.dtype")
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)))
+
+
+def test_mismatched_root_fails_then_next_op_works():
+    r, n = world()
+    if n > 1:
+        with pytest.raises(hvd.HvdError, match="mismatch.root"):
+            hvd.broadcast(torch.zeros(3), root_rank=r, name="mismatch.root")
+    assert torch.equal(hvd.broadcast(torch.full((2,), float(r)), root_rank=0), torch.zeros(2))
+
+
+def test_mismatched_allgather_trailing_dims_fail():
+    r, n = world()
+    if n > 1:
+        with pytest.raises(hvd.HvdError):
+            hvd.allgather(torch.zeros(2, 2 + r), name="mismatch.allgather")
+    assert hvd.allgather(torch.zeros(1, 2)).shape == (n, 2)
+
+
+def test_bad_root_rank_is_invalid_argument():
+    _, n = world()
+    with pytest.raises(hvd.InvalidArgumentError, match="root"):
+        hvd.broadcast(torch.zeros(1), root_rank=n)
+
+
+def test_barrier():
+    for _ in range(3):
+        hvd.barrier()

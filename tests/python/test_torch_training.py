@@ -1,0 +1,221 @@
+"""DistributedOptimizer, broadcast_parameters / broadcast_optimizer_state, join, objects.
+
+The reference for DistributedOptimizer is a plain torch run, in this process, on the global
+batch (every rank's shard), in float64: averaging the ranks' mean-loss gradients over equal
+shards is the gradient of the mean loss over the global batch.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import hvd.torch as hvd
+from conftest import world
+
+BATCH = 4          # samples per rank per backward pass
+STEPS = 5
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh(),
+        torch.nn.Linear(8, 1)).double()
+
+
+def global_batch(step, micro, n):
+    g = torch.Generator().manual_seed(1000 * step + micro)
+    x = torch.randn(BATCH * n, 6, generator=g, dtype=torch.float64)
+    y = torch.randn(BATCH * n, 1, generator=g, dtype=torch.float64)
+    return x, y
+
+
+def make_opt(kind, params):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    return torch.optim.Adam(params, lr=0.01)
+
+
+def train_reference(kind, passes, predivide=1.0):
+    _, n = world()
+    model = make_model()
+    opt = make_opt(kind, model.parameters())
+    for step in range(STEPS):
+        opt.zero_grad()
+        for micro in range(passes):
+            x, y = global_batch(step, micro, n)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return model
+
+
+def train_distributed(kind, passes, named=True, compression=hvd.Compression.none,
+                      predivide=1.0):
+    r, n = world()
+    model = make_model(seed=1 + r)  # a different start on every rank
+    if r == 0:
+        model.load_state_dict(make_model().state_dict())  # the reference's start, on the root
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = make_opt(kind, model.parameters())
+    opt = hvd.DistributedOptimizer(
+        opt, named_parameters=model.named_parameters() if named else None,
+        compression=compression, backward_passes_per_step=passes,
+        gradient_predivide_factor=predivide)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for micro in range(passes):
+            x, y = global_batch(step, micro, n)
+            shard = slice(r * BATCH, (r + 1) * BATCH)
+            torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
+        opt.step()
+    return model
+
+
+def assert_same_params(a, b, atol=1e-10):
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(p, q, atol=atol, rtol=0), name
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+@pytest.mark.parametrize("passes", [1, 2])
+def test_distributed_optimizer_matches_single_process(kind, passes):
+    assert_same_params(train_distributed(kind, passes), train_reference(kind, passes))
+
+
+def test_distributed_optimizer_unnamed_and_predivide():
+    assert_same_params(train_distributed("sgd", 1, named=False, predivide=2.0),
+                       train_reference("sgd", 1))
+
+
+def test_distributed_optimizer_fp16_compression_is_close():
+    assert_same_params(train_distributed("sgd", 1, compression=hvd.Compression.fp16),
+                       train_reference("sgd", 1), atol=1e-2)
+
+
+def test_distributed_optimizer_synchronize_then_skip():
+    r, n = world()
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    x, y = global_batch(0, 0, n)
+    shard = slice(r * BATCH, (r + 1) * BATCH)
+    torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+    with opt.skip_synchronize():
+        opt.step()
+    ref = make_model()
+    torch.nn.functional.mse_loss(ref(x), y).backward()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    assert_same_params(model, ref)
+
+
+def test_duplicate_parameter_names_are_refused():
+    model = make_model()
+    named = [("same", p) for p in model.parameters()]
+    with pytest.raises(ValueError, match="duplicate"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=named)
+
+
+def rank_state(kind, r):
+    """An optimizer whose state differs per rank: one step with gradient (r + 1)."""
+    model = make_model()
+    opt = make_opt(kind, model.parameters())
+    for group in opt.param_groups:
+        group["lr"] = 0.1 * (r + 1)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float(r + 1))
+    opt.step()
+    return model, opt
+
+
+def test_broadcast_optimizer_state_sgd_momentum():
+    r, n = world()
+    root = n - 1
+    model, opt = rank_state("sgd", r)
+    hvd.broadcast_optimizer_state(opt, root_rank=root)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * (root + 1))
+    for p in model.parameters():
+        # SGD's first step stores the gradient itself as the momentum buffer.
+        assert torch.equal(opt.state[p]["momentum_buffer"], torch.full_like(p, float(root + 1)))
+
+
+def test_broadcast_optimizer_state_adam():
+    r, n = world()
+    root = n - 1
+    model, opt = rank_state("adam", r)
+    hvd.broadcast_optimizer_state(opt, root_rank=root)
+    b1, b2 = opt.param_groups[0]["betas"]
+    g = float(root + 1)
+    for p in model.parameters():
+        st = opt.state[p]
+        assert float(st["step"]) == 1.0
+        assert torch.allclose(st["exp_avg"], torch.full_like(p, (1 - b1) * g))
+        assert torch.allclose(st["exp_avg_sq"], torch.full_like(p, (1 - b2) * g * g))
+
+
+def test_broadcast_optimizer_state_created_lazily_on_root_only():
+    r, n = world()
+    root = 0
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    if r == root:  # local work only: no collective depends on the rank
+        for p in model.parameters():
+            p.grad = torch.full_like(p, 3.0)
+        opt.step()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=root)
+    hvd.broadcast_optimizer_state(opt, root_rank=root)
+    for p in model.parameters():
+        assert float(opt.state[p]["step"]) == 1.0
+        assert torch.allclose(opt.state[p]["exp_avg"], torch.full_like(p, 0.1 * 3.0))
+    # From identical state, identical steps keep the ranks identical.
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(flat.unsqueeze(0))
+    assert all(torch.equal(gathered[q], flat) for q in range(n))
+
+
+def test_broadcast_parameters_forms():
+    r, n = world()
+    model = make_model(seed=r)
+    hvd.broadcast_parameters(model.named_parameters(), root_rank=0)
+    ref = make_model(seed=0)
+    assert_same_params(model, ref, atol=0)
+    tensors = [torch.full((3,), float(r)), torch.full((2, 2), float(r))]
+    hvd.broadcast_parameters(tensors, root_rank=n - 1)
+    assert all(torch.equal(t, torch.full_like(t, float(n - 1))) for t in tensors)
+
+
+def test_join_with_uneven_batches():
+    r, n = world()
+    batches = r + 1  # rank r has r + 1 batches; the last rank has the most
+    for i in range(batches):
+        y = hvd.allreduce(torch.full((3,), float(r + 1)), name="uneven.%d" % i, op=hvd.Sum)
+        # Ranks that have joined take part with zeros.
+        assert torch.equal(y, torch.full((3,), float(sum(q + 1 for q in range(n) if q + 1 > i))))
+    last = hvd.join()
+    assert last == n - 1
+    # After everyone joined, collectives work normally again.
+    assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.full((1,), float(n)))
+
+
+def test_broadcast_object():
+    r, n = world()
+    for root in range(n):
+        obj = {"root": root, "rank": r, "payload": list(range(r * 10))}
+        got = hvd.broadcast_object(obj if r == root else None, root_rank=root)
+        assert got == {"root": root, "rank": root, "payload": list(range(root * 10))}
+
+
+def test_allgather_object():
+    r, n = world()
+    got = hvd.allgather_object({"rank": r, "data": "x" * (r * 7)})
+    assert got == [{"rank": q, "data": "x" * (q * 7)} for q in range(n)]
+
+
+def test_barrier_after_training():
+    hvd.barrier()
