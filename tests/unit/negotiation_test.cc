@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <thread>
 
 #include "coordinator/coordinator.h"
 #include "coordinator/messages.h"
@@ -187,6 +188,21 @@ TEST(Coordinator, GroupIsReleasedWhole) {
   c.AddRequests(1, {grouped("y")});
   auto rs = c.ComputeResponses();
   EXPECT_EQ(rs.size(), 2u);
+}
+
+TEST(Coordinator, StalledNameIsAbandonedAfterTheShutdownTime) {
+  Coordinator c(3, 0, /*stall_seconds=*/0, /*stall_shutdown_seconds=*/0.001);
+  c.AddRequests(0, {Allreduce("late", {2})});
+  c.AddRequests(2, {Allreduce("late", {2})});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // checks run once a second
+  c.CheckStalls(Clock::now());
+  auto rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].type, OpType::kError);
+  EXPECT_EQ(rs[0].error_code, StatusCode::kTimeout);
+  EXPECT_NE(rs[0].error.find("'late'"), std::string::npos) << rs[0].error;
+  EXPECT_NE(rs[0].error.find("ranks [1] never submitted"), std::string::npos) << rs[0].error;
+  EXPECT_TRUE(c.idle());
 }
 
 TEST(Fusion, RespectsThresholdAndCompatibility) {

@@ -51,6 +51,7 @@ struct HVD_EXPORT Options {
   // automatic (100 when every local rank has a core, else 0).
   int spin_microseconds = -1;
   double stall_check_seconds = 60.0;          // HVD_STALL_CHECK_TIME_SECONDS; 0 disables
+  double stall_shutdown_seconds = 0.0;        // HVD_STALL_SHUTDOWN_TIME_SECONDS; 0 disables
   std::string timeline_path;                  // HVD_TIMELINE
   LogLevel log_level = LogLevel::kWarning;    // HVD_LOG_LEVEL
   std::string bind_addr = "127.0.0.1";        // HVD_BIND_ADDR: where this rank listens

@@ -176,6 +176,9 @@ Status ReadKnobs(Options* o) {
   if (const char* v = Knob("START_TIMEOUT", &var)) {
     HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.001, &o->start_timeout_seconds));
   }
+  if (const char* v = Knob("STALL_SHUTDOWN_TIME_SECONDS", &var)) {
+    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.0, &o->stall_shutdown_seconds));
+  }
   if (const char* v = Knob("STALL_CHECK_TIME_SECONDS", &var)) {
     HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.0, &o->stall_check_seconds));
   }

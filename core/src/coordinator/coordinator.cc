@@ -49,10 +49,13 @@ std::string DescribeDiff(const Request& a, const Request& b, bool first_dim_may_
 
 }  // namespace
 
-Coordinator::Coordinator(int size, size_t fusion_threshold_bytes, double stall_seconds)
+Coordinator::Coordinator(int size, size_t fusion_threshold_bytes, double stall_seconds,
+                         double stall_shutdown_seconds)
     : size_(size),
       fusion_threshold_(fusion_threshold_bytes),
       stall_seconds_(stall_seconds),
+      stall_shutdown_seconds_(stall_shutdown_seconds),
+      last_shutdown_check_(Clock::now()),
       joined_(size, false),
       last_stall_check_(Clock::now()) {}
 
@@ -218,7 +221,42 @@ std::vector<Response> Coordinator::ComputeResponses() {
 
 std::vector<std::string> Coordinator::PendingNames() const { return arrival_order_; }
 
+void Coordinator::AbandonStalled(Clock::time_point now) {
+  if (stall_shutdown_seconds_ <= 0 || now - last_shutdown_check_ < std::chrono::seconds(1)) return;
+  last_shutdown_check_ = now;
+  const auto limit = std::chrono::duration<double>(stall_shutdown_seconds_);
+  std::vector<std::string> names = arrival_order_;
+  for (const auto& name : names) {
+    const Entry& e = table_.at(name);
+    if (now - e.first_seen < limit) continue;
+    std::vector<int> missing, ready;
+    OpType type = OpType::kAllreduce;
+    for (int r = 0; r < size_; ++r) {
+      if (e.per_rank[r]) {
+        ready.push_back(r);
+        type = e.per_rank[r]->type;
+      } else if (!joined_[r]) {
+        missing.push_back(r);
+      }
+    }
+    Response resp;
+    resp.type = OpType::kError;
+    resp.names = {name};
+    resp.error_code = StatusCode::kTimeout;
+    std::ostringstream os;
+    os << OpTypeName(type) << " '" << name << "' abandoned after " << stall_shutdown_seconds_
+       << " s (HVD_STALL_SHUTDOWN_TIME_SECONDS): ranks [" << RanksString(missing)
+       << "] never submitted it; it was ready on ranks [" << RanksString(ready) << "]";
+    resp.error = os.str();
+    HVD_LOG(kError) << resp.error;
+    table_.erase(name);
+    arrival_order_.erase(std::find(arrival_order_.begin(), arrival_order_.end(), name));
+    ready_.push_back(std::move(resp));
+  }
+}
+
 int Coordinator::CheckStalls(Clock::time_point now) {
+  AbandonStalled(now);
   if (stall_seconds_ <= 0 || now - last_stall_check_ < std::chrono::duration<double>(stall_seconds_)) {
     return 0;
   }

@@ -13,7 +13,8 @@
 //      the planner (same op, dtype, reduce op and factors; up to the fusion threshold). Rank 0
 //      broadcasts that list; every rank executes it in that order.
 //   6. CheckStalls() logs names that some ranks have announced and others have not, longer
-//      than the stall time, with the missing ranks.
+//      than the stall time, with the missing ranks; past the stall shutdown time (if set) it
+//      fails such a name on the ranks that announced it (an error response, code Timeout).
 //
 // Thread-safety: not thread-safe; used only by rank 0's background thread.
 #pragma once
@@ -32,7 +33,8 @@ namespace hvd {
 
 class Coordinator {
  public:
-  Coordinator(int size, size_t fusion_threshold_bytes, double stall_seconds);
+  Coordinator(int size, size_t fusion_threshold_bytes, double stall_seconds,
+              double stall_shutdown_seconds = 0);
 
   void AddRequests(int rank, std::vector<Request> requests);
   // The responses that became ready since the last call, fused, in execution order.
@@ -60,6 +62,9 @@ class Coordinator {
   const int size_;
   const size_t fusion_threshold_;
   const double stall_seconds_;
+  const double stall_shutdown_seconds_;
+  Clock::time_point last_shutdown_check_;
+  void AbandonStalled(Clock::time_point now);
   std::unordered_map<std::string, Entry> table_;
   std::vector<std::string> arrival_order_;  // names in order of first announcement
   std::vector<Response> ready_;

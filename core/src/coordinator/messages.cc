@@ -132,12 +132,13 @@ void Put(Writer& w, const Response& r) {
   w.Put<double>(r.postscale);
   w.Vec(r.sizes);
   w.Str(r.error);
+  w.Put<uint8_t>(static_cast<uint8_t>(r.error_code));
   w.Put<int32_t>(r.last_joined);
   w.Vec(r.joined);
 }
 
 bool Get(Reader& rd, Response* r) {
-  uint8_t type, dtype, op, compact;
+  uint8_t type, dtype, op, compact, code;
   uint32_t n;
   if (!rd.Enum(&compact, 2)) return false;
   if (compact) return rd.Vec(&r->cache_bits) && !r->cache_bits.empty();
@@ -156,8 +157,10 @@ bool Get(Reader& rd, Response* r) {
   }
   bool ok = rd.Enum(&dtype, kNumDataTypes) && rd.Enum(&op, kNumReduceOps) && rd.Get(&r->root) &&
             rd.Get(&r->prescale) && rd.Get(&r->postscale) && rd.Vec(&r->sizes) &&
-            rd.Str(&r->error) && rd.Get(&r->last_joined) && rd.Vec(&r->joined);
+            rd.Str(&r->error) && rd.Enum(&code, static_cast<uint8_t>(StatusCode::kInternal) + 1) &&
+            rd.Get(&r->last_joined) && rd.Vec(&r->joined);
   if (!ok) return false;
+  r->error_code = static_cast<StatusCode>(code);
   r->dtype = static_cast<DataType>(dtype);
   r->op = static_cast<ReduceOp>(op);
   return true;

@@ -56,6 +56,7 @@ struct Response {
   // alltoall: the splits matrix, [src * size + dst] rows sent from src to dst.
   std::vector<int64_t> sizes;
   std::string error;           // kError: what differed and where
+  StatusCode error_code = StatusCode::kInvalidArgument;  // kError: the status the ranks get
   int32_t last_joined = -1;    // kJoin: the last rank to join
   // Ranks that had joined when this response was made: they take part without a tensor.
   std::vector<int32_t> joined;

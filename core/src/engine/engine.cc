@@ -52,7 +52,8 @@ Status EngineImpl::Connect() {
   worker_epochs_.assign(options_.size, 0);
   if (options_.rank == 0) {
     coordinator_ = std::make_unique<Coordinator>(options_.size, options_.fusion_threshold_bytes,
-                                                 options_.stall_check_seconds);
+                                                 options_.stall_check_seconds,
+                                                 options_.stall_shutdown_seconds);
   }
   if (options_.size == 1) {
     std::vector<std::unique_ptr<asio::ip::tcp::socket>> none(1);

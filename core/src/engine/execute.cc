@@ -55,7 +55,7 @@ void EngineImpl::Execute(const Response& r) {
     entries[i] = &*owned[i];
     mine = true;
   }
-  if (!mine && !joined_ && r.type != OpType::kJoin) {
+  if (!mine && !joined_ && r.type != OpType::kJoin && r.type != OpType::kError) {
     HVD_LOG(kError) << "response for '" << r.names[0] << "' that this rank never announced";
   }
 
@@ -65,7 +65,7 @@ void EngineImpl::Execute(const Response& r) {
   Status s;
   switch (r.type) {
     case OpType::kError:
-      s = Status::InvalidArgument(r.error);
+      s = Status(r.error_code, r.error);
       break;
     case OpType::kAllreduce:
       s = ExecuteAllreduce(r, entries);
@@ -93,7 +93,8 @@ void EngineImpl::Execute(const Response& r) {
       break;
   }
   timeline_->End(s.ok() ? "ok" : StatusCodeName(s.code()));
-  bool comm_gone = s.code() == StatusCode::kPeerLost || s.code() == StatusCode::kTimeout;
+  bool comm_gone = r.type != OpType::kError &&
+                   (s.code() == StatusCode::kPeerLost || s.code() == StatusCode::kTimeout);
   if (comm_gone) s = AwaitRootCause(s);
   if (!s.ok() && r.type != OpType::kError) {
     s = s.WithContext(std::string(OpTypeName(r.type)) + " '" + r.names[0] + "'" +
