@@ -56,5 +56,7 @@ struct HVD_EXPORT TensorView {
 };
 
 HVD_EXPORT std::string ShapeToString(const std::vector<int64_t>& shape);
+// Product of the dimensions (1 for a scalar's empty shape).
+HVD_EXPORT int64_t NumElements(const std::vector<int64_t>& shape);
 
 }  // namespace hvd

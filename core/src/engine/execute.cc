@@ -12,12 +12,6 @@ namespace hvd {
 
 namespace {
 
-int64_t Elements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 int64_t RowElements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
@@ -60,7 +54,7 @@ void EngineImpl::Execute(const Response& r) {
   }
 
   size_t bytes = 0;
-  for (const auto& shape : r.shapes) bytes += static_cast<size_t>(Elements(shape)) * DataTypeSize(r.dtype);
+  for (const auto& shape : r.shapes) bytes += static_cast<size_t>(NumElements(shape)) * DataTypeSize(r.dtype);
   timeline_->Begin(OpTypeName(r.type), r.names, bytes);
   Status s;
   switch (r.type) {
@@ -109,7 +103,7 @@ void EngineImpl::Execute(const Response& r) {
 Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>& entries) {
   const size_t esize = DataTypeSize(r.dtype);
   std::vector<size_t> counts;
-  for (const auto& shape : r.shapes) counts.push_back(static_cast<size_t>(Elements(shape)));
+  for (const auto& shape : r.shapes) counts.push_back(static_cast<size_t>(NumElements(shape)));
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   uint8_t* buf;
   bool fused = entries.size() > 1 || entries[0] == nullptr;
@@ -187,7 +181,7 @@ Status EngineImpl::ExecuteAllgather(const Response& r, TensorEntry* e) {
 }
 
 Status EngineImpl::ExecuteBroadcast(const Response& r, TensorEntry* e) {
-  const size_t bytes = static_cast<size_t>(Elements(r.shapes[0])) * DataTypeSize(r.dtype);
+  const size_t bytes = static_cast<size_t>(NumElements(r.shapes[0])) * DataTypeSize(r.dtype);
   void* buf;
   if (e) {
     buf = e->output.data;

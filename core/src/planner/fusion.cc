@@ -4,12 +4,6 @@ namespace hvd {
 
 namespace {
 
-int64_t NumElements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 bool Fusable(const Response& a, const Response& b) {
   return a.type == OpType::kAllreduce && b.type == OpType::kAllreduce && a.dtype == b.dtype &&
          a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale &&
