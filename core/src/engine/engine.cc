@@ -100,6 +100,7 @@ Status EngineImpl::Shutdown() {
     shutdown_requested_ = true;
   }
   Wake();
+  std::lock_guard<std::mutex> l(join_mu_);  // several threads may call Shutdown at once
   if (thread_.joinable()) thread_.join();
   return Status::OK();
 }

@@ -137,6 +137,7 @@ class EngineImpl {
   bool done_ = false;
   std::atomic<uint64_t> responses_executed_{0};
   std::atomic<uint64_t> cache_hits_{0};
+  std::mutex join_mu_;  // serialises joining thread_
   std::thread thread_;
 };
 
