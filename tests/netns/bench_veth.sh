@@ -21,7 +21,7 @@ done
 
 if command -v mpicc > /dev/null && command -v mpirun > /dev/null; then
   mpicc -O3 -march=native -o "$NETNS_DIR/mpi_allreduce_bench" \
-    /work/shared/peers/mpi_allreduce_bench.c 2> /dev/null || { echo "mpicc failed"; exit 0; }
+    "${PEERS_DIR:-$HERE/../../../shared/peers}/mpi_allreduce_bench.c" 2> /dev/null || { echo "mpicc failed"; exit 0; }
   for spec in "$H1:1,$H2:1" "$H1:2,$H2:2"; do
     np=$(( ${spec##*:} * 2 ))
     echo "=== Open MPI: mpirun -np $np --host $spec --mca btl tcp,self"
