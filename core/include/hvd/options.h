@@ -47,8 +47,8 @@ struct HVD_EXPORT Options {
   int cache_capacity = 1024;                  // HVD_CACHE_CAPACITY; 0 disables the cache
   double timeout_seconds = 30.0;              // HVD_TIMEOUT_SECONDS
   double start_timeout_seconds = 30.0;        // HVD_START_TIMEOUT: connecting at start-up
-  // HVD_SPIN_MICROSECONDS: how long a collective polls before sleeping in the kernel; -1 =
-  // automatic (100 when every local rank has a core, else 0).
+  // HVD_SPIN_MICROSECONDS: how long the background thread polls (yielding the core each
+  // round) after work and inside collectives before sleeping in the kernel; -1 = default (100).
   int spin_microseconds = -1;
   double stall_check_seconds = 60.0;          // HVD_STALL_CHECK_TIME_SECONDS; 0 disables
   double stall_shutdown_seconds = 0.0;        // HVD_STALL_SHUTDOWN_TIME_SECONDS; 0 disables

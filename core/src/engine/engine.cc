@@ -65,10 +65,11 @@ Status EngineImpl::Connect() {
   if (!job.ok()) return job.status().WithContext("rank " + std::to_string(options_.rank));
   backends_ = std::move(job->backends);
   TcpMesh* mesh = job->mesh.get();
-  // Spin briefly in collective waits only when every local rank can have a core of its own.
-  unsigned cores = std::thread::hardware_concurrency();
-  auto spin = (cores > 0 && static_cast<unsigned>(options_.local_size) <= cores)
-                  ? std::chrono::microseconds(100) : std::chrono::microseconds(0);
+  // After work, and inside collective waits, poll for up to spin_ before sleeping in the
+  // kernel: waking a sleeping (often idle, virtualised) core costs tens of microseconds per
+  // hop. The poll yields the core on every empty round, so ranks that outnumber the cores hand
+  // it to each other instead of spinning against each other.
+  auto spin = std::chrono::microseconds(100);
   if (options_.spin_microseconds >= 0) spin = std::chrono::microseconds(options_.spin_microseconds);
   spin_ = spin;
   transport_ = std::make_unique<TcpTransport>(io_, options_.rank, std::move(mesh->data), spin);
