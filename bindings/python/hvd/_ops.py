@@ -85,13 +85,17 @@ def check_op(op, average=None):
     return op
 
 
-def allreduce_async(A, tensor, name, op, prescale, postscale, inplace):
+def _in_out(A, tensor, inplace):
+    """The contiguous input and where the result goes: the input itself, or a new buffer."""
     c, ptr, dt, shape = A.prepare(tensor)
     if inplace:
-        out, out_ptr = c, ptr
-    else:
-        out = A.empty_like(c)
-        out_ptr = A.ptr(out)
+        return c, ptr, dt, shape, c, ptr
+    out = A.empty_like(c)
+    return c, ptr, dt, shape, out, A.ptr(out)
+
+
+def allreduce_async(A, tensor, name, op, prescale, postscale, inplace):
+    c, ptr, dt, shape, out, out_ptr = _in_out(A, tensor, inplace)
     h = _core.allreduce(op_name("allreduce", name), ptr, out_ptr, dt, shape, op,
                         float(prescale), float(postscale), (c, out))
     if inplace and c is not tensor:
@@ -146,12 +150,7 @@ def grouped_allgather_async(A, tensors, name):
 
 
 def broadcast_async(A, tensor, root_rank, name, inplace):
-    c, ptr, dt, shape = A.prepare(tensor)
-    if inplace:
-        out, out_ptr = c, ptr
-    else:
-        out = A.empty_like(c)
-        out_ptr = A.ptr(out)
+    c, ptr, dt, shape, out, out_ptr = _in_out(A, tensor, inplace)
     h = _core.broadcast(op_name("broadcast", name), ptr, out_ptr, dt, shape, int(root_rank),
                         (c, out))
     if inplace and c is not tensor:

@@ -88,7 +88,6 @@ bool EngineImpl::DrainQueue() {
       e.handle->Complete(s);
       continue;
     }
-    if (options_.size == 1 && e.request.type == OpType::kJoin) joined_ = true;
     if (e.request.type == OpType::kJoin) joined_ = true;
     requests.push_back(e.request);
     timeline_->Negotiate(e.request.name);

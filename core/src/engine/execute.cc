@@ -151,7 +151,7 @@ void* EngineImpl::AllocateOutput(TensorEntry* e, const std::vector<int64_t>& sha
   }
   e->handle->output_bytes_.resize(bytes);
   e->handle->output_data_ = e->handle->output_bytes_.data();
-  return bytes ? e->handle->output_bytes_.data() : e->handle->output_bytes_.data();
+  return e->handle->output_data_;
 }
 
 Status EngineImpl::ExecuteAllgather(const Response& r, TensorEntry* e) {

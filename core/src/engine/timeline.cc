@@ -80,20 +80,17 @@ void Timeline::Begin(const std::string& op, const std::vector<std::string>& name
     Emit(os.str());
     negotiating_.erase(it);
   }
-  (void)bytes;
-  names_.push_back(std::to_string(bytes));  // last element: the byte count
+  bytes_ = bytes;
 }
 
 void Timeline::End(const std::string& status) {
   if (!file_ || names_.empty()) return;
   auto end = Clock::now();
-  std::string bytes = names_.back();
-  names_.pop_back();
   for (const auto& n : names_) {
     std::ostringstream os;
     os << "{\"name\":\"" << op_ << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << JsonEscape(n)
        << "\",\"ts\":" << Micros(begin_) << ",\"dur\":" << Micros(end) - Micros(begin_)
-       << ",\"args\":{\"bytes\":" << bytes << ",\"fused\":" << names_.size() << ",\"status\":\""
+       << ",\"args\":{\"bytes\":" << bytes_ << ",\"fused\":" << names_.size() << ",\"status\":\""
        << JsonEscape(status) << "\"}}";
     Emit(os.str());
   }

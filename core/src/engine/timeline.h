@@ -38,6 +38,7 @@ class Timeline {
   std::unordered_map<std::string, Clock::time_point> negotiating_;
   std::vector<std::string> names_;  // of the response in progress
   std::string op_;
+  size_t bytes_ = 0;
   Clock::time_point begin_;
   std::vector<std::string> buffer_;
   bool first_ = true;
