@@ -127,6 +127,25 @@ int main(void) {
   }
   hvd_handle_free(h);
   hvd_shutdown(e);
+
+  /* A second engine in the same job: the rendezvous addresses of the first are stale now. */
+  for (int round = 0; round < 3; ++round) {
+    err = NULL;
+    e = hvd_init(&err);
+    if (!e) {
+      CHECK(0, "re-init %d: %s", round, hvd_error_message(err));
+      hvd_error_free(err);
+      break;
+    }
+    int32_t v = rank + round, total = 0;
+    int64_t one = 1;
+    h = hvd_allreduce(e, "c.again", &v, &total, HVD_INT32, 1, &one, HVD_SUM, 1.0, 1.0);
+    if (wait_ok(h, "allreduce after re-init") == HVD_OK) {
+      CHECK(total == size * (size - 1) / 2 + size * round, "re-init %d sum %d", round, total);
+    }
+    hvd_handle_free(h);
+    hvd_shutdown(e);
+  }
   if (rank == 0) printf("c_api_test: %s (size %d)\n", failures ? "FAILED" : "ok", size);
   return failures ? 1 : 0;
 }

@@ -43,6 +43,7 @@ struct ServerState {
   size_t context_len;
   std::shared_ptr<void> keepalive;
   AcceptFn done;
+  ContextCheck check;
   Nonce ns;
   std::vector<uint8_t> in;
   Mac reply;
@@ -71,13 +72,14 @@ std::string Describe(const asio::ip::tcp::socket& s) {
 }  // namespace
 
 void AcceptHandshake(asio::ip::tcp::socket& sock, const std::string& secret, size_t context_len,
-                     std::shared_ptr<void> keepalive, AcceptFn done) {
+                     std::shared_ptr<void> keepalive, AcceptFn done, ContextCheck check) {
   auto st = std::make_shared<ServerState>();
   st->sock = &sock;
   st->secret = secret;
   st->context_len = context_len;
   st->keepalive = std::move(keepalive);
   st->done = std::move(done);
+  st->check = std::move(check);
   st->ns = RandomNonce();
   st->in.resize(context_len + kNonceBytes + kMacBytes);
   st->timer = std::make_unique<asio::steady_timer>(sock.get_executor(), kHandshakeTimeout);
@@ -98,6 +100,10 @@ void AcceptHandshake(asio::ip::tcp::socket& sock, const std::string& secret, siz
       std::memcpy(mac.data(), st->in.data() + st->context_len + kNonceBytes, kMacBytes);
       if (!Equal(mac, Proof(st->secret, "hvd client", st->ns, nc, context))) {
         return st->Finish(Status::InvalidArgument(who + " failed authentication (wrong or no job secret)"), "");
+      }
+      if (st->check) {
+        Status claim = st->check(context);
+        if (!claim.ok()) return st->Finish(claim.WithContext(who), "");
       }
       st->reply = Proof(st->secret, "hvd server", nc, st->ns, context);
       asio::async_write(*st->sock, asio::buffer(st->reply),

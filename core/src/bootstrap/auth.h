@@ -8,8 +8,10 @@
 //                        HMAC(secret, "hvd client" | Ns | Nc | context).
 //   3. The server checks the proof (constant-time compare). A wrong proof, a short read or no
 //      proof within the timeout closes the connection; the server logs it and goes on.
-//   4. server -> client: HMAC(secret, "hvd server" | Nc | Ns | context); the client checks it,
-//      so it knows it reached the job and not an impostor.
+//   4. If the server accepts the claim (an optional check of the context, e.g. that the client
+//      meant this rank), server -> client: HMAC(secret, "hvd server" | Nc | Ns | context); the
+//      client checks it, so it knows it reached the job, and the peer it meant, not an impostor
+//      or a stale address. Otherwise the server closes the connection.
 // A recorded handshake replayed later fails at step 3: the server's Ns is new every time.
 //
 // Thread-safety: AcceptHandshake runs on the socket's io_context thread; ClientHandshake runs
@@ -44,8 +46,10 @@ bool Equal(const Mac& a, const Mac& b);
 // of exactly context_len bytes, or an error saying why the client was refused. `keepalive`
 // holds the socket's owner alive until then.
 using AcceptFn = std::function<void(const Status&, const std::string& context)>;
+using ContextCheck = std::function<Status(const std::string& context)>;
 void AcceptHandshake(asio::ip::tcp::socket& sock, const std::string& secret, size_t context_len,
-                     std::shared_ptr<void> keepalive, AcceptFn done);
+                     std::shared_ptr<void> keepalive, AcceptFn done,
+                     ContextCheck check = nullptr);
 
 // Client side (step 2 and the check of step 4), blocking until the deadline.
 Status ClientHandshake(asio::io_context& io, asio::ip::tcp::socket& sock,

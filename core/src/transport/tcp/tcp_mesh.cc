@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include "bootstrap/auth.h"
 #include "common/logging.h"
@@ -16,17 +17,32 @@ using asio::ip::tcp;
 constexpr uint32_t kHelloMagic = 0x31445648;  // "HVD1"
 constexpr uint8_t kKindData = 0, kKindControl = 1;
 
+// What a dialing rank claims: who it is, which connection this is, and which rank it meant to
+// reach (an address read from the store may be stale, e.g. from an earlier engine).
 struct Hello {
   uint32_t magic;
   int32_t rank;
   uint8_t kind;
+  int32_t target;
 };
-constexpr size_t kHelloBytes = 9;
+constexpr size_t kHelloBytes = 13;
 
-void PackHello(const Hello& h, uint8_t* out) {
-  std::memcpy(out, &h.magic, 4);
-  std::memcpy(out + 4, &h.rank, 4);
-  out[8] = h.kind;
+std::string PackHello(const Hello& h) {
+  std::string out(kHelloBytes, '\0');
+  std::memcpy(&out[0], &h.magic, 4);
+  std::memcpy(&out[4], &h.rank, 4);
+  out[8] = static_cast<char>(h.kind);
+  std::memcpy(&out[9], &h.target, 4);
+  return out;
+}
+
+Hello UnpackHello(const std::string& s) {
+  Hello h;
+  std::memcpy(&h.magic, s.data(), 4);
+  std::memcpy(&h.rank, s.data() + 4, 4);
+  h.kind = static_cast<uint8_t>(s[8]);
+  std::memcpy(&h.target, s.data() + 9, 4);
+  return h;
 }
 
 // Runs `io` until `done()` or the deadline; false on deadline.
@@ -71,12 +87,29 @@ StatusOr<std::unique_ptr<tcp::socket>> Dial(asio::io_context& io, const tcp::end
     return Status::PeerLost(os.str());
   }
   TuneSocket(*sock);
-  uint8_t buf[kHelloBytes];
-  PackHello(hello, buf);
-  Status st = auth::ClientHandshake(io, *sock, secret,
-                                    std::string(reinterpret_cast<char*>(buf), kHelloBytes), deadline);
+  Status st = auth::ClientHandshake(io, *sock, secret, PackHello(hello), deadline);
   if (!st.ok()) return st.WithContext("connecting to rank " + std::to_string(peer));
   return sock;
+}
+
+// Reads rank j's address from the store and dials it. A refused or misdirected connection
+// (the address of an earlier engine of this job, not yet replaced) is retried with the address
+// read again, until the deadline.
+StatusOr<std::unique_ptr<tcp::socket>> DialRank(asio::io_context& io, StoreClient& store,
+                                                const Options& o, int j, uint8_t kind,
+                                                Deadline deadline) {
+  Status last;
+  while (true) {
+    auto a = store.Get("hvd/addr/" + std::to_string(j), deadline);
+    if (!a.ok()) return a.status().WithContext("rendezvous with rank " + std::to_string(j));
+    auto ep = ParseAddr(*a, j);
+    if (!ep.ok()) return ep.status();
+    auto s = Dial(io, *ep, Hello{kHelloMagic, o.rank, kind, j}, j, o.secret, deadline);
+    if (s.ok() || Clock::now() + std::chrono::milliseconds(50) >= deadline) return s;
+    last = s.status();
+    HVD_LOG(kDebug) << "retrying rank " << j << ": " << last.message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 // Accepts connections and sorts them by hello into the mesh.
@@ -124,6 +157,15 @@ class Acceptor {
   // a peer can only claim a rank if it knows the job's secret.
   void ReadHello(std::shared_ptr<Incoming> in) {
     ++pending_;
+    auto check = [this](const std::string& context) {
+      Hello h = UnpackHello(context);
+      if (h.magic != kHelloMagic || h.target != rank_) {
+        return Status::InvalidArgument("hello for rank " + std::to_string(h.target) +
+                                       " reached rank " + std::to_string(rank_) +
+                                       " (a stale address?)");
+      }
+      return Status::OK();
+    };
     auth::AcceptHandshake(*in->sock, secret_, kHelloBytes, in,
                           [this, in](const Status& st, const std::string& context) {
                             --pending_;
@@ -132,12 +174,9 @@ class Acceptor {
                               return;
                             }
                             if (stopped_) return;
-                            Hello h;
-                            std::memcpy(&h.magic, context.data(), 4);
-                            std::memcpy(&h.rank, context.data() + 4, 4);
-                            h.kind = static_cast<uint8_t>(context[8]);
-                            Place(h, std::move(in->sock));
-                          });
+                            Place(UnpackHello(context), std::move(in->sock));
+                          },
+                          check);
   }
 
   void Place(const Hello& h, std::unique_ptr<tcp::socket> sock) {
@@ -194,15 +233,11 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Create(asio::io_context& io, const O
 
   // 2. Dial the lower ranks.
   for (int j = 0; j < o.rank; ++j) {
-    auto a = store.Get("hvd/addr/" + std::to_string(j), deadline);
-    if (!a.ok()) return a.status().WithContext("rendezvous with rank " + std::to_string(j));
-    auto ep = ParseAddr(*a, j);
-    if (!ep.ok()) return ep.status();
-    auto s = Dial(io, *ep, Hello{kHelloMagic, o.rank, kKindData}, j, o.secret, deadline);
+    auto s = DialRank(io, store, o, j, kKindData, deadline);
     if (!s.ok()) return s.status();
     mesh->data[j] = std::move(*s);
     if (j == 0) {
-      auto c = Dial(io, *ep, Hello{kHelloMagic, o.rank, kKindControl}, 0, o.secret, deadline);
+      auto c = DialRank(io, store, o, 0, kKindControl, deadline);
       if (!c.ok()) return c.status();
       mesh->control[0] = std::move(*c);
     }
