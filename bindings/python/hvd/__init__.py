@@ -122,14 +122,24 @@ def gloo_enabled():
 
 
 def nccl_built():
-    return _core.HAVE_NCCL
+    # The build may find NCCL (HVD_HAVE_NCCL), but no NCCL transport runs GPU tensors yet, so
+    # scripts that branch on this must take their CPU path.
+    return False
 
 
 def cuda_built():
-    return _core.HAVE_CUDA
+    return False  # as nccl_built: CUDA tensors are refused with a clear error for now
 
 
 def rocm_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
     return False
 
 
