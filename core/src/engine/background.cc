@@ -53,7 +53,7 @@ void EngineImpl::Loop() {
     }
     if (io_.stopped()) io_.restart();
     // Right after work the next message (a response, the peer's data) is usually microseconds
-    // away: poll for it before sleeping in the kernel, when there are cores for it.
+    // away: poll for it (yielding the core) before sleeping in the kernel.
     if (spin_.count() > 0 && Clock::now() - last_work_ < spin_) {
       if (io_.poll() == 0) sched_yield();
       continue;
@@ -81,11 +81,7 @@ bool EngineImpl::DrainQueue() {
       // Benchmark hook: every rank runs it at the same point, without negotiation.
       Status s = e.raw(*transport_, scratch_);
       if (!s.ok() && s.code() != StatusCode::kInvalidArgument) abort_ = s;
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        in_flight_.erase(e.request.name);
-      }
-      e.handle->Complete(s);
+      CompleteEntry(e, s);
       continue;
     }
     if (e.request.type == OpType::kJoin) joined_ = true;
