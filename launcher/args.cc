@@ -59,7 +59,7 @@ cxxopts::Options BuildOptions() {
   o.add_options("Engine knobs (exported to every rank)")
       ("fusion-threshold-mb", "Fusion buffer size in MiB -> HVD_FUSION_THRESHOLD (bytes); "
                               "0 disables fusion", s(), "MB")
-      ("cycle-time-ms", "Longest idle sleep of the background loop -> HVD_CYCLE_TIME", s(),
+      ("cycle-time-ms", "How long rank 0 holds ready tensors to fuse more with them (0: send at once) -> HVD_CYCLE_TIME", s(),
        "MS")
       ("cache-capacity", "Response cache entries -> HVD_CACHE_CAPACITY; 0 disables", s(), "N")
       ("timeout", "Seconds before a silent peer counts as lost -> HVD_TIMEOUT_SECONDS", s(),
@@ -168,7 +168,7 @@ void ParseKnobs(const cxxopts::ParseResult& r, LaunchOptions* out) {
     out->knobs["HVD_FUSION_THRESHOLD"] = std::to_string(std::llround(mb * 1048576.0));
   }
   if (has("cycle-time-ms")) {
-    out->knobs["HVD_CYCLE_TIME"] = Str(ParsePositive("--cycle-time-ms", get("cycle-time-ms")));
+    out->knobs["HVD_CYCLE_TIME"] = Str(ParseNonNegative("--cycle-time-ms", get("cycle-time-ms")));
   }
   if (has("cache-capacity")) {
     double n = ParseNonNegative("--cache-capacity", get("cache-capacity"));

@@ -240,7 +240,7 @@ TEST(Args, Errors) {
       {{"-H", "localhost", "--hostfile", "f", "x"}, "not both"},
       {{"--hostfile", "/nonexistent/hosts", "x"}, "cannot read hostfile"},
       {{"-np", "1", "--fusion-threshold-mb", "-1", "x"}, "--fusion-threshold-mb"},
-      {{"-np", "1", "--cycle-time-ms", "0", "x"}, "--cycle-time-ms"},
+      {{"-np", "1", "--cycle-time-ms", "-0.5", "x"}, "--cycle-time-ms"},
       {{"-np", "1", "--cache-capacity", "1.5", "x"}, "--cache-capacity"},
       {{"-np", "1", "--timeout", "abc", "x"}, "--timeout"},
       {{"-np", "1", "--timeout", "nan", "x"}, "--timeout"},

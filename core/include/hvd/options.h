@@ -43,7 +43,9 @@ struct HVD_EXPORT Options {
 
   // Knobs.
   size_t fusion_threshold_bytes = 64u << 20;  // HVD_FUSION_THRESHOLD; 0 disables fusion
-  double cycle_time_ms = 1.0;                 // HVD_CYCLE_TIME: longest idle sleep of the loop
+  // HVD_CYCLE_TIME (ms): how long rank 0 holds tensors that are ready before sending them out,
+  // so that more can be fused with them. 0 answers at once (every loop wakes on enqueue).
+  double cycle_time_ms = 0.0;
   int cache_capacity = 1024;                  // HVD_CACHE_CAPACITY; 0 disables the cache
   double timeout_seconds = 30.0;              // HVD_TIMEOUT_SECONDS
   double start_timeout_seconds = 30.0;        // HVD_START_TIMEOUT: connecting at start-up

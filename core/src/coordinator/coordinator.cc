@@ -73,7 +73,7 @@ void Coordinator::Add(int rank, Request r) {
     // Everything that waited only on joined ranks is ready now.
     std::vector<std::string> names = arrival_order_;
     for (const auto& n : names) MarkReadyIfComplete(n);
-    if (joined_count_ == size_) ready_.push_back(BuildJoinResponse());
+    if (joined_count_ == size_) PushReady(BuildJoinResponse());
     return;
   }
   std::string name = r.name;
@@ -112,7 +112,7 @@ void Coordinator::MarkReadyIfComplete(const std::string& name) {
   if (first.group_size > 1 && resp.type != OpType::kError) {
     ReleaseGroup(name, first, std::move(resp));
   } else {
-    ready_.push_back(std::move(resp));
+    PushReady(std::move(resp));
   }
 }
 
@@ -120,7 +120,7 @@ void Coordinator::ReleaseGroup(const std::string& name, const Request& first, Re
   auto& members = groups_[first.group];
   members.push_back(std::move(r));
   if (static_cast<int>(members.size()) < first.group_size) return;
-  for (auto& m : members) ready_.push_back(std::move(m));
+  for (auto& m : members) PushReady(std::move(m));
   groups_.erase(first.group);
 }
 
@@ -213,6 +213,11 @@ Response Coordinator::BuildJoinResponse() {
   return resp;
 }
 
+void Coordinator::PushReady(Response r) {
+  if (ready_.empty()) ready_since_ = Clock::now();
+  ready_.push_back(std::move(r));
+}
+
 std::vector<Response> Coordinator::ComputeResponses() {
   std::vector<Response> out = std::move(ready_);
   ready_.clear();
@@ -251,7 +256,7 @@ void Coordinator::AbandonStalled(Clock::time_point now) {
     HVD_LOG(kError) << resp.error;
     table_.erase(name);
     arrival_order_.erase(std::find(arrival_order_.begin(), arrival_order_.end(), name));
-    ready_.push_back(std::move(resp));
+    PushReady(std::move(resp));
   }
 }
 

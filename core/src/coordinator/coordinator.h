@@ -11,7 +11,8 @@
 //   4. Members of a group are held back until the whole group is ready.
 //   5. ComputeResponses() returns the ready Responses in the order they became ready, fused by
 //      the planner (same op, dtype, reduce op and factors; up to the fusion threshold). Rank 0
-//      broadcasts that list; every rank executes it in that order.
+//      calls it at once, or HVD_CYCLE_TIME after the oldest became ready, and broadcasts that
+//      list; every rank executes it in that order.
 //   6. CheckStalls() logs names that some ranks have announced and others have not, longer
 //      than the stall time, with the missing ranks; past the stall shutdown time (if set) it
 //      fails such a name on the ranks that announced it (an error response, code Timeout).
@@ -42,6 +43,9 @@ class Coordinator {
   // Logs stalled names (at most once per stall period). Returns the number stalled.
   int CheckStalls(Clock::time_point now);
   bool idle() const { return table_.empty() && ready_.empty(); }
+  // When the oldest response not yet taken by ComputeResponses() became ready.
+  bool has_ready() const { return !ready_.empty(); }
+  Clock::time_point ready_since() const { return ready_since_; }
   // Names some rank has announced but that are not ready yet (for shutdown messages).
   std::vector<std::string> PendingNames() const;
 
@@ -68,6 +72,8 @@ class Coordinator {
   std::unordered_map<std::string, Entry> table_;
   std::vector<std::string> arrival_order_;  // names in order of first announcement
   std::vector<Response> ready_;
+  Clock::time_point ready_since_;
+  void PushReady(Response r);
   std::map<std::string, std::vector<Response>> groups_;  // group key -> ready members
   std::vector<bool> joined_;
   int joined_count_ = 0;

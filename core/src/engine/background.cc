@@ -58,7 +58,9 @@ void EngineImpl::Loop() {
       if (io_.poll() == 0) sched_yield();
       continue;
     }
-    io_.run_one_for(kIdleTick);
+    Clock::duration sleep = kIdleTick;
+    if (auto left = CycleRemaining(); left > Clock::duration::zero()) sleep = std::min(sleep, left);
+    io_.run_one_for(sleep);
     if (io_.stopped()) io_.restart();
     io_.poll();
   }
@@ -163,8 +165,20 @@ Status EngineImpl::OnResponses(ResponseList&& list) {
   return Status::OK();
 }
 
+// When responses wait for HVD_CYCLE_TIME to gather more tensors to fuse, how long until they go.
+Clock::duration EngineImpl::CycleRemaining() const {
+  if (!coordinator_ || options_.cycle_time_ms <= 0 || !coordinator_->has_ready()) {
+    return Clock::duration::zero();
+  }
+  auto window = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double, std::milli>(options_.cycle_time_ms));
+  auto left = coordinator_->ready_since() + window - Clock::now();
+  return left > Clock::duration::zero() ? left : Clock::duration::zero();
+}
+
 void EngineImpl::CoordinatorStep() {
   coordinator_->CheckStalls(Clock::now());
+  if (CycleRemaining() > Clock::duration::zero()) return;  // still gathering
   std::vector<Response> ready = coordinator_->ComputeResponses();
   if (ready.empty()) return;
   if (options_.size > 1) {

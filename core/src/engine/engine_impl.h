@@ -81,6 +81,7 @@ class EngineImpl {
   void OnHeartbeatTimer();
   Status AwaitRootCause(const Status& local);
   void CoordinatorStep();
+  Clock::duration CycleRemaining() const;
   Status OnRequests(int peer, RequestList&& list);
   Status OnResponses(ResponseList&& list);
   void BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload);
