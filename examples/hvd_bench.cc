@@ -163,13 +163,14 @@ void Bench::PrintHeader() const {
                        : "engine (enqueue to Wait(): negotiation, fusion, collective)");
     std::printf("# size = bytes of each rank's input buffer, count = its elements; algbw = data/time"
                 " with data = size (allgather: size x ranks, the gathered output, as nccl-tests)\n");
-    std::printf("# time = median over iters of the max over ranks (min = fastest sample);"
+    std::printf("# time = median over the timed iterations of the max over ranks (--csv adds the"
+                " iteration count and the fastest sample);"
                 " GB/s = 1e9 B/s; busbw = algbw x %s\n",
                 a_.coll == RawCollective::kAllreduce   ? "2(n-1)/n"
                 : a_.coll == RawCollective::kBroadcast ? "1"
                                                        : "(n-1)/n");
-    std::printf("%12s %12s %9s %7s %6s %12s %12s %12s %12s %8s\n", "size", "count", "type", "redop",
-                "iters", "time(us)", "min(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    std::printf("%12s %12s %9s %7s %12s %12s %12s %8s\n", "size", "count", "type", "redop",
+                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
   }
   std::fflush(stdout);
 }
@@ -188,10 +189,10 @@ void Bench::PrintRow(size_t count, std::vector<double>& samples, int64_t wrong) 
                 !a_.check ? "skip" : wrong ? "FAIL" : "ok");
   } else {
     const std::string w = a_.check ? std::to_string(wrong) : "N/A";
-    std::printf("%12zu %12zu %9s %7s %6zu %12.2f %12.2f %12.3f %12.3f %8s\n", count * esize_, count,
+    std::printf("%12zu %12zu %9s %7s %12.2f %12.3f %12.3f %8s\n", count * esize_, count,
                 hvd::DataTypeName(a_.dtype),
-                IsReducing(a_.coll) ? hvd::ReduceOpName(a_.op) : "none", n, med * 1e6,
-                samples[0] * 1e6, algbw, busbw, w.c_str());
+                IsReducing(a_.coll) ? hvd::ReduceOpName(a_.op) : "none", med * 1e6, algbw, busbw,
+                w.c_str());
   }
   std::fflush(stdout);
 }
