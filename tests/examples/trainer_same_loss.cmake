@@ -1,0 +1,25 @@
+# Runs mlp_trainer at 1, 2 and 4 ranks (same global batch) and checks that every run ends with
+# the same final_loss in its first 11 significant characters ("0.674428482": about 1e-9 of the
+# value; CMake has no floating-point arithmetic, so the printed digits are compared).
+set(losses)
+foreach(np 1 2 4)
+  execute_process(COMMAND ${HVDRUN} --no-prefix -np ${np} ${TRAINER} --epochs 3
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc TIMEOUT 120)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "np ${np}: exit ${rc}\n${out}\n${err}")
+  endif()
+  string(REGEX MATCH "final_loss=([0-9.eE+-]+)\n?$" line "${out}")
+  if(NOT line)
+    message(FATAL_ERROR "np ${np}: no final_loss= as the last line:\n${out}")
+  endif()
+  list(APPEND losses "${CMAKE_MATCH_1}")
+  message(STATUS "np ${np}: final_loss=${CMAKE_MATCH_1}")
+endforeach()
+list(GET losses 0 ref)
+foreach(l ${losses})
+  string(SUBSTRING "${l}" 0 11 a)
+  string(SUBSTRING "${ref}" 0 11 b)
+  if(NOT a STREQUAL b)
+    message(FATAL_ERROR "final losses differ: ${losses}")
+  endif()
+endforeach()
