@@ -1,0 +1,135 @@
+// Strangers on a forming job's ports: while the ranks are connecting, something without the
+// job's secret connects to every rank's listening port and stays silent, sends garbage, sends
+// a hello with a wrong proof, or replays nothing useful. The job still forms, computes the
+// right values, and no rank crashes.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "bootstrap/auth.h"
+#include "bootstrap/store.h"
+#include "hvd/engine.h"
+
+namespace {
+
+const char kSecret[] = "5ecre7-of-the-job-5ecre7-of-the-job";
+
+int Connect(const std::string& addr) {
+  auto colon = addr.rfind(':');
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
+  ::inet_pton(AF_INET, addr.substr(0, colon).c_str(), &a.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The four strangers, against one rank's address. Returns the sockets it left open.
+std::vector<int> Harass(const std::string& addr) {
+  std::vector<int> open;
+  int silent = Connect(addr);  // says nothing at all
+  if (silent >= 0) open.push_back(silent);
+  int garbage = Connect(addr);
+  if (garbage >= 0) {
+    std::string junk(300, '\x5a');
+    (void)!::send(garbage, junk.data(), junk.size(), MSG_NOSIGNAL);
+    open.push_back(garbage);
+  }
+  int wrong = Connect(addr);  // a well-formed handshake with the wrong secret, claiming rank 1
+  if (wrong >= 0) {
+    hvd::auth::Nonce ns{}, nc = hvd::auth::RandomNonce();
+    if (::recv(wrong, ns.data(), ns.size(), MSG_WAITALL) == static_cast<ssize_t>(ns.size())) {
+      std::string hello(13, '\0');
+      uint32_t magic = 0x31445648;
+      int32_t rank = 1, target = 0;
+      std::memcpy(&hello[0], &magic, 4);
+      std::memcpy(&hello[4], &rank, 4);
+      std::memcpy(&hello[9], &target, 4);
+      auto mac = hvd::auth::Proof("not-the-secret", "hvd client", ns, nc, hello);
+      std::string msg = hello + std::string(reinterpret_cast<char*>(nc.data()), nc.size()) +
+                        std::string(reinterpret_cast<char*>(mac.data()), mac.size());
+      (void)!::send(wrong, msg.data(), msg.size(), MSG_NOSIGNAL);
+    }
+    open.push_back(wrong);
+  }
+  return open;
+}
+
+int RunRank(int rank, int size, int port) {
+  if (rank == size - 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  hvd::Options o;
+  o.rank = rank;
+  o.size = size;
+  o.local_rank = rank;
+  o.local_size = size;
+  o.rendezvous_addr = "127.0.0.1";
+  o.rendezvous_port = port;
+  o.secret = kSecret;
+  o.timeout_seconds = 20;
+  o.start_timeout_seconds = 20;
+  auto e = hvd::Engine::Create(o);
+  if (!e.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.status().ToString().c_str());
+    return 2;
+  }
+  std::vector<double> v(1000, rank + 1.0);
+  hvd::TensorView t(v.data(), hvd::DataType::kFloat64, {1000});
+  hvd::Status s = (*e)->Allreduce("x", t, t, hvd::ReduceOp::kSum)->Wait();
+  if (!s.ok()) return 3;
+  for (double x : v) {
+    if (x != size * (size + 1) / 2.0) return 4;
+  }
+  (*e)->Shutdown();
+  return 0;
+}
+
+TEST(Strangers, JobFormsAndComputesDespiteThem) {
+  const int size = 3;
+  auto server = hvd::StoreServer::Start("127.0.0.1", 0, kSecret);
+  ASSERT_TRUE(server.ok());
+  int port = (*server)->port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < size; ++r) {
+    pid_t p = fork();
+    if (p == 0) {
+      alarm(60);
+      _exit(RunRank(r, size, port));
+    }
+    pids.push_back(p);
+  }
+  // The owner of the job reads the ranks' addresses (it has the secret) and lets the strangers
+  // loose on them while rank 2 is still on its way.
+  auto store = hvd::StoreClient::Connect("127.0.0.1", port, hvd::DeadlineAfterSeconds(10), kSecret);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::vector<int> sockets;
+  for (int r = 0; r < size - 1; ++r) {
+    auto addr = (*store)->Get("hvd/addr/" + std::to_string(r), hvd::DeadlineAfterSeconds(10));
+    ASSERT_TRUE(addr.ok()) << addr.status().ToString();
+    auto open = Harass(*addr);
+    EXPECT_FALSE(open.empty()) << "rank " << r << " was not listening at " << *addr;
+    sockets.insert(sockets.end(), open.begin(), open.end());
+  }
+  for (int r = 0; r < size; ++r) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pids[r], &status, 0), pids[r]);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << r << " ended with status " << status;
+  }
+  for (int fd : sockets) ::close(fd);
+}
+
+}  // namespace
