@@ -70,11 +70,13 @@ void EngineImpl::Execute(const Response& r) {
     case OpType::kBroadcast:
       s = ExecuteBroadcast(r, entries[0]);
       break;
-    case OpType::kAlltoall:
-      s = ExecuteAlltoall(r, entries[0]);
+    case OpType::kAlltoall:  // the coordinator refuses these while a rank has joined
+      s = entries[0] ? ExecuteAlltoall(r, entries[0])
+                     : Status::Internal("alltoall '" + r.names[0] + "' without a local tensor");
       break;
     case OpType::kReducescatter:
-      s = ExecuteReducescatter(r, entries[0]);
+      s = entries[0] ? ExecuteReducescatter(r, entries[0])
+                     : Status::Internal("reducescatter '" + r.names[0] + "' without a local tensor");
       break;
     case OpType::kBarrier:
       s = hvd::Barrier(*transport_, CollectiveDeadline());
