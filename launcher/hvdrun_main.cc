@@ -140,7 +140,8 @@ int RunJob(const LaunchOptions& opts) {
 
   int signal_fd = SetUpSignals();  // before the store's thread starts: it inherits the mask
   const std::string secret = RandomSecret();  // proves every connection of the job
-  auto server = StoreServer::Start(addrs.store_bind, 0, secret);
+  // A rank has the whole start timeout to authenticate: on a loaded machine it may be slow.
+  auto server = StoreServer::Start(addrs.store_bind, 0, secret, opts.start_timeout_seconds);
   if (!server.ok()) {
     std::cerr << "hvdrun: cannot start the rendezvous store: " << server.status().ToString()
               << (addrs.multi_host ? " (try --network-interface)" : "") << "\n";

@@ -49,8 +49,9 @@ int RawConnect(int port) {
   hello.append(reinterpret_cast<const char*>(nc.data()), nc.size());
   hello.append(reinterpret_cast<const char*>(mac.data()), mac.size());
   EXPECT_EQ(static_cast<ssize_t>(hello.size()), ::send(fd, hello.data(), hello.size(), 0));
-  auth::Mac reply;
-  EXPECT_EQ(static_cast<ssize_t>(reply.size()), ::recv(fd, reply.data(), reply.size(), MSG_WAITALL));
+  uint8_t reply[1 + auth::kMacBytes];  // the verdict, then the server's proof
+  EXPECT_EQ(static_cast<ssize_t>(sizeof(reply)), ::recv(fd, reply, sizeof(reply), MSG_WAITALL));
+  EXPECT_EQ(reply[0], auth::kVerdictAccepted);
   return fd;
 }
 

@@ -2,11 +2,14 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -31,18 +34,57 @@ void Reporter::Say(const std::string& key, const std::string& value) const {
   }
 }
 
-struct ForkedWorld::Impl {
-  std::unique_ptr<hvd::StoreServer> store;
-};
-
-ForkedWorld::ForkedWorld(int size, double timeout_seconds)
-    : size_(size), timeout_seconds_(timeout_seconds), impl_(new Impl), children_(size),
-      fds_(size, -1) {
-  auto s = hvd::StoreServer::Start("127.0.0.1", 0);
-  if (s.ok()) {
-    impl_->store = std::move(*s);
-    store_ok_ = true;
+int ThreadCount() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::atoi(line.c_str() + 8);
   }
+  return -1;
+}
+
+StoreProcess::StoreProcess(const std::string& secret) {
+  int p[2];
+  if (::pipe(p) != 0) return;
+  std::fflush(nullptr);
+  const pid_t parent = ::getpid();
+  pid_ = ::fork();
+  if (pid_ < 0) {
+    ::close(p[0]);
+    ::close(p[1]);
+    return;
+  }
+  if (pid_ == 0) {
+    ::close(p[0]);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(0);
+    ::alarm(600);  // watchdog, in case the test process is stopped rather than killed
+    auto s = hvd::StoreServer::Start("127.0.0.1", 0, secret);
+    int port = s.ok() ? (*s)->port() : -1;
+    ssize_t ignored = ::write(p[1], &port, sizeof(port));
+    (void)ignored;
+    ::close(p[1]);
+    while (true) ::pause();  // serves on its own thread until killed
+  }
+  ::close(p[1]);
+  pollfd pfd{p[0], POLLIN, 0};
+  int port = -1;
+  if (::poll(&pfd, 1, 10000) == 1 && ::read(p[0], &port, sizeof(port)) == sizeof(port)) {
+    port_ = port > 0 ? port : 0;
+  }
+  ::close(p[0]);
+}
+
+StoreProcess::~StoreProcess() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+}
+
+ForkedWorld::ForkedWorld(int size, double timeout_seconds, const std::string& secret)
+    : size_(size), timeout_seconds_(timeout_seconds), secret_(secret), store_(secret),
+      children_(size), fds_(size, -1) {
+  store_ok_ = store_.ok();
 }
 
 ForkedWorld::~ForkedWorld() {
@@ -51,11 +93,15 @@ ForkedWorld::~ForkedWorld() {
     if (fd >= 0) ::close(fd);
     fd = -1;
   }
-  if (impl_->store) impl_->store->Stop();
 }
 
 bool ForkedWorld::Start(const Body& body) {
   started_ = Clock::now();
+  if (int threads = ThreadCount(); threads != 1) {
+    std::fprintf(stderr, "ForkedWorld: the test process has %d threads; a fork now could copy a "
+                 "lock held by another thread into the ranks\n", threads);
+    return false;
+  }
   for (int r = 0; r < size_; ++r) {
     int p[2];
     if (::pipe(p) != 0) return false;
@@ -74,7 +120,8 @@ bool ForkedWorld::Start(const Body& body) {
       o.local_rank = r;
       o.local_size = size_;
       o.rendezvous_addr = "127.0.0.1";
-      o.rendezvous_port = impl_->store->port();
+      o.rendezvous_port = store_.port();
+      o.secret = secret_;
       o.timeout_seconds = timeout_seconds_;
       o.log_level = hvd::LogLevel::kError;
       Reporter out(p[1]);

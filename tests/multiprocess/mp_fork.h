@@ -1,7 +1,13 @@
-// Forked worlds for fault tests: the test process hosts the rendezvous store, forks one child per
-// rank, and collects what each child reported (key=value lines over a pipe) and how it ended.
-// Every wait has a deadline; children carry an alarm() watchdog and the destructor SIGKILLs and
-// reaps whatever is left, so a test can fail but never hang.
+// Forked worlds for fault tests: a child process hosts the rendezvous store, the test process
+// forks one child per rank, and collects what each child reported (key=value lines over a pipe)
+// and how it ended. Every wait has a deadline; children carry an alarm() watchdog and the
+// destructor SIGKILLs and reaps whatever is left, so a test can fail but never hang.
+//
+// Why the store lives in a process of its own: fork() copies only the calling thread. Had the
+// test process a store thread, a lock that thread held at the moment of a fork (OpenSSL's
+// random generator lock, taken for every handshake) would stay locked forever in the rank,
+// which then hangs in its own handshake. The ranks are forked from a single-threaded process,
+// and Start() checks that it is.
 //
 // Thread-safety: one thread (the test's).
 #pragma once
@@ -29,6 +35,25 @@ class Reporter {
   int fd_;
 };
 
+// A rendezvous store served by a child process (see above). The child dies with the test
+// process (PR_SET_PDEATHSIG) and is SIGKILLed and reaped by the destructor.
+class StoreProcess {
+ public:
+  explicit StoreProcess(const std::string& secret = "");
+  ~StoreProcess();
+  StoreProcess(const StoreProcess&) = delete;
+  StoreProcess& operator=(const StoreProcess&) = delete;
+  bool ok() const { return port_ > 0; }
+  int port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+// Threads of the calling process (from /proc/self/status); -1 if unknown.
+int ThreadCount();
+
 struct ChildResult {
   pid_t pid = -1;
   bool reaped = false;
@@ -45,12 +70,12 @@ class ForkedWorld {
   // body(rank, options, reporter) runs in the child; its return value is the exit code.
   using Body = std::function<int(int rank, const hvd::Options& options, const Reporter& out)>;
 
-  // Starts the store; `timeout_seconds` goes to every rank's Options.
-  ForkedWorld(int size, double timeout_seconds);
+  // Starts the store; `timeout_seconds` and `secret` go to every rank's Options.
+  ForkedWorld(int size, double timeout_seconds, const std::string& secret = "");
   ~ForkedWorld();
 
   bool store_ok() const { return store_ok_; }
-  // Forks the ranks. Returns false if a fork failed.
+  // Forks the ranks. Returns false if a fork failed or the process has other threads.
   bool Start(const Body& body);
   // Reads output and reaps until every rank in `ranks` has exited or `seconds` have passed.
   // Returns true if they all exited.
@@ -68,11 +93,11 @@ class ForkedWorld {
   void Pump(int timeout_ms);
   void Reap();
 
-  struct Impl;
   int size_;
   double timeout_seconds_;
+  std::string secret_;
   bool store_ok_ = false;
-  std::unique_ptr<Impl> impl_;
+  StoreProcess store_;
   std::vector<ChildResult> children_;
   std::vector<int> fds_;
   Clock::time_point started_;

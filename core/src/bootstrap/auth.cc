@@ -5,16 +5,30 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <sys/random.h>
+
+#include <cerrno>
 #include <cstring>
 #include <random>
+#include <sstream>
 
 namespace hvd {
 namespace auth {
 
 Nonce RandomNonce() {
   Nonce n;
+  size_t got = 0;
+  while (got < n.size()) {
+    ssize_t r = ::getrandom(n.data() + got, n.size() - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+    } else if (r < 0 && errno != EINTR) {
+      break;
+    }
+  }
+  if (got == n.size()) return n;
   if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1) {
-    std::random_device rd;  // OpenSSL's generator failed: still never a fixed nonce
+    std::random_device rd;  // no generator worked: still never a fixed nonce
     for (auto& b : n) b = static_cast<uint8_t>(rd());
   }
   return n;
@@ -37,7 +51,7 @@ bool Equal(const Mac& a, const Mac& b) { return CRYPTO_memcmp(a.data(), b.data()
 
 namespace {
 
-struct ServerState {
+struct ServerState : std::enable_shared_from_this<ServerState> {
   asio::ip::tcp::socket* sock;
   std::string secret;
   size_t context_len;
@@ -46,7 +60,7 @@ struct ServerState {
   ContextCheck check;
   Nonce ns;
   std::vector<uint8_t> in;
-  Mac reply;
+  std::vector<uint8_t> reply;
   std::unique_ptr<asio::steady_timer> timer;
   bool finished = false;
 
@@ -60,6 +74,15 @@ struct ServerState {
     }
     done(s, context);
   }
+
+  // Tells the client it is refused (a final answer, so it does not retry), then fails with `s`.
+  void Refuse(uint8_t verdict, const Status& s) {
+    reply.assign(1, verdict);
+    asio::async_write(*sock, asio::buffer(reply),
+                      [this, keep = shared_from_this(), s](const asio::error_code&, size_t) {
+                        Finish(s, "");
+                      });
+  }
 };
 
 std::string Describe(const asio::ip::tcp::socket& s) {
@@ -72,7 +95,8 @@ std::string Describe(const asio::ip::tcp::socket& s) {
 }  // namespace
 
 void AcceptHandshake(asio::ip::tcp::socket& sock, const std::string& secret, size_t context_len,
-                     std::shared_ptr<void> keepalive, AcceptFn done, ContextCheck check) {
+                     std::shared_ptr<void> keepalive, AcceptFn done, ContextCheck check,
+                     Clock::duration timeout) {
   auto st = std::make_shared<ServerState>();
   st->sock = &sock;
   st->secret = secret;
@@ -82,10 +106,15 @@ void AcceptHandshake(asio::ip::tcp::socket& sock, const std::string& secret, siz
   st->check = std::move(check);
   st->ns = RandomNonce();
   st->in.resize(context_len + kNonceBytes + kMacBytes);
-  st->timer = std::make_unique<asio::steady_timer>(sock.get_executor(), kHandshakeTimeout);
+  st->timer = std::make_unique<asio::steady_timer>(sock.get_executor(), timeout);
   const std::string who = Describe(sock);
-  st->timer->async_wait([st, who](const asio::error_code& ec) {
-    if (!ec) st->Finish(Status::Timeout("no valid handshake from " + who + " within 5 s"), "");
+  const double seconds = std::chrono::duration<double>(timeout).count();
+  st->timer->async_wait([st, who, seconds](const asio::error_code& ec) {
+    if (!ec) {
+      std::ostringstream os;
+      os << "no handshake from " << who << " within " << seconds << " s (the start timeout)";
+      st->Finish(Status::Timeout(os.str()), "");
+    }
   });
   asio::async_write(sock, asio::buffer(st->ns), [st, who](const asio::error_code& ec, size_t) {
     if (ec) return st->Finish(Status::PeerLost(who + ": " + ec.message()), "");
@@ -99,13 +128,16 @@ void AcceptHandshake(asio::ip::tcp::socket& sock, const std::string& secret, siz
       std::memcpy(nc.data(), st->in.data() + st->context_len, kNonceBytes);
       std::memcpy(mac.data(), st->in.data() + st->context_len + kNonceBytes, kMacBytes);
       if (!Equal(mac, Proof(st->secret, "hvd client", st->ns, nc, context))) {
-        return st->Finish(Status::InvalidArgument(who + " failed authentication (wrong or no job secret)"), "");
+        return st->Refuse(kVerdictRefused, Status::InvalidArgument(
+                                               who + " failed authentication (wrong or no job secret)"));
       }
       if (st->check) {
         Status claim = st->check(context);
-        if (!claim.ok()) return st->Finish(claim.WithContext(who), "");
+        if (!claim.ok()) return st->Refuse(kVerdictClaimRefused, claim.WithContext(who));
       }
-      st->reply = Proof(st->secret, "hvd server", nc, st->ns, context);
+      Mac server_mac = Proof(st->secret, "hvd server", nc, st->ns, context);
+      st->reply.assign(1, kVerdictAccepted);
+      st->reply.insert(st->reply.end(), server_mac.begin(), server_mac.end());
       asio::async_write(*st->sock, asio::buffer(st->reply),
                         [st, who, context](const asio::error_code& ec3, size_t) {
                           if (ec3) return st->Finish(Status::PeerLost(who + ": " + ec3.message()), "");
@@ -116,9 +148,12 @@ void AcceptHandshake(asio::ip::tcp::socket& sock, const std::string& secret, siz
 }
 
 Status ClientHandshake(asio::io_context& io, asio::ip::tcp::socket& sock,
-                       const std::string& secret, const std::string& context, Deadline deadline) {
+                       const std::string& secret, const std::string& context, Deadline deadline,
+                       bool* dropped) {
+  if (dropped) *dropped = false;
   Nonce ns, nc = RandomNonce();
   Mac server_mac;
+  uint8_t verdict = 0;
   asio::error_code result = asio::error::would_block;
   auto run = [&](auto start) -> asio::error_code {
     result = asio::error::would_block;
@@ -141,18 +176,39 @@ Status ClientHandshake(asio::io_context& io, asio::ip::tcp::socket& sock,
     return result;
   };
   auto on_done = [&](const asio::error_code& ec, size_t) { result = ec ? ec : asio::error_code(); };
+  // Closed before the server said anything final: the caller may reconnect.
+  auto closed = [&](const char* when, const asio::error_code& ec) {
+    if (ec == asio::error::timed_out) {
+      return Status::PeerLost(std::string("authentication: no answer from the peer before the "
+                                          "deadline (") + when + ")");
+    }
+    if (dropped) *dropped = true;
+    return Status::PeerLost(std::string("authentication: the peer closed the connection (") +
+                            when + "): " + ec.message());
+  };
   asio::error_code ec = run([&] { asio::async_read(sock, asio::buffer(ns), on_done); });
-  if (ec) return Status::PeerLost("authentication: no challenge from the peer: " + ec.message());
+  if (ec) return closed("waiting for its challenge", ec);
   Mac mac = Proof(secret, "hvd client", ns, nc, context);
   std::string out = context;
   out.append(reinterpret_cast<const char*>(nc.data()), nc.size());
   out.append(reinterpret_cast<const char*>(mac.data()), mac.size());
   ec = run([&] { asio::async_write(sock, asio::buffer(out), on_done); });
-  if (!ec) ec = run([&] { asio::async_read(sock, asio::buffer(server_mac), on_done); });
-  if (ec) {
-    return Status::PeerLost("authentication refused by the peer (is HVD_SECRET the job's?): " +
-                            ec.message());
+  if (!ec) ec = run([&] { asio::async_read(sock, asio::buffer(&verdict, 1), on_done); });
+  if (ec) return closed("waiting for its verdict", ec);
+  if (verdict == kVerdictRefused) {
+    return Status::PeerLost("authentication refused by the peer: this process does not have the "
+                            "job's secret (is HVD_SECRET the job's?)");
   }
+  if (verdict == kVerdictClaimRefused) {
+    return Status::PeerLost("the peer refused this connection's claim (it is not the rank or "
+                            "service this address was published for: a stale address?)");
+  }
+  if (verdict != kVerdictAccepted) {
+    return Status::PeerLost("the peer answered the handshake with an unknown verdict byte " +
+                            std::to_string(verdict) + ": not an hvd process of this version");
+  }
+  ec = run([&] { asio::async_read(sock, asio::buffer(server_mac), on_done); });
+  if (ec) return closed("waiting for its proof", ec);
   if (!Equal(server_mac, Proof(secret, "hvd server", nc, ns, context))) {
     return Status::PeerLost("the peer failed authentication: it does not know the job's secret");
   }

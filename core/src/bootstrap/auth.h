@@ -6,16 +6,24 @@
 //   1. server -> client: Ns, 16 fresh random bytes.
 //   2. client -> server: context, Nc (16 fresh random bytes),
 //                        HMAC(secret, "hvd client" | Ns | Nc | context).
-//   3. The server checks the proof (constant-time compare). A wrong proof, a short read or no
-//      proof within the timeout closes the connection; the server logs it and goes on.
-//   4. If the server accepts the claim (an optional check of the context, e.g. that the client
-//      meant this rank), server -> client: HMAC(secret, "hvd server" | Nc | Ns | context); the
-//      client checks it, so it knows it reached the job, and the peer it meant, not an impostor
-//      or a stale address. Otherwise the server closes the connection.
+//   3. The server checks the proof (constant-time compare). A wrong proof or a short read is
+//      answered with the verdict byte 'R' (refused), then the connection is closed.
+//   4. The server checks the claim (optional, e.g. that the client meant this rank). Refused:
+//      verdict 'C', then close. Accepted: verdict 'A' and HMAC(secret, "hvd server" | Nc | Ns |
+//      context); the client checks the MAC, so it knows it reached the job, and the peer it
+//      meant, not an impostor or a stale address.
 // A recorded handshake replayed later fails at step 3: the server's Ns is new every time.
 //
-// Thread-safety: AcceptHandshake runs on the socket's io_context thread; ClientHandshake runs
-// the given io_context on the calling thread until done or the deadline.
+// Deadlines. The server gives a connection until the caller's handshake deadline to complete
+// steps 1-3 and then closes it without a verdict. That deadline is the job's start timeout,
+// not a few seconds: a legitimate rank on a loaded machine may be slow, and only a stranger
+// stays silent that long. A client that sees its connection closed before any verdict (a
+// dropped connection, not a refusal) reports `dropped` so that its caller reconnects; 'R' and
+// 'C' are final answers.
+//
+// Nonces come from getrandom(2), which holds no user-space lock: a process forked from a
+// multi-threaded parent can still handshake.
+//
 #pragma once
 
 #include <array>
@@ -33,7 +41,9 @@ namespace auth {
 
 constexpr size_t kNonceBytes = 16;
 constexpr size_t kMacBytes = 32;
-constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
+// How long a server waits for a client's proof when its caller has no start deadline of its own.
+constexpr auto kDefaultHandshakeTimeout = std::chrono::seconds(30);
+constexpr uint8_t kVerdictAccepted = 'A', kVerdictRefused = 'R', kVerdictClaimRefused = 'C';
 using Nonce = std::array<uint8_t, kNonceBytes>;
 using Mac = std::array<uint8_t, kMacBytes>;
 
@@ -44,16 +54,20 @@ bool Equal(const Mac& a, const Mac& b);
 
 // Server side (steps 1, 3, 4). Calls done(status, context) once: OK with the client's context
 // of exactly context_len bytes, or an error saying why the client was refused. `keepalive`
-// holds the socket's owner alive until then.
+// holds the socket's owner alive until then. A client that has not sent its proof within
+// `timeout` is dropped (Timeout).
 using AcceptFn = std::function<void(const Status&, const std::string& context)>;
 using ContextCheck = std::function<Status(const std::string& context)>;
 void AcceptHandshake(asio::ip::tcp::socket& sock, const std::string& secret, size_t context_len,
-                     std::shared_ptr<void> keepalive, AcceptFn done,
-                     ContextCheck check = nullptr);
+                     std::shared_ptr<void> keepalive, AcceptFn done, ContextCheck check = nullptr,
+                     Clock::duration timeout = kDefaultHandshakeTimeout);
 
-// Client side (step 2 and the check of step 4), blocking until the deadline.
+// Client side (step 2 and the check of step 4), blocking until the deadline. When it fails
+// because the server closed the connection before giving a verdict, *dropped (if given) is set:
+// the caller may reconnect and try again within its deadline.
 Status ClientHandshake(asio::io_context& io, asio::ip::tcp::socket& sock,
-                       const std::string& secret, const std::string& context, Deadline deadline);
+                       const std::string& secret, const std::string& context, Deadline deadline,
+                       bool* dropped = nullptr);
 
 }  // namespace auth
 }  // namespace hvd

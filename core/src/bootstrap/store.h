@@ -26,9 +26,9 @@ namespace hvd {
 class StoreClient {
  public:
   virtual ~StoreClient() = default;
-  // Retries the connection until the deadline (the server may still be starting). Every
-  // connection proves knowledge of `secret` to the server and checks the server's proof
-  // (bootstrap/auth.h); a wrong secret fails at once with PeerLost.
+  // Retries the connection until the deadline (the server may still be starting, or may have
+  // dropped a slow handshake). Every connection proves knowledge of `secret` to the server and
+  // checks the server's proof (bootstrap/auth.h); a wrong secret fails at once with PeerLost.
   static StatusOr<std::unique_ptr<StoreClient>> Connect(const std::string& host, int port,
                                                         Deadline deadline,
                                                         const std::string& secret = "");
@@ -40,10 +40,12 @@ class StoreClient {
 class StoreServer {
  public:
   virtual ~StoreServer() = default;  // stops the server
-  // port 0 picks a free port. A client that does not prove knowledge of `secret` within a few
-  // seconds is dropped and logged (bootstrap/auth.h).
+  // port 0 picks a free port. A client that does not prove knowledge of `secret` within
+  // `handshake_timeout_seconds` is dropped and logged (bootstrap/auth.h): pass the job's start
+  // timeout, so that a rank slowed by a loaded machine is never taken for a stranger.
   static StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& bind_addr, int port,
-                                                      const std::string& secret = "");
+                                                      const std::string& secret = "",
+                                                      double handshake_timeout_seconds = 30);
   virtual int port() const = 0;
   virtual void Stop() = 0;
 };

@@ -1,7 +1,9 @@
 // StoreClient: a blocking client of the rendezvous store (protocol in store.h).
 //
 // Every socket operation is an Asio async operation driven by this client's private
-// io_context with run_one_for, so every call honours its deadline. When a deadline passes or
+// io_context with run_one_for, so every call honours its deadline. Connecting retries, with
+// backoff, both a refused TCP connect (the server may still be starting) and a connection the
+// server dropped before its handshake verdict; a refused handshake fails at once. When a deadline passes or
 // the connection breaks, the socket is closed (a late answer could otherwise be taken for the
 // next request's) and the next call reconnects within its own deadline.
 #include <algorithm>
@@ -127,15 +129,23 @@ Status StoreClientImpl::ConnectLoop(Deadline deadline) {
     if (!timed_out && !ec) {
       asio::error_code opt_ec;
       socket_.set_option(tcp::no_delay(true), opt_ec);
-      Status st = auth::ClientHandshake(io_, socket_, secret_, "store", deadline);
-      if (!st.ok()) {
+      bool dropped = false;
+      Status st = auth::ClientHandshake(io_, socket_, secret_, "store", deadline, &dropped);
+      if (st.ok()) {
+        connected_ = true;
+        return Status::OK();
+      }
+      // Dropped before a verdict (the server gave up waiting, or restarted): try again. A
+      // refusal is final.
+      if (!dropped) {
         Disconnect();
         return st.WithContext("rendezvous store at " + where_);
       }
-      connected_ = true;
-      return Status::OK();
+      HVD_LOG(kDebug) << "rendezvous store at " << where_ << ": " << st.message() << "; retrying";
+      last_error = st.message();
+    } else if (ec && !timed_out) {  // a connect cut short by the deadline says nothing new
+      last_error = ec.message();
     }
-    if (ec) last_error = ec.message();
     Disconnect();
     Clock::time_point now = Clock::now();
     if (timed_out || now >= deadline) {

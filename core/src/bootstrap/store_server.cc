@@ -10,9 +10,13 @@
 //      a client that goes away while waiting is cleaned up;
 //   4. back to 1 once the answer is written.
 // A bad frame (too long, unknown op, key > 4 KiB) closes that connection only, with a warning.
+// A connection has until the handshake timeout (the job's start timeout) to authenticate; at
+// most kMaxPendingHandshakes may be authenticating at once, and past that the oldest of them is
+// dropped (its client, if it is a slow rank, reconnects).
 // Stop() closes the acceptor and every session on the io thread, then joins it.
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -32,6 +36,7 @@ namespace {
 
 using asio::ip::tcp;
 constexpr int kFrameSeconds = 30;
+constexpr size_t kMaxPendingHandshakes = 256;
 const std::string kAuthContext = "store";
 
 class StoreServerImpl;
@@ -47,8 +52,10 @@ class Session : public std::enable_shared_from_this<Session> {
     peer_ = ec ? std::string("unknown peer") : ep.address().to_string() + ":" + std::to_string(ep.port());
   }
 
-  void Start(const std::string& secret);
+  void Start(const std::string& secret, Clock::duration handshake_timeout);
   void Close();
+  bool authenticating() const { return !authenticated_ && !closed_; }
+  const std::string& peer() const { return peer_; }
   // Answers the parked Get with `value` (io thread only).
   void Deliver(const std::string& value);
 
@@ -68,6 +75,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string payload_;
   std::string out_;
   bool closed_ = false;
+  bool authenticated_ = false;
   bool waiting_ = false;
   uint64_t watch_gen_ = 0;
   std::string waiting_key_;
@@ -75,7 +83,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
 class StoreServerImpl : public StoreServer {
  public:
-  explicit StoreServerImpl(std::string secret) : acceptor_(io_), secret_(std::move(secret)) {}
+  StoreServerImpl(std::string secret, Clock::duration handshake_timeout)
+      : acceptor_(io_), secret_(std::move(secret)), handshake_timeout_(handshake_timeout) {}
   ~StoreServerImpl() override { Stop(); }
 
   Status Listen(const std::string& bind_addr, int port);
@@ -95,12 +104,14 @@ class StoreServerImpl : public StoreServer {
 
  private:
   void Accept();
+  void LimitPendingHandshakes();
   void CloseAllOnIoThread();
 
   asio::io_context io_;  // declared first: destroyed after everything that uses it
   tcp::acceptor acceptor_;
   int port_ = 0;
   const std::string secret_;
+  const Clock::duration handshake_timeout_;
   std::thread thread_;
   std::mutex stop_mu_;
   bool stopped_ = false;  // guarded by stop_mu_
@@ -108,24 +119,27 @@ class StoreServerImpl : public StoreServer {
   std::unordered_map<std::string, std::string> data_;
   std::unordered_map<std::string, std::vector<std::shared_ptr<Session>>> waiters_;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;
+  std::deque<std::weak_ptr<Session>> authenticating_;  // in the order they were accepted
 };
 
-void Session::Start(const std::string& secret) {
+void Session::Start(const std::string& secret, Clock::duration handshake_timeout) {
   auto self = shared_from_this();
-  auth::AcceptHandshake(socket_, secret, kAuthContext.size(), self,
-                        [self](const Status& st, const std::string& context) {
-                          if (self->closed_) return;
-                          if (st.ok() && context != kAuthContext) {
-                            HVD_LOG(kWarning) << "store: dropped " << self->peer_
-                                              << ": handshake for another service";
-                            return self->Close();
-                          }
-                          if (!st.ok()) {
-                            HVD_LOG(kWarning) << "store: dropped a connection: " << st.message();
-                            return self->Close();
-                          }
-                          self->ReadHeader();
-                        });
+  auto check = [](const std::string& context) {
+    return context == kAuthContext ? Status::OK()
+                                   : Status::InvalidArgument("handshake for another service");
+  };
+  auth::AcceptHandshake(
+      socket_, secret, kAuthContext.size(), self,
+      [self](const Status& st, const std::string&) {
+        if (self->closed_) return;
+        if (!st.ok()) {
+          HVD_LOG(kWarning) << "store: dropped a connection: " << st.message();
+          return self->Close();
+        }
+        self->authenticated_ = true;
+        self->ReadHeader();
+      },
+      check, handshake_timeout);
 }
 
 void Session::ReadHeader() {
@@ -278,12 +292,34 @@ void StoreServerImpl::Accept() {
     } else {
       asio::error_code opt_ec;
       socket.set_option(tcp::no_delay(true), opt_ec);
+      LimitPendingHandshakes();
       auto s = std::make_shared<Session>(std::move(socket), this);
       sessions_[s.get()] = s;
-      s->Start(secret_);
+      authenticating_.push_back(s);
+      s->Start(secret_, handshake_timeout_);
     }
     Accept();
   });
+}
+
+// Makes room for one more authenticating connection: forgets finished ones, then drops the
+// oldest while there are too many (a flood of silent connections cannot exhaust descriptors).
+void StoreServerImpl::LimitPendingHandshakes() {
+  std::deque<std::weak_ptr<Session>> live;
+  for (auto& w : authenticating_) {
+    auto s = w.lock();
+    if (s && s->authenticating()) live.push_back(std::move(w));
+  }
+  authenticating_.swap(live);
+  while (authenticating_.size() >= kMaxPendingHandshakes) {
+    if (auto oldest = authenticating_.front().lock()) {
+      HVD_LOG(kWarning) << "store: " << kMaxPendingHandshakes
+                        << " connections are authenticating at once; dropped the oldest, from "
+                        << oldest->peer();
+      oldest->Close();
+    }
+    authenticating_.pop_front();
+  }
 }
 
 void StoreServerImpl::SetKey(const std::string& key, std::string value) {
@@ -346,8 +382,14 @@ void StoreServerImpl::Stop() {
 }  // namespace
 
 StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& bind_addr, int port,
-                                                          const std::string& secret) {
-  auto server = std::make_unique<StoreServerImpl>(secret);
+                                                          const std::string& secret,
+                                                          double handshake_timeout_seconds) {
+  if (!(handshake_timeout_seconds > 0)) {
+    return Status::InvalidArgument("store: the handshake timeout must be positive");
+  }
+  auto server = std::make_unique<StoreServerImpl>(
+      secret, std::chrono::duration_cast<Clock::duration>(
+                  std::chrono::duration<double>(handshake_timeout_seconds)));
   Status st = server->Listen(bind_addr, port);
   if (!st.ok()) return st;
   return std::unique_ptr<StoreServer>(std::move(server));

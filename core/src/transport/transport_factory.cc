@@ -67,7 +67,8 @@ StatusOr<std::unique_ptr<StoreClient>> MeetingPlace(Options* o, JobBackendsImpl*
 
   }
   if (o->bootstrap == Options::Bootstrap::kSlurm && o->rank == 0) {
-    auto server = StoreServer::Start("0.0.0.0", o->rendezvous_port, o->secret);
+    auto server = StoreServer::Start("0.0.0.0", o->rendezvous_port, o->secret,
+                                     o->start_timeout_seconds);
     if (!server.ok()) {
       return server.status().WithContext(
           "under Slurm rank 0 hosts the rendezvous store on port " +

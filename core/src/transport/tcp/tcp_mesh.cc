@@ -115,9 +115,12 @@ StatusOr<std::unique_ptr<tcp::socket>> DialRank(asio::io_context& io, StoreClien
 // Accepts connections and sorts them by hello into the mesh.
 class Acceptor {
  public:
+  // Connections are accepted until `deadline` (the job's start deadline), and each has until
+  // then to authenticate.
   Acceptor(asio::io_context& io, tcp::acceptor& acc, TcpMesh& mesh, int rank, int size,
-           std::string secret)
-      : io_(io), acc_(acc), mesh_(mesh), rank_(rank), size_(size), secret_(std::move(secret)) {}
+           std::string secret, Deadline deadline)
+      : io_(io), acc_(acc), mesh_(mesh), rank_(rank), size_(size), secret_(std::move(secret)),
+        deadline_(deadline) {}
 
   void Start() { AcceptNext(); }
   int remaining() const { return expected_ - got_; }
@@ -166,6 +169,7 @@ class Acceptor {
       }
       return Status::OK();
     };
+    auto left = std::max<Clock::duration>(deadline_ - Clock::now(), std::chrono::milliseconds(1));
     auth::AcceptHandshake(*in->sock, secret_, kHelloBytes, in,
                           [this, in](const Status& st, const std::string& context) {
                             --pending_;
@@ -176,7 +180,7 @@ class Acceptor {
                             if (stopped_) return;
                             Place(UnpackHello(context), std::move(in->sock));
                           },
-                          check);
+                          check, left);
   }
 
   void Place(const Hello& h, std::unique_ptr<tcp::socket> sock) {
@@ -201,6 +205,7 @@ class Acceptor {
   TcpMesh& mesh_;
   const int rank_, size_;
   const std::string secret_;
+  const Deadline deadline_;
   std::vector<std::weak_ptr<Incoming>> incoming_;
   int expected_ = 0, got_ = 0, pending_ = 0;
   bool stopped_ = false;
@@ -227,7 +232,7 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Create(asio::io_context& io, const O
   addr << acc.local_endpoint().address().to_string() << ":" << acc.local_endpoint().port();
   HVD_RETURN_IF_ERROR(store.Set("hvd/addr/" + std::to_string(o.rank), addr.str(), deadline));
 
-  Acceptor acceptor(io, acc, *mesh, o.rank, o.size, o.secret);
+  Acceptor acceptor(io, acc, *mesh, o.rank, o.size, o.secret, deadline);
   acceptor.set_expected((o.size - 1 - o.rank) + (o.rank == 0 ? o.size - 1 : 0));
   acceptor.Start();
 
