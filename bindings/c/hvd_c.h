@@ -41,7 +41,7 @@ typedef enum { HVD_SUM = 0, HVD_AVERAGE, HVD_MIN, HVD_MAX, HVD_PRODUCT } hvd_red
 /* Status codes, as hvd::StatusCode. */
 enum {
   HVD_OK = 0, HVD_INVALID_ARGUMENT, HVD_FAILED_PRECONDITION, HVD_TIMEOUT, HVD_PEER_LOST,
-  HVD_ABORTED, HVD_INTERNAL
+  HVD_ABORTED, HVD_INTERNAL, HVD_RESOURCE_EXHAUSTED
 };
 
 HVD_C_EXPORT const char* hvd_error_message(const hvd_error* err);

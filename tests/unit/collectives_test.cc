@@ -517,3 +517,48 @@ TEST(Collectives, InconsistentArgumentsAreRefused) {
 
 }  // namespace
 }  // namespace hvd
+
+namespace hvd {
+namespace {
+
+// The engine reserves what the algorithms take from scratch before a collective starts; these
+// must be what they take: after reserving, running them never grows the buffer.
+TEST(Scratch, ReservedBytesAreWhatTheAlgorithmsUse) {
+  for (int p : {2, 3, 4, 7}) {
+    for (size_t count : {size_t{1}, size_t{1000}, size_t{16385}, size_t{300000}}) {
+      std::vector<ScratchBuffer> scratch(p);
+      std::vector<size_t> reserved(p), after(p);
+      const size_t ar = AllreduceScratchBytes(count, DataType::kFloat32, p);
+      std::vector<size_t> counts(p, count / p);
+      counts[0] += count % p;
+      const size_t rs = ReduceScatterScratchBytes(counts, DataType::kFloat32);
+      InProcWorld world(p);
+      ExpectAllOk(RunRanks(world, [&](Transport& t) {
+        std::vector<float> buf(count, 1.0f), out(counts[t.rank()]);
+        ScratchBuffer& s = scratch[t.rank()];
+        if (s.Get(std::max(ar, rs)) == nullptr) return Status::ResourceExhausted("reserve");
+        reserved[t.rank()] = s.capacity();
+        HVD_RETURN_IF_ERROR(Allreduce(t, buf.data(), count, DataType::kFloat32, ReduceOp::kSum, s,
+                                      Soon()));
+        HVD_RETURN_IF_ERROR(ReduceScatter(t, buf.data(), out.data(), counts, DataType::kFloat32,
+                                          ReduceOp::kSum, s, Soon()));
+        after[t.rank()] = s.capacity();
+        return Status::OK();
+      }), "scratch");
+      EXPECT_EQ(after, reserved) << "p=" << p << " count=" << count;
+    }
+  }
+}
+
+TEST(Scratch, AnImpossibleSizeIsNullNotAThrow) {
+  ScratchBuffer s;
+  ASSERT_NE(s.Get(100), nullptr);
+  EXPECT_EQ(s.Get(SIZE_MAX - 8), nullptr);
+  EXPECT_EQ(s.capacity(), 0u);
+  EXPECT_EQ(s.Get(size_t{1} << 62), nullptr);
+  EXPECT_NE(s.Get(100), nullptr);
+  EXPECT_GE(s.capacity(), 100u);
+}
+
+}  // namespace
+}  // namespace hvd

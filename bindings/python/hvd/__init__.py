@@ -12,6 +12,8 @@ Errors from the engine raise :class:`HvdError` (a ``RuntimeError``, also exporte
   works.
 * ``PeerLostError``, ``HvdTimeoutError``: a rank died or stopped answering. The communicator
   is gone; every later operation fails too.
+* ``ResourceExhaustedError``: a rank could not allocate the memory an operation needs. The
+  operation fails on every rank, naming the rank; the next operation works.
 * ``AbortedError``: the engine was shut down. ``InternalError``: a bug or a failed system call.
 """
 
@@ -26,6 +28,7 @@ from hvd._core import (
     InternalError,
     InvalidArgumentError,
     PeerLostError,
+    ResourceExhaustedError,
 )
 
 __version__ = _core.VERSION

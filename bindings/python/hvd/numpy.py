@@ -24,6 +24,7 @@ from hvd import (  # noqa: F401  (re-exported)
     Max,
     Min,
     PeerLostError,
+    ResourceExhaustedError,
     Product,
     Sum,
     cross_rank,

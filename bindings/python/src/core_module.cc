@@ -49,7 +49,8 @@ struct StatusError : std::exception {
 };
 
 // The Python exception classes, one per StatusCode (index = code). Owned by the module.
-PyObject* g_errors[7] = {nullptr};
+constexpr int kErrorClasses = 8;  // HvdError, then one per hvd::StatusCode after kOk
+PyObject* g_errors[kErrorClasses] = {nullptr};
 
 struct Orphan {
   hvd::HandlePtr handle;
@@ -169,16 +170,16 @@ void Shutdown() {
 }
 
 void RegisterErrors(py::module_& m) {
-  static const char* kNames[7] = {nullptr,           "InvalidArgumentError", "FailedPreconditionError",
-                                  "HvdTimeoutError", "PeerLostError",        "AbortedError",
-                                  "InternalError"};
+  static const char* kNames[kErrorClasses] = {
+      nullptr,       "InvalidArgumentError", "FailedPreconditionError", "HvdTimeoutError",
+      "PeerLostError", "AbortedError",       "InternalError",           "ResourceExhaustedError"};
   PyObject* base = PyErr_NewExceptionWithDoc(
       "hvd.HvdError",
       "An error reported by the hvd engine (a RuntimeError); the message is the core's.",
       PyExc_RuntimeError, nullptr);
   m.add_object("HvdError", py::handle(base));
   g_errors[0] = base;
-  for (int i = 1; i < 7; ++i) {
+  for (int i = 1; i < kErrorClasses; ++i) {
     std::string qual = std::string("hvd.") + kNames[i];
     g_errors[i] = PyErr_NewException(qual.c_str(), base, nullptr);
     m.add_object(kNames[i], py::handle(g_errors[i]));
@@ -188,7 +189,7 @@ void RegisterErrors(py::module_& m) {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
       int code = static_cast<int>(e.status.code());
-      PyErr_SetString(g_errors[code > 0 && code < 7 ? code : 6], e.what());
+      PyErr_SetString(g_errors[code > 0 && code < kErrorClasses ? code : 6], e.what());
     }
   });
 }

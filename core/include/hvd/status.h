@@ -21,6 +21,9 @@ namespace hvd {
 //                                          is gone, every pending and later operation fails.
 //   kAborted                               the engine was shut down or aborted.
 //   kInternal                              a bug or a failed system call.
+//   kResourceExhausted                     a rank could not allocate the memory an operation
+//                                          needs; that operation fails on every rank, the
+//                                          engine goes on.
 enum class StatusCode {
   kOk = 0,
   kInvalidArgument,
@@ -29,6 +32,7 @@ enum class StatusCode {
   kPeerLost,
   kAborted,
   kInternal,
+  kResourceExhausted,
 };
 
 HVD_EXPORT const char* StatusCodeName(StatusCode code);
@@ -47,6 +51,9 @@ class HVD_EXPORT Status {
   static Status PeerLost(std::string m) { return {StatusCode::kPeerLost, std::move(m)}; }
   static Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+  static Status ResourceExhausted(std::string m) {
+    return {StatusCode::kResourceExhausted, std::move(m)};
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

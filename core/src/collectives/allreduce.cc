@@ -9,6 +9,13 @@
 
 namespace hvd {
 
+size_t AllreduceScratchBytes(size_t count, DataType dtype, int ranks) {
+  const size_t esize = DataTypeSize(dtype);
+  if (count == 0 || ranks <= 1 || esize == 0) return 0;
+  if (count * esize <= kSmallAllreduceBytes) return count * esize;  // recursive doubling
+  return RingAllreduceScratchBytes(count, dtype, ranks);
+}
+
 Status Allreduce(Transport& t, void* buf, size_t count, DataType dtype, ReduceOp op,
                  ScratchBuffer& scratch, Deadline deadline, AllreduceAlgorithm algo) {
   const size_t esize = DataTypeSize(dtype);

@@ -23,7 +23,8 @@ namespace hvd {
 class ScratchBuffer {
  public:
   // Returns at least `bytes` bytes, 64-byte aligned; contents undefined. Valid until the next
-  // Get with a larger size.
+  // Get with a larger size. Null when the memory cannot be had (never throws: it runs on the
+  // background thread); the buffer is then empty.
   void* Get(size_t bytes);
   size_t capacity() const { return capacity_; }
   ~ScratchBuffer();
@@ -48,6 +49,7 @@ Status Allreduce(Transport& t, void* buf, size_t count, DataType dtype, ReduceOp
 // receiving and reducing overlap.
 Status RingAllreduce(Transport& t, void* buf, size_t count, DataType dtype, ReduceOp op,
                      ScratchBuffer& scratch, Deadline deadline);
+size_t RingAllreduceScratchBytes(size_t count, DataType dtype, int ranks);
 // Latency-optimised: log2(p) exchanges of the whole buffer (non-powers of two fold the extra
 // ranks in first and out last).
 Status RecursiveDoublingAllreduce(Transport& t, void* buf, size_t count, DataType dtype,
@@ -73,5 +75,12 @@ Status ReduceScatter(Transport& t, const void* in, void* out, const std::vector<
 
 // Returns once every rank has entered.
 Status Barrier(Transport& t, Deadline deadline);
+
+// The bytes of `scratch` that Allreduce (kAuto) and ReduceScatter use for these arguments on
+// `ranks` ranks. The engine reserves them before a collective starts, so that running out of
+// memory is found before any byte moves (engine/execute.cc). A collective whose scratch cannot
+// be had anyway returns ResourceExhausted.
+size_t AllreduceScratchBytes(size_t count, DataType dtype, int ranks);
+size_t ReduceScatterScratchBytes(const std::vector<size_t>& counts, DataType dtype);
 
 }  // namespace hvd

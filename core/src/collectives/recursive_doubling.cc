@@ -37,6 +37,10 @@ Status RecursiveDoublingAllreduce(Transport& t, void* buf, size_t count, DataTyp
   while (q * 2 <= p) q *= 2;
   const int rem = p - q;
   void* tmp = scratch.Get(bytes);  // owned by the caller's ScratchBuffer
+  if (tmp == nullptr) {
+    return Status::ResourceExhausted("recursive doubling allreduce: no memory for " +
+                                     std::to_string(bytes) + " bytes of scratch");
+  }
 
   // 1. Fold the extra ranks in.
   int v = r >= 2 * rem ? r - rem : -1;

@@ -31,6 +31,12 @@
 namespace hvd {
 namespace {
 
+// Receive-and-send slots for a largest chunk of `largest` elements: one per segment of it plus
+// the lookahead, so a slot is reused only after its send has completed.
+size_t SlotCount(size_t largest, size_t seg_elems) {
+  return (largest + seg_elems - 1) / seg_elems + kLookahead + 1;
+}
+
 class ReduceScatterRun {
  public:
   ReduceScatterRun(Transport& t, const void* in, void* out, bool in_place,
@@ -88,8 +94,9 @@ ReduceScatterRun::ReduceScatterRun(Transport& t, const void* in, void* out, bool
   size_t largest = 0;
   for (size_t c : counts) largest = c > largest ? c : largest;
   slot_bytes_ = (largest < seg_elems ? largest : seg_elems) * esize_;
-  slot_send_.resize((largest + seg_elems - 1) / seg_elems + kLookahead + 1);
-  slots_ = static_cast<uint8_t*>(scratch.Get(slot_send_.size() * slot_bytes_));
+  slot_send_.resize(SlotCount(largest, seg_elems));
+  slots_ = static_cast<uint8_t*>(scratch.Get(ReduceScatterScratchBytes(counts, dtype)));
+  if (slots_ == nullptr) return;  // Run() reports it; nothing was sent
   const int first = PositiveMod(r - 1, p);
   std::vector<Segment> own;
   AppendSegments(&own, 0, offsets[first], counts[first], seg_elems);
@@ -127,6 +134,11 @@ Status ReduceScatterRun::Process(size_t k) {
 }
 
 Status ReduceScatterRun::Run() {
+  if (slots_ == nullptr) {
+    return Status::ResourceExhausted("reducescatter: no memory for " +
+                                     std::to_string(slot_send_.size() * slot_bytes_) +
+                                     " bytes of slots");
+  }
   const size_t n = segs_.size();
   size_t next = 0;
   for (size_t k = 0; k < n; ++k) {
@@ -141,6 +153,15 @@ Status ReduceScatterRun::Run() {
 }
 
 }  // namespace
+
+size_t ReduceScatterScratchBytes(const std::vector<size_t>& counts, DataType dtype) {
+  const size_t esize = DataTypeSize(dtype);
+  if (esize == 0 || counts.size() <= 1) return 0;
+  size_t largest = 0;
+  for (size_t c : counts) largest = c > largest ? c : largest;
+  const size_t seg_elems = kSegmentBytes / esize;
+  return SlotCount(largest, seg_elems) * (largest < seg_elems ? largest : seg_elems) * esize;
+}
 
 Status ReduceScatter(Transport& t, const void* in, void* out, const std::vector<size_t>& counts,
                      DataType dtype, ReduceOp op, ScratchBuffer& scratch, Deadline deadline) {

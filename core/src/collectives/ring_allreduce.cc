@@ -79,7 +79,8 @@ RingAllreduceRun::RingAllreduceRun(Transport& t, void* buf, size_t count, DataTy
   sends_waited_.assign(last_step_ + 1, false);
   const size_t largest = chunks.Count(0);
   slot_bytes_ = (largest < seg_elems ? largest : seg_elems) * esize_;
-  slots_ = static_cast<uint8_t*>(scratch.Get(kRecvSlots * slot_bytes_));
+  slots_ = static_cast<uint8_t*>(scratch.Get(RingAllreduceScratchBytes(count, dtype, p_)));
+  if (slots_ == nullptr) return;  // Run() reports it; nothing was sent
   // Step 0: this rank's own chunk goes out first.
   std::vector<Segment> own;
   AppendSegments(&own, 0, chunks.Offset(r), chunks.Count(r), seg_elems);
@@ -122,6 +123,11 @@ Status RingAllreduceRun::Process(size_t k) {
 }
 
 Status RingAllreduceRun::Run() {
+  if (slots_ == nullptr) {
+    return Status::ResourceExhausted("ring allreduce: no memory for " +
+                                     std::to_string(kRecvSlots * slot_bytes_) +
+                                     " bytes of receive slots");
+  }
   const size_t n = segs_.size();
   size_t next = 0;  // next segment whose receive is to be posted
   for (size_t k = 0; k < n; ++k) {
@@ -137,6 +143,14 @@ Status RingAllreduceRun::Run() {
 }
 
 }  // namespace
+
+size_t RingAllreduceScratchBytes(size_t count, DataType dtype, int ranks) {
+  const size_t esize = DataTypeSize(dtype);
+  if (esize == 0 || ranks <= 0) return 0;
+  const size_t largest = EvenChunks(count, ranks).Count(0);
+  const size_t seg_elems = kSegmentBytes / esize;
+  return kRecvSlots * (largest < seg_elems ? largest : seg_elems) * esize;
+}
 
 Status RingAllreduce(Transport& t, void* buf, size_t count, DataType dtype, ReduceOp op,
                      ScratchBuffer& scratch, Deadline deadline) {

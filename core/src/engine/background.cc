@@ -24,7 +24,33 @@ std::vector<uint8_t> IntPayload(int v) {
 }
 }  // namespace
 
+// No exception leaves this thread: one that escapes the loop (a failed allocation in a message,
+// a framework's callback) stops the engine the way a lost peer does, with every operation
+// failing with Internal and the others told, instead of ending the process.
 void EngineImpl::Loop() {
+  for (int escapes = 0; escapes < 3; ++escapes) {
+    try {
+      RunLoop();
+      break;
+    } catch (...) {
+      std::string what = "an exception of unknown type";
+      try {
+        throw;
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      Status s = Status::Internal("rank " + std::to_string(options_.rank) +
+                                  ": hvd's background thread stopped on an exception: " + what);
+      HVD_LOG(kError) << s.message();
+      if (abort_.ok()) abort_ = s;  // RunLoop fails everything with it and returns
+    }
+  }
+  done_ = true;
+  timeline_.reset();  // writes the file
+}
+
+void EngineImpl::RunLoop() {
   while (!done_) {
     bool worked = DrainQueue();
     if (!abort_.ok()) {
@@ -64,8 +90,6 @@ void EngineImpl::Loop() {
     if (io_.stopped()) io_.restart();
     io_.poll();
   }
-  done_ = true;
-  timeline_.reset();  // writes the file
 }
 
 bool EngineImpl::DrainQueue() {

@@ -72,6 +72,7 @@ class EngineImpl {
 
   // Background thread (background.cc).
   void Loop();
+  void RunLoop();
   bool DrainQueue();
   void Announce(std::vector<Request> requests);
   void OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&& payload);
@@ -91,7 +92,19 @@ class EngineImpl {
   void FlushControl(Deadline deadline);
 
   // Execution (execute.cc).
+  // The most memory any rank may need for one response, computed from the response alone, so
+  // that every rank makes the same decision about agreeing on it.
+  struct MemoryNeeds {
+    size_t fusion = 0;   // of the fusion buffer
+    size_t scratch = 0;  // of the algorithm's scratch
+    size_t output = 0;   // of a newly allocated output (allgather, alltoall, reducescatter)
+  };
   void Execute(const Response& r);
+  Status Run(const Response& r, std::vector<TensorEntry*>& entries);
+  Status Reserve(const MemoryNeeds& need, size_t fusion, void** fusion_out,
+                 Status local = Status::OK(), size_t missing = 0);
+  Status AgreeOnMemory(const MemoryNeeds& need, const Status& local, size_t missing);
+  void Abandon(const Status& why);
   Status ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>& entries);
   Status ExecuteAllgather(const Response& r, TensorEntry* e);
   Status ExecuteBroadcast(const Response& r, TensorEntry* e);
@@ -126,6 +139,9 @@ class EngineImpl {
   std::unique_ptr<Timeline> timeline_;
   ScratchBuffer scratch_;
   ScratchBuffer fusion_;
+  size_t agreed_fusion_ = 0;   // sizes every rank has agreed it holds (execute.cc, step 2)
+  size_t agreed_scratch_ = 0;
+  bool abandon_ = false;       // this rank failed alone inside the response being executed
   bool joined_ = false;
   bool shutdown_sent_ = false;
   Deadline shutdown_deadline_ = NoDeadline();

@@ -1,8 +1,28 @@
 // Executing a response: every rank runs the same responses in the same order. Tensors this rank
 // does not have (it has joined) take part as zeros (allreduce) or as empty (allgather).
+//
+// Memory. Nothing on this thread throws out of it, and running out of memory fails one
+// operation, not the process:
+//   1. Before a collective moves any byte, each rank allocates what the response needs on it:
+//      the fusion buffer (fused tensors, a joined rank's stand-in, a prescaled copy), the
+//      algorithm's scratch, and the output of allgather, alltoall and reducescatter. A failed
+//      allocation (null, or an exception from a vector or a framework's allocator) becomes a
+//      ResourceExhausted status.
+//   2. When some rank may have had to allocate kAgreeBytes or more, the ranks agree on the
+//      outcome: for a per-call output every time, for the fusion and scratch buffers the first
+//      time they grow past their agreed high-water marks (the same on every rank, since every
+//      rank executes the same responses). Each rank contributes 8 bytes to an allgather: 0, or
+//      the bytes it could not get.
+//   3. A failed agreement fails the operation on every rank with ResourceExhausted naming the
+//      ranks. Nothing was sent, so the ranks' streams stay in step and the engine goes on.
+//   4. A failure that was not agreed on (a small allocation, one only this rank needed, an
+//      exception inside a collective) leaves the others in the collective without this rank:
+//      the communicator is abandoned and every rank fails fast naming this one (Abandon).
 #include <cstring>
+#include <exception>
 #include <numeric>
 #include <optional>
+#include <sstream>
 
 #include "common/logging.h"
 #include "engine/engine_impl.h"
@@ -21,7 +41,107 @@ int64_t RowElements(const std::vector<int64_t>& shape) {
 // Rows of a first dimension of `rows` that rank r gets in a reducescatter.
 int64_t PartRows(int64_t rows, int size, int r) { return rows / size + (r < rows % size ? 1 : 0); }
 
+// Allocations of this size or more are agreed on by every rank before a collective (step 2).
+constexpr size_t kAgreeBytes = 1 << 20;
+
+// "12000 bytes", or "96.0 MiB (100663296 bytes)".
+std::string Bytes(uint64_t bytes) {
+  std::ostringstream os;
+  if (bytes >= (1u << 20)) {
+    os.precision(1);
+    os << std::fixed << bytes / 1048576.0 << " MiB (";
+  }
+  os << bytes << " bytes" << (bytes >= (1u << 20) ? ")" : "");
+  return os.str();
+}
+
+std::string Describe(std::exception_ptr p) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception of unknown type";
+  }
+}
+
+// Runs `allocate` for `bytes` bytes of `what`; a null result or any exception becomes
+// ResourceExhausted.
+template <typename F>
+Status TryAllocate(size_t bytes, const char* what, F allocate, void** out) {
+  *out = nullptr;
+  std::string why = "the allocation returned null";
+  try {
+    *out = allocate();
+  } catch (...) {
+    why = Describe(std::current_exception());
+  }
+  if (*out != nullptr || bytes == 0) return Status::OK();
+  return Status::ResourceExhausted("cannot allocate " + Bytes(bytes) + " for " + what + ": " + why);
+}
+
 }  // namespace
+
+Status EngineImpl::AgreeOnMemory(const MemoryNeeds& need, const Status& local, size_t missing) {
+  const bool agree = options_.size > 1 &&
+                     ((need.fusion >= kAgreeBytes && need.fusion > agreed_fusion_) ||
+                      (need.scratch >= kAgreeBytes && need.scratch > agreed_scratch_) ||
+                      need.output >= kAgreeBytes);
+  if (!agree) {
+    if (!local.ok() && options_.size > 1) abandon_ = true;  // step 4
+    return local;
+  }
+  const int n = options_.size;
+  uint64_t mine = local.ok() ? 0 : std::max<uint64_t>(missing, 1);
+  std::vector<uint64_t> all(n, 0);
+  HVD_RETURN_IF_ERROR(Allgatherv(*transport_, &mine, all.data(),
+                                 std::vector<size_t>(n, sizeof(uint64_t)), CollectiveDeadline()));
+  std::ostringstream os;
+  int short_ranks = 0;
+  for (int i = 0; i < n; ++i) {
+    if (all[i] == 0) continue;
+    os << (short_ranks++ ? ", " : "") << "rank " << i << " could not allocate " << Bytes(all[i]);
+  }
+  if (short_ranks == 0) {
+    agreed_fusion_ = std::max(agreed_fusion_, need.fusion);
+    agreed_scratch_ = std::max(agreed_scratch_, need.scratch);
+    return Status::OK();
+  }
+  os << "; no data was exchanged and the engine goes on";
+  if (!local.ok()) os << " (here: " << local.message() << ")";
+  return Status::ResourceExhausted("out of memory: " + os.str());
+}
+
+// Step 1 for the buffers the engine keeps (fusion, scratch), then step 2. `fusion` is what this
+// rank needs of the fusion buffer (0: none), `need` what any rank may need.
+Status EngineImpl::Reserve(const MemoryNeeds& need, size_t fusion, void** fusion_out,
+                           Status local, size_t missing) {
+  if (local.ok() && fusion > 0) {
+    local = TryAllocate(fusion, "the fusion buffer", [&] { return fusion_.Get(fusion); }, fusion_out);
+    if (!local.ok()) missing = fusion;
+  }
+  if (local.ok() && need.scratch > 0) {
+    void* ignored;
+    local = TryAllocate(need.scratch, "the algorithm's scratch",
+                        [&] { return scratch_.Get(need.scratch); }, &ignored);
+    if (!local.ok()) missing = need.scratch;
+  }
+  return AgreeOnMemory(need, local, missing);
+}
+
+// Step 4: this rank cannot go on with the others, so none can; tell them who and why.
+void EngineImpl::Abandon(const Status& why) {
+  std::string msg = "rank " + std::to_string(options_.rank) +
+                    " abandoned the communicator: " + why.message();
+  HVD_LOG(kError) << msg;
+  if (!abort_.ok()) return;
+  if (coordinator_) {
+    BroadcastControl(static_cast<uint8_t>(MessageType::kAbort),
+                     std::make_shared<const std::vector<uint8_t>>(msg.begin(), msg.end()));
+  }
+  abort_ = Status::Aborted(msg);
+  transport_->Abort(abort_);
+}
 
 Deadline EngineImpl::CollectiveDeadline() const {
   return DeadlineAfterSeconds(options_.timeout_seconds);
@@ -57,6 +177,34 @@ void EngineImpl::Execute(const Response& r) {
   for (const auto& shape : r.shapes) bytes += static_cast<size_t>(NumElements(shape)) * DataTypeSize(r.dtype);
   timeline_->Begin(OpTypeName(r.type), r.names, bytes);
   Status s;
+  abandon_ = false;
+  try {
+    s = Run(r, entries);
+  } catch (...) {
+    s = Status::Internal("exception on the background thread: " +
+                         Describe(std::current_exception()));
+    abandon_ = options_.size > 1;
+  }
+  timeline_->End(s.ok() ? "ok" : StatusCodeName(s.code()));
+  bool comm_gone = r.type != OpType::kError &&
+                   (s.code() == StatusCode::kPeerLost || s.code() == StatusCode::kTimeout);
+  if (comm_gone) s = AwaitRootCause(s);
+  if (!s.ok() && r.type != OpType::kError) {
+    s = s.WithContext(std::string(OpTypeName(r.type)) + " '" + r.names[0] + "'" +
+                      (r.names.size() > 1 ? " (fused with " + std::to_string(r.names.size() - 1) + " more)" : ""));
+  }
+  if (abandon_ && !comm_gone) {
+    Abandon(s);
+    if (!abort_.ok()) s = abort_;  // names this rank, as the others' errors do
+  }
+  for (auto* e : entries) {
+    if (e) CompleteEntry(*e, s);
+  }
+  if (comm_gone && abort_.ok()) abort_ = s;
+}
+
+Status EngineImpl::Run(const Response& r, std::vector<TensorEntry*>& entries) {
+  Status s;
   switch (r.type) {
     case OpType::kError:
       s = Status(r.error_code, r.error);
@@ -88,18 +236,7 @@ void EngineImpl::Execute(const Response& r) {
       }
       break;
   }
-  timeline_->End(s.ok() ? "ok" : StatusCodeName(s.code()));
-  bool comm_gone = r.type != OpType::kError &&
-                   (s.code() == StatusCode::kPeerLost || s.code() == StatusCode::kTimeout);
-  if (comm_gone) s = AwaitRootCause(s);
-  if (!s.ok() && r.type != OpType::kError) {
-    s = s.WithContext(std::string(OpTypeName(r.type)) + " '" + r.names[0] + "'" +
-                      (r.names.size() > 1 ? " (fused with " + std::to_string(r.names.size() - 1) + " more)" : ""));
-  }
-  for (auto* e : entries) {
-    if (e) CompleteEntry(*e, s);
-  }
-  if (comm_gone && abort_.ok()) abort_ = s;
+  return s;
 }
 
 Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>& entries) {
@@ -107,14 +244,21 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   std::vector<size_t> counts;
   for (const auto& shape : r.shapes) counts.push_back(static_cast<size_t>(NumElements(shape)));
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-  uint8_t* buf;
+  // Every rank fuses a response of several tensors; a single tensor goes through the fusion
+  // buffer only on a rank that has joined (and stands in with zeros).
   bool fused = entries.size() > 1 || entries[0] == nullptr;
+  MemoryNeeds need;
+  need.fusion = total * esize;
+  need.scratch = AllreduceScratchBytes(total, r.dtype, options_.size);
+  void* fusion = nullptr;
+  HVD_RETURN_IF_ERROR(Reserve(need, fused ? total * esize : 0, &fusion));
+  uint8_t* buf;
   if (!fused) {
     TensorEntry* e = entries[0];
     buf = static_cast<uint8_t*>(e->output.data);
     if (e->output.data != e->input.data && total > 0) std::memcpy(buf, e->input.data, total * esize);
   } else {
-    buf = static_cast<uint8_t*>(fusion_.Get(total * esize));
+    buf = static_cast<uint8_t*>(fusion);
     size_t off = 0;
     for (size_t i = 0; i < entries.size(); ++i) {
       size_t bytes = counts[i] * esize;
@@ -167,31 +311,35 @@ Status EngineImpl::ExecuteAllgather(const Response& r, TensorEntry* e) {
   }
   const size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
   const size_t offset = std::accumulate(bytes.begin(), bytes.begin() + options_.rank, size_t{0});
-  uint8_t* out;
+  MemoryNeeds need;
+  need.output = total;
+  void* got = nullptr;
+  Status local;
   if (e) {
     std::vector<int64_t> shape = e->request.shape;
     shape[0] = rows;
-    out = static_cast<uint8_t*>(AllocateOutput(e, shape, total));
-    if (out == nullptr && total > 0) {
-      return Status::InvalidArgument("the output allocator returned null");
-    }
-    if (bytes[options_.rank]) std::memcpy(out + offset, e->input.data, bytes[options_.rank]);
-  } else {
-    out = static_cast<uint8_t*>(scratch_.Get(total));
+    local = TryAllocate(total, "the allgather output",
+                        [&] { return AllocateOutput(e, shape, total); }, &got);
   }
+  // A joined rank receives into the fusion buffer.
+  HVD_RETURN_IF_ERROR(Reserve(need, e ? 0 : total, e ? nullptr : &got, local, total));
+  auto* out = static_cast<uint8_t*>(got);
+  if (e && bytes[options_.rank]) std::memcpy(out + offset, e->input.data, bytes[options_.rank]);
   return Allgatherv(*transport_, out + offset, out, bytes, CollectiveDeadline());
 }
 
 Status EngineImpl::ExecuteBroadcast(const Response& r, TensorEntry* e) {
   const size_t bytes = static_cast<size_t>(NumElements(r.shapes[0])) * DataTypeSize(r.dtype);
-  void* buf;
+  // Only a joined rank allocates: it receives into the fusion buffer.
+  MemoryNeeds need;
+  need.fusion = bytes;
+  void* buf = nullptr;
+  HVD_RETURN_IF_ERROR(Reserve(need, e ? 0 : bytes, &buf));
   if (e) {
     buf = e->output.data;
     if (options_.rank == r.root && e->output.data != e->input.data && bytes) {
       std::memcpy(buf, e->input.data, bytes);
     }
-  } else {
-    buf = scratch_.Get(bytes);
   }
   return hvd::Broadcast(*transport_, buf, bytes, r.root, CollectiveDeadline());
 }
@@ -211,8 +359,16 @@ Status EngineImpl::ExecuteAlltoall(const Response& r, TensorEntry* e) {
   std::vector<int64_t> shape = e->request.shape;
   shape[0] = rows;
   size_t total = std::accumulate(recv.begin(), recv.end(), size_t{0});
-  void* out = AllocateOutput(e, shape, total);
-  if (out == nullptr && total > 0) return Status::InvalidArgument("the output allocator returned null");
+  MemoryNeeds need;  // the largest output of any rank
+  for (int j = 0; j < n; ++j) {
+    int64_t in_rows = 0;
+    for (int i = 0; i < n; ++i) in_rows += r.sizes[i * n + j];
+    need.output = std::max(need.output, static_cast<size_t>(in_rows) * row_bytes);
+  }
+  void* out = nullptr;
+  Status local = TryAllocate(total, "the alltoall output",
+                             [&] { return AllocateOutput(e, shape, total); }, &out);
+  HVD_RETURN_IF_ERROR(Reserve(need, 0, nullptr, local, total));
   return Alltoallv(*transport_, e->input.data, send, out, recv, CollectiveDeadline());
 }
 
@@ -225,17 +381,24 @@ Status EngineImpl::ExecuteReducescatter(const Response& r, TensorEntry* e) {
   for (int i = 0; i < n; ++i) counts[i] = static_cast<size_t>(PartRows(rows, n, i) * row);
   const size_t total = static_cast<size_t>(rows * row);
   const void* in = e->input.data;
-  if (r.prescale != 1.0) {
-    void* copy = fusion_.Get(total * esize);
-    if (total) std::memcpy(copy, in, total * esize);
-    Scale(copy, total, r.dtype, r.prescale);
-    in = copy;
-  }
   std::vector<int64_t> out_shape = shape;
   out_shape[0] = PartRows(rows, n, options_.rank);
   size_t out_count = counts[options_.rank];
-  void* out = AllocateOutput(e, out_shape, out_count * esize);
-  if (out == nullptr && out_count > 0) return Status::InvalidArgument("the output allocator returned null");
+  MemoryNeeds need;
+  need.output = counts[0] * esize;  // rank 0's part is the largest
+  need.scratch = ReduceScatterScratchBytes(counts, r.dtype);
+  const size_t copy_bytes = r.prescale != 1.0 ? total * esize : 0;  // prescaled input copy
+  need.fusion = copy_bytes;
+  void* out = nullptr;
+  Status local = TryAllocate(out_count * esize, "the reducescatter output",
+                             [&] { return AllocateOutput(e, out_shape, out_count * esize); }, &out);
+  void* copy = nullptr;
+  HVD_RETURN_IF_ERROR(Reserve(need, copy_bytes, &copy, local, out_count * esize));
+  if (copy_bytes > 0) {
+    std::memcpy(copy, in, copy_bytes);
+    Scale(copy, total, r.dtype, r.prescale);
+    in = copy;
+  }
   ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
   HVD_RETURN_IF_ERROR(ReduceScatter(*transport_, in, out, counts, r.dtype, op, scratch_,
                                     CollectiveDeadline()));

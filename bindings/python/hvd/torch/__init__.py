@@ -23,6 +23,7 @@ from hvd import (  # noqa: F401  (re-exported)
     Max,
     Min,
     PeerLostError,
+    ResourceExhaustedError,
     ProcessSet,
     Product,
     Sum,
