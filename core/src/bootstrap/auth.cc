@@ -49,6 +49,34 @@ Mac Proof(const std::string& secret, const char* role, const Nonce& first, const
 
 bool Equal(const Mac& a, const Mac& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
 
+Status CheckClientProof(const std::string& secret, const Nonce& ns, const uint8_t* msg, size_t len,
+                        size_t context_len, std::string* context, Nonce* nc) {
+  const Status refused = Status::InvalidArgument("failed authentication (wrong or no job secret)");
+  if (len != context_len + kNonceBytes + kMacBytes) return refused;
+  context->assign(reinterpret_cast<const char*>(msg), context_len);
+  Mac mac;
+  std::memcpy(nc->data(), msg + context_len, kNonceBytes);
+  std::memcpy(mac.data(), msg + context_len + kNonceBytes, kMacBytes);
+  if (!Equal(mac, Proof(secret, "hvd client", ns, *nc, *context))) return refused;
+  return Status::OK();
+}
+
+Status VerdictStatus(uint8_t verdict) {
+  switch (verdict) {
+    case kVerdictAccepted:
+      return Status::OK();
+    case kVerdictRefused:
+      return Status::PeerLost("authentication refused by the peer: this process does not have "
+                              "the job's secret (is HVD_SECRET the job's?)");
+    case kVerdictClaimRefused:
+      return Status::PeerLost("the peer refused this connection's claim (it is not the rank or "
+                              "service this address was published for: a stale address?)");
+    default:
+      return Status::PeerLost("the peer answered the handshake with an unknown verdict byte " +
+                              std::to_string(verdict) + ": not an hvd process of this version");
+  }
+}
+
 namespace {
 
 struct ServerState : std::enable_shared_from_this<ServerState> {
@@ -122,15 +150,11 @@ void AcceptHandshake(asio::ip::tcp::socket& sock, const std::string& secret, siz
       if (ec2) {
         return st->Finish(Status::PeerLost(who + " sent no complete handshake: " + ec2.message()), "");
       }
-      std::string context(st->in.begin(), st->in.begin() + st->context_len);
+      std::string context;
       Nonce nc;
-      Mac mac;
-      std::memcpy(nc.data(), st->in.data() + st->context_len, kNonceBytes);
-      std::memcpy(mac.data(), st->in.data() + st->context_len + kNonceBytes, kMacBytes);
-      if (!Equal(mac, Proof(st->secret, "hvd client", st->ns, nc, context))) {
-        return st->Refuse(kVerdictRefused, Status::InvalidArgument(
-                                               who + " failed authentication (wrong or no job secret)"));
-      }
+      Status proof = CheckClientProof(st->secret, st->ns, st->in.data(), st->in.size(),
+                                      st->context_len, &context, &nc);
+      if (!proof.ok()) return st->Refuse(kVerdictRefused, proof.WithContext(who));
       if (st->check) {
         Status claim = st->check(context);
         if (!claim.ok()) return st->Refuse(kVerdictClaimRefused, claim.WithContext(who));
@@ -195,18 +219,7 @@ Status ClientHandshake(asio::io_context& io, asio::ip::tcp::socket& sock,
   ec = run([&] { asio::async_write(sock, asio::buffer(out), on_done); });
   if (!ec) ec = run([&] { asio::async_read(sock, asio::buffer(&verdict, 1), on_done); });
   if (ec) return closed("waiting for its verdict", ec);
-  if (verdict == kVerdictRefused) {
-    return Status::PeerLost("authentication refused by the peer: this process does not have the "
-                            "job's secret (is HVD_SECRET the job's?)");
-  }
-  if (verdict == kVerdictClaimRefused) {
-    return Status::PeerLost("the peer refused this connection's claim (it is not the rank or "
-                            "service this address was published for: a stale address?)");
-  }
-  if (verdict != kVerdictAccepted) {
-    return Status::PeerLost("the peer answered the handshake with an unknown verdict byte " +
-                            std::to_string(verdict) + ": not an hvd process of this version");
-  }
+  HVD_RETURN_IF_ERROR(VerdictStatus(verdict));
   ec = run([&] { asio::async_read(sock, asio::buffer(server_mac), on_done); });
   if (ec) return closed("waiting for its proof", ec);
   if (!Equal(server_mac, Proof(secret, "hvd server", nc, ns, context))) {

@@ -52,6 +52,16 @@ Mac Proof(const std::string& secret, const char* role, const Nonce& first, const
           const std::string& context);
 bool Equal(const Mac& a, const Mac& b);
 
+// Step 3 on bytes: `msg` should be context (context_len bytes), Nc, the client's MAC for the
+// challenge `ns`. OK with the context and Nc when the MAC proves the secret; InvalidArgument
+// otherwise (a wrong length included).
+Status CheckClientProof(const std::string& secret, const Nonce& ns, const uint8_t* msg, size_t len,
+                        size_t context_len, std::string* context, Nonce* nc);
+
+// The client's reading of the server's verdict byte: OK for kVerdictAccepted, else the final
+// refusal it stands for.
+Status VerdictStatus(uint8_t verdict);
+
 // Server side (steps 1, 3, 4). Calls done(status, context) once: OK with the client's context
 // of exactly context_len bytes, or an error saying why the client was refused. `keepalive`
 // holds the socket's owner alive until then. A client that has not sent its proof within

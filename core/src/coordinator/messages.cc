@@ -157,7 +157,7 @@ bool Get(Reader& rd, Response* r) {
   }
   bool ok = rd.Enum(&dtype, kNumDataTypes) && rd.Enum(&op, kNumReduceOps) && rd.Get(&r->root) &&
             rd.Get(&r->prescale) && rd.Get(&r->postscale) && rd.Vec(&r->sizes) &&
-            rd.Str(&r->error) && rd.Enum(&code, static_cast<uint8_t>(StatusCode::kInternal) + 1) &&
+            rd.Str(&r->error) && rd.Enum(&code, static_cast<uint8_t>(StatusCode::kResourceExhausted) + 1) &&
             rd.Get(&r->last_joined) && rd.Vec(&r->joined);
   if (!ok) return false;
   r->error_code = static_cast<StatusCode>(code);
@@ -209,6 +209,48 @@ Status Decode(const uint8_t* data, size_t len, RequestList* out) {
     return Status::InvalidArgument("malformed request list: bad cache bits");
   }
   return CheckDone(rd, "request list");
+}
+
+Status CheckResponse(const Response& r, int size) {
+  auto bad = [&r](const std::string& what) {
+    return Status::InvalidArgument(std::string("malformed ") + OpTypeName(r.type) + " response" +
+                                   (r.names.empty() ? "" : " '" + r.names[0] + "'") + ": " + what);
+  };
+  if (r.names.empty()) return bad("no tensor name");
+  for (int32_t j : r.joined) {
+    if (j < 0 || j >= size) return bad("joined rank " + std::to_string(j) + " out of range");
+  }
+  if (r.type == OpType::kError) return Status::OK();
+  if (r.type == OpType::kJoin) {
+    if (r.last_joined < -1 || r.last_joined >= size) return bad("last joined rank out of range");
+    return Status::OK();
+  }
+  if (r.shapes.size() != r.names.size()) {
+    return bad(std::to_string(r.shapes.size()) + " shapes for " + std::to_string(r.names.size()) +
+               " names");
+  }
+  for (const auto& shape : r.shapes) {
+    for (int64_t d : shape) {
+      if (d < 0) return bad("negative dimension " + std::to_string(d));
+    }
+  }
+  for (int64_t rows : r.sizes) {
+    if (rows < 0) return bad("negative row count " + std::to_string(rows));
+  }
+  const bool rows_first = r.type == OpType::kAllgather || r.type == OpType::kAlltoall ||
+                          r.type == OpType::kReducescatter;
+  if (rows_first && r.shapes[0].empty()) return bad("a scalar where rows are needed");
+  const size_t n = static_cast<size_t>(size);
+  if (r.type == OpType::kAllgather && r.sizes.size() != n * r.names.size()) {
+    return bad(std::to_string(r.sizes.size()) + " row counts for " + std::to_string(size) + " ranks");
+  }
+  if (r.type == OpType::kAlltoall && r.sizes.size() != n * n) {
+    return bad(std::to_string(r.sizes.size()) + " splits for " + std::to_string(size) + " ranks");
+  }
+  if (r.type == OpType::kBroadcast && (r.root < 0 || r.root >= size)) {
+    return bad("root " + std::to_string(r.root) + " out of range");
+  }
+  return Status::OK();
 }
 
 Status Decode(const uint8_t* data, size_t len, ResponseList* out) {

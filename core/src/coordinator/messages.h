@@ -90,5 +90,9 @@ std::vector<uint8_t> Encode(const ResponseList& l);
 // Decoders check every length against the payload and fail with InvalidArgument on garbage.
 Status Decode(const uint8_t* data, size_t len, RequestList* out);
 Status Decode(const uint8_t* data, size_t len, ResponseList* out);
+// What a worker checks of a response from the coordinator (rebuilt from cache bits if need be)
+// before executing it in a world of `size` ranks: the fields its type uses are all there and in
+// range (a name per shape, a row count per rank, a root among the ranks, no negative extent).
+Status CheckResponse(const Response& r, int size);
 
 }  // namespace hvd

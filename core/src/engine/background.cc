@@ -178,11 +178,13 @@ Status EngineImpl::OnRequests(int peer, RequestList&& list) {
 
 Status EngineImpl::OnResponses(ResponseList&& list) {
   for (auto& r : list.responses) {
-    if (r.cache_bits.empty()) continue;
-    std::vector<uint32_t> bits = std::move(r.cache_bits);
-    if (!cache_->Rebuild(bits, &r)) {
-      return Status::InvalidArgument("response names an empty response-cache bit");
+    if (!r.cache_bits.empty()) {
+      std::vector<uint32_t> bits = std::move(r.cache_bits);
+      if (!cache_->Rebuild(bits, &r)) {
+        return Status::InvalidArgument("response names an empty response-cache bit");
+      }
     }
+    HVD_RETURN_IF_ERROR(CheckResponse(r, options_.size));
   }
   cache_->Apply(list.responses);
   for (auto& r : list.responses) to_execute_.push_back(std::move(r));

@@ -22,6 +22,7 @@
 #include "reduce/reduce.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -69,9 +70,23 @@ __attribute__((target("avx,f16c"))) void EncodeHalfF16C(const float* __restrict 
 }
 #endif
 
+#if defined(__x86_64__)
+// AVX with its register state enabled by the OS, and F16C (CPUID leaf 1, ECX bits 28, 27, 29).
+// Read from CPUID directly: not every compiler's __builtin_cpu_supports knows "f16c".
+bool CpuHasF16C() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const bool avx = (c >> 28) & 1, osxsave = (c >> 27) & 1, f16c = (c >> 29) & 1;
+  if (!avx || !osxsave || !f16c) return false;
+  unsigned lo, hi;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 0x6) == 0x6;  // the OS saves the XMM and YMM registers
+}
+#endif
+
 Codec16 HalfCodec() {
 #if defined(__x86_64__)
-  static const bool has_f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  static const bool has_f16c = CpuHasF16C();
   if (has_f16c) return {DecodeHalfF16C, EncodeHalfF16C};
 #endif
   return {DecodePortable<detail::DecodeHalf>, EncodePortable<detail::EncodeHalf>};

@@ -9,6 +9,19 @@ ControlChannel::ControlChannel(int peer, std::unique_ptr<asio::ip::tcp::socket> 
     : peer_(peer), sock_(std::move(sock)), on_message_(std::move(on_message)),
       on_error_(std::move(on_error)) {}
 
+bool ParseControlHeader(const uint8_t* header, uint32_t* payload_len, uint8_t* type,
+                        std::string* why) {
+  uint32_t len;
+  std::memcpy(&len, header, 4);
+  if (len == 0 || len > kMaxControlFrame) {
+    *why = "bad control frame length " + std::to_string(len);
+    return false;
+  }
+  *payload_len = len - 1;
+  *type = header[4];
+  return true;
+}
+
 void ControlChannel::Start() { ReadHeader(); }
 
 void ControlChannel::ReadHeader() {
@@ -21,11 +34,10 @@ void ControlChannel::ReadHeader() {
                                                           : ec.message());
                      }
                      uint32_t len;
-                     std::memcpy(&len, header_, 4);
-                     if (len == 0 || len > kMaxControlFrame) {
-                       return Fail("bad control frame length " + std::to_string(len));
-                     }
-                     ReadBody(len - 1);
+                     uint8_t type;
+                     std::string why;
+                     if (!ParseControlHeader(header_, &len, &type, &why)) return Fail(why);
+                     ReadBody(len);
                    });
 }
 

@@ -19,6 +19,12 @@
 namespace hvd {
 
 constexpr uint32_t kMaxControlFrame = 256u << 20;
+constexpr size_t kControlHeaderBytes = 5;
+
+// Reads a frame header: the bytes of the payload that follow it, and the message type. False,
+// with the reason, for a length of 0 or over kMaxControlFrame.
+bool ParseControlHeader(const uint8_t* header, uint32_t* payload_len, uint8_t* type,
+                        std::string* why);
 
 class ControlChannel : public std::enable_shared_from_this<ControlChannel> {
  public:

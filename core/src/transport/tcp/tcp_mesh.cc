@@ -6,6 +6,7 @@
 
 #include "bootstrap/auth.h"
 #include "common/logging.h"
+#include "transport/tcp/mesh_hello.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace hvd {
@@ -13,37 +14,6 @@ namespace hvd {
 namespace {
 
 using asio::ip::tcp;
-
-constexpr uint32_t kHelloMagic = 0x31445648;  // "HVD1"
-constexpr uint8_t kKindData = 0, kKindControl = 1;
-
-// What a dialing rank claims: who it is, which connection this is, and which rank it meant to
-// reach (an address read from the store may be stale, e.g. from an earlier engine).
-struct Hello {
-  uint32_t magic;
-  int32_t rank;
-  uint8_t kind;
-  int32_t target;
-};
-constexpr size_t kHelloBytes = 13;
-
-std::string PackHello(const Hello& h) {
-  std::string out(kHelloBytes, '\0');
-  std::memcpy(&out[0], &h.magic, 4);
-  std::memcpy(&out[4], &h.rank, 4);
-  out[8] = static_cast<char>(h.kind);
-  std::memcpy(&out[9], &h.target, 4);
-  return out;
-}
-
-Hello UnpackHello(const std::string& s) {
-  Hello h;
-  std::memcpy(&h.magic, s.data(), 4);
-  std::memcpy(&h.rank, s.data() + 4, 4);
-  h.kind = static_cast<uint8_t>(s[8]);
-  std::memcpy(&h.target, s.data() + 9, 4);
-  return h;
-}
 
 // Runs `io` until `done()` or the deadline; false on deadline.
 template <typename Pred>
@@ -161,13 +131,7 @@ class Acceptor {
   void ReadHello(std::shared_ptr<Incoming> in) {
     ++pending_;
     auto check = [this](const std::string& context) {
-      Hello h = UnpackHello(context);
-      if (h.magic != kHelloMagic || h.target != rank_) {
-        return Status::InvalidArgument("hello for rank " + std::to_string(h.target) +
-                                       " reached rank " + std::to_string(rank_) +
-                                       " (a stale address?)");
-      }
-      return Status::OK();
+      return CheckHello(UnpackHello(context), rank_, size_);
     };
     auto left = std::max<Clock::duration>(deadline_ - Clock::now(), std::chrono::milliseconds(1));
     auth::AcceptHandshake(*in->sock, secret_, kHelloBytes, in,
@@ -184,8 +148,7 @@ class Acceptor {
   }
 
   void Place(const Hello& h, std::unique_ptr<tcp::socket> sock) {
-    bool ok = h.magic == kHelloMagic && h.rank > rank_ && h.rank < size_ &&
-              (h.kind == kKindData || (h.kind == kKindControl && rank_ == 0));
+    bool ok = CheckHello(h, rank_, size_).ok();
     auto& slot = !ok ? sock : (h.kind == kKindData ? mesh_.data[h.rank] : mesh_.control[h.rank]);
     if (!ok || slot) {
       HVD_LOG(kWarning) << "dropped a connection with an unexpected hello (magic " << std::hex
