@@ -153,9 +153,11 @@ void CheckFused(hvd::Engine& e, Checker& ck) {
 
 void CheckGrouped(hvd::Engine& e, Checker& ck) {
   const int r = e.rank(), n = e.size();
-  for (auto [t, op] : {std::pair{DataType::kFloat32, ReduceOp::kSum},
-                       std::pair{DataType::kInt32, ReduceOp::kMax},
-                       std::pair{DataType::kBFloat16, ReduceOp::kAverage}}) {
+  for (auto c : {std::pair{DataType::kFloat32, ReduceOp::kSum},
+                 std::pair{DataType::kInt32, ReduceOp::kMax},
+                 std::pair{DataType::kBFloat16, ReduceOp::kAverage}}) {
+    const DataType t = c.first;  // named copies: a lambda below captures them
+    const ReduceOp op = c.second;
     const std::vector<int64_t> counts = {0, 1, 7, 33, 1001, 4099};
     std::vector<std::string> names;
     std::vector<TensorView> ins, outs;

@@ -354,7 +354,9 @@ TEST(ReduceScatter, UnevenCountsInAndOutOfPlace) {
                                                  {DataType::kInt64, ReduceOp::kSum}};
   for (int size : kSizes) {
     for (const std::vector<size_t>& counts : ScatterCounts(size)) {
-      for (auto [dtype, op] : cases) {
+      for (auto c : cases) {
+        const DataType dtype = c.first;
+        const ReduceOp op = c.second;
         for (bool in_place : {false, true}) {
           const std::vector<size_t> off = PrefixOffsets(counts);
           const size_t total = off.back() + counts.back(), es = DataTypeSize(dtype);
@@ -378,6 +380,7 @@ TEST(ReduceScatter, UnevenCountsInAndOutOfPlace) {
               Tile(dtype, total, [&](size_t k) { return Expected(dtype, op, size, k); });
           for (int r = 0; r < size; ++r) {
             const uint8_t* got = in_place ? ins[r].data() + off[r] * es : outs[r].data();
+            if (counts[r] == 0) continue;  // an empty part may have no storage (null)
             EXPECT_EQ(std::memcmp(got, want.data() + off[r] * es, counts[r] * es), 0)
                 << DataTypeName(dtype) << " size " << size << " rank " << r << " in_place "
                 << in_place;
@@ -459,7 +462,9 @@ std::vector<std::pair<std::string, Collective>> AllCollectives(int size) {
 TEST(Faults, KilledPeerFailsEverySurvivorWithPeerLostNamingIt) {
   const int size = 4, dead = 2;
   for (bool before_start : {true, false}) {
-    for (const auto& [name, collective] : AllCollectives(size)) {
+    for (const auto& named : AllCollectives(size)) {
+      const auto& name = named.first;
+      const auto& collective = named.second;
       InProcWorld world(size);
       if (before_start) world.KillRank(dead);
       std::thread killer([&] {
@@ -485,7 +490,9 @@ TEST(Faults, KilledPeerFailsEverySurvivorWithPeerLostNamingIt) {
 
 TEST(Faults, PeerThatNeverShowsUpGivesTimeout) {
   const int size = 3, missing = 1;
-  for (const auto& [name, collective] : AllCollectives(size)) {
+  for (const auto& named : AllCollectives(size)) {
+    const auto& name = named.first;
+    const auto& collective = named.second;
     if (name.rfind("broadcast", 0) == 0) continue;  // root 2 needs nothing from rank 1
     InProcWorld world(size);
     const auto start = Clock::now();
