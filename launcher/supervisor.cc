@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace hvd {
 namespace launcher {
@@ -18,6 +20,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kDrainAfterExit = std::chrono::seconds(2);
+constexpr auto kCauseWindow = std::chrono::seconds(1);
 constexpr auto kGiveUpAfterKill = std::chrono::seconds(5);
 
 Clock::time_point After(double seconds) {
@@ -121,16 +124,24 @@ void Supervisor::HandleSignals() {
   ReapChildren();  // SIGCHLDs coalesce; reaping is cheap
 }
 
+// Reaps every child that has ended. On a loaded machine hvdrun may run only after a rank was
+// killed *and* the survivors, having noticed, exited with an error; waitpid then returns them
+// in fork order, not in the order they ended. So among the ranks reaped together, one that a
+// signal ended goes first: it is the cause, the others' errors are its effect.
 void Supervisor::ReapChildren() {
+  std::vector<std::pair<size_t, int>> ended;  // (rank index, wait status)
   while (true) {
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) return;  // none ready, or no children left
+    if (pid <= 0) break;  // none ready, or no children left
     for (size_t i = 0; i < ranks_.size(); ++i) {
-      if (ranks_[i].pid == pid && ranks_[i].running) OnRankExit(i, status);
+      if (ranks_[i].pid == pid && ranks_[i].running) ended.emplace_back(i, status);
     }
     // Other pids are orphans of ranks re-parented to hvdrun (the subreaper): just reaped.
   }
+  std::stable_partition(ended.begin(), ended.end(),
+                        [](const std::pair<size_t, int>& e) { return WIFSIGNALED(e.second); });
+  for (const auto& e : ended) OnRankExit(e.first, e.second);
 }
 
 void Supervisor::OnRankExit(size_t index, int status) {
@@ -159,11 +170,22 @@ void Supervisor::OnRankExit(size_t index, int status) {
     what = who + " was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
            SignalName(WTERMSIG(status)) + ")";
   }
+  // In the grace period hvdrun has signalled no rank yet: this signal came from outside.
+  if (!ok && WIFSIGNALED(status) && phase_ == Phase::kGrace && first_failed_ >= 0 &&
+      !first_failed_by_signal_ && Clock::now() < first_failed_at_ + kCauseWindow) {
+    first_failed_ = static_cast<int>(index);
+    first_failed_by_signal_ = true;
+    exit_code_ = code;
+    Say(what + ", just before the failure above: the likely cause");
+    return;
+  }
   if (ok || exit_code_set_ || phase_ != Phase::kRunning) {
     Verbose(what);
     return;
   }
   first_failed_ = static_cast<int>(index);
+  first_failed_at_ = Clock::now();
+  first_failed_by_signal_ = WIFSIGNALED(status);
   exit_code_ = code;
   exit_code_set_ = true;
   Say(what);

@@ -4,7 +4,9 @@
 //   1. Running: poll the ranks' pipes and a signalfd (SIGCHLD, SIGINT, SIGTERM, SIGHUP).
 //   2. The first rank that exits non-zero or by a signal is named on stderr; its code becomes
 //      hvdrun's (128+signal for a signal). The others get grace_seconds to finish and report
-//      their own errors.
+//      their own errors. A rank killed by a signal from outside within kCauseWindow after a
+//      first failure that was a plain error exit takes its place: on a loaded machine the
+//      survivors of a SIGKILL may exit before the killed process is reapable.
 //   3. Then SIGTERM to every live rank's process group; after kill_after_seconds, SIGKILL.
 //      A remote rank's "SIGTERM" is the closing of its ssh's stdin (see remote.h); its
 //      "SIGKILL" goes to the local ssh client.
@@ -75,6 +77,8 @@ class Supervisor {
   TimePoint phase_deadline_ = TimePoint::max();
   TimePoint drain_deadline_ = TimePoint::max();
   int first_failed_ = -1;  // index into ranks_
+  TimePoint first_failed_at_ = TimePoint::max();
+  bool first_failed_by_signal_ = false;
   int exit_code_ = 0;
   bool exit_code_set_ = false;
 };

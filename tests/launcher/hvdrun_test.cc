@@ -296,6 +296,34 @@ TEST(Hvdrun, KilledRankNamedWithSignal) {
   EXPECT_LT(r.seconds, 10.0);
 }
 
+// A survivor's error exit can reach hvdrun before the SIGKILL that caused it (the killed process
+// is not reapable yet on a loaded machine): the killed rank, ending right after, is named as
+// the cause and gives hvdrun its exit code. Rank 1 exits with an error; rank 2 is killed as soon
+// as it sees that (inside the cause window); rank 0 is stopped after the grace period.
+TEST(Hvdrun, SignalDeathJustAfterAnErrorExitIsNamedAsTheCause) {
+  TempDir dir;
+  const std::string flag = dir.path() + "/rank1.exiting";
+  Result r = RunHvdrun({"-np", "3", "--grace-seconds", "3", "sh", "-c",
+                        "if [ $HVD_RANK = 1 ]; then touch " + flag + "; exit 1; fi; "
+                        "if [ $HVD_RANK = 2 ]; then i=0; while [ ! -e " + flag +
+                            " ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done; "
+                            "sleep 0.05; kill -9 $$; fi; exec sleep 60"});
+  EXPECT_EQ(128 + 9, r.code) << r.err;
+  EXPECT_TRUE(Contains(r.err, "hvdrun: rank 1 (pid ")) << r.err;
+  EXPECT_TRUE(Contains(r.err, "was killed by signal 9 (SIGKILL), just before the failure above"))
+      << r.err;
+  EXPECT_LT(r.seconds, 10.0);
+}
+
+// Outside the window the first failure stands.
+TEST(Hvdrun, SignalDeathLongAfterAnErrorExitIsNotTheCause) {
+  Result r = RunHvdrun({"-np", "3", "--grace-seconds", "3", "sh", "-c",
+                        "if [ $HVD_RANK = 1 ]; then exit 1; fi; "
+                        "if [ $HVD_RANK = 2 ]; then sleep 1.8; kill -9 $$; fi; exec sleep 60"});
+  EXPECT_EQ(1, r.code) << r.err;
+  EXPECT_FALSE(Contains(r.err, "likely cause")) << r.err;
+}
+
 TEST(Hvdrun, RankIgnoringSigtermIsKilled) {
   Result r = RunHvdrun({"-np", "2", "--grace-seconds", "0.2", "--kill-after-seconds", "0.5", "sh", "-c",
                   "if [ $HVD_RANK = 0 ]; then exit 5; fi; trap '' TERM; sleep 60"});

@@ -7,18 +7,31 @@
 //                          must be within 2 MiB of the size after the first 1,000.
 //   --memory-cycling      the same over 3,000 names in turn (response-cache eviction), measured
 //                          from allreduce 4,000.
+//   --soak=N              N allreduces over 3,000 names in turn (more than the response cache
+//                          holds); resident set and open descriptors sampled ten times; after
+//                          allreduce 10,000 the resident set may grow by at most 1 MiB and the
+//                          descriptors not at all (scripts/soak.sh).
+//   --chaos               a job with every phase in a second or two: start, negotiation of
+//                          many small tensors, large collectives, shutdown. Each rank prints
+//                          "CHAOS-PID rank r pid p" first, CHAOS-READY once the job formed,
+//                          CHAOS-SHUTDOWN before shutting down, and "CHAOS-DONE rank r" or
+//                          "CHAOS-ERROR rank r: <status>" last (scripts/chaos.sh kills ranks).
 //   --peerloss=V          rank V SIGKILLs itself after a warm-up while the others keep
 //                          submitting; every survivor must fail with PeerLost/Timeout naming
 //                          rank V within HVD_TIMEOUT_SECONDS + 10 s. Survivors print
 //                          "PEERLOSS-OK rank r" (or "PEERLOSS-FAIL ...") and exit 0 (or 1).
+#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "mp_checks.h"
 
@@ -95,6 +108,103 @@ int RunMemory(const char* label, int total, int settle, NameFn name_of) {
   return ck.End() ? 1 : 0;
 }
 
+int OpenDescriptors() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+  }
+  return n - 3;  // ".", ".." and the directory's own descriptor
+}
+
+int RunSoak(long total) {
+  auto e = CreateOrDie();
+  Checker ck(e->rank(), e->size());
+  const int r = e->rank(), n = e->size();
+  const long settle = std::min(total, 10000L);
+  ck.Begin("soak");
+  long rss_settled = 0, rss_max = 0;
+  int fds_settled = 0, fds_max = 0;
+  float buf[16];
+  TensorView v(buf, DataType::kFloat32, {16});
+  auto t0 = Clock::now();
+  for (long k = 1; k <= total; ++k) {
+    for (int i = 0; i < 16; ++i) buf[i] = static_cast<float>(r + i);
+    std::string name = "soak." + std::to_string(k % 3000);
+    if (!ck.ExpectOk(WaitDone(e->Allreduce(name, v, v, ReduceOp::kSum)),
+                     "allreduce " + std::to_string(k))) {
+      break;
+    }
+    if (k % 997 == 0) {
+      ck.Expect(buf[5] == static_cast<float>(n * (n - 1) / 2 + 5 * n),
+                "allreduce " + std::to_string(k) + " value");
+    }
+    if (k == settle) {
+      rss_settled = ResidentBytes();
+      fds_settled = OpenDescriptors();
+    }
+    if (k >= settle && (k % std::max(1L, total / 10) == 0 || k == total)) {
+      const long rss = ResidentBytes();
+      const int fds = OpenDescriptors();
+      rss_max = std::max(rss_max, rss);
+      fds_max = std::max(fds_max, fds);
+      if (r == 0) {
+        std::printf("[soak] %ld allreduces, %.1f s: resident %ld KiB, %d descriptors\n", k,
+                    SecondsSince(t0), rss >> 10, fds);
+      }
+    }
+  }
+  std::printf("[soak] rank %d: resident %ld KiB after %ld allreduces, at most %ld KiB after; "
+              "descriptors %d, at most %d\n",
+              r, rss_settled >> 10, settle, rss_max >> 10, fds_settled, fds_max);
+  ck.Expect(rss_max - rss_settled <= (1L << 20),
+            "resident set grew by " + std::to_string((rss_max - rss_settled) >> 10) +
+                " KiB after allreduce " + std::to_string(settle) + " (allowed 1024 KiB)");
+  ck.Expect(fds_max == fds_settled, "open descriptors went from " + std::to_string(fds_settled) +
+                                        " to " + std::to_string(fds_max));
+  ck.ExpectOk(WaitDone(e->Barrier()), "final barrier");
+  return ck.End() ? 1 : 0;
+}
+
+constexpr int kChaosRounds = 40;
+
+int RunChaos() {
+  const char* env_rank = std::getenv("HVD_RANK");
+  const int r = env_rank ? std::atoi(env_rank) : 0;
+  std::printf("CHAOS-PID rank %d pid %d\n", r, static_cast<int>(getpid()));
+  std::fflush(stdout);
+  auto created = hvd::Engine::CreateFromEnvironment();
+  auto fail = [r](const hvd::Status& s) {
+    std::printf("CHAOS-ERROR rank %d: %s\n", r, s.ToString().c_str());
+    std::fflush(stdout);
+    return 1;
+  };
+  if (!created.ok()) return fail(created.status());
+  hvd::Engine& e = **created;
+  std::printf("CHAOS-READY rank %d\n", r);
+  std::fflush(stdout);
+  std::vector<float> small(64, 1.0f), large(1 << 20, 1.0f);  // 4 MiB: a pipelined ring
+  for (int round = 0; round < kChaosRounds; ++round) {
+    std::vector<hvd::HandlePtr> hs;
+    for (int t = 0; t < 16; ++t) {
+      TensorView v(small.data() + 4 * t, DataType::kFloat32, {4});
+      hs.push_back(e.Allreduce("chaos.small." + std::to_string(t), v, v, ReduceOp::kAverage));
+    }
+    TensorView lv(large.data(), DataType::kFloat32, {1 << 20});
+    hs.push_back(e.Allreduce("chaos.large", lv, lv, ReduceOp::kAverage));
+    for (auto& h : hs) {
+      hvd::Status s = WaitDone(h, e.options().timeout_seconds + 20);
+      if (!s.ok()) return fail(s);
+    }
+  }
+  std::printf("CHAOS-SHUTDOWN rank %d\n", r);
+  std::fflush(stdout);
+  hvd::Status s = e.Shutdown();
+  if (!s.ok()) return fail(s);
+  std::printf("CHAOS-DONE rank %d\n", r);
+  return 0;
+}
+
 int RunPeerLoss(int victim) {
   auto e = CreateOrDie();
   const int r = e->rank();
@@ -150,7 +260,11 @@ int main(int argc, char** argv) {
                          [](int k) { return "memory.cycle." + std::to_string(k % 3000); });
   }
   if (mode.rfind("--peerloss=", 0) == 0) return mp::RunPeerLoss(std::atoi(mode.c_str() + 11));
-  std::fprintf(stderr, "usage: %s [--checks | --memory | --memory-cycling | --peerloss=RANK]\n",
+  if (mode.rfind("--soak=", 0) == 0) return mp::RunSoak(std::atol(mode.c_str() + 7));
+  if (mode == "--chaos") return mp::RunChaos();
+  std::fprintf(stderr,
+               "usage: %s [--checks | --memory | --memory-cycling | --soak=N | --chaos | "
+               "--peerloss=RANK]\n",
                argv[0]);
   return 2;
 }

@@ -252,3 +252,39 @@ TEST(PeerStopped, CoordinatorStopped) { StopScenario(3, 0); }
 
 }  // namespace
 }  // namespace mp
+
+namespace mp {
+namespace {
+
+// ---------------------------------------------------------------- a rank that never comes
+
+// Rank 1 of 4 never starts its engine. The job forms in order (each rank dials the lower ones),
+// so rank 3 waits on rank 1's address and rank 2 on rank 3's connection: every rank that gives
+// up at the start timeout must still name rank 1, the one that never reached the rendezvous.
+TEST(JobFormation, EveryRankNamesTheRankThatNeverCame) {
+  const int size = 4, absent = 1;
+  ForkedWorld w(size, kTimeout);
+  ASSERT_TRUE(w.store_ok());
+  ASSERT_TRUE(w.Start([](int r, const hvd::Options& base, const Reporter& out) {
+    if (r == absent) return 0;
+    hvd::Options o = base;
+    o.start_timeout_seconds = 3;
+    auto e = Engine::Create(o);
+    out.Say("create", e.ok() ? "OK" : e.status().ToString());
+    return e.ok() ? 1 : 0;
+  }));
+  EXPECT_TRUE(w.WaitAll(30)) << "some rank is still running";
+  for (int r = 0; r < size; ++r) {
+    if (r == absent) continue;
+    const ChildResult& c = w.result(r);
+    const std::string msg = c.values.count("create") ? c.values.at("create") : "";
+    std::printf("[mp] rank %d: %s\n", r, msg.c_str());
+    EXPECT_EQ(c.exit_code, 0) << Describe(c);
+    EXPECT_TRUE(msg.find("rank 1") != std::string::npos ||
+                msg.find("ranks [1]") != std::string::npos)
+        << "rank " << r << " does not name rank 1: " << msg;
+  }
+}
+
+}  // namespace
+}  // namespace mp

@@ -1,8 +1,11 @@
 #include "transport/tcp/tcp_mesh.h"
 
+#include <poll.h>
+
 #include <cstring>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "bootstrap/auth.h"
 #include "common/logging.h"
@@ -24,6 +27,32 @@ bool RunUntil(asio::io_context& io, Deadline deadline, Pred done) {
     if (io.stopped()) io.restart();
     io.run_one_for(std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(200)));
   }
+  return true;
+}
+
+// True when the peer has closed (or reset) a connection nothing has been read from yet.
+bool PeerClosed(tcp::socket& sock) {
+  pollfd p{sock.native_handle(), POLLIN | POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) != 1) return false;
+  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
+  asio::error_code ec;
+  return (p.revents & POLLIN) && sock.available(ec) == 0;
+}
+
+// Formation is sequential (each rank dials the lower ranks in order), so a rank this one waits
+// for may itself be waiting on another. Appends the ranks that never published their address:
+// those are the cause. Returns whether there were any.
+bool NameAbsentRanks(StoreClient& store, const Options& o, std::ostringstream& os) {
+  std::vector<int> absent;
+  for (int j = 0; j < o.size; ++j) {
+    if (j == o.rank) continue;
+    auto a = store.Get("hvd/addr/" + std::to_string(j), Clock::now() + std::chrono::milliseconds(200));
+    if (!a.ok()) absent.push_back(j);
+  }
+  if (absent.empty()) return false;
+  os << "; ranks [";
+  for (size_t k = 0; k < absent.size(); ++k) os << (k ? ", " : "") << absent[k];
+  os << "] never reached the rendezvous (not started, or died)";
   return true;
 }
 
@@ -211,12 +240,30 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Create(asio::io_context& io, const O
     }
   }
 
-  // 3. Accept the higher ranks.
-  bool all = RunUntil(io, deadline, [&] { return acceptor.remaining() == 0; });
+  // 3. Accept the higher ranks. A peer that closes a connection it already made has died or
+  //    given up: stop waiting at once and name it, rather than at the start deadline.
+  int gone = -1;
+  Clock::time_point next_check = Clock::now();
+  bool all = RunUntil(io, deadline, [&] {
+    if (acceptor.remaining() == 0) return true;
+    if (Clock::now() < next_check) return false;
+    next_check = Clock::now() + std::chrono::milliseconds(100);
+    for (int j = 0; j < o.size && gone < 0; ++j) {
+      if (mesh->data[j] && PeerClosed(*mesh->data[j])) gone = j;
+    }
+    return gone >= 0;
+  });
   // 4. Close the listener and let the cancelled handlers run.
   acceptor.Stop();
   acc.close(ec);
   RunUntil(io, Clock::now() + std::chrono::seconds(2), [&] { return acceptor.pending() == 0; });
+  if (gone >= 0) {
+    std::ostringstream os;
+    os << "rank " << gone << " closed its connection to rank " << o.rank
+       << " while the job was forming (it died, or gave up)";
+    NameAbsentRanks(store, o, os);
+    return Status::PeerLost(os.str());
+  }
   if (!all) {
     std::ostringstream os;
     os << "rank " << o.rank << " timed out waiting for connections from ranks [";
@@ -227,7 +274,8 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Create(asio::io_context& io, const O
         first = false;
       }
     }
-    os << "] (are all ranks started, with the same HVD_SIZE?)";
+    os << "]";
+    if (!NameAbsentRanks(store, o, os)) os << " (are all ranks started, with the same HVD_SIZE?)";
     return Status::Timeout(os.str());
   }
   return mesh;
