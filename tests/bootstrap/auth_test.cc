@@ -216,21 +216,27 @@ TEST_F(AuthTest, RefusalsAreFinalVerdicts) {
   ExpectJobUnaffected();
 }
 
+// A listening socket on 127.0.0.1 at a free port, returned in *port.
+int ListenOnLoopback(int* port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(0, ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)));
+  EXPECT_EQ(0, ::listen(fd, 64));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
 // A TCP relay in front of a store that cuts its first connections the way a server that gave up
 // on a handshake does: the first one as soon as it is accepted, the second right after the
 // server's challenge has gone through. Later connections are relayed whole.
 class CuttingRelay {
  public:
   explicit CuttingRelay(int target_port) : target_(target_port) {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(0, ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)));
-    EXPECT_EQ(0, ::listen(listen_fd_, 16));
-    socklen_t len = sizeof(a);
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    listen_fd_ = ListenOnLoopback(&port_);
     thread_ = std::thread([this] { Run(); });
   }
   ~CuttingRelay() {
@@ -297,14 +303,8 @@ TEST_F(AuthTest, ClientReconnectsWhenItsConnectionIsDropped) {
 
 TEST_F(AuthTest, ClientGivesUpAtItsDeadlineWhenEveryConnectionIsDropped) {
   // A listener that accepts and closes every connection.
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(0, ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)));
-  ASSERT_EQ(0, ::listen(fd, 64));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = 0;
+  int fd = ListenOnLoopback(&port);
   std::atomic<bool> stop{false};
   std::thread closer([&] {
     while (!stop) {
@@ -313,7 +313,7 @@ TEST_F(AuthTest, ClientGivesUpAtItsDeadlineWhenEveryConnectionIsDropped) {
     }
   });
   auto start = std::chrono::steady_clock::now();
-  auto c = StoreClient::Connect("127.0.0.1", ntohs(a.sin_port), DeadlineAfterSeconds(1.5), kSecret);
+  auto c = StoreClient::Connect("127.0.0.1", port, DeadlineAfterSeconds(1.5), kSecret);
   auto took = std::chrono::steady_clock::now() - start;
   stop = true;
   closer.join();

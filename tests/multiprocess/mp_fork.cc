@@ -227,6 +227,11 @@ void ForkedWorld::KillAll() {
   }
 }
 
+std::string Value(const ChildResult& r, const std::string& key) {
+  auto it = r.values.find(key);
+  return it == r.values.end() ? std::string() : it->second;
+}
+
 std::string Describe(const ChildResult& r) {
   std::ostringstream os;
   os << "pid " << r.pid;

@@ -103,6 +103,9 @@ class ForkedWorld {
   Clock::time_point started_;
 };
 
+// The last value a child reported for `key`, or "" if it reported none.
+std::string Value(const ChildResult& r, const std::string& key);
+
 // Describes how a child ended, with its report, for assertion messages.
 std::string Describe(const ChildResult& r);
 

@@ -118,7 +118,7 @@ TEST(OutOfMemory, OneRankShortFailsTheOperationEverywhereAndTheEngineGoesOn) {
     const ChildResult& c = w.result(r);
     SCOPED_TRACE("rank " + std::to_string(r) + ": " + Describe(c));
     ASSERT_EQ(c.exit_code, 0);
-    auto value = [&c](const std::string& k) { return c.values.count(k) ? c.values.at(k) : ""; };
+    auto value = [&c](const std::string& k) { return Value(c, k); };
     std::printf("[mp] rank %d: %s: %s\n", r, value("gather.code").c_str(),
                 value("gather.message").c_str());
     for (const char* op : {"gather", "fused.a", "fused.b", "throwing"}) {
@@ -164,7 +164,7 @@ TEST(OutOfMemory, AnUnagreedFailureAbandonsTheCommunicatorNamingTheRank) {
     const ChildResult& c = w.result(r);
     SCOPED_TRACE("rank " + std::to_string(r) + ": " + Describe(c));
     ASSERT_EQ(c.exit_code, 0);
-    auto value = [&c](const std::string& k) { return c.values.count(k) ? c.values.at(k) : ""; };
+    auto value = [&c](const std::string& k) { return Value(c, k); };
     std::printf("[mp] rank %d: %s: %s\n", r, value("gather.code").c_str(),
                 value("gather.message").c_str());
     EXPECT_NE(value("gather.code"), "OK");
