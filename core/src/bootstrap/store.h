@@ -33,6 +33,9 @@ class StoreClient {
                                                         Deadline deadline,
                                                         const std::string& secret = "");
   virtual Status Set(const std::string& key, const std::string& value, Deadline deadline) = 0;
+  // Whether Set is a collective call that every rank makes together (the MPI bootstrap's
+  // allgather), rather than one rank's own write.
+  virtual bool collective() const { return false; }
   // Blocks until the key exists or the deadline passes (Timeout naming the key).
   virtual StatusOr<std::string> Get(const std::string& key, Deadline deadline) = 0;
 };

@@ -26,6 +26,7 @@ class MpiAddressStore : public StoreClient {
   explicit MpiAddressStore(MpiContext& mpi) : mpi_(mpi) {}  // `mpi` must outlive this store
 
   Status Set(const std::string& key, const std::string& value, Deadline deadline) override;
+  bool collective() const override { return true; }
   StatusOr<std::string> Get(const std::string& key, Deadline deadline) override;
 
  private:

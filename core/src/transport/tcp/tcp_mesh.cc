@@ -30,6 +30,8 @@ bool RunUntil(asio::io_context& io, Deadline deadline, Pred done) {
   return true;
 }
 
+std::string GaveUpKey(int rank) { return "hvd/gave-up/" + std::to_string(rank); }
+
 // True when the peer has closed (or reset) a connection nothing has been read from yet.
 bool PeerClosed(tcp::socket& sock) {
   pollfd p{sock.native_handle(), POLLIN | POLLRDHUP, 0};
@@ -205,8 +207,22 @@ class Acceptor {
 
 }  // namespace
 
+// A rank that gives up forming the job leaves its reason in the store (one rank's own write: not
+// with the MPI bootstrap, whose Set is collective), so that a peer that sees its connections
+// close can tell "gave up, because ..." from "died".
 StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Create(asio::io_context& io, const Options& o,
                                                     StoreClient& store, Deadline deadline) {
+  auto mesh = Form(io, o, store, deadline);
+  if (!mesh.ok() && !store.collective()) {
+    Status ignored = store.Set(GaveUpKey(o.rank), mesh.status().message(),
+                               Clock::now() + std::chrono::seconds(1));
+    (void)ignored;
+  }
+  return mesh;
+}
+
+StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Options& o,
+                                                  StoreClient& store, Deadline deadline) {
   auto mesh = std::make_unique<TcpMesh>();
   mesh->data.resize(o.size);
   mesh->control.resize(o.rank == 0 ? o.size : 1);
@@ -258,10 +274,16 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Create(asio::io_context& io, const O
   acc.close(ec);
   RunUntil(io, Clock::now() + std::chrono::seconds(2), [&] { return acceptor.pending() == 0; });
   if (gone >= 0) {
+    // A peer that gave up writes its reason right after closing: wait for it briefly.
+    auto why = store.Get(GaveUpKey(gone), Clock::now() + std::chrono::milliseconds(500));
     std::ostringstream os;
-    os << "rank " << gone << " closed its connection to rank " << o.rank
-       << " while the job was forming (it died, or gave up)";
-    NameAbsentRanks(store, o, os);
+    if (why.ok()) {
+      os << "rank " << gone << " gave up forming the job: " << *why;
+    } else {
+      os << "rank " << gone << " closed its connection to rank " << o.rank
+         << " while the job was forming (it died)";
+      NameAbsentRanks(store, o, os);
+    }
     return Status::PeerLost(os.str());
   }
   if (!all) {

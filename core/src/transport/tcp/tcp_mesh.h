@@ -10,8 +10,13 @@
 //   3. Accept until every higher rank's data connection (and, on rank 0, every worker's
 //      control connection) has arrived with a valid proof of the job's secret and hello, or
 //      the deadline passes. A connection that fails the handshake (no secret, a wrong one, a
-//      replay, garbage, silence for 5 s) is dropped and logged; set-up goes on.
+//      replay, garbage, silence until the start deadline) is dropped and logged; set-up goes
+//      on. A peer that closes a connection it made stops the wait at once: it died, or it gave
+//      up (then its reason, which it left in the store, is passed on).
 //   4. Close the listener.
+// A rank that fails set-up leaves its reason under "hvd/gave-up/<rank>" (not under MPI, whose
+// store writes are collective). On a timeout the error names the ranks that never published an
+// address: with sequential set-up, the rank this one waits for may itself wait on another.
 //
 // Thread-safety: Create runs on one thread and uses `io` until it returns.
 #pragma once
@@ -31,6 +36,11 @@ struct TcpMesh {
 
   static StatusOr<std::unique_ptr<TcpMesh>> Create(asio::io_context& io, const Options& options,
                                                    StoreClient& store, Deadline deadline);
+
+ private:
+  // Create's steps; Create adds the reason a rank that gives up leaves in the store.
+  static StatusOr<std::unique_ptr<TcpMesh>> Form(asio::io_context& io, const Options& options,
+                                                 StoreClient& store, Deadline deadline);
 };
 
 }  // namespace hvd
