@@ -21,7 +21,7 @@ TIMEOUT=${CHAOS_TIMEOUT:-5}
 # waiting for its address or its connection. The grace period outlasts it so they can report.
 START=${CHAOS_START_TIMEOUT:-8}
 GRACE=${CHAOS_GRACE:-12}
-MAX_DELAY_MS=${MAX_DELAY_MS:-1500}
+MAX_DELAY_MS=${MAX_DELAY_MS:-1200}
 HVDRUN="$BUILD_DIR/bin/hvdrun"
 WORKER="$BUILD_DIR/bin/mp_collectives_worker"
 BOUND=$(( (TIMEOUT > START ? TIMEOUT : START) + GRACE + 10 ))
@@ -36,10 +36,14 @@ for ((trial = 1; trial <= total; ++trial)); do
   ((trial > TRIALS)) && sig=STOP
   out="$work/trial$trial.log"
   victim=$((RANDOM % NP))
-  # A quarter of the trials signal the victim as soon as it has started (job formation), the
-  # rest at a uniform moment of the job.
+  # A quarter of the trials signal the victim as soon as it has started (job formation), an
+  # eighth as soon as it says it is shutting down, the rest at a uniform moment of the job.
   delay_ms=$((RANDOM % MAX_DELAY_MS))
-  ((RANDOM % 4 == 0)) && delay_ms=0
+  at_shutdown=0
+  case $((RANDOM % 8)) in
+    0|1) delay_ms=0 ;;
+    2) delay_ms=0; at_shutdown=1 ;;
+  esac
   # A marker in the command line finds this trial's processes, however they were re-parented.
   marker="--chaos-trial=$$-$trial"
   setsid "$HVDRUN" -np "$NP" --timeout "$TIMEOUT" --start-timeout "$START" --grace-seconds "$GRACE" \
@@ -54,6 +58,13 @@ for ((trial = 1; trial <= total; ++trial)); do
     [ -n "$pid" ] && break
     sleep 0.01
   done
+  if ((at_shutdown)); then
+    for _ in $(seq 1 1000); do
+      grep -q "CHAOS-SHUTDOWN rank $victim\$" "$out" && break
+      kill -0 "$hp" 2>/dev/null || break
+      sleep 0.005
+    done
+  fi
   phase=start
   grep -q "CHAOS-READY rank $victim\$" "$out" && phase=running
   grep -q "CHAOS-SHUTDOWN rank $victim\$" "$out" && phase=shutdown

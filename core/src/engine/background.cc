@@ -33,15 +33,9 @@ void EngineImpl::Loop() {
       RunLoop();
       break;
     } catch (...) {
-      std::string what = "an exception of unknown type";
-      try {
-        throw;
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
       Status s = Status::Internal("rank " + std::to_string(options_.rank) +
-                                  ": hvd's background thread stopped on an exception: " + what);
+                                  ": hvd's background thread stopped on an exception: " +
+                                  ExceptionMessage(std::current_exception()));
       HVD_LOG(kError) << s.message();
       if (abort_.ok()) abort_ = s;  // RunLoop fails everything with it and returns
     }

@@ -16,6 +16,7 @@
 #include <asio.hpp>
 #include <atomic>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <future>
 #include <memory>
@@ -37,6 +38,9 @@
 namespace hvd {
 
 class JobBackends;  // transport/transport_factory.h
+
+// The message of an exception caught with catch (...) (execute.cc).
+std::string ExceptionMessage(std::exception_ptr p);
 
 // One submitted operation, from enqueue until its handle completes.
 struct TensorEntry {

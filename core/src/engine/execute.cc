@@ -55,16 +55,6 @@ std::string Bytes(uint64_t bytes) {
   return os.str();
 }
 
-std::string Describe(std::exception_ptr p) {
-  try {
-    std::rethrow_exception(p);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "an exception of unknown type";
-  }
-}
-
 // Runs `allocate` for `bytes` bytes of `what`; a null result or any exception becomes
 // ResourceExhausted.
 template <typename F>
@@ -74,13 +64,23 @@ Status TryAllocate(size_t bytes, const char* what, F allocate, void** out) {
   try {
     *out = allocate();
   } catch (...) {
-    why = Describe(std::current_exception());
+    why = ExceptionMessage(std::current_exception());
   }
   if (*out != nullptr || bytes == 0) return Status::OK();
   return Status::ResourceExhausted("cannot allocate " + Bytes(bytes) + " for " + what + ": " + why);
 }
 
 }  // namespace
+
+std::string ExceptionMessage(std::exception_ptr p) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception of unknown type";
+  }
+}
 
 Status EngineImpl::AgreeOnMemory(const MemoryNeeds& need, const Status& local, size_t missing) {
   const bool agree = options_.size > 1 &&
@@ -182,7 +182,7 @@ void EngineImpl::Execute(const Response& r) {
     s = Run(r, entries);
   } catch (...) {
     s = Status::Internal("exception on the background thread: " +
-                         Describe(std::current_exception()));
+                         ExceptionMessage(std::current_exception()));
     abandon_ = options_.size > 1;
   }
   timeline_->End(s.ok() ? "ok" : StatusCodeName(s.code()));

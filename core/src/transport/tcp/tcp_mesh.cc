@@ -100,6 +100,7 @@ StatusOr<std::unique_ptr<tcp::socket>> DialRank(asio::io_context& io, StoreClien
                                                 const Options& o, int j, uint8_t kind,
                                                 Deadline deadline) {
   Status last;
+  Clock::time_point next_check = Clock::now();
   while (true) {
     auto a = store.Get("hvd/addr/" + std::to_string(j), deadline);
     if (!a.ok()) return a.status().WithContext("rendezvous with rank " + std::to_string(j));
@@ -107,6 +108,15 @@ StatusOr<std::unique_ptr<tcp::socket>> DialRank(asio::io_context& io, StoreClien
     if (!ep.ok()) return ep.status();
     auto s = Dial(io, *ep, Hello{kHelloMagic, o.rank, kind, j}, j, o.secret, deadline);
     if (s.ok() || Clock::now() + std::chrono::milliseconds(50) >= deadline) return s;
+    // Rank j may have given up forming the job (its listener is closed): pass its reason on
+    // instead of retrying until the deadline. Checked at most twice a second.
+    if (!store.collective() && Clock::now() >= next_check) {
+      next_check = Clock::now() + std::chrono::milliseconds(500);
+      auto why = store.Get(GaveUpKey(j), Clock::now() + std::chrono::milliseconds(50));
+      if (why.ok()) {
+        return Status::PeerLost("rank " + std::to_string(j) + " gave up forming the job: " + *why);
+      }
+    }
     last = s.status();
     HVD_LOG(kDebug) << "retrying rank " << j << ": " << last.message();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
