@@ -113,7 +113,7 @@ StatusOr<std::unique_ptr<tcp::socket>> DialRank(asio::io_context& io, StoreClien
     if (!store.collective() && Clock::now() >= next_check) {
       next_check = Clock::now() + std::chrono::milliseconds(500);
       auto why = store.Get(GaveUpKey(j), Clock::now() + std::chrono::milliseconds(50));
-      if (why.ok()) {
+      if (why.ok() && !why->empty()) {
         return Status::PeerLost("rank " + std::to_string(j) + " gave up forming the job: " + *why);
       }
     }
@@ -222,6 +222,8 @@ class Acceptor {
 // close can tell "gave up, because ..." from "died".
 StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Create(asio::io_context& io, const Options& o,
                                                     StoreClient& store, Deadline deadline) {
+  // An empty reason: this rank has not given up (again, should an engine start once more).
+  if (!store.collective()) HVD_RETURN_IF_ERROR(store.Set(GaveUpKey(o.rank), "", deadline));
   auto mesh = Form(io, o, store, deadline);
   if (!mesh.ok() && !store.collective()) {
     Status ignored = store.Set(GaveUpKey(o.rank), mesh.status().message(),
@@ -285,9 +287,14 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
   RunUntil(io, Clock::now() + std::chrono::seconds(2), [&] { return acceptor.pending() == 0; });
   if (gone >= 0) {
     // A peer that gave up writes its reason right after closing: wait for it briefly.
-    auto why = store.Get(GaveUpKey(gone), Clock::now() + std::chrono::milliseconds(500));
+    StatusOr<std::string> why = std::string();
+    for (auto until = Clock::now() + std::chrono::milliseconds(500);
+         why.ok() && why->empty() && Clock::now() < until;) {
+      why = store.Get(GaveUpKey(gone), until);
+      if (why.ok() && why->empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     std::ostringstream os;
-    if (why.ok()) {
+    if (why.ok() && !why->empty()) {
       os << "rank " << gone << " gave up forming the job: " << *why;
     } else {
       os << "rank " << gone << " closed its connection to rank " << o.rank
