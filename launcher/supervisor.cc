@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -247,6 +248,20 @@ void Supervisor::AdvancePhase() {
     phase_ = Phase::kTerminating;
     phase_deadline_ = After(options_.kill_after_seconds);
   } else if (phase_ == Phase::kTerminating) {
+    for (const auto& r : ranks_) {
+      if (!r.running) continue;
+      std::ostringstream os;
+      os << "rank " << r.placement.rank;
+      if (r.remote) {
+        os << " on host " << r.placement.host << " did not stop within "
+           << options_.kill_after_seconds
+           << " s of being asked (its host may be down or cut off); ending its ssh connection";
+      } else {
+        os << " did not exit within " << options_.kill_after_seconds
+           << " s of SIGTERM; sending SIGKILL";
+      }
+      Say(os.str());
+    }
     SignalLiveGroups(SIGKILL);
     phase_ = Phase::kKilled;
     phase_deadline_ = Clock::now() + kGiveUpAfterKill;

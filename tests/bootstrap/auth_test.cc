@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -324,6 +326,34 @@ TEST_F(AuthTest, ClientGivesUpAtItsDeadlineWhenEveryConnectionIsDropped) {
       << c.status().ToString();
   EXPECT_GE(took, std::chrono::milliseconds(1400));
   EXPECT_LT(took, std::chrono::seconds(5));
+}
+
+// Strangers that open connections and say nothing cannot hold more than 256 of the server's
+// descriptors, and a rank that comes after them is still served at once.
+TEST_F(AuthTest, FloodOfSilentStrangersDoesNotLockOutARank) {
+  constexpr int kStrangers = 400, kCap = 256;
+  std::vector<int> fds;
+  for (int i = 0; i < kStrangers; ++i) fds.push_back(Dial(server_->port()));
+  auto start = std::chrono::steady_clock::now();
+  auto c = StoreClient::Connect("127.0.0.1", server_->port(), DeadlineAfterSeconds(5), kSecret);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  auto v = (*c)->Get("weights", DeadlineAfterSeconds(5));
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, "v1");
+  // The oldest strangers were dropped: at most kCap are still open on the server's side.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  int closed = 0;
+  for (int fd : fds) {
+    char c[64];
+    ssize_t n;
+    while ((n = ::recv(fd, c, sizeof(c), MSG_DONTWAIT)) > 0) {
+    }
+    if (n == 0 || errno != EAGAIN) ++closed;
+  }
+  EXPECT_GE(closed, kStrangers - kCap);
+  for (int fd : fds) ::close(fd);
+  ExpectJobUnaffected();
 }
 
 TEST(AuthProof, DependsOnEveryInput) {

@@ -329,6 +329,8 @@ TEST(Hvdrun, RankIgnoringSigtermIsKilled) {
                   "if [ $HVD_RANK = 0 ]; then exit 5; fi; trap '' TERM; sleep 60"});
   EXPECT_EQ(5, r.code);
   EXPECT_LT(r.seconds, 10.0);
+  EXPECT_TRUE(Contains(r.err, "rank 1 did not exit within 0.5 s of SIGTERM; sending SIGKILL"))
+      << r.err;
 }
 
 TEST(Hvdrun, SigtermStopsEveryProcess) {

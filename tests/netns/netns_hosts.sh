@@ -179,3 +179,55 @@ netns_leftovers() {
     [ "$pid" = "${NETNS_SSHD_PID[$1]}" ] || echo "$pid"
   done
 }
+
+# Faults on a host's link. The kernels here have no netem, so loss is an nftables rule and a
+# slow link a token bucket; netem delay is used only where the kernel has it.
+#   netns_loss PCT          the switch drops PCT% of the frames it forwards (bridge forward
+#                           hook, numgen random), and every host sends one frame per packet:
+#                           loss on the wire, which TCP sees as such (a drop in a host's own
+#                           output hook would be a local send error instead); 0 removes it
+#   netns_rate I RATE       host I sends at most RATE (tc units, e.g. 50mbit) through a 2 MB
+#                           queue; "" removes it
+#   netns_netem_delay I MS  netem delay on host I's eth0; returns 1 when the kernel has no netem
+#   netns_cut I / netns_heal I   the switch's port to host I down / up: a partition, no reset
+#   netns_reboot I          a host lost at once: its port down, every process in it SIGKILLed,
+#                           its namespace (and so its interfaces) deleted
+netns_loss() {
+  local sw="ip netns exec $NETNS_SW nft" ns
+  $sw delete table bridge hvdfault 2>/dev/null
+  # One frame per packet, as on a wire (else TCP hands the link 64 KB segments that drop whole).
+  for ns in "$NETNS_L" "${NETNS_H[@]}"; do
+    ip -n "$ns" link set eth0 gso_max_segs "$([ "$1" = 0 ] && echo 65535 || echo 1)"
+  done
+  [ "$1" = 0 ] && return 0
+  $sw add table bridge hvdfault &&
+    $sw add chain bridge hvdfault lossy '{ type filter hook forward priority 0; policy accept; }' &&
+    $sw add rule bridge hvdfault lossy numgen random mod 100 '<' "$1" counter drop
+}
+
+netns_loss_count() {  # frames the switch dropped since netns_loss
+  ip netns exec "$NETNS_SW" nft list chain bridge hvdfault lossy 2>/dev/null |
+    sed -n 's/.*counter packets \([0-9]*\).*/\1/p'
+}
+
+netns_rate() {
+  local ns=${NETNS_H[$1]}
+  tc -n "$ns" qdisc del dev eth0 root 2>/dev/null
+  [ -z "$2" ] && return 0
+  tc -n "$ns" qdisc add dev eth0 root tbf rate "$2" burst 32kb limit 2mb
+}
+
+netns_netem_delay() {
+  tc -n "${NETNS_H[$1]}" qdisc replace dev eth0 root netem delay "${2}ms" 2>/dev/null
+}
+
+netns_cut() { ip -n "$NETNS_SW" link set "p$((10 + $1))" down; }
+netns_heal() { ip -n "$NETNS_SW" link set "p$((10 + $1))" up; }
+
+netns_reboot() {
+  local ns=${NETNS_H[$1]} pid
+  netns_cut "$1"
+  for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
+  wait "${NETNS_SSHD_PID[$1]}" 2>/dev/null  # reaps sshd quietly
+  ip netns del "$ns" 2>/dev/null
+}

@@ -72,7 +72,12 @@ Status EngineImpl::Connect() {
   auto spin = std::chrono::microseconds(100);
   if (options_.spin_microseconds >= 0) spin = std::chrono::microseconds(options_.spin_microseconds);
   spin_ = spin;
-  transport_ = std::make_unique<TcpTransport>(io_, options_.rank, std::move(mesh->data), spin);
+  // A collective fails when a peer's bytes stop moving for HVD_TIMEOUT_SECONDS, however long a
+  // large buffer takes on a slow link.
+  transport_ = std::make_unique<TcpTransport>(
+      io_, options_.rank, std::move(mesh->data), spin,
+      std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(options_.timeout_seconds)));
   transport_->set_offload(backends_->offload());
   auto on_msg = [this](int peer, uint8_t type, std::vector<uint8_t>&& p) {
     OnControlMessage(peer, type, std::move(p));

@@ -14,7 +14,17 @@
 #   remotekill   SIGKILL to a rank on a remote host: everything stops, hvdrun exits 137 naming
 #                it; the job's secret was on no command line
 #   interrupt    SIGINT to hvdrun, then SIGKILL to hvdrun: the remote ranks go away
-# After every job no process but sshd's listener is left in the host namespaces.
+#   loss         the checked job for several rounds over clean links, then with 1% and 5% of
+#                the frames between hosts dropped: correct, no peer declared lost; prints the
+#                time of a round against the clean run
+#   slowlink     the same with both hosts limited to 50 Mbit/s behind a deep queue, then with
+#                100 ms netem delay where the kernel has netem (else says it skipped that)
+#   partition    host 2 cut off mid-allreduce (HVD_TIMEOUT_SECONDS=5): every rank fails within
+#                5 + 5 s naming a rank on the other side, hvdrun exits non-zero
+#   reboot       host 2 lost at once (port down, its processes killed, namespace deleted)
+#                mid-allreduce: the same for the ranks on host 1
+# After every job no process but sshd's listener is left in the host namespaces (after a
+# partition: no process of hvd's; sshd's own sessions wait for the link to come back).
 # Exit 0: pass; 77: skipped (no namespaces here); anything else: fail.
 set -u
 
@@ -212,6 +222,127 @@ case_interrupt() {
   kill -KILL "$JOB"
   wait_job 10
   no_leftovers
+}
+
+# rounds_job LABEL N: the checked job, N rounds, 4 ranks on 2 hosts; ROUND_MS is the time of
+# one round.
+rounds_job() {
+  start_job "${SSH_FLAGS[@]}" -np 4 -H "$H1:2,$H2:2" "$WORKER" --rounds "$2"
+  wait_job 120
+  ROUND_MS=$(sed -n "s/.*ROUNDS-MS $2 \([0-9]*\).*/\1/p" "$OUT")
+  [ "$RC" = 0 ] || fail "$1: hvdrun exited $RC"
+  [ "$(grep -c 'CHECKS-OK rank' "$OUT")" = 4 ] || fail "$1: not every rank checked OK"
+  cat "$OUT" "$ERR" | grep -qE "FAIL|Timeout|PeerLost|nothing heard" &&
+    fail "$1: a peer was declared lost"
+  ROUND_MS=$(( ${ROUND_MS:-0} / $2 ))
+  [ "$FAILED" = 0 ] || show
+}
+
+# The loss and slow-link jobs run with the default HVD_TIMEOUT_SECONDS (30 s): TCP's own
+# retransmission backoff can leave a lossy link silent for several seconds.
+case_loss() {
+  rounds_job "clean links" 10
+  local base=$ROUND_MS pct rounds
+  echo "MEASURE clean links: $base ms per round"
+  for pct in 1 5; do
+    rounds=$([ "$pct" = 1 ] && echo 10 || echo 4)
+    netns_loss "$pct" || { fail "cannot add the nftables rule"; return; }
+    rounds_job "$pct% loss" "$rounds"
+    echo "MEASURE $pct% loss: $ROUND_MS ms per round ($(awk -v a="$ROUND_MS" -v b="$base" \
+      'BEGIN {printf "%.1f", a / (b > 0 ? b : 1)}')x the clean run), $rounds rounds," \
+      "frames dropped: $(netns_loss_count)"
+    netns_loss 0
+  done
+  no_leftovers
+}
+
+case_slowlink() {
+  rounds_job "clean links" 10
+  local base=$ROUND_MS
+  netns_rate 1 50mbit && netns_rate 2 50mbit || { fail "cannot add the tbf qdisc"; return; }
+  rounds_job "50 Mbit/s" 5
+  # Each round's 4 MiB ring allreduce sends 2 * 3/4 * 4 MiB over each of the two host-crossing
+  # hops, one per direction of the link.
+  echo "MEASURE 50 Mbit/s links: $ROUND_MS ms per round (clean: $base ms); the 4 MiB" \
+    "allreduce alone needs >= $(( 6 * 8 * 1024 * 1024 / 50000 )) ms at that rate"
+  netns_rate 1 ""; netns_rate 2 ""
+  if netns_netem_delay 1 50 && netns_netem_delay 2 50; then
+    rounds_job "netem delay" 5
+    echo "MEASURE 100 ms round trip (netem): $ROUND_MS ms per round"
+  else
+    echo "SKIPPED netem delay: this kernel has no netem (sch_netem)"
+  fi
+  no_leftovers
+}
+
+# hvd_leftovers I: processes in host I other than sshd's (listener or sessions).
+hvd_leftovers() {
+  local pid
+  for pid in $(ip netns pids "${NETNS_H[$1]}" 2>/dev/null); do
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sshd ] || echo "$pid"
+  done
+}
+
+# check_fail_file R CUT_MS LIMIT_MS PATTERN: rank R wrote its failure within LIMIT_MS of the cut
+# and its message matches PATTERN (names a rank across the cut).
+check_fail_file() {
+  local f=$NETNS_DIR/pids/fail.$1 i at msg
+  for i in $(seq 1 $(( ($3 + 5000) / 100 ))); do [ -s "$f" ] && break; sleep 0.1; done
+  [ -s "$f" ] || { fail "rank $1 did not fail within $(( $3 / 1000 + 5 )) s of the cut"; return; }
+  read -r at msg < "$f"
+  echo "rank $1 failed $(( at - $2 )) ms after the cut: $msg"
+  [ $(( at - $2 )) -le "$3" ] || fail "rank $1 failed $(( at - $2 )) ms after the cut (limit $3)"
+  [[ "$msg" =~ $4 ]] || fail "rank $1 does not name a rank across the cut: $msg"
+}
+
+# Ranks 0, 1 on host 1 and 2, 3 on host 2 allreduce 1 MiB back to back; host 2 then goes.
+fault_job() {
+  mkdir -p "$NETNS_DIR/pids"
+  export HVD_TIMEOUT_SECONDS=5
+  start_job "${SSH_FLAGS[@]}" --grace-seconds 3 -np 4 -H "$H1:2,$H2:2" \
+    "$WORKER" --hold "$NETNS_DIR/pids" 120 262144
+  wait_pid_files "$NETNS_DIR/pids" 4 || { fail "ranks did not start"; show; return 1; }
+  sleep 1
+  [ -e "$NETNS_DIR/pids/fail.0" ] && { fail "the job failed before the fault"; show; return 1; }
+  CUT_MS=$(date +%s%3N)
+}
+
+case_partition() {
+  fault_job || return
+  netns_cut 2
+  local limit=$(( (HVD_TIMEOUT_SECONDS + 5) * 1000 )) r
+  for r in 0 1; do check_fail_file "$r" "$CUT_MS" "$limit" "rank [23]([^0-9]|$)"; done
+  for r in 2 3; do check_fail_file "$r" "$CUT_MS" "$limit" "rank [01]([^0-9]|$)"; done
+  wait_job 30
+  [ "$RC" != 0 ] && [ "$RC" != -1 ] || fail "hvdrun exited $RC"
+  echo "hvdrun exited $RC after $(( $(date +%s%3N) - CUT_MS )) ms from the cut"
+  grep '^hvdrun:' "$ERR"
+  local left="$(hvd_leftovers 1) $(hvd_leftovers 2) $(ip netns pids "$NETNS_L")"
+  [ -z "${left// /}" ] || { fail "processes left:"; ps -o pid,args -p "${left// /,}"; }
+  [ "$FAILED" = 0 ] || show
+  # sshd's sessions on host 2 still wait for hvdrun's side of the link: they go once it is back.
+  netns_heal 2
+  local i
+  for i in $(seq 1 300); do
+    left=$(echo $(netns_leftovers 1) $(netns_leftovers 2))
+    [ -z "$left" ] && break
+    sleep 0.1
+  done
+  echo "30 s after the link came back, sshd sessions left: ${left:-none}"
+}
+
+case_reboot() {
+  fault_job || return
+  netns_reboot 2
+  local limit=$(( (HVD_TIMEOUT_SECONDS + 5) * 1000 )) r
+  for r in 0 1; do check_fail_file "$r" "$CUT_MS" "$limit" "rank [23]([^0-9]|$)"; done
+  wait_job 30
+  [ "$RC" != 0 ] && [ "$RC" != -1 ] || fail "hvdrun exited $RC"
+  echo "hvdrun exited $RC after $(( $(date +%s%3N) - CUT_MS )) ms from the loss of host 2"
+  grep '^hvdrun:' "$ERR" | head -5
+  local left="$(netns_leftovers 1) $(ip netns pids "$NETNS_L")"
+  [ -z "${left// /}" ] || { fail "processes left:"; ps -o pid,args -p "${left// /,}"; }
+  [ "$FAILED" = 0 ] || show
 }
 
 "case_$CASE"

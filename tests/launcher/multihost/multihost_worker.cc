@@ -2,15 +2,21 @@
 // allgather and broadcast with values checked by formula, and prints "CHECKS-OK rank R".
 //
 //   multihost_worker                 checks, then exits 0 (2 on a wrong value, 1 on an error)
-//   multihost_worker --hold DIR SEC  checks, writes its pid to DIR/pid.RANK, then allreduces a
-//                                    scalar every 50 ms for at most SEC seconds. When an
-//                                    operation fails (a peer was killed) it prints the status,
-//                                    waits a second (so hvdrun sees the killed rank first) and
-//                                    exits 3.
+//   multihost_worker --rounds N      the checks N times; rank 0 prints "ROUNDS-MS N T": the
+//                                    milliseconds the N rounds took
+//   multihost_worker --hold DIR SEC [COUNT]
+//                                    checks, writes its pid to DIR/pid.RANK, then for at most
+//                                    SEC seconds allreduces a scalar every 50 ms or, with a
+//                                    COUNT, COUNT floats back to back (checked). When an
+//                                    operation fails (a peer was killed or cut off) it writes
+//                                    "UNIX-MS STATUS" to DIR/fail.RANK (readable when its
+//                                    output cannot reach hvdrun), prints the status, waits a
+//                                    second (so hvdrun sees the killed rank first) and exits 3.
 //
 // Rank 0 prints "FIRST-COLLECTIVE-UNIX-MS T": the wall clock when the first allreduce finished.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -94,20 +100,35 @@ int CheckBroadcast(hvd::Engine& e) {
   return 0;
 }
 
-int Hold(hvd::Engine& e, const std::string& dir, double seconds) {
+int CheckAll(hvd::Engine& e) {
+  int rc = CheckAllreduce(e, "mh.small", 4099);
+  if (rc != 0) return rc;
+  if ((rc = CheckAllreduce(e, "mh.large", 1 << 20)) != 0) return rc;
+  if ((rc = CheckAllgather(e)) != 0) return rc;
+  return CheckBroadcast(e);
+}
+
+int Hold(hvd::Engine& e, const std::string& dir, double seconds, int64_t count) {
   std::ofstream(dir + "/pid." + std::to_string(e.rank())) << ::getpid() << "\n";
   auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  for (int i = 0; std::chrono::steady_clock::now() < end; ++i) {
-    float x = 1;
-    TensorView t(&x, DataType::kFloat32, {1});
+  const int s = e.size();
+  std::vector<float> buf(static_cast<size_t>(count));
+  while (std::chrono::steady_clock::now() < end) {
+    std::fill(buf.begin(), buf.end(), 1.0f);
+    TensorView t(buf.data(), DataType::kFloat32, {count});
     hvd::Status st = e.Allreduce("mh.hold", t, t, hvd::ReduceOp::kSum)->Wait();
     if (!st.ok()) {
+      std::ofstream(dir + "/fail." + std::to_string(e.rank()))
+          << UnixMs() << " " << st.ToString() << "\n";
       std::printf("HOLD-FAILED rank %d: %s\n", e.rank(), st.ToString().c_str());
       std::fflush(stdout);
       std::this_thread::sleep_for(std::chrono::seconds(1));
       std::_Exit(3);  // the engine's peers are gone: skip a shutdown that talks to them
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (float v : buf) {
+      if (v != static_cast<float>(s)) return Fail(e.rank(), "hold allreduce value");
+    }
+    if (count == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return 0;
 }
@@ -115,9 +136,13 @@ int Hold(hvd::Engine& e, const std::string& dir, double seconds) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool hold = argc == 4 && std::strcmp(argv[1], "--hold") == 0;
-  if (argc != 1 && !hold) {
-    std::fprintf(stderr, "usage: multihost_worker [--hold DIR SECONDS]\n");
+  bool hold = (argc == 4 || argc == 5) && std::strcmp(argv[1], "--hold") == 0;
+  bool rounds = argc == 3 && std::strcmp(argv[1], "--rounds") == 0;
+  const int64_t hold_count = argc == 5 ? std::atoll(argv[4]) : 1;
+  const int round_count = rounds ? std::atoi(argv[2]) : 1;
+  if ((argc != 1 && !hold && !rounds) || hold_count < 1 || round_count < 1) {
+    std::fprintf(stderr,
+                 "usage: multihost_worker [--rounds N | --hold DIR SECONDS [COUNT]]\n");
     return 64;
   }
   auto engine = hvd::Engine::CreateFromEnvironment();
@@ -134,12 +159,16 @@ int main(int argc, char** argv) {
   int rc = CheckAllreduce(e, "mh.small", 4099);
   if (rc != 0) return rc;
   if (e.rank() == 0) std::printf("FIRST-COLLECTIVE-UNIX-MS %lld\n", UnixMs());
-  if ((rc = CheckAllreduce(e, "mh.large", 1 << 20)) != 0) return rc;
-  if ((rc = CheckAllgather(e)) != 0) return rc;
-  if ((rc = CheckBroadcast(e)) != 0) return rc;
+  const long long start = UnixMs();
+  for (int i = 0; i < round_count; ++i) {
+    if ((rc = CheckAll(e)) != 0) return rc;
+  }
+  if (e.rank() == 0 && rounds) {
+    std::printf("ROUNDS-MS %d %lld\n", round_count, UnixMs() - start);
+  }
   std::printf("CHECKS-OK rank %d\n", e.rank());
   std::fflush(stdout);
-  if (hold && (rc = Hold(e, argv[2], std::atof(argv[3]))) != 0) return rc;
+  if (hold && (rc = Hold(e, argv[2], std::atof(argv[3]), hold_count)) != 0) return rc;
   hvd::Status st = e.Shutdown();
   if (!st.ok()) {
     std::printf("SHUTDOWN-FAILED rank %d: %s\n", e.rank(), st.ToString().c_str());

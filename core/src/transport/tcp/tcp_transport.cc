@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "common/logging.h"
@@ -11,9 +12,13 @@ namespace hvd {
 namespace {
 
 // Completion condition that lets every read/write syscall move all remaining bytes (Asio's
-// own conditions cap each syscall at 64 KiB, which quadruples the syscalls of a segment).
-auto Whole(size_t len) {
-  return [len](const asio::error_code& ec, size_t done) -> size_t { return ec ? 0 : len - done; };
+// own conditions cap each syscall at 64 KiB, which quadruples the syscalls of a segment), and
+// notes when bytes last moved on the connection.
+auto Whole(size_t len, Clock::time_point* moved) {
+  return [len, moved](const asio::error_code& ec, size_t done) -> size_t {
+    if (done > 0) *moved = Clock::now();
+    return ec ? 0 : len - done;
+  };
 }
 
 }  // namespace
@@ -28,8 +33,8 @@ void TuneSocket(asio::ip::tcp::socket& s) {
 
 TcpTransport::TcpTransport(asio::io_context& io, int rank,
                            std::vector<std::unique_ptr<asio::ip::tcp::socket>> sockets,
-                           std::chrono::microseconds spin)
-    : io_(io), rank_(rank), peers_(sockets.size()), spin_(spin) {
+                           std::chrono::microseconds spin, Clock::duration progress_window)
+    : io_(io), rank_(rank), peers_(sockets.size()), spin_(spin), progress_window_(progress_window) {
   for (size_t i = 0; i < sockets.size(); ++i) peers_[i].sock = std::move(sockets[i]);
 }
 
@@ -84,7 +89,7 @@ void TcpTransport::StartSend(int peer) {
   p.sending = true;
   Op op = p.sends.front();
   ++in_flight_;
-  asio::async_write(*p.sock, asio::buffer(op.buf, op.len), Whole(op.len),
+  asio::async_write(*p.sock, asio::buffer(op.buf, op.len), Whole(op.len, &p.moved),
                     [this, peer, id = op.id](const asio::error_code& ec, size_t) {
                       --in_flight_;
                       Peer& q = peers_[peer];
@@ -103,7 +108,7 @@ void TcpTransport::StartRecv(int peer) {
   p.receiving = true;
   Op op = p.recvs.front();
   ++in_flight_;
-  asio::async_read(*p.sock, asio::buffer(op.buf, op.len), Whole(op.len),
+  asio::async_read(*p.sock, asio::buffer(op.buf, op.len), Whole(op.len, &p.moved),
                    [this, peer, id = op.id](const asio::error_code& ec, size_t) {
                      --in_flight_;
                      Peer& q = peers_[peer];
@@ -156,12 +161,21 @@ Status TcpTransport::Wait(TransportRequest r, Deadline deadline) {
   while (!it->second.done) {
     if (io_.stopped()) io_.restart();
     auto now = Clock::now();
+    if (now >= deadline && progress_window_.count() > 0) {
+      // Bytes still moving to or from the peer: the wait is slow, not stuck (a large buffer on
+      // a slow or lossy link). It fails once the peer has been silent for the whole window.
+      deadline = std::max(deadline, peers_[it->second.peer].moved + progress_window_);
+    }
     if (now >= deadline) {
       const OpState& st = it->second;
       std::ostringstream os;
       os << "timed out " << (st.is_send ? "sending " : "receiving ") << st.len << " bytes "
-         << (st.is_send ? "to" : "from") << " rank " << st.peer
-         << " (the peer stopped making progress; see HVD_TIMEOUT_SECONDS)";
+         << (st.is_send ? "to" : "from") << " rank " << st.peer;
+      if (progress_window_.count() > 0) {
+        os << ": no bytes moved either way for "
+           << std::chrono::duration<double>(progress_window_).count() << " s";
+      }
+      os << " (the peer stopped making progress; see HVD_TIMEOUT_SECONDS)";
       Abort(Status::Timeout(os.str()));
       break;
     }

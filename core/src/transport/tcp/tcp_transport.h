@@ -24,9 +24,12 @@ class TcpTransport : public Transport {
  public:
   // sockets[peer] is null for this rank; the transport takes ownership. `spin` is how long a
   // Wait polls without sleeping before it blocks in the kernel (zero when ranks outnumber
-  // cores: a spinning rank would take the core its peer needs).
+  // cores: a spinning rank would take the core its peer needs). With a `progress_window`, a
+  // Wait past its deadline goes on while bytes moved to or from its peer within the window: a
+  // deadline then bounds how long a peer may stall, not how long a large transfer may take.
   TcpTransport(asio::io_context& io, int rank, std::vector<std::unique_ptr<asio::ip::tcp::socket>> sockets,
-               std::chrono::microseconds spin = std::chrono::microseconds(0));
+               std::chrono::microseconds spin = std::chrono::microseconds(0),
+               Clock::duration progress_window = Clock::duration::zero());
   ~TcpTransport() override;
 
   int rank() const override { return rank_; }
@@ -49,6 +52,7 @@ class TcpTransport : public Transport {
     std::unique_ptr<asio::ip::tcp::socket> sock;
     std::deque<Op> sends, recvs;
     bool sending = false, receiving = false;
+    Clock::time_point moved;  // when bytes last moved either way
   };
   struct OpState {
     bool done = false;
@@ -71,6 +75,7 @@ class TcpTransport : public Transport {
   uint64_t next_id_ = 1;
   int in_flight_ = 0;  // async operations whose handler has not run yet
   const std::chrono::microseconds spin_;
+  const Clock::duration progress_window_;
   Status broken_;
 };
 

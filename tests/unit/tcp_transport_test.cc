@@ -1,0 +1,101 @@
+// The TCP transport's deadlines (transport/tcp/tcp_transport.h): with a progress window, a wait
+// fails when its peer's bytes stop moving for the window, not when a large transfer on a slow
+// link merely takes longer than the deadline. Two transports over a loopback connection, each
+// driven by its own thread.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <asio.hpp>
+#include <gtest/gtest.h>
+
+#include "transport/tcp/tcp_transport.h"
+
+namespace hvd {
+namespace {
+
+using Sockets = std::vector<std::unique_ptr<asio::ip::tcp::socket>>;
+
+// Rank 0 and rank 1 of a two-rank world joined by one loopback connection.
+struct Pair {
+  asio::io_context io0, io1;
+  std::unique_ptr<TcpTransport> t0, t1;
+
+  explicit Pair(Clock::duration window) {
+    asio::ip::tcp::acceptor acceptor(io0, {asio::ip::address_v4::loopback(), 0});
+    auto s0 = std::make_unique<asio::ip::tcp::socket>(io0);
+    auto s1 = std::make_unique<asio::ip::tcp::socket>(io1);
+    s1->connect(acceptor.local_endpoint());
+    acceptor.accept(*s0);
+    Sockets a(2), b(2);
+    a[1] = std::move(s0);
+    b[0] = std::move(s1);
+    t0 = std::make_unique<TcpTransport>(io0, 0, std::move(a), std::chrono::microseconds(0), window);
+    t1 = std::make_unique<TcpTransport>(io1, 1, std::move(b), std::chrono::microseconds(0), window);
+  }
+};
+
+constexpr size_t kChunk = 64 << 10;
+
+// Rank 1 sends `chunks` chunks of kChunk bytes, `gap` apart, until a send fails (rank 0 gave
+// up and closed the connection).
+std::thread SlowSender(TcpTransport& t, int chunks, std::chrono::milliseconds gap) {
+  return std::thread([&t, chunks, gap] {
+    std::vector<char> chunk(kChunk, 7);
+    for (int i = 0; i < chunks; ++i) {
+      if (i > 0) std::this_thread::sleep_for(gap);
+      if (!t.Send(0, chunk.data(), chunk.size(), DeadlineAfterSeconds(10)).ok()) return;
+    }
+  });
+}
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+TEST(TcpTransportProgress, SlowTransferThatKeepsMovingOutlivesItsDeadline) {
+  Pair p(std::chrono::seconds(1));
+  std::vector<char> in(8 * kChunk);
+  auto start = Clock::now();
+  std::thread sender = SlowSender(*p.t1, 8, std::chrono::milliseconds(200));
+  Status s = p.t0->Recv(1, in.data(), in.size(), DeadlineAfterSeconds(0.3));
+  sender.join();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_GE(SecondsSince(start), 1.3);
+  EXPECT_EQ(std::vector<char>(in.size(), 7), in);
+}
+
+TEST(TcpTransportProgress, PeerThatStopsSendingFailsOneWindowAfterItsLastByte) {
+  Pair p(std::chrono::seconds(1));
+  std::vector<char> in(8 * kChunk);
+  std::thread sender = SlowSender(*p.t1, 1, std::chrono::milliseconds(0));
+  sender.join();
+  auto start = Clock::now();
+  Status s = p.t0->Recv(1, in.data(), in.size(), DeadlineAfterSeconds(0.3));
+  double took = SecondsSince(start);
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+  EXPECT_NE(s.message().find("timed out receiving 524288 bytes from rank 1: no bytes moved "
+                             "either way for 1 s"),
+            std::string::npos)
+      << s.ToString();
+  EXPECT_GE(took, 0.29);
+  EXPECT_LT(took, 3.0);
+}
+
+TEST(TcpTransportProgress, WithoutAWindowTheDeadlineIsFinal) {
+  Pair p(Clock::duration::zero());
+  std::vector<char> in(8 * kChunk);
+  auto start = Clock::now();
+  std::thread sender = SlowSender(*p.t1, 4, std::chrono::milliseconds(200));
+  Status s = p.t0->Recv(1, in.data(), in.size(), DeadlineAfterSeconds(0.3));
+  double took = SecondsSince(start);
+  sender.join();
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+  EXPECT_GE(took, 0.29);
+  EXPECT_LT(took, 2.0);
+}
+
+}  // namespace
+}  // namespace hvd
