@@ -188,6 +188,7 @@ Status InProcTransport::Wait(TransportRequest r, Deadline deadline) {
     }
     // A failed request stays queued (and known): the transport is unusable from here on.
     if (world_->lost_rank() >= 0) return Failure(req);
+    if (!aborted_.ok()) return aborted_;
     if (!world_->WaitForChange(rank_, seen, deadline)) return TimeoutStatus(req);
   }
 }

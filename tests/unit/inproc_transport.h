@@ -47,6 +47,10 @@ class InProcTransport : public Transport {
   TransportRequest Isend(int peer, const void* buf, size_t len) override;
   TransportRequest Irecv(int peer, void* buf, size_t len) override;
   Status Wait(TransportRequest r, Deadline deadline) override;
+  // Pending and later requests of this rank fail with `why` (the others are untouched).
+  void Abort(const Status& why) override {
+    if (aborted_.ok()) aborted_ = why;
+  }
 
  private:
   struct Request {
@@ -70,6 +74,7 @@ class InProcTransport : public Transport {
   std::unordered_map<uint64_t, Request> requests_;
   std::vector<std::deque<uint64_t>> send_queue_;  // per peer, ids in post order
   std::vector<std::deque<uint64_t>> recv_queue_;  // per peer, ids in post order
+  Status aborted_;
 };
 
 class InProcWorld {

@@ -55,6 +55,16 @@ size_t RingAllreduceScratchBytes(size_t count, DataType dtype, int ranks);
 Status RecursiveDoublingAllreduce(Transport& t, void* buf, size_t count, DataType dtype,
                                   ReduceOp op, ScratchBuffer& scratch, Deadline deadline);
 
+// Reduce-scatter over `local`, allreduce of this rank's part over `cross`, allgather over
+// `local` (collectives/hierarchical.cc). local and cross are group views of one transport: the
+// ranks of this host, and the ranks with this rank's local index on every host; every host has
+// local.size() ranks.
+Status HierarchicalAllreduce(Transport& local, Transport& cross, void* buf, size_t count,
+                             DataType dtype, ReduceOp op, ScratchBuffer& scratch,
+                             Deadline deadline);
+size_t HierarchicalAllreduceScratchBytes(size_t count, DataType dtype, int local_size,
+                                         int cross_size);
+
 // out = concatenation over ranks r of bytes[r] bytes; this rank's part is `in`
 // (in may already sit at its place inside out).
 Status Allgatherv(Transport& t, const void* in, void* out, const std::vector<size_t>& bytes,

@@ -3,7 +3,6 @@
 
 #include "bootstrap/store.h"
 #include "common/logging.h"
-#include "transport/tcp/tcp_mesh.h"
 #include "transport/transport_factory.h"
 
 namespace hvd {
@@ -55,41 +54,18 @@ Status EngineImpl::Connect() {
                                                  options_.stall_check_seconds,
                                                  options_.stall_shutdown_seconds);
   }
-  if (options_.size == 1) {
-    std::vector<std::unique_ptr<asio::ip::tcp::socket>> none(1);
-    transport_ = std::make_unique<TcpTransport>(io_, 0, std::move(none));
-    return Status::OK();
-  }
-  Deadline deadline = DeadlineAfterSeconds(options_.start_timeout_seconds);
-  auto job = ConnectJob(io_, options_, deadline);  // transport/transport_factory.h
-  if (!job.ok()) return job.status().WithContext("rank " + std::to_string(options_.rank));
-  backends_ = std::move(job->backends);
-  TcpMesh* mesh = job->mesh.get();
-  // After work, and inside collective waits, poll for up to spin_ before sleeping in the
-  // kernel: waking a sleeping (often idle, virtualised) core costs tens of microseconds per
-  // hop. The poll yields the core on every empty round, so ranks that outnumber the cores hand
-  // it to each other instead of spinning against each other.
-  auto spin = std::chrono::microseconds(100);
-  if (options_.spin_microseconds >= 0) spin = std::chrono::microseconds(options_.spin_microseconds);
-  spin_ = spin;
-  // A collective fails when a peer's bytes stop moving for HVD_TIMEOUT_SECONDS, however long a
-  // large buffer takes on a slow link.
-  transport_ = std::make_unique<TcpTransport>(
-      io_, options_.rank, std::move(mesh->data), spin,
-      std::chrono::duration_cast<Clock::duration>(
-          std::chrono::duration<double>(options_.timeout_seconds)));
-  transport_->set_offload(backends_->offload());
+  spin_ = SpinWindow(options_);
   auto on_msg = [this](int peer, uint8_t type, std::vector<uint8_t>&& p) {
     OnControlMessage(peer, type, std::move(p));
   };
   auto on_err = [this](int peer, const std::string& what) { OnControlError(peer, what); };
-  control_.resize(mesh->control.size());
-  for (size_t i = 0; i < control_.size(); ++i) {
-    if (!mesh->control[i]) continue;
-    control_[i] = std::make_shared<ControlChannel>(static_cast<int>(i),
-                                                   std::move(mesh->control[i]), on_msg, on_err);
-    control_[i]->Start();
-  }
+  Deadline deadline = DeadlineAfterSeconds(options_.start_timeout_seconds);
+  auto job = ConnectJob(io_, options_, deadline, on_msg, on_err);  // transport/transport_factory.h
+  if (!job.ok()) return job.status().WithContext("rank " + std::to_string(options_.rank));
+  backends_ = std::move(job->backends);
+  transport_ = std::move(job->transport);
+  control_ = std::move(job->control);
+  if (options_.size == 1) return Status::OK();
   StartHeartbeat();
   return Status::OK();
 }

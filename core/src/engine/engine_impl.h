@@ -32,8 +32,8 @@
 #include "coordinator/response_cache.h"
 #include "engine/timeline.h"
 #include "hvd/engine.h"
-#include "transport/tcp/control_channel.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/control.h"
+#include "transport/transport.h"
 
 namespace hvd {
 
@@ -133,8 +133,8 @@ class EngineImpl {
   // MPI and the Slurm-hosted store when used (transport/transport_factory.h); declared before
   // transport_ so that it outlives the transport that points at its offload.
   std::unique_ptr<JobBackends> backends_;
-  std::unique_ptr<TcpTransport> transport_;
-  std::vector<std::shared_ptr<ControlChannel>> control_;  // rank 0: [peer]; worker: [0]
+  std::unique_ptr<Transport> transport_;
+  std::vector<std::shared_ptr<ControlLink>> control_;  // rank 0: [peer]; worker: [0]
   std::unique_ptr<Coordinator> coordinator_;              // rank 0 only
   std::unique_ptr<ResponseCache> cache_;                  // identical on every rank
   std::vector<uint64_t> worker_epochs_;                   // rank 0: each worker's cache epoch

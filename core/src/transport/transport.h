@@ -41,6 +41,11 @@ class Transport {
   // Waits until request `r` has completed (OK) or failed, or the deadline passed.
   virtual Status Wait(TransportRequest r, Deadline deadline) = 0;
 
+  // Fails every pending and later request with `why` (the first reason given is kept) and
+  // releases the connections: the communicator is gone. Idempotent; may be called from inside
+  // a handler that runs during a Wait.
+  virtual void Abort(const Status& why) = 0;
+
   // Waits for all of `rs`; returns the first failure.
   Status WaitAll(const std::vector<TransportRequest>& rs, Deadline deadline) {
     for (const auto& r : rs) HVD_RETURN_IF_ERROR(Wait(r, deadline));

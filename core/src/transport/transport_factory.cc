@@ -5,6 +5,9 @@
 #include "bootstrap/store.h"
 #include "common/logging.h"
 #include "hvd/config.h"
+#include "transport/tcp/control_channel.h"
+#include "transport/tcp/tcp_mesh.h"
+#include "transport/tcp/tcp_transport.h"
 
 #if HVD_HAVE_MPI
 #include "transport/mpi/mpi_bootstrap.h"
@@ -115,9 +118,25 @@ std::string MultiNodeBindAddress(asio::io_context& io, const Options& o) {
 
 }  // namespace
 
+// Waking a sleeping (often idle, virtualised) core costs tens of microseconds per hop, so a
+// rank polls first. The poll yields the core on every empty round, so ranks that outnumber the
+// cores hand it to each other instead of spinning against each other.
+std::chrono::microseconds SpinWindow(const Options& options) {
+  if (options.spin_microseconds >= 0) return std::chrono::microseconds(options.spin_microseconds);
+  return std::chrono::microseconds(100);
+}
+
 StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options,
-                                    Deadline deadline) {
+                                    Deadline deadline, ControlLink::MessageFn on_message,
+                                    ControlLink::ErrorFn on_error) {
   auto backends = std::make_unique<JobBackendsImpl>();
+  if (options.size == 1) {
+    JobConnections job;
+    job.transport = std::make_unique<TcpTransport>(
+        io, 0, std::vector<std::unique_ptr<asio::ip::tcp::socket>>(1));
+    job.backends = std::move(backends);
+    return job;
+  }
   Options o = options;
   HVD_RETURN_IF_ERROR(StartMpi(o, backends.get()));
   auto store = MeetingPlace(&o, backends.get(), deadline);
@@ -130,7 +149,23 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
   auto mesh = TcpMesh::Create(io, o, **store, deadline);
   if (!mesh.ok()) return mesh.status();
   JobConnections job;
-  job.mesh = std::move(*mesh);
+  // Step 4. A collective fails when a peer's bytes stop moving for HVD_TIMEOUT_SECONDS, however
+  // long a large buffer takes on a slow link.
+  job.transport = std::make_unique<TcpTransport>(
+      io, o.rank, std::move((*mesh)->data), SpinWindow(o),
+      std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(o.timeout_seconds)));
+  job.transport->set_offload(backends->offload());
+  // Step 5.
+  auto& control = (*mesh)->control;
+  job.control.resize(control.size());
+  for (size_t i = 0; i < control.size(); ++i) {
+    if (!control[i]) continue;
+    auto link = std::make_shared<ControlChannel>(static_cast<int>(i), std::move(control[i]),
+                                                 on_message, on_error);
+    link->Start();
+    job.control[i] = std::move(link);
+  }
   job.backends = std::move(backends);
   return job;
 }

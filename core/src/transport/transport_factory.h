@@ -14,7 +14,10 @@
 //   3. The TCP mesh through that store (transport/tcp/tcp_mesh.h). On a multi-node job whose
 //      bind address was left at the loopback default, each rank listens on the address that
 //      routes to rank 0's host (Slurm) or that its host name resolves to (MPI).
-//   4. With HVD_CPU_OPERATIONS=mpi, MpiCollectives becomes the transport's CollectiveOffload.
+//   4. The data plane: a TcpTransport over the mesh's data connections; with
+//      HVD_CPU_OPERATIONS=mpi, MpiCollectives becomes its CollectiveOffload.
+//   5. The control plane: one ControlLink per control connection, started.
+// A world of one rank skips every step: its transport has no peers and no control links.
 //
 // Thread-safety: ConnectJob runs on the thread that creates the engine and uses `io` until it
 // returns.
@@ -25,7 +28,8 @@
 
 #include "hvd/options.h"
 #include "transport/collective_offload.h"
-#include "transport/tcp/tcp_mesh.h"
+#include "transport/control.h"
+#include "transport/transport.h"
 
 namespace hvd {
 
@@ -40,11 +44,18 @@ class JobBackends {
 };
 
 struct JobConnections {
-  std::unique_ptr<TcpMesh> mesh;
-  std::unique_ptr<JobBackends> backends;  // never null
+  std::unique_ptr<JobBackends> backends;  // never null; must outlive `transport`
+  std::unique_ptr<Transport> transport;
+  std::vector<std::shared_ptr<ControlLink>> control;  // rank 0: [peer]; a worker: [0]
 };
 
+// How long a rank polls after work, and inside data waits, before it sleeps in the kernel
+// (HVD_SPIN_MICROSECONDS; 100 µs by default).
+std::chrono::microseconds SpinWindow(const Options& options);
+
+// `on_message` and `on_error` receive the control links' traffic (transport/control.h).
 StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options,
-                                    Deadline deadline);
+                                    Deadline deadline, ControlLink::MessageFn on_message,
+                                    ControlLink::ErrorFn on_error);
 
 }  // namespace hvd

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "transport/control.h"
+
 namespace hvd {
 
 constexpr uint32_t kMaxControlFrame = 256u << 20;
@@ -26,20 +28,17 @@ constexpr size_t kControlHeaderBytes = 5;
 bool ParseControlHeader(const uint8_t* header, uint32_t* payload_len, uint8_t* type,
                         std::string* why);
 
-class ControlChannel : public std::enable_shared_from_this<ControlChannel> {
+class ControlChannel : public ControlLink, public std::enable_shared_from_this<ControlChannel> {
  public:
-  using MessageFn = std::function<void(int peer, uint8_t type, std::vector<uint8_t>&& payload)>;
-  using ErrorFn = std::function<void(int peer, const std::string& what)>;
-
   ControlChannel(int peer, std::unique_ptr<asio::ip::tcp::socket> sock, MessageFn on_message,
                  ErrorFn on_error);
 
   void Start();
-  void Send(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload);
-  bool idle() const { return queue_.empty(); }
-  bool open() const { return open_; }
-  void Close();
-  int peer() const { return peer_; }
+  void Send(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload) override;
+  bool idle() const override { return queue_.empty(); }
+  bool open() const override { return open_; }
+  void Close() override;
+  int peer() const override { return peer_; }
 
  private:
   struct Outgoing {

@@ -39,7 +39,7 @@ class TcpTransport : public Transport {
   Status Wait(TransportRequest r, Deadline deadline) override;
 
   // Fails everything with `why` and closes the sockets (idempotent).
-  void Abort(const Status& why);
+  void Abort(const Status& why) override;
   const Status& broken() const { return broken_; }
 
  private:

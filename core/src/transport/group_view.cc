@@ -1,0 +1,105 @@
+#include "transport/group_view.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace hvd {
+
+namespace {
+constexpr uint64_t kRefusedBit = uint64_t{1} << 63;
+}  // namespace
+
+StatusOr<std::unique_ptr<GroupView>> GroupView::Create(Transport& base, std::vector<int> members) {
+  std::set<int> seen;
+  int rank = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const int m = members[i];
+    if (m < 0 || m >= base.size()) {
+      return Status::InvalidArgument("group view: rank " + std::to_string(m) +
+                                     " is outside the transport's " + std::to_string(base.size()) +
+                                     " ranks");
+    }
+    if (!seen.insert(m).second) {
+      return Status::InvalidArgument("group view: rank " + std::to_string(m) + " is listed twice");
+    }
+    if (m == base.rank()) rank = static_cast<int>(i);
+  }
+  if (rank < 0) {
+    return Status::InvalidArgument("group view: rank " + std::to_string(base.rank()) +
+                                   " is not a member of the group it would use");
+  }
+  return std::unique_ptr<GroupView>(new GroupView(base, std::move(members), rank));
+}
+
+GroupView::GroupView(Transport& base, std::vector<int> members, int rank)
+    : base_(base), members_(std::move(members)), rank_(rank) {}
+
+TransportRequest GroupView::Refuse(int peer) {
+  uint64_t id = kRefusedBit | next_refused_++;
+  refused_[id] = Status::InvalidArgument("group view: bad peer rank " + std::to_string(peer) +
+                                         " (the group has " + std::to_string(size()) + " ranks)");
+  return {id};
+}
+
+TransportRequest GroupView::Isend(int peer, const void* buf, size_t len) {
+  if (peer < 0 || peer >= size()) return Refuse(peer);
+  return base_.Isend(members_[peer], buf, len);
+}
+
+TransportRequest GroupView::Irecv(int peer, void* buf, size_t len) {
+  if (peer < 0 || peer >= size()) return Refuse(peer);
+  return base_.Irecv(members_[peer], buf, len);
+}
+
+Status GroupView::Wait(TransportRequest r, Deadline deadline) {
+  if (r.id & kRefusedBit) {
+    auto it = refused_.find(r.id);
+    if (it == refused_.end()) return Status::Internal("group view: unknown request");
+    Status s = it->second;
+    refused_.erase(it);
+    return s;
+  }
+  return base_.Wait(r, deadline);
+}
+
+std::vector<int> Topology::LocalMembers(int rank) const {
+  std::vector<int> out;
+  for (int r = 0; r < size(); ++r) {
+    if (host_of[r] == host_of[rank]) out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<int> Topology::CrossMembers(int rank) const {
+  // Each host's ranks in rank order, hosts in order of their lowest rank.
+  std::vector<int> host_order;
+  std::map<int, std::vector<int>> ranks_of;
+  for (int r = 0; r < size(); ++r) {
+    auto& v = ranks_of[host_of[r]];
+    if (v.empty()) host_order.push_back(host_of[r]);
+    v.push_back(r);
+  }
+  const auto& mine = ranks_of[host_of[rank]];
+  const size_t index = std::find(mine.begin(), mine.end(), rank) - mine.begin();
+  std::vector<int> out;
+  for (int h : host_order) {
+    if (ranks_of[h].size() > index) out.push_back(ranks_of[h][index]);
+  }
+  return out;
+}
+
+int Topology::hosts() const {
+  return static_cast<int>(std::set<int>(host_of.begin(), host_of.end()).size());
+}
+
+bool Topology::Homogeneous() const {
+  std::map<int, int> count;
+  for (int h : host_of) ++count[h];
+  if (count.size() < 2) return false;
+  const int n = count.begin()->second;
+  if (n < 2) return false;
+  return std::all_of(count.begin(), count.end(), [n](const auto& kv) { return kv.second == n; });
+}
+
+}  // namespace hvd
