@@ -101,6 +101,9 @@ TEST(BadEnvironment, OtherKnobsNotParsable) {
   ExpectRefused({{"HVD_CYCLE_TIME", "1ms"}}, "HVD_CYCLE_TIME");
   ExpectRefused({{"HVD_STALL_CHECK_TIME_SECONDS", "x"}}, "HVD_STALL_CHECK_TIME_SECONDS");
   ExpectRefused({{"HVD_LOG_LEVEL", "loud"}}, "HVD_LOG_LEVEL");
+  ExpectRefused({{"HVD_HIERARCHICAL_ALLREDUCE", "maybe"}},
+                "HVD_HIERARCHICAL_ALLREDUCE='maybe': expected auto, 1 (on, true) or 0 (off, false)");
+  ExpectRefused({{"HOROVOD_HIERARCHICAL_ALLREDUCE", "2"}}, "HOROVOD_HIERARCHICAL_ALLREDUCE");
   ExpectRefused({{"HVD_START_TIMEOUT", "soon"}}, "HVD_START_TIMEOUT");
   ExpectRefused({{"HVD_RANK", "0"}, {"HVD_SIZE", "2"}, {"HVD_RENDEZVOUS_ADDR", "127.0.0.1"},
                  {"HVD_RENDEZVOUS_PORT", "99999"}},

@@ -64,6 +64,16 @@ struct HVD_EXPORT Options {
   enum class CpuOperations { kTcp, kMpi };
   CpuOperations cpu_operations = CpuOperations::kTcp;
 
+  // HVD_HIERARCHICAL_ALLREDUCE (HOROVOD_HIERARCHICAL_ALLREDUCE): allreduce as a reduce-scatter
+  // among each host's ranks, an allreduce across hosts, and an allgather inside each host.
+  //   auto (default, also unset): for buffers over 64 KiB when the job has more than one host
+  //     and the same number of ranks, more than one, on each.
+  //   1 / on / true: whenever the layout allows it. 0 / off / false: never.
+  // A layout that does not allow it (one host, one rank per host, unequal hosts) runs the flat
+  // algorithms whatever the setting.
+  enum class Toggle { kAuto, kOn, kOff };
+  Toggle hierarchical_allreduce = Toggle::kAuto;
+
   // Reads the environment. A process with no contract variables is a world of size 1.
   // Fails with InvalidArgument naming the variable and what was expected.
   static StatusOr<Options> FromEnvironment();

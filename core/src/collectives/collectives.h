@@ -36,7 +36,8 @@ class ScratchBuffer {
 
 enum class AllreduceAlgorithm { kAuto = 0, kRing, kRecursiveDoubling };
 
-// Buffers at or under this size use recursive doubling under kAuto; larger ones the ring.
+// Buffers at or under this size use recursive doubling under kAuto; larger ones the ring
+// (the planner's rule: planner/plan.h).
 constexpr size_t kSmallAllreduceBytes = 64 * 1024;
 
 // In place: buf holds this rank's count elements and ends with the reduction over all ranks.
@@ -59,9 +60,11 @@ Status RecursiveDoublingAllreduce(Transport& t, void* buf, size_t count, DataTyp
 // `local` (collectives/hierarchical.cc). local and cross are group views of one transport: the
 // ranks of this host, and the ranks with this rank's local index on every host; every host has
 // local.size() ranks.
+// `cross_algo` runs across hosts.
 Status HierarchicalAllreduce(Transport& local, Transport& cross, void* buf, size_t count,
                              DataType dtype, ReduceOp op, ScratchBuffer& scratch,
-                             Deadline deadline);
+                             Deadline deadline,
+                             AllreduceAlgorithm cross_algo = AllreduceAlgorithm::kAuto);
 size_t HierarchicalAllreduceScratchBytes(size_t count, DataType dtype, int local_size,
                                          int cross_size);
 

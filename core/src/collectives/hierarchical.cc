@@ -6,6 +6,7 @@
 //   3. Allgather over `local`: every rank gets every part.
 // Every host must have local.size() ranks (the cross view of each part has one rank per host);
 // the planner uses a flat algorithm otherwise.
+#include <algorithm>
 #include <vector>
 
 #include "collectives/collectives.h"
@@ -27,13 +28,18 @@ size_t HierarchicalAllreduceScratchBytes(size_t count, DataType dtype, int local
   if (count == 0 || local_size < 1) return 0;
   std::vector<size_t> parts = Parts(count, local_size);
   size_t rs = local_size > 1 ? ReduceScatterScratchBytes(parts, dtype) : 0;
-  size_t ar = AllreduceScratchBytes(parts[0], dtype, cross_size);
+  // The largest part sets the most scratch either algorithm uses across hosts.
+  size_t ar = 0;
+  if (cross_size > 1) {
+    ar = std::max(RingAllreduceScratchBytes(parts[0], dtype, cross_size),
+                  parts[0] * DataTypeSize(dtype));
+  }
   return rs > ar ? rs : ar;
 }
 
 Status HierarchicalAllreduce(Transport& local, Transport& cross, void* buf, size_t count,
                              DataType dtype, ReduceOp op, ScratchBuffer& scratch,
-                             Deadline deadline) {
+                             Deadline deadline, AllreduceAlgorithm cross_algo) {
   const size_t esize = DataTypeSize(dtype);
   if (esize == 0) return Status::InvalidArgument("hierarchical allreduce: unknown dtype");
   if (count == 0 || local.size() * cross.size() == 1) return Status::OK();
@@ -47,7 +53,7 @@ Status HierarchicalAllreduce(Transport& local, Transport& cross, void* buf, size
     HVD_RETURN_IF_ERROR(ReduceScatter(local, buf, mine, parts, dtype, op, scratch, deadline));
   }
   if (cross.size() > 1 && parts[l] > 0) {
-    HVD_RETURN_IF_ERROR(Allreduce(cross, mine, parts[l], dtype, op, scratch, deadline));
+    HVD_RETURN_IF_ERROR(Allreduce(cross, mine, parts[l], dtype, op, scratch, deadline, cross_algo));
   }
   if (local.size() > 1) {
     std::vector<size_t> bytes(parts.size());

@@ -192,6 +192,18 @@ Status ReadKnobs(Options* o) {
       return BadValue(var, v, "tcp (hvd's algorithms; 'gloo' means the same) or mpi");
     }
   }
+  if (const char* v = Knob("HIERARCHICAL_ALLREDUCE", &var)) {
+    const std::string t = v;
+    if (t == "auto") {
+      o->hierarchical_allreduce = Options::Toggle::kAuto;
+    } else if (t == "1" || t == "on" || t == "true") {
+      o->hierarchical_allreduce = Options::Toggle::kOn;
+    } else if (t == "0" || t == "off" || t == "false") {
+      o->hierarchical_allreduce = Options::Toggle::kOff;
+    } else {
+      return BadValue(var, v, "auto, 1 (on, true) or 0 (off, false)");
+    }
+  }
   if (const char* v = Knob("TIMELINE", &var)) o->timeline_path = v;
   if (const char* v = Knob("LOG_LEVEL", &var)) {
     if (!ParseLogLevel(v, &o->log_level)) {

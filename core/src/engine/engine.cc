@@ -65,8 +65,48 @@ Status EngineImpl::Connect() {
   backends_ = std::move(job->backends);
   transport_ = std::move(job->transport);
   control_ = std::move(job->control);
+  plan_.size = options_.size;
+  plan_.offload = transport_->offload() != nullptr;
+  plan_.hierarchical_allreduce = options_.hierarchical_allreduce;
   if (options_.size == 1) return Status::OK();
+  HVD_RETURN_IF_ERROR(SetUpViews(deadline).WithContext("rank " + std::to_string(options_.rank)));
   StartHeartbeat();
+  return Status::OK();
+}
+
+// The local and cross views, when the ranks' places describe hosts of equal size with more than
+// one rank each (transport/group_view.h).
+Status EngineImpl::SetUpViews(Deadline deadline) {
+  std::string why;
+  auto topo = GatherTopology(*transport_, options_.local_rank, options_.local_size,
+                             options_.cross_rank, options_.cross_size, deadline, &why);
+  if (!topo.ok()) return topo.status().WithContext("exchanging the job's layout");
+  if (!topo->Homogeneous()) {
+    if (options_.hierarchical_allreduce == Options::Toggle::kOn && options_.rank == 0) {
+      HVD_LOG(kWarning) << "HVD_HIERARCHICAL_ALLREDUCE is on, but this job's layout does not "
+                           "allow it, so allreduce runs flat: "
+                        << (why.empty() ? "it needs more than one host with the same number of "
+                                          "ranks, more than one, on each"
+                                        : why);
+    }
+    return Status::OK();
+  }
+  auto local = GroupView::Create(*transport_, topo->LocalMembers(options_.rank));
+  if (!local.ok()) return local.status();
+  auto cross = GroupView::Create(*transport_, topo->CrossMembers(options_.rank));
+  if (!cross.ok()) return cross.status();
+  local_view_ = std::move(*local);
+  cross_view_ = std::move(*cross);
+  plan_.hierarchical = true;
+  plan_.local_size = local_view_->size();
+  plan_.cross_size = cross_view_->size();
+  auto list = [](const std::vector<int>& v) {
+    std::string s;
+    for (int r : v) s += (s.empty() ? "" : " ") + std::to_string(r);
+    return "[" + s + "]";
+  };
+  HVD_LOG(kInfo) << "hierarchical allreduce ready: this host's ranks " << list(local_view_->members())
+                 << ", across hosts " << list(cross_view_->members());
   return Status::OK();
 }
 

@@ -32,7 +32,9 @@
 #include "coordinator/response_cache.h"
 #include "engine/timeline.h"
 #include "hvd/engine.h"
+#include "planner/plan.h"
 #include "transport/control.h"
+#include "transport/group_view.h"
 #include "transport/transport.h"
 
 namespace hvd {
@@ -69,6 +71,7 @@ class EngineImpl {
  private:
   explicit EngineImpl(const Options& options);
   Status Connect();
+  Status SetUpViews(Deadline deadline);
   void Wake();
 
   // Caller side.
@@ -134,6 +137,10 @@ class EngineImpl {
   // transport_ so that it outlives the transport that points at its offload.
   std::unique_ptr<JobBackends> backends_;
   std::unique_ptr<Transport> transport_;
+  // This host's ranks and the ranks with this rank's local index across hosts: views of
+  // transport_, set when the layout allows hierarchical collectives (plan_.hierarchical).
+  std::unique_ptr<GroupView> local_view_, cross_view_;
+  PlanContext plan_;
   std::vector<std::shared_ptr<ControlLink>> control_;  // rank 0: [peer]; worker: [0]
   std::unique_ptr<Coordinator> coordinator_;              // rank 0 only
   std::unique_ptr<ResponseCache> cache_;                  // identical on every rank

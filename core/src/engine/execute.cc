@@ -249,7 +249,8 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   bool fused = entries.size() > 1 || entries[0] == nullptr;
   MemoryNeeds need;
   need.fusion = total * esize;
-  need.scratch = AllreduceScratchBytes(total, r.dtype, options_.size);
+  const AllreducePlan plan = PlanAllreduce(total, r.dtype, plan_);
+  need.scratch = PlanScratchBytes(plan, total, r.dtype, plan_);
   void* fusion = nullptr;
   HVD_RETURN_IF_ERROR(Reserve(need, fused ? total * esize : 0, &fusion));
   uint8_t* buf;
@@ -272,8 +273,13 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   }
   Scale(buf, total, r.dtype, r.prescale);
   ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-  HVD_RETURN_IF_ERROR(hvd::Allreduce(*transport_, buf, total, r.dtype, op, scratch_,
-                                     CollectiveDeadline()));
+  if (plan.hierarchical) {
+    HVD_RETURN_IF_ERROR(HierarchicalAllreduce(*local_view_, *cross_view_, buf, total, r.dtype, op,
+                                              scratch_, CollectiveDeadline(), plan.algorithm));
+  } else {
+    HVD_RETURN_IF_ERROR(hvd::Allreduce(*transport_, buf, total, r.dtype, op, scratch_,
+                                       CollectiveDeadline(), plan.algorithm));
+  }
   double post = r.postscale;
   if (r.op == ReduceOp::kAverage) post /= options_.size;
   Scale(buf, total, r.dtype, post);

@@ -4,6 +4,8 @@
 #include <map>
 #include <set>
 
+#include "collectives/collectives.h"
+
 namespace hvd {
 
 namespace {
@@ -100,6 +102,45 @@ bool Topology::Homogeneous() const {
   const int n = count.begin()->second;
   if (n < 2) return false;
   return std::all_of(count.begin(), count.end(), [n](const auto& kv) { return kv.second == n; });
+}
+
+StatusOr<Topology> GatherTopology(Transport& t, int local_rank, int local_size, int cross_rank,
+                                  int cross_size, Deadline deadline, std::string* why) {
+  const int n = t.size();
+  const int32_t mine[4] = {local_rank, local_size, cross_rank, cross_size};
+  std::vector<int32_t> all(static_cast<size_t>(n) * 4);
+  HVD_RETURN_IF_ERROR(Allgatherv(t, mine, all.data(),
+                                 std::vector<size_t>(n, sizeof(mine)), deadline));
+  Topology topo;
+  topo.host_of.resize(n);
+  for (int r = 0; r < n; ++r) topo.host_of[r] = r;
+  const int32_t L = all[1], C = all[3];
+  auto give_up = [&](const std::string& bad) {
+    if (why) *why = bad;
+    return topo;
+  };
+  for (int r = 0; r < n; ++r) {
+    const int32_t* p = &all[static_cast<size_t>(r) * 4];
+    if (p[1] != L || p[3] != C) {
+      return give_up("rank " + std::to_string(r) + " has local size " + std::to_string(p[1]) +
+                     " and cross size " + std::to_string(p[3]) + ", rank 0 " +
+                     std::to_string(L) + " and " + std::to_string(C) + " (hosts of unequal size)");
+    }
+  }
+  if (static_cast<int64_t>(L) * C != n) {
+    return give_up("local size " + std::to_string(L) + " x cross size " + std::to_string(C) +
+                   " is not the job's " + std::to_string(n) + " ranks");
+  }
+  std::set<std::pair<int, int>> places;
+  for (int r = 0; r < n; ++r) {
+    const int32_t* p = &all[static_cast<size_t>(r) * 4];
+    if (p[0] < 0 || p[0] >= L || p[2] < 0 || p[2] >= C || !places.insert({p[2], p[0]}).second) {
+      return give_up("rank " + std::to_string(r) + "'s local rank " + std::to_string(p[0]) +
+                     " and cross rank " + std::to_string(p[2]) + " are out of range or taken");
+    }
+  }
+  for (int r = 0; r < n; ++r) topo.host_of[r] = all[static_cast<size_t>(r) * 4 + 2];
+  return topo;
 }
 
 }  // namespace hvd

@@ -68,4 +68,11 @@ struct Topology {
   int hosts() const;
 };
 
+// Every rank's place (local rank and size, cross rank and size, as the launcher gave them),
+// gathered over `t` in one 16-byte allgather. When they describe hosts of equal size
+// (local_size x cross_size = size, each (cross rank, local rank) once), host_of is each rank's
+// cross rank; otherwise every rank counts as a host of its own, and *why says what did not fit.
+StatusOr<Topology> GatherTopology(Transport& t, int local_rank, int local_size, int cross_rank,
+                                  int cross_size, Deadline deadline, std::string* why);
+
 }  // namespace hvd

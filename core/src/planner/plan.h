@@ -1,0 +1,42 @@
+// Plans: how each collective runs. For one response the planner picks the view of the
+// transport (the whole world, or a host's ranks and the ranks across hosts) and the algorithm,
+// from the response's size and facts every rank shares (the job's layout, the options), never
+// from timings: every rank must pick the same plan. Collectives run what they are given.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstddef>
+
+#include "collectives/collectives.h"
+#include "hvd/options.h"
+
+namespace hvd {
+
+// What the plans depend on, the same on every rank.
+struct PlanContext {
+  int size = 1;
+  bool offload = false;       // an MPI offload runs whole-world collectives itself
+  bool hierarchical = false;  // the layout allows hierarchical collectives (Topology::Homogeneous)
+  int local_size = 1;
+  int cross_size = 1;
+  Options::Toggle hierarchical_allreduce = Options::Toggle::kAuto;
+};
+
+struct AllreducePlan {
+  bool hierarchical = false;
+  // The flat algorithm over the world, or, when hierarchical, the one across hosts.
+  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kRing;
+};
+
+// Up to kSmallAllreduceBytes recursive doubling (fewest messages), above it the pipelined ring
+// (each byte crosses 2(p-1)/p links).
+AllreduceAlgorithm FlatAllreduceAlgorithm(size_t bytes);
+
+AllreducePlan PlanAllreduce(size_t count, DataType dtype, const PlanContext& c);
+
+// The scratch the plan's algorithm uses (engine/execute.cc reserves it before any byte moves).
+size_t PlanScratchBytes(const AllreducePlan& plan, size_t count, DataType dtype,
+                        const PlanContext& c);
+
+}  // namespace hvd
