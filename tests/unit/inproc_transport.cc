@@ -89,6 +89,10 @@ int InProcTransport::size() const { return world_->size(); }
 
 TransportRequest InProcTransport::Post(int peer, bool is_send, uint8_t* buf, size_t len) {
   const uint64_t id = next_id_++;
+  if (peer < 0 || peer >= size() || peer == rank_) {
+    requests_[id] = Request{peer, is_send, buf, len, 0, false, true};
+    return TransportRequest{id};
+  }
   requests_[id] = Request{peer, is_send, buf, len, 0, world_->lost_rank() >= 0};
   if (len > 0 && !requests_[id].failed) {
     (is_send ? send_queue_ : recv_queue_)[peer].push_back(id);
@@ -177,6 +181,11 @@ Status InProcTransport::Wait(TransportRequest r, Deadline deadline) {
   if (it == requests_.end()) {
     return Status::Internal("rank " + std::to_string(rank_) + ": unknown request " +
                             std::to_string(r.id));
+  }
+  if (it->second.bad_peer) {
+    const int peer = it->second.peer;
+    requests_.erase(it);
+    return Status::InvalidArgument("transport: bad peer rank " + std::to_string(peer));
   }
   for (;;) {
     const uint64_t seen = world_->Generation(rank_);

@@ -60,6 +60,7 @@ class InProcTransport : public Transport {
     size_t len;
     size_t done;
     bool failed;  // posted after a rank was lost
+    bool bad_peer = false;
   };
   TransportRequest Post(int peer, bool is_send, uint8_t* buf, size_t len);
   void Progress();

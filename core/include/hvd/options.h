@@ -74,6 +74,11 @@ struct HVD_EXPORT Options {
   enum class Toggle { kAuto, kOn, kOff };
   Toggle hierarchical_allreduce = Toggle::kAuto;
 
+  // HVD_SHM: ranks on the same host move their bytes through shared memory.
+  //   auto (default): where it can be set up, TCP elsewhere. on: a rank that cannot set it up
+  //   fails the job's start. off: TCP only.
+  Toggle shm = Toggle::kAuto;
+
   // Reads the environment. A process with no contract variables is a world of size 1.
   // Fails with InvalidArgument naming the variable and what was expected.
   static StatusOr<Options> FromEnvironment();

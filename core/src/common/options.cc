@@ -52,6 +52,20 @@ Status ParseDouble(const std::string& var, const char* v, double lo, double* out
   return Status::OK();
 }
 
+Status ParseToggle(const std::string& var, const char* v, Options::Toggle* out) {
+  const std::string t = v;
+  if (t == "auto") {
+    *out = Options::Toggle::kAuto;
+  } else if (t == "1" || t == "on" || t == "true") {
+    *out = Options::Toggle::kOn;
+  } else if (t == "0" || t == "off" || t == "false") {
+    *out = Options::Toggle::kOff;
+  } else {
+    return BadValue(var, v, "auto, 1 (on, true) or 0 (off, false)");
+  }
+  return Status::OK();
+}
+
 // Reads an integer identity variable from the first of `names` that is set; *which names it.
 Status IdentityInt(std::initializer_list<const char*> names, int* out, bool* found,
                    const char** which = nullptr) {
@@ -193,16 +207,10 @@ Status ReadKnobs(Options* o) {
     }
   }
   if (const char* v = Knob("HIERARCHICAL_ALLREDUCE", &var)) {
-    const std::string t = v;
-    if (t == "auto") {
-      o->hierarchical_allreduce = Options::Toggle::kAuto;
-    } else if (t == "1" || t == "on" || t == "true") {
-      o->hierarchical_allreduce = Options::Toggle::kOn;
-    } else if (t == "0" || t == "off" || t == "false") {
-      o->hierarchical_allreduce = Options::Toggle::kOff;
-    } else {
-      return BadValue(var, v, "auto, 1 (on, true) or 0 (off, false)");
-    }
+    HVD_RETURN_IF_ERROR(ParseToggle(var, v, &o->hierarchical_allreduce));
+  }
+  if (const char* v = std::getenv("HVD_SHM")) {
+    HVD_RETURN_IF_ERROR(ParseToggle("HVD_SHM", v, &o->shm));
   }
   if (const char* v = Knob("TIMELINE", &var)) o->timeline_path = v;
   if (const char* v = Knob("LOG_LEVEL", &var)) {

@@ -8,10 +8,6 @@
 
 namespace hvd {
 
-namespace {
-constexpr uint64_t kRefusedBit = uint64_t{1} << 63;
-}  // namespace
-
 StatusOr<std::unique_ptr<GroupView>> GroupView::Create(Transport& base, std::vector<int> members) {
   std::set<int> seen;
   int rank = -1;
@@ -37,33 +33,17 @@ StatusOr<std::unique_ptr<GroupView>> GroupView::Create(Transport& base, std::vec
 GroupView::GroupView(Transport& base, std::vector<int> members, int rank)
     : base_(base), members_(std::move(members)), rank_(rank) {}
 
-TransportRequest GroupView::Refuse(int peer) {
-  uint64_t id = kRefusedBit | next_refused_++;
-  refused_[id] = Status::InvalidArgument("group view: bad peer rank " + std::to_string(peer) +
-                                         " (the group has " + std::to_string(size()) + " ranks)");
-  return {id};
-}
-
+// A peer outside the view goes to the base as rank -1, which every transport refuses with
+// InvalidArgument when the request is waited for.
 TransportRequest GroupView::Isend(int peer, const void* buf, size_t len) {
-  if (peer < 0 || peer >= size()) return Refuse(peer);
-  return base_.Isend(members_[peer], buf, len);
+  return base_.Isend(peer >= 0 && peer < size() ? members_[peer] : -1, buf, len);
 }
 
 TransportRequest GroupView::Irecv(int peer, void* buf, size_t len) {
-  if (peer < 0 || peer >= size()) return Refuse(peer);
-  return base_.Irecv(members_[peer], buf, len);
+  return base_.Irecv(peer >= 0 && peer < size() ? members_[peer] : -1, buf, len);
 }
 
-Status GroupView::Wait(TransportRequest r, Deadline deadline) {
-  if (r.id & kRefusedBit) {
-    auto it = refused_.find(r.id);
-    if (it == refused_.end()) return Status::Internal("group view: unknown request");
-    Status s = it->second;
-    refused_.erase(it);
-    return s;
-  }
-  return base_.Wait(r, deadline);
-}
+Status GroupView::Wait(TransportRequest r, Deadline deadline) { return base_.Wait(r, deadline); }
 
 std::vector<int> Topology::LocalMembers(int rank) const {
   std::vector<int> out;

@@ -17,7 +17,6 @@
 
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "transport/transport.h"
@@ -42,14 +41,10 @@ class GroupView : public Transport {
 
  private:
   GroupView(Transport& base, std::vector<int> members, int rank);
-  TransportRequest Refuse(int peer);
 
   Transport& base_;
   const std::vector<int> members_;
   const int rank_;
-  // Requests for a peer outside the view never reach the base; their ids have the top bit set.
-  std::unordered_map<uint64_t, Status> refused_;
-  uint64_t next_refused_ = 0;
 };
 
 // Where each rank of a job runs: host_of[r] is an index naming rank r's host (any values;

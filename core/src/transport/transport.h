@@ -5,6 +5,8 @@
 //     one peer are filled in the order they were posted. A receive of len bytes matches exactly
 //     the next len bytes of the stream from that peer (callers post matching lengths).
 //   - A posted buffer must stay valid and untouched until its request has completed.
+//   - A request for a peer outside [0, size) or for this rank itself fails with
+//     InvalidArgument when it is waited for.
 //   - Wait/WaitAll drive progress for every posted request, not only the awaited ones.
 //   - A broken connection fails every pending and later request to or from that peer with
 //     PeerLost naming the peer's rank; a passed deadline fails with Timeout naming the peers

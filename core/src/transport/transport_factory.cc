@@ -5,6 +5,7 @@
 #include "bootstrap/store.h"
 #include "common/logging.h"
 #include "hvd/config.h"
+#include "transport/shm/shm_transport.h"
 #include "transport/tcp/control_channel.h"
 #include "transport/tcp/tcp_mesh.h"
 #include "transport/tcp/tcp_transport.h"
@@ -151,11 +152,16 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
   JobConnections job;
   // Step 4. A collective fails when a peer's bytes stop moving for HVD_TIMEOUT_SECONDS, however
   // long a large buffer takes on a slow link.
-  job.transport = std::make_unique<TcpTransport>(
+  auto tcp = std::make_unique<TcpTransport>(
       io, o.rank, std::move((*mesh)->data), SpinWindow(o),
       std::chrono::duration_cast<Clock::duration>(
           std::chrono::duration<double>(o.timeout_seconds)));
-  job.transport->set_offload(backends->offload());
+  tcp->set_offload(backends->offload());
+  // Shared memory among the ranks of each host (transport/shm/shm_transport.h): the router
+  // over it and TCP, or TCP alone.
+  auto transport = ConnectSharedMemory(std::move(tcp), o, deadline);
+  if (!transport.ok()) return transport.status();
+  job.transport = std::move(*transport);
   // Step 5.
   auto& control = (*mesh)->control;
   job.control.resize(control.size());

@@ -15,7 +15,9 @@
 //      bind address was left at the loopback default, each rank listens on the address that
 //      routes to rank 0's host (Slurm) or that its host name resolves to (MPI).
 //   4. The data plane: a TcpTransport over the mesh's data connections; with
-//      HVD_CPU_OPERATIONS=mpi, MpiCollectives becomes its CollectiveOffload.
+//      HVD_CPU_OPERATIONS=mpi, MpiCollectives becomes its CollectiveOffload. Then shared memory
+//      among the ranks of each host (HVD_SHM): a router sends those peers' bytes through it
+//      and the rest over TCP (transport/shm/shm_transport.h).
 //   5. The control plane: one ControlLink per control connection, started.
 // A world of one rank skips every step: its transport has no peers and no control links.
 //

@@ -155,30 +155,50 @@ void TcpTransport::Abort(const Status& why) {
   // inside a handler (an abort message arriving mid-collective), so it does not run io_.
 }
 
+bool TcpTransport::Finished(TransportRequest r) const {
+  auto it = ops_.find(r.id);
+  return it == ops_.end() || it->second.done;
+}
+
+Status TcpTransport::Take(TransportRequest r) {
+  auto it = ops_.find(r.id);
+  if (it == ops_.end()) return Status::Internal("transport: unknown request");
+  Status s = it->second.status;
+  ops_.erase(it);
+  return s;
+}
+
+Status TcpTransport::CheckDeadline(TransportRequest r, Deadline deadline) {
+  auto it = ops_.find(r.id);
+  if (it == ops_.end() || it->second.done) return Status::OK();
+  const OpState& st = it->second;
+  auto now = Clock::now();
+  if (now >= deadline && progress_window_.count() > 0) {
+    // Bytes still moving to or from the peer: the wait is slow, not stuck (a large buffer on
+    // a slow or lossy link). It fails once the peer has been silent for the whole window.
+    deadline = std::max(deadline, peers_[st.peer].moved + progress_window_);
+  }
+  if (now < deadline) return Status::OK();
+  std::ostringstream os;
+  os << "timed out " << (st.is_send ? "sending " : "receiving ") << st.len << " bytes "
+     << (st.is_send ? "to" : "from") << " rank " << st.peer;
+  if (progress_window_.count() > 0) {
+    os << ": no bytes moved either way for "
+       << std::chrono::duration<double>(progress_window_).count() << " s";
+  }
+  os << " (the peer stopped making progress; see HVD_TIMEOUT_SECONDS)";
+  Status timeout = Status::Timeout(os.str());
+  Abort(timeout);
+  return timeout;
+}
+
 Status TcpTransport::Wait(TransportRequest r, Deadline deadline) {
   auto it = ops_.find(r.id);
   if (it == ops_.end()) return Status::Internal("transport: unknown request");
   while (!it->second.done) {
     if (io_.stopped()) io_.restart();
+    if (!CheckDeadline(r, deadline).ok()) break;
     auto now = Clock::now();
-    if (now >= deadline && progress_window_.count() > 0) {
-      // Bytes still moving to or from the peer: the wait is slow, not stuck (a large buffer on
-      // a slow or lossy link). It fails once the peer has been silent for the whole window.
-      deadline = std::max(deadline, peers_[it->second.peer].moved + progress_window_);
-    }
-    if (now >= deadline) {
-      const OpState& st = it->second;
-      std::ostringstream os;
-      os << "timed out " << (st.is_send ? "sending " : "receiving ") << st.len << " bytes "
-         << (st.is_send ? "to" : "from") << " rank " << st.peer;
-      if (progress_window_.count() > 0) {
-        os << ": no bytes moved either way for "
-           << std::chrono::duration<double>(progress_window_).count() << " s";
-      }
-      os << " (the peer stopped making progress; see HVD_TIMEOUT_SECONDS)";
-      Abort(Status::Timeout(os.str()));
-      break;
-    }
     // Poll briefly first: the peer is mid-collective, so the bytes are usually microseconds
     // away, and sleeping in the kernel costs a wake-up on each side.
     if (spin_.count() > 0) {
@@ -189,12 +209,12 @@ Status TcpTransport::Wait(TransportRequest r, Deadline deadline) {
       }
       if (it->second.done) break;
     }
-    io_.run_one_for(std::min<Clock::duration>(deadline - now, std::chrono::seconds(1)));
+    io_.run_one_for(std::min<Clock::duration>(
+        std::max<Clock::duration>(deadline - now, std::chrono::milliseconds(1)),
+        std::chrono::seconds(1)));
     it = ops_.find(r.id);
   }
-  Status s = it->second.status;
-  ops_.erase(it);
-  return s;
+  return Take(r);
 }
 
 }  // namespace hvd

@@ -40,6 +40,15 @@ class TcpTransport : public Transport {
 
   // Fails everything with `why` and closes the sockets (idempotent).
   void Abort(const Status& why) override;
+
+  // For a transport that runs this one's io_context in a wait loop of its own (the shared
+  // memory router, transport/shm/shm_transport.h). Finished: `r` completed or failed. Take: its
+  // status, forgetting it. CheckDeadline: past `deadline` (stretched while bytes move, as in
+  // Wait) aborts with the Timeout that Wait would give and returns it; OK otherwise.
+  bool Finished(TransportRequest r) const;
+  Status Take(TransportRequest r);
+  Status CheckDeadline(TransportRequest r, Deadline deadline);
+  asio::io_context& io() { return io_; }
   const Status& broken() const { return broken_; }
 
  private:

@@ -1,0 +1,698 @@
+#include "transport/shm/shm_transport.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <unordered_map>
+#include <vector>
+
+#include "bootstrap/auth.h"
+#include "collectives/collectives.h"
+#include "common/logging.h"
+#include "transport/transport_factory.h"
+
+namespace hvd {
+
+namespace {
+
+constexpr size_t kRingBytes = size_t{1} << 20;
+constexpr uint64_t kShmBit = uint64_t{1} << 63;
+
+// The owner's doorbell: set while its rank sleeps in the io_context; a peer that moves bytes
+// the rank may be waiting for rings the rank's eventfd then.
+struct alignas(64) Doorbell {
+  std::atomic<uint32_t> sleeping;
+};
+
+// One direction between two ranks, in the receiver's segment.
+struct alignas(64) RingHeader {
+  std::atomic<uint64_t> head;  // bytes the sender has written, in all
+  char pad0[64 - sizeof(std::atomic<uint64_t>)];
+  std::atomic<uint64_t> tail;  // bytes the receiver has taken, in all
+  char pad1[64 - sizeof(std::atomic<uint64_t>)];
+};
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "rings need lock-free 64-bit atomics");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "doorbells need lock-free atomics");
+
+constexpr size_t kSlotBytes = sizeof(RingHeader) + kRingBytes;
+
+size_t SegmentBytes(int slots) { return sizeof(Doorbell) + static_cast<size_t>(slots) * kSlotBytes; }
+
+// One rank's segment as mapped here, and its bell.
+struct Segment {
+  uint8_t* base = nullptr;
+  size_t bytes = 0;
+  int bell_fd = -1;
+  int pid_fd = -1;  // the owner's process (pidfd), readable once it has exited; -1 for this rank
+
+  Doorbell* bell() const { return reinterpret_cast<Doorbell*>(base); }
+  RingHeader* ring(int slot) const {
+    return reinterpret_cast<RingHeader*>(base + sizeof(Doorbell) + slot * kSlotBytes);
+  }
+  uint8_t* data(int slot) const { return reinterpret_cast<uint8_t*>(ring(slot) + 1); }
+};
+
+void Unmap(std::vector<Segment>& segments) {
+  for (Segment& s : segments) {
+    if (s.base) ::munmap(s.base, s.bytes);
+    if (s.bell_fd >= 0) ::close(s.bell_fd);
+    if (s.pid_fd >= 0) ::close(s.pid_fd);
+    s = Segment{};
+  }
+}
+
+void Ring(const Segment& s) {
+  if (s.bell()->sleeping.load(std::memory_order_seq_cst)) {
+    uint64_t one = 1;
+    ssize_t n = ::write(s.bell_fd, &one, sizeof(one));
+    (void)n;  // a full counter already wakes the reader
+  }
+}
+
+// ---------------------------------------------------------------- the router
+
+class ShmRouter : public Transport {
+ public:
+  ShmRouter(std::unique_ptr<TcpTransport> tcp, std::vector<int> slot_of, int my_slot,
+            std::vector<Segment> segments, std::chrono::microseconds spin,
+            Clock::duration progress_window)
+      : tcp_(std::move(tcp)),
+        io_(tcp_->io()),
+        slot_of_(std::move(slot_of)),
+        my_slot_(my_slot),
+        segments_(std::move(segments)),
+        peers_(slot_of_.size()),
+        spin_(spin),
+        progress_window_(progress_window),
+        bell_(std::make_shared<BellReader>(io_)) {
+    set_offload(tcp_->offload());
+    // The io_context reads this rank's eventfd, so that a ring wakes a sleeping wait.
+    bell_->fd.assign(::dup(segments_[my_slot_].bell_fd));
+    ArmBell(bell_);
+    // Each peer's process: its exit fails what cannot complete any more.
+    for (int p = 0; p < size(); ++p) {
+      if (!IsShm(p)) continue;
+      auto w = std::make_shared<PidWatch>(io_);
+      w->fd.assign(::dup(segments_[slot_of_[p]].pid_fd));
+      w->fd.async_wait(asio::posix::stream_descriptor::wait_read,
+                       [w](const asio::error_code& ec) {
+                         if (!ec) w->exited = true;
+                       });
+      peers_[p].watch = w;
+    }
+  }
+
+  ~ShmRouter() override {
+    bell_->stopped = true;
+    asio::error_code ec;
+    bell_->fd.cancel(ec);
+    bell_->fd.close(ec);
+    for (auto& p : peers_) {
+      if (p.watch) {
+        p.watch->fd.cancel(ec);
+        p.watch->fd.close(ec);
+      }
+    }
+    tcp_.reset();  // runs the io_context until the cancelled handlers are done
+    Unmap(segments_);
+  }
+
+  int rank() const override { return tcp_->rank(); }
+  int size() const override { return tcp_->size(); }
+
+  TransportRequest Isend(int peer, const void* buf, size_t len) override {
+    return Post(peer, static_cast<uint8_t*>(const_cast<void*>(buf)), len, true);
+  }
+  TransportRequest Irecv(int peer, void* buf, size_t len) override {
+    return Post(peer, static_cast<uint8_t*>(buf), len, false);
+  }
+
+  Status Wait(TransportRequest r, Deadline deadline) override {
+    auto busy = Clock::now();
+    for (;;) {
+      bool moved = Progress();
+      if (Finished(r)) break;
+      if (io_.stopped()) io_.restart();
+      size_t ran = io_.poll();
+      AdoptTcpFailure();
+      if (Finished(r)) break;
+      if (!CheckDeadline(r, deadline).ok()) break;
+      auto now = Clock::now();
+      if (moved || ran > 0) {
+        busy = now;
+        continue;
+      }
+      if (now - busy < spin_) {
+        sched_yield();
+        continue;
+      }
+      // Sleep until a peer rings, a TCP or control event, or a timer. The flag goes up before
+      // the last look at the rings: a peer either sees it and rings, or moved its bytes before
+      // that look.
+      Doorbell* bell = segments_[my_slot_].bell();
+      bell->sleeping.store(1, std::memory_order_seq_cst);
+      if (Progress()) {
+        bell->sleeping.store(0, std::memory_order_relaxed);
+        busy = Clock::now();
+        continue;
+      }
+      auto left = std::max<Clock::duration>(deadline - now, std::chrono::milliseconds(1));
+      io_.run_one_for(std::min<Clock::duration>(left, std::chrono::seconds(1)));
+      bell->sleeping.store(0, std::memory_order_relaxed);
+      AdoptTcpFailure();
+      busy = Clock::now();
+    }
+    return Take(r);
+  }
+
+  void Abort(const Status& why) override {
+    if (!broken_.ok()) return;
+    broken_ = why;
+    for (auto& p : peers_) {
+      for (auto* q : {&p.sends, &p.recvs}) {
+        for (const Op& op : *q) Finish(op.id, why);
+        q->clear();
+      }
+    }
+    tcp_->Abort(why);
+  }
+
+ private:
+  struct Op {
+    uint64_t id;
+    uint8_t* buf;
+    size_t len;
+    size_t done;
+  };
+  struct PidWatch {
+    explicit PidWatch(asio::io_context& io) : fd(io) {}
+    asio::posix::stream_descriptor fd;
+    bool exited = false;
+  };
+  struct Peer {
+    std::deque<Op> sends, recvs;
+    Clock::time_point moved;
+    std::shared_ptr<PidWatch> watch;
+  };
+  struct State {
+    bool done = false;
+    Status status;
+    int peer = -1;
+    bool is_send = false;
+    size_t len = 0;
+  };
+  struct BellReader {
+    explicit BellReader(asio::io_context& io) : fd(io) {}
+    asio::posix::stream_descriptor fd;
+    uint64_t value = 0;
+    bool stopped = false;
+  };
+
+  static void ArmBell(const std::shared_ptr<BellReader>& b) {
+    b->fd.async_read_some(asio::buffer(&b->value, sizeof(b->value)),
+                          [b](const asio::error_code& ec, size_t) {
+                            if (!ec && !b->stopped) ArmBell(b);
+                          });
+  }
+
+  bool IsShm(int peer) const {
+    return peer >= 0 && peer < size() && peer != rank() && slot_of_[peer] >= 0;
+  }
+
+  TransportRequest Post(int peer, uint8_t* buf, size_t len, bool is_send) {
+    if (!IsShm(peer)) {
+      return is_send ? tcp_->Isend(peer, buf, len) : tcp_->Irecv(peer, buf, len);
+    }
+    uint64_t id = kShmBit | next_id_++;
+    State& st = ops_[id];
+    st.peer = peer;
+    st.is_send = is_send;
+    st.len = len;
+    if (!broken_.ok()) {
+      st.done = true;
+      st.status = broken_;
+    } else if (len == 0) {
+      st.done = true;
+    } else {
+      Peer& p = peers_[peer];
+      // (A peer that has exited fails this in the next Progress, after its ring is drained.)
+      (is_send ? p.sends : p.recvs).push_back(Op{id, buf, len, 0});
+      MovePeer(peer);
+    }
+    return {id};
+  }
+
+  void Finish(uint64_t id, Status s) {
+    auto it = ops_.find(id);
+    if (it == ops_.end()) return;
+    it->second.done = true;
+    it->second.status = std::move(s);
+  }
+
+  // Copies what fits into the peer's ring and out of this rank's ring from the peer.
+  bool MovePeer(int peer) {
+    if (!broken_.ok()) return false;
+    Peer& p = peers_[peer];
+    const Segment& theirs = segments_[slot_of_[peer]];
+    const Segment& mine = segments_[my_slot_];
+    bool moved = false;
+    if (!p.sends.empty()) {
+      RingHeader* ring = theirs.ring(my_slot_);
+      uint8_t* data = theirs.data(my_slot_);
+      uint64_t head = ring->head.load(std::memory_order_relaxed);
+      uint64_t tail = ring->tail.load(std::memory_order_acquire);
+      uint64_t start = head;
+      while (!p.sends.empty() && head - tail < kRingBytes) {
+        Op& op = p.sends.front();
+        size_t n = std::min<size_t>(op.len - op.done, kRingBytes - (head - tail));
+        size_t at = head % kRingBytes, first = std::min(n, kRingBytes - at);
+        std::memcpy(data + at, op.buf + op.done, first);
+        std::memcpy(data, op.buf + op.done + first, n - first);
+        op.done += n;
+        head += n;
+        if (op.done == op.len) {
+          Finish(op.id, Status::OK());
+          p.sends.pop_front();
+        }
+      }
+      if (head != start) {
+        ring->head.store(head, std::memory_order_release);
+        moved = true;
+      }
+    }
+    if (!p.recvs.empty()) {
+      RingHeader* ring = mine.ring(slot_of_[peer]);
+      uint8_t* data = mine.data(slot_of_[peer]);
+      uint64_t tail = ring->tail.load(std::memory_order_relaxed);
+      uint64_t head = ring->head.load(std::memory_order_acquire);
+      uint64_t start = tail;
+      while (!p.recvs.empty() && head != tail) {
+        Op& op = p.recvs.front();
+        size_t n = std::min<size_t>(op.len - op.done, head - tail);
+        size_t at = tail % kRingBytes, first = std::min(n, kRingBytes - at);
+        std::memcpy(op.buf + op.done, data + at, first);
+        std::memcpy(op.buf + op.done + first, data, n - first);
+        op.done += n;
+        tail += n;
+        if (op.done == op.len) {
+          Finish(op.id, Status::OK());
+          p.recvs.pop_front();
+        }
+      }
+      if (tail != start) {
+        ring->tail.store(tail, std::memory_order_release);
+        moved = true;
+      }
+    }
+    if (moved) {
+      p.moved = Clock::now();
+      Ring(theirs);
+    }
+    return moved;
+  }
+
+  bool Progress() {
+    bool moved = false;
+    for (int q = 0; q < size(); ++q) {
+      Peer& p = peers_[q];
+      if (!IsShm(q) || (p.sends.empty() && p.recvs.empty())) continue;
+      moved = MovePeer(q) || moved;
+      // A peer that has exited wrote all it ever will: what its ring holds has been taken
+      // above, so requests still pending with it cannot complete.
+      if (p.watch->exited && (!p.sends.empty() || !p.recvs.empty())) {
+        MovePeer(q);
+        if (!p.sends.empty() || !p.recvs.empty()) {
+          std::ostringstream os;
+          os << "rank " << q << " lost: its process exited while rank " << rank() << " was "
+             << (p.recvs.empty() ? "sending to" : "receiving from") << " it over shared memory";
+          Abort(Status::PeerLost(os.str()));
+          return true;
+        }
+      }
+    }
+    return moved;
+  }
+
+  // A TCP failure (a shared-memory peer's connection closed: it died) fails the shared-memory
+  // requests too.
+  void AdoptTcpFailure() {
+    if (broken_.ok() && !tcp_->broken().ok()) Abort(tcp_->broken());
+  }
+
+  bool Finished(TransportRequest r) const {
+    if (!(r.id & kShmBit)) return tcp_->Finished(r);
+    auto it = ops_.find(r.id);
+    return it == ops_.end() || it->second.done;
+  }
+
+  Status Take(TransportRequest r) {
+    if (!(r.id & kShmBit)) return tcp_->Take(r);
+    auto it = ops_.find(r.id);
+    if (it == ops_.end()) return Status::Internal("transport: unknown request");
+    Status s = it->second.done ? it->second.status : broken_;
+    ops_.erase(it);
+    return s;
+  }
+
+  Status CheckDeadline(TransportRequest r, Deadline deadline) {
+    if (!(r.id & kShmBit)) return tcp_->CheckDeadline(r, deadline);
+    auto it = ops_.find(r.id);
+    if (it == ops_.end() || it->second.done) return Status::OK();
+    const State& st = it->second;
+    auto now = Clock::now();
+    if (now >= deadline && progress_window_.count() > 0) {
+      deadline = std::max(deadline, peers_[st.peer].moved + progress_window_);
+    }
+    if (now < deadline) return Status::OK();
+    std::ostringstream os;
+    os << "timed out " << (st.is_send ? "sending " : "receiving ") << st.len << " bytes "
+       << (st.is_send ? "to" : "from") << " rank " << st.peer << " over shared memory";
+    if (progress_window_.count() > 0) {
+      os << ": no bytes moved either way for "
+         << std::chrono::duration<double>(progress_window_).count() << " s";
+    }
+    os << " (the peer stopped making progress; see HVD_TIMEOUT_SECONDS)";
+    Status timeout = Status::Timeout(os.str());
+    Abort(timeout);
+    return timeout;
+  }
+
+  std::unique_ptr<TcpTransport> tcp_;
+  asio::io_context& io_;
+  const std::vector<int> slot_of_;  // [rank]: its slot among this host's ranks, or -1
+  const int my_slot_;
+  std::vector<Segment> segments_;  // [slot]
+  std::vector<Peer> peers_;
+  std::unordered_map<uint64_t, State> ops_;
+  uint64_t next_id_ = 1;
+  const std::chrono::microseconds spin_;
+  const Clock::duration progress_window_;
+  std::shared_ptr<BellReader> bell_;
+  Status broken_;
+};
+
+// ---------------------------------------------------------------- set-up
+
+// FNV-1a: the same on every process, unlike std::hash.
+uint64_t Fnv(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Ranks that can share memory: the same boot of the same machine, in the same network
+// namespace (the abstract sockets the segments are passed over live in it).
+uint64_t HostKey() {
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  char ns[128] = {0};
+  ssize_t n = ::readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
+  return Fnv(boot + "|" + std::string(ns, n > 0 ? static_cast<size_t>(n) : 0));
+}
+
+struct RankInfo {
+  uint64_t key;
+  int32_t pid;
+  int32_t wants;  // 0: HVD_SHM=off
+};
+
+Status Errno(const std::string& what) {
+  return Status::FailedPrecondition("shared memory: " + what + ": " + std::strerror(errno));
+}
+
+// The abstract socket name of `rank` in this job.
+std::string SocketName(const std::string& tag, int rank) {
+  return std::string(1, '\0') + "hvd-shm-" + tag + "-" + std::to_string(rank);
+}
+
+sockaddr_un Address(const std::string& name, socklen_t* len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, name.data(), name.size());
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
+  return a;
+}
+
+class FdCloser {
+ public:
+  explicit FdCloser(int fd = -1) : fd_(fd) {}
+  ~FdCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+bool SendFds(int sock, int a, int b) {
+  char byte = 'S';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  int fds[2] = {a, b};
+  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+  return ::sendmsg(sock, &m, MSG_NOSIGNAL) == 1;
+}
+
+bool ReceiveFds(int sock, int* a, int* b) {
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  if (::recvmsg(sock, &m, MSG_CMSG_CLOEXEC) != 1) return false;
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  if (!c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(2 * sizeof(int))) return false;
+  int fds[2];
+  std::memcpy(fds, CMSG_DATA(c), sizeof(fds));
+  *a = fds[0];
+  *b = fds[1];
+  return true;
+}
+
+// Creates this rank's segment and exchanges segments with the other ranks of its host
+// (`local`, in slot order). On success segments[slot] is every local rank's, mapped.
+Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector<RankInfo>& info,
+                        const std::string& tag, Deadline deadline,
+                        std::vector<Segment>* segments) {
+  const int slots = static_cast<int>(local.size());
+  const int my_slot = static_cast<int>(std::find(local.begin(), local.end(), me) - local.begin());
+  segments->assign(slots, Segment{});
+  FdCloser memfd(::memfd_create("hvd-shm", MFD_CLOEXEC));
+  if (memfd.get() < 0) return Errno("memfd_create");
+  const size_t bytes = SegmentBytes(slots);
+  if (::ftruncate(memfd.get(), static_cast<off_t>(bytes)) != 0) return Errno("ftruncate");
+  Segment& own = (*segments)[my_slot];
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
+  if (base == MAP_FAILED) return Errno("mmap of " + std::to_string(bytes) + " bytes");
+  own.base = static_cast<uint8_t*>(base);
+  own.bytes = bytes;
+  own.bell_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (own.bell_fd < 0) return Errno("eventfd");
+
+  FdCloser listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (listener.get() < 0) return Errno("socket");
+  socklen_t len;
+  sockaddr_un addr = Address(SocketName(tag, me), &len);
+  if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) return Errno("bind");
+  if (::listen(listener.get(), 64) != 0) return Errno("listen");
+
+  std::map<int, int> out;  // local rank -> connected socket awaiting its segment
+  std::vector<int> to_dial;
+  for (int r : local) {
+    if (r != me) to_dial.push_back(r);
+  }
+  std::vector<int> served;
+  auto finish = [&](Status s) {
+    for (auto& kv : out) ::close(kv.second);
+    return s;
+  };
+  while (!to_dial.empty() || !out.empty() || static_cast<int>(served.size()) < slots - 1) {
+    if (Clock::now() >= deadline) {
+      std::string missing;
+      for (int r : to_dial) missing += " " + std::to_string(r);
+      for (auto& kv : out) missing += " " + std::to_string(kv.first);
+      return finish(Status::Timeout("shared memory: no segment from rank(s)" +
+                                    (missing.empty() ? std::string(" -") : missing) + " and " +
+                                    std::to_string(slots - 1 - served.size()) +
+                                    " rank(s) did not ask for this rank's in time"));
+    }
+    // Dial the ranks whose listener is up.
+    for (auto it = to_dial.begin(); it != to_dial.end();) {
+      int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (s < 0) return finish(Errno("socket"));
+      socklen_t plen;
+      sockaddr_un peer = Address(SocketName(tag, *it), &plen);
+      if (::connect(s, reinterpret_cast<sockaddr*>(&peer), plen) != 0) {
+        ::close(s);  // not listening yet
+        ++it;
+        continue;
+      }
+      int32_t who = me;
+      if (::send(s, &who, sizeof(who), MSG_NOSIGNAL) != sizeof(who)) {
+        ::close(s);
+        ++it;
+        continue;
+      }
+      out[*it] = s;
+      it = to_dial.erase(it);
+    }
+    std::vector<pollfd> fds;
+    fds.push_back(pollfd{listener.get(), POLLIN, 0});
+    for (auto& kv : out) fds.push_back(pollfd{kv.second, POLLIN, 0});
+    ::poll(fds.data(), fds.size(), to_dial.empty() ? 100 : 10);
+    // A rank asking for this rank's segment: it must be the local rank it says, by pid.
+    if (fds[0].revents & POLLIN) {
+      int s = ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (s >= 0) {
+        FdCloser conn(s);
+        timeval tv{2, 0};
+        ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        int32_t who = -1;
+        ucred cred{};
+        socklen_t clen = sizeof(cred);
+        bool ok = ::recv(s, &who, sizeof(who), MSG_WAITALL) == sizeof(who) &&
+                  std::find(local.begin(), local.end(), who) != local.end() && who != me &&
+                  ::getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0 &&
+                  cred.pid == info[who].pid;
+        if (!ok) {
+          HVD_LOG(kWarning) << "shared memory: refused a connection that is not a rank of this "
+                               "job on this host (claimed rank "
+                            << who << ", pid " << cred.pid << ")";
+        } else if (!SendFds(s, memfd.get(), own.bell_fd)) {
+          return finish(Errno("passing the segment to rank " + std::to_string(who)));
+        } else if (std::find(served.begin(), served.end(), who) == served.end()) {
+          served.push_back(who);
+        }
+      }
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      int r = -1;
+      for (auto& kv : out) {
+        if (kv.second == fds[i].fd) r = kv.first;
+      }
+      int seg_fd = -1, bell_fd = -1;
+      bool got = ReceiveFds(fds[i].fd, &seg_fd, &bell_fd);
+      ::close(fds[i].fd);
+      out.erase(r);
+      if (!got) return finish(Status::FailedPrecondition("shared memory: rank " + std::to_string(r) +
+                                                  " closed without passing its segment"));
+      FdCloser seg(seg_fd);
+      Segment& theirs = (*segments)[std::find(local.begin(), local.end(), r) - local.begin()];
+      theirs.bell_fd = bell_fd;
+      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, seg.get(), 0);
+      if (p == MAP_FAILED) return finish(Errno("mmap of rank " + std::to_string(r) + "'s segment"));
+      theirs.base = static_cast<uint8_t*>(p);
+      theirs.bytes = bytes;
+    }
+  }
+  for (int r : local) {
+    if (r == me) continue;
+    Segment& theirs = (*segments)[std::find(local.begin(), local.end(), r) - local.begin()];
+    theirs.pid_fd = static_cast<int>(::syscall(SYS_pidfd_open, info[r].pid, 0));
+    if (theirs.pid_fd < 0) return finish(Errno("pidfd_open of rank " + std::to_string(r)));
+  }
+  return finish(Status::OK());
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Transport>> ConnectSharedMemory(std::unique_ptr<TcpTransport> tcp,
+                                                         const Options& options,
+                                                         Deadline deadline) {
+  const int n = tcp->size(), me = tcp->rank();
+  const bool wanted = options.shm != Options::Toggle::kOff;
+  // 1. Every rank's host and pid.
+  RankInfo mine{HostKey(), static_cast<int32_t>(::getpid()), wanted ? 1 : 0};
+  std::vector<RankInfo> info(n);
+  HVD_RETURN_IF_ERROR(Allgatherv(*tcp, &mine, info.data(),
+                                 std::vector<size_t>(n, sizeof(RankInfo)), deadline)
+                          .WithContext("shared memory: exchanging hosts"));
+  std::vector<int> local;
+  for (int r = 0; r < n; ++r) {
+    if (info[r].wants && info[r].key == mine.key) local.push_back(r);
+  }
+  // 2. The segments, among the ranks of this host.
+  std::vector<Segment> segments;
+  Status mine_ok = Status::OK();
+  if (wanted && local.size() > 1) {
+    auth::Nonce a{}, b{};
+    std::memcpy(a.data(), &info[local[0]].pid, sizeof(int32_t));
+    std::memcpy(b.data(), &mine.key, sizeof(uint64_t));
+    auth::Mac mac = auth::Proof(options.secret, "hvd shm", a, b, "shm");
+    std::string tag;
+    static const char* hex = "0123456789abcdef";
+    for (int i = 0; i < 8; ++i) {
+      tag += hex[mac[i] >> 4];
+      tag += hex[mac[i] & 15];
+    }
+    Deadline setup = std::min(deadline, DeadlineAfterSeconds(30));
+    mine_ok = ExchangeSegments(local, me, info, tag, setup, &segments);
+    if (!mine_ok.ok()) Unmap(segments);
+  }
+  // 3. Which pairs use it: both ranks must have their segments.
+  int32_t ok = (wanted && local.size() > 1) ? (mine_ok.ok() ? 1 : 0) : 2;
+  std::vector<int32_t> oks(n);
+  HVD_RETURN_IF_ERROR(Allgatherv(*tcp, &ok, oks.data(), std::vector<size_t>(n, sizeof(int32_t)),
+                                 deadline)
+                          .WithContext("shared memory: agreeing on it"));
+  std::vector<int> failed;
+  for (int r : local) {
+    if (oks[r] != 1) failed.push_back(r);
+  }
+  if (!failed.empty()) {
+    Unmap(segments);
+    std::string who;
+    for (int r : failed) who += (who.empty() ? "" : ", ") + std::to_string(r);
+    std::string why = "rank(s) " + who + " of this host could not set up shared memory" +
+                      (mine_ok.ok() ? "" : " (this rank: " + mine_ok.message() + ")");
+    if (options.shm == Options::Toggle::kOn) {
+      return Status::FailedPrecondition("HVD_SHM=on: " + why);
+    }
+    HVD_LOG(kWarning) << why << "; this host's ranks talk over TCP (HVD_SHM=auto)";
+    return std::unique_ptr<Transport>(std::move(tcp));
+  }
+  if (local.size() < 2) return std::unique_ptr<Transport>(std::move(tcp));
+  std::vector<int> slot_of(n, -1);
+  for (size_t i = 0; i < local.size(); ++i) slot_of[local[i]] = static_cast<int>(i);
+  const int my_slot = slot_of[me];
+  HVD_LOG(kDebug) << "shared memory with " << local.size() - 1 << " rank(s) of this host";
+  auto window = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options.timeout_seconds));
+  return std::unique_ptr<Transport>(new ShmRouter(std::move(tcp), std::move(slot_of), my_slot,
+                                                  std::move(segments), SpinWindow(options),
+                                                  window));
+}
+
+}  // namespace hvd
