@@ -10,7 +10,7 @@ PACKAGES=(
   python3-numpy python3-torch python3-pytest python3-sklearn
   openmpi-bin libopenmpi-dev
   openssh-server openssh-client iproute2 procps psmisc
-  clang libclang-rt-14-dev stress-ng nftables
+  clang libclang-rt-14-dev stress-ng nftables python3-matplotlib
 )
 
 missing=()

@@ -4,6 +4,10 @@
 # CTest; needs root. Prints both tables.
 #
 #   tests/netns/bench_veth.sh HVDRUN HVD_BENCH [MAX_BYTES]      e.g. build/bin/hvdrun build/bin/hvd_bench 64M
+#
+# With HIERARCHICAL=1 it instead runs hvd on 2 hosts x 2 ranks three times (flat ring,
+# hierarchical, the automatic choice: HVD_HIERARCHICAL_ALLREDUCE=0, 1, auto), each host's link
+# limited to RATE (default 2gbit, a NIC-like rate; tc tbf), and prints the three tables.
 set -u
 HVDRUN=$1 BENCH=$2 MAX=${3:-64M}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -12,6 +16,16 @@ netns_hosts_up 2 || { echo "cannot set up the fake hosts"; exit 1; }
 H1=${NETNS_ADDR[1]} H2=${NETNS_ADDR[2]}
 SSH_FLAGS=(--ssh-config "$NETNS_SSH_CONFIG" -i "$NETNS_SSH_KEY" -p "$NETNS_SSH_PORT")
 cd "$NETNS_DIR" || exit 1
+
+if [ "${HIERARCHICAL:-0}" = 1 ]; then
+  netns_rate 1 "${RATE:-2gbit}" && netns_rate 2 "${RATE:-2gbit}" || { echo "tc tbf failed"; exit 1; }
+  for mode in 0 1 auto; do
+    echo "=== hvd: HVD_HIERARCHICAL_ALLREDUCE=$mode, 2 hosts x 2 ranks, links at ${RATE:-2gbit}"
+    HVD_HIERARCHICAL_ALLREDUCE=$mode timeout 600 ip netns exec "$NETNS_L" "$HVDRUN" \
+      "${SSH_FLAGS[@]}" --no-prefix -H "$H1:2,$H2:2" "$BENCH" -b 4K -e "$MAX" -B 256 ${CSV:+--csv}
+  done
+  exit 0
+fi
 
 for spec in "$H1:1,$H2:1" "$H1:2,$H2:2"; do
   echo "=== hvd: hvdrun -H $spec hvd_bench (tcp over veth)"
