@@ -77,8 +77,13 @@ void Unmap(std::vector<Segment>& segments) {
   }
 }
 
+// Called after publishing head or tail. The fence orders that store before the load of the
+// flag (a store may otherwise still sit in this core's store buffer when the load runs): with
+// the sleeper's seq_cst store of the flag before its last look at the rings, either it sees the
+// bytes or this sees the flag.
 void Ring(const Segment& s) {
-  if (s.bell()->sleeping.load(std::memory_order_seq_cst)) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (s.bell()->sleeping.load(std::memory_order_relaxed)) {
     uint64_t one = 1;
     ssize_t n = ::write(s.bell_fd, &one, sizeof(one));
     (void)n;  // a full counter already wakes the reader
@@ -167,6 +172,7 @@ class ShmRouter : public Transport {
       // that look.
       Doorbell* bell = segments_[my_slot_].bell();
       bell->sleeping.store(1, std::memory_order_seq_cst);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
       if (Progress()) {
         bell->sleeping.store(0, std::memory_order_relaxed);
         busy = Clock::now();
