@@ -24,10 +24,15 @@ using hvd::ReduceOp;
 using hvd::Status;
 using hvd::TensorView;
 
+// What /dev/shm holds that could be hvd's (other programs, such as Open MPI's tests running
+// alongside, come and go there).
 std::set<std::string> DevShm() {
   std::set<std::string> names;
   if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) names.insert(e->d_name);
+    while (dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name.find("hvd") != std::string::npos) names.insert(name);
+    }
     ::closedir(d);
   }
   return names;

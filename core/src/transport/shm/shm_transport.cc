@@ -24,6 +24,8 @@
 #include "bootstrap/auth.h"
 #include "collectives/collectives.h"
 #include "common/logging.h"
+#include "reduce/reduce.h"
+#include "transport/collective_offload.h"
 #include "transport/transport_factory.h"
 
 namespace hvd {
@@ -33,11 +35,24 @@ namespace {
 constexpr size_t kRingBytes = size_t{1} << 20;
 constexpr uint64_t kShmBit = uint64_t{1} << 63;
 
-// The owner's doorbell: set while its rank sleeps in the io_context; a peer that moves bytes
-// the rank may be waiting for rings the rank's eventfd then.
+// The head of a segment. `sleeping` is the owner's doorbell flag: set while its rank sleeps in
+// the io_context; a peer that moves bytes or advances a counter the rank may be waiting for
+// rings the rank's eventfd then. The counters are the owner's progress through the chunks of
+// shared-memory allreduces (ShmCollectives): the last chunk it published its input of, reduced
+// its share of, and finished.
 struct alignas(64) Doorbell {
   std::atomic<uint32_t> sleeping;
+  alignas(64) std::atomic<uint64_t> published;
+  alignas(64) std::atomic<uint64_t> reduced;
+  alignas(64) std::atomic<uint64_t> finished;
 };
+
+// Shared-memory allreduce: chunks of up to kChunkBytes, two in flight (double buffers).
+constexpr size_t kChunkBytes = size_t{1} << 20;
+// Chunks up to this size are reduced whole by every rank (one step); larger ones are split
+// into one share per rank, reduced by that rank, and gathered.
+constexpr size_t kOneStepBytes = 32 << 10;
+constexpr size_t kCollectiveBytes = 4 * kChunkBytes;  // in[2], out[2]
 
 // One direction between two ranks, in the receiver's segment.
 struct alignas(64) RingHeader {
@@ -52,7 +67,9 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "doorbells need lock-f
 
 constexpr size_t kSlotBytes = sizeof(RingHeader) + kRingBytes;
 
-size_t SegmentBytes(int slots) { return sizeof(Doorbell) + static_cast<size_t>(slots) * kSlotBytes; }
+size_t SegmentBytes(int slots) {
+  return sizeof(Doorbell) + kCollectiveBytes + static_cast<size_t>(slots) * kSlotBytes;
+}
 
 // One rank's segment as mapped here, and its bell.
 struct Segment {
@@ -62,11 +79,29 @@ struct Segment {
   int pid_fd = -1;  // the owner's process (pidfd), readable once it has exited; -1 for this rank
 
   Doorbell* bell() const { return reinterpret_cast<Doorbell*>(base); }
+  // The owner's input of a chunk (buffer b of 2), and its reduced share of it.
+  uint8_t* in(int b) const { return base + sizeof(Doorbell) + b * kChunkBytes; }
+  uint8_t* out(int b) const { return base + sizeof(Doorbell) + (2 + b) * kChunkBytes; }
   RingHeader* ring(int slot) const {
-    return reinterpret_cast<RingHeader*>(base + sizeof(Doorbell) + slot * kSlotBytes);
+    return reinterpret_cast<RingHeader*>(base + sizeof(Doorbell) + kCollectiveBytes +
+                                         slot * kSlotBytes);
   }
   uint8_t* data(int slot) const { return reinterpret_cast<uint8_t*>(ring(slot) + 1); }
 };
+
+// How often a spinning wait also polls the io_context (a syscall) and yields the core.
+constexpr auto kPollEvery = std::chrono::microseconds(20);
+
+// A short pause between looks at shared memory while spinning.
+inline void CpuRelax() {
+  for (int i = 0; i < 16; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+}
 
 void Unmap(std::vector<Segment>& segments) {
   for (Segment& s : segments) {
@@ -92,6 +127,35 @@ void Ring(const Segment& s) {
 
 // ---------------------------------------------------------------- the router
 
+class ShmRouter;
+
+// Whole collectives over the segments when every rank of the job shares this host: allreduce
+// reads the peers' inputs straight from their segments (ShmRouter::ShmAllreduce). The rest is
+// left to hvd's algorithms over the rings.
+class ShmCollectives : public CollectiveOffload {
+ public:
+  explicit ShmCollectives(ShmRouter* router) : router_(router) {}
+  std::optional<Status> Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                                  Deadline deadline) override;
+  std::optional<Status> Allgatherv(const void*, void*, const std::vector<size_t>&,
+                                   Deadline) override {
+    return std::nullopt;
+  }
+  std::optional<Status> Broadcast(void*, size_t, int, Deadline) override { return std::nullopt; }
+  std::optional<Status> Alltoallv(const void*, const std::vector<size_t>&, void*,
+                                  const std::vector<size_t>&, Deadline) override {
+    return std::nullopt;
+  }
+  std::optional<Status> ReduceScatter(const void*, void*, const std::vector<size_t>&, DataType,
+                                      ReduceOp, Deadline) override {
+    return std::nullopt;
+  }
+  std::optional<Status> Barrier(Deadline) override { return std::nullopt; }
+
+ private:
+  ShmRouter* router_;
+};
+
 class ShmRouter : public Transport {
  public:
   ShmRouter(std::unique_ptr<TcpTransport> tcp, std::vector<int> slot_of, int my_slot,
@@ -105,8 +169,13 @@ class ShmRouter : public Transport {
         peers_(slot_of_.size()),
         spin_(spin),
         progress_window_(progress_window),
-        bell_(std::make_shared<BellReader>(io_)) {
-    set_offload(tcp_->offload());
+        bell_(std::make_shared<BellReader>(io_)),
+        collectives_(this) {
+    // MPI's collectives when asked for (HVD_CPU_OPERATIONS=mpi); else, when every rank shares
+    // this host, allreduce straight through the segments.
+    const bool all_local =
+        std::all_of(slot_of_.begin(), slot_of_.end(), [](int slot) { return slot >= 0; });
+    set_offload(tcp_->offload() ? tcp_->offload() : all_local ? &collectives_ : nullptr);
     // The io_context reads this rank's eventfd, so that a ring wakes a sleeping wait.
     bell_->fd.assign(::dup(segments_[my_slot_].bell_fd));
     ArmBell(bell_);
@@ -149,22 +218,29 @@ class ShmRouter : public Transport {
   }
 
   Status Wait(TransportRequest r, Deadline deadline) override {
-    auto busy = Clock::now();
+    auto busy = Clock::now(), polled = Clock::time_point();
     for (;;) {
       bool moved = Progress();
       if (Finished(r)) break;
-      if (io_.stopped()) io_.restart();
-      size_t ran = io_.poll();
-      AdoptTcpFailure();
-      if (Finished(r)) break;
-      if (!CheckDeadline(r, deadline).ok()) break;
       auto now = Clock::now();
+      // The io_context (TCP peers, heartbeats, control) is polled every kPollEvery while the
+      // rings keep this wait busy, and on every round once they are quiet.
+      size_t ran = 0;
+      if (!moved || now - polled >= kPollEvery || !(r.id & kShmBit)) {
+        if (io_.stopped()) io_.restart();
+        ran = io_.poll();
+        polled = now;
+        AdoptTcpFailure();
+        if (Finished(r)) break;
+        if (!CheckDeadline(r, deadline).ok()) break;
+      }
       if (moved || ran > 0) {
         busy = now;
         continue;
       }
       if (now - busy < spin_) {
-        sched_yield();
+        CpuRelax();
+        if (now - polled >= kPollEvery) sched_yield();
         continue;
       }
       // Sleep until a peer rings, a TCP or control event, or a timer. The flag goes up before
@@ -185,6 +261,61 @@ class ShmRouter : public Transport {
       busy = Clock::now();
     }
     return Take(r);
+  }
+
+  // Allreduce of `count` elements in place, every rank of the job on this host. Per chunk s of
+  // up to kChunkBytes (buffers s % 2 of each segment):
+  //   1. wait until every rank finished chunk s - 2 (it no longer reads this rank's buffers);
+  //   2. copy the input into in[b] and publish s;
+  //   3. once every rank published s: a small chunk is reduced whole by every rank, in rank
+  //      order, straight from the peers' in[b] into the output (one step). A larger one is
+  //      split into one share per rank: this rank reduces its share from every in[b] into its
+  //      out[b] and publishes `reduced`; once every rank has, it copies each out[b] share into
+  //      the output;
+  //   4. publish `finished`.
+  // Every input is read once from where its owner put it and every output written once; the
+  // reduction order is the same on every rank, so results agree bitwise.
+  Status ShmAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op, Deadline deadline) {
+    const size_t es = DataTypeSize(dtype);
+    if (op == ReduceOp::kAverage) op = ReduceOp::kSum;
+    const int p = size(), me = rank();
+    const Segment& mine = segments_[my_slot_];
+    auto* data = static_cast<uint8_t*>(buf);
+    const size_t chunk_elems = kChunkBytes / es;
+    for (size_t first = 0; first < count; first += chunk_elems) {
+      const size_t n = std::min(chunk_elems, count - first);
+      uint8_t* dst = data + first * es;
+      const uint64_t s = ++chunks_;
+      const int b = static_cast<int>(s % 2);
+      if (s > 2) HVD_RETURN_IF_ERROR(WaitCounters(&Doorbell::finished, s - 2, deadline));
+      std::memcpy(mine.in(b), dst, n * es);
+      Publish(&Doorbell::published, s);
+      HVD_RETURN_IF_ERROR(WaitCounters(&Doorbell::published, s, deadline));
+      if (n * es <= kOneStepBytes) {
+        std::memcpy(dst, segments_[0].in(b), n * es);
+        for (int q = 1; q < p; ++q) ReduceInto(dst, segments_[q].in(b), n, dtype, op);
+      } else {
+        auto share = [n, p](int q, size_t* lo) {
+          const size_t base = n / p, extra = n % p;
+          *lo = q * base + std::min<size_t>(q, extra);
+          return base + (static_cast<size_t>(q) < extra ? 1 : 0);
+        };
+        size_t lo;
+        const size_t len = share(me, &lo);
+        uint8_t* out = mine.out(b);
+        std::memcpy(out, segments_[0].in(b) + lo * es, len * es);
+        for (int q = 1; q < p; ++q) ReduceInto(out, segments_[q].in(b) + lo * es, len, dtype, op);
+        Publish(&Doorbell::reduced, s);
+        HVD_RETURN_IF_ERROR(WaitCounters(&Doorbell::reduced, s, deadline));
+        for (int q = 0; q < p; ++q) {
+          size_t qlo;
+          const size_t qlen = share(q, &qlo);
+          std::memcpy(dst + qlo * es, segments_[q].out(b), qlen * es);
+        }
+      }
+      Publish(&Doorbell::finished, s);
+    }
+    return Status::OK();
   }
 
   void Abort(const Status& why) override {
@@ -355,6 +486,86 @@ class ShmRouter : public Transport {
     return moved;
   }
 
+  void Publish(std::atomic<uint64_t> Doorbell::*counter, uint64_t s) {
+    (segments_[my_slot_].bell()->*counter).store(s, std::memory_order_release);
+    for (int q = 0; q < size(); ++q) {
+      if (q != rank()) Ring(segments_[slot_of_[q]]);
+    }
+  }
+
+  // The lowest rank whose `counter` is below `s`, or -1.
+  int Behind(std::atomic<uint64_t> Doorbell::*counter, uint64_t s) const {
+    for (int q = 0; q < size(); ++q) {
+      if ((segments_[slot_of_[q]].bell()->*counter).load(std::memory_order_acquire) < s) return q;
+    }
+    return -1;
+  }
+
+  // Waits until every rank's `counter` reached `s`, running the io_context as Wait does. Fails
+  // when the rank it waits for has exited, the transport broke, or nothing advanced for the
+  // progress window past the deadline.
+  Status WaitCounters(std::atomic<uint64_t> Doorbell::*counter, uint64_t s, Deadline deadline) {
+    auto busy = Clock::now(), polled = Clock::time_point();
+    int last_behind = -1;
+    for (;;) {
+      if (!broken_.ok()) return broken_;
+      const int q = Behind(counter, s);
+      if (q < 0) return Status::OK();
+      auto now = Clock::now();
+      if (q != last_behind) {
+        last_behind = q;
+        progressed_ = now;
+      }
+      if (peers_[q].watch && peers_[q].watch->exited && Behind(counter, s) == q) {
+        Abort(Status::PeerLost("rank " + std::to_string(q) + " lost: its process exited during "
+                               "an allreduce over shared memory (rank " +
+                               std::to_string(rank()) + ")"));
+        return broken_;
+      }
+      Deadline limit = deadline;
+      if (progress_window_.count() > 0) limit = std::max(limit, progressed_ + progress_window_);
+      if (now >= limit) {
+        std::ostringstream os;
+        os << "timed out waiting for rank " << q << " in an allreduce over shared memory";
+        if (progress_window_.count() > 0) {
+          os << ": it made no progress for "
+             << std::chrono::duration<double>(progress_window_).count() << " s";
+        }
+        os << " (the peer stopped making progress; see HVD_TIMEOUT_SECONDS)";
+        Abort(Status::Timeout(os.str()));
+        return broken_;
+      }
+      if (now - polled >= kPollEvery) {
+        if (io_.stopped()) io_.restart();
+        size_t ran = io_.poll();
+        polled = now;
+        AdoptTcpFailure();
+        if (ran > 0) {
+          busy = now;
+          continue;
+        }
+      }
+      if (now - busy < spin_) {
+        CpuRelax();
+        if (now - polled >= kPollEvery / 2) sched_yield();
+        continue;
+      }
+      polled = Clock::time_point();  // poll once more before sleeping
+      if (now - busy < spin_ + kPollEvery) continue;
+      Doorbell* bell = segments_[my_slot_].bell();
+      bell->sleeping.store(1, std::memory_order_seq_cst);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (Behind(counter, s) != q) {
+        bell->sleeping.store(0, std::memory_order_relaxed);
+        continue;
+      }
+      auto left = std::max<Clock::duration>(limit - now, std::chrono::milliseconds(1));
+      io_.run_one_for(std::min<Clock::duration>(left, std::chrono::seconds(1)));
+      bell->sleeping.store(0, std::memory_order_relaxed);
+      busy = Clock::now();
+    }
+  }
+
   // A TCP failure (a shared-memory peer's connection closed: it died) fails the shared-memory
   // requests too.
   void AdoptTcpFailure() {
@@ -410,8 +621,17 @@ class ShmRouter : public Transport {
   const std::chrono::microseconds spin_;
   const Clock::duration progress_window_;
   std::shared_ptr<BellReader> bell_;
+  ShmCollectives collectives_;
+  uint64_t chunks_ = 0;             // shared-memory allreduce chunks this rank has started
+  Clock::time_point progressed_;    // when the rank waited for last changed
   Status broken_;
 };
+
+std::optional<Status> ShmCollectives::Allreduce(void* buf, size_t count, DataType dtype,
+                                                ReduceOp op, Deadline deadline) {
+  if (DataTypeSize(dtype) == 0) return std::nullopt;
+  return router_->ShmAllreduce(buf, count, dtype, op, deadline);
+}
 
 // ---------------------------------------------------------------- set-up
 
