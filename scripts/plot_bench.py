@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws busbw against message size, one line per library, one panel per rank count, from the
 CSV files that run_peers.sh (../shared/peers) and `hvd_bench --csv` write, and prints the
 ratios of hvd against each peer. Needs Debian's python3-matplotlib.

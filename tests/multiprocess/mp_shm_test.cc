@@ -94,7 +94,9 @@ void RunJob(int size, hvd::Options::Toggle shm, int want_mapped) {
   EXPECT_EQ(DevShm(), before) << "a job left something in /dev/shm";
 }
 
-TEST(SharedMemory, EveryRankMapsEveryLocalSegmentAndNothingIsInDevShm) { RunJob(3, hvd::Options::Toggle::kOn, 3); }
+TEST(SharedMemory, EveryRankMapsEveryLocalSegmentAndNothingIsInDevShm) {
+  RunJob(3, hvd::Options::Toggle::kOn, 3);
+}
 
 TEST(SharedMemory, AutoIsTheDefaultAndOffMapsNothing) {
   RunJob(2, hvd::Options::Toggle::kAuto, 2);

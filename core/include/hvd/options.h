@@ -66,8 +66,8 @@ struct HVD_EXPORT Options {
 
   // HVD_HIERARCHICAL_ALLREDUCE (HOROVOD_HIERARCHICAL_ALLREDUCE): allreduce as a reduce-scatter
   // among each host's ranks, an allreduce across hosts, and an allgather inside each host.
-  //   auto (default, also unset): for buffers over 64 KiB when the job has more than one host
-  //     and the same number of ranks, more than one, on each.
+  //   auto (default, also unset): for buffers of 64 KiB and more when the job has more than
+  //     one host and the same number of ranks, more than one, on each.
   //   1 / on / true: whenever the layout allows it. 0 / off / false: never.
   // A layout that does not allow it (one host, one rank per host, unequal hosts) runs the flat
   // algorithms whatever the setting.

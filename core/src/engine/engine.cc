@@ -105,8 +105,9 @@ Status EngineImpl::SetUpViews(Deadline deadline) {
     for (int r : v) s += (s.empty() ? "" : " ") + std::to_string(r);
     return "[" + s + "]";
   };
-  HVD_LOG(kInfo) << "hierarchical allreduce ready: this host's ranks " << list(local_view_->members())
-                 << ", across hosts " << list(cross_view_->members());
+  HVD_LOG(kInfo) << "hierarchical allreduce ready: this host's ranks "
+                 << list(local_view_->members()) << ", across hosts "
+                 << list(cross_view_->members());
   return Status::OK();
 }
 

@@ -14,7 +14,7 @@ AllreducePlan PlanAllreduce(size_t count, DataType dtype, const PlanContext& c) 
   if (c.offload || !c.hierarchical) return plan;
   const bool on = c.hierarchical_allreduce == Options::Toggle::kOn ||
                   (c.hierarchical_allreduce == Options::Toggle::kAuto &&
-                   bytes > kSmallAllreduceBytes);
+                   bytes >= kSmallAllreduceBytes);
   if (!on) return plan;
   plan.hierarchical = true;
   // Each rank's part of the buffer crosses the hosts.

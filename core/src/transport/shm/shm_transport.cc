@@ -832,8 +832,10 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
       bool got = ReceiveFds(fds[i].fd, &seg_fd, &bell_fd);
       ::close(fds[i].fd);
       out.erase(r);
-      if (!got) return finish(Status::FailedPrecondition("shared memory: rank " + std::to_string(r) +
-                                                  " closed without passing its segment"));
+      if (!got) {
+        return finish(Status::FailedPrecondition("shared memory: rank " + std::to_string(r) +
+                                                 " closed without passing its segment"));
+      }
       FdCloser seg(seg_fd);
       Segment& theirs = (*segments)[std::find(local.begin(), local.end(), r) - local.begin()];
       theirs.bell_fd = bell_fd;

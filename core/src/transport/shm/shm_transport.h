@@ -21,8 +21,13 @@
 // Failure. The io_context watches each shared-memory peer's process (a pidfd). Once it has
 // exited, what its ring still holds is taken, and a request that still cannot complete fails
 // the router with PeerLost naming that rank (a peer that finished its part and exited is not
-// lost). Its TCP connection is idle and its closing goes unnoticed. A peer that stops making progress fails waits at their deadline, stretched
-// while bytes move (as TCP's). Abort fails everything, on both paths.
+// lost). Its TCP connection is idle and its closing goes unnoticed. A peer that stops making
+// progress fails waits at their deadline, stretched while bytes move (as TCP's). Abort fails
+// everything, on both paths.
+//
+// Collectives. When every rank of the job shares this host, allreduce skips the rings: each
+// rank publishes its input in its own segment and the others read it there (ShmCollectives in
+// the .cc). The other collectives run hvd's algorithms over the rings.
 //
 // Thread-safety: as Transport: one thread, the one that runs the io_context.
 #pragma once
