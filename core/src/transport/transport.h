@@ -15,8 +15,11 @@
 // Thread-safety: not thread-safe; used only by the background thread that owns it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "common/time.h"
@@ -76,5 +79,27 @@ class Transport {
  private:
   CollectiveOffload* offload_ = nullptr;
 };
+
+// For transports with a progress window (a deadline bounds how long a peer may stall, not how
+// long a large transfer may take): the wait's deadline stretched to a window after the last
+// time bytes moved to or from its peer.
+inline Deadline Stretched(Deadline deadline, Clock::time_point moved, Clock::duration window) {
+  return window.count() > 0 ? std::max(deadline, moved + window) : deadline;
+}
+
+// The Timeout message of a wait that ran past its (stretched) deadline. `via` names the path
+// ("" for TCP).
+inline std::string StallMessage(bool is_send, size_t len, int peer, const std::string& via,
+                                Clock::duration window) {
+  std::ostringstream os;
+  os << "timed out " << (is_send ? "sending " : "receiving ") << len << " bytes "
+     << (is_send ? "to" : "from") << " rank " << peer << via;
+  if (window.count() > 0) {
+    os << ": no bytes moved either way for " << std::chrono::duration<double>(window).count()
+       << " s";
+  }
+  os << " (the peer stopped making progress; see HVD_TIMEOUT_SECONDS)";
+  return os.str();
+}
 
 }  // namespace hvd

@@ -89,6 +89,19 @@ struct Segment {
   uint8_t* data(int slot) const { return reinterpret_cast<uint8_t*>(ring(slot) + 1); }
 };
 
+// Copies between a ring's data and a caller's buffer at stream position `pos` (wrapping).
+void CopyIntoRing(uint8_t* ring, uint64_t pos, const uint8_t* src, size_t n) {
+  const size_t at = pos % kRingBytes, first = std::min(n, kRingBytes - at);
+  std::memcpy(ring + at, src, first);
+  std::memcpy(ring, src + first, n - first);
+}
+
+void CopyOutOfRing(const uint8_t* ring, uint64_t pos, uint8_t* dst, size_t n) {
+  const size_t at = pos % kRingBytes, first = std::min(n, kRingBytes - at);
+  std::memcpy(dst, ring + at, first);
+  std::memcpy(dst + first, ring, n - first);
+}
+
 // How often a spinning wait also polls the io_context (a syscall) and yields the core.
 constexpr auto kPollEvery = std::chrono::microseconds(20);
 
@@ -418,9 +431,7 @@ class ShmRouter : public Transport {
       while (!p.sends.empty() && head - tail < kRingBytes) {
         Op& op = p.sends.front();
         size_t n = std::min<size_t>(op.len - op.done, kRingBytes - (head - tail));
-        size_t at = head % kRingBytes, first = std::min(n, kRingBytes - at);
-        std::memcpy(data + at, op.buf + op.done, first);
-        std::memcpy(data, op.buf + op.done + first, n - first);
+        CopyIntoRing(data, head, op.buf + op.done, n);
         op.done += n;
         head += n;
         if (op.done == op.len) {
@@ -442,9 +453,7 @@ class ShmRouter : public Transport {
       while (!p.recvs.empty() && head != tail) {
         Op& op = p.recvs.front();
         size_t n = std::min<size_t>(op.len - op.done, head - tail);
-        size_t at = tail % kRingBytes, first = std::min(n, kRingBytes - at);
-        std::memcpy(op.buf + op.done, data + at, first);
-        std::memcpy(op.buf + op.done + first, data, n - first);
+        CopyOutOfRing(data, tail, op.buf + op.done, n);
         op.done += n;
         tail += n;
         if (op.done == op.len) {
@@ -592,20 +601,11 @@ class ShmRouter : public Transport {
     auto it = ops_.find(r.id);
     if (it == ops_.end() || it->second.done) return Status::OK();
     const State& st = it->second;
-    auto now = Clock::now();
-    if (now >= deadline && progress_window_.count() > 0) {
-      deadline = std::max(deadline, peers_[st.peer].moved + progress_window_);
+    if (Clock::now() < Stretched(deadline, peers_[st.peer].moved, progress_window_)) {
+      return Status::OK();
     }
-    if (now < deadline) return Status::OK();
-    std::ostringstream os;
-    os << "timed out " << (st.is_send ? "sending " : "receiving ") << st.len << " bytes "
-       << (st.is_send ? "to" : "from") << " rank " << st.peer << " over shared memory";
-    if (progress_window_.count() > 0) {
-      os << ": no bytes moved either way for "
-         << std::chrono::duration<double>(progress_window_).count() << " s";
-    }
-    os << " (the peer stopped making progress; see HVD_TIMEOUT_SECONDS)";
-    Status timeout = Status::Timeout(os.str());
+    Status timeout = Status::Timeout(
+        StallMessage(st.is_send, st.len, st.peer, " over shared memory", progress_window_));
     Abort(timeout);
     return timeout;
   }

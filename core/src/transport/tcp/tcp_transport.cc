@@ -172,22 +172,13 @@ Status TcpTransport::CheckDeadline(TransportRequest r, Deadline deadline) {
   auto it = ops_.find(r.id);
   if (it == ops_.end() || it->second.done) return Status::OK();
   const OpState& st = it->second;
-  auto now = Clock::now();
-  if (now >= deadline && progress_window_.count() > 0) {
-    // Bytes still moving to or from the peer: the wait is slow, not stuck (a large buffer on
-    // a slow or lossy link). It fails once the peer has been silent for the whole window.
-    deadline = std::max(deadline, peers_[st.peer].moved + progress_window_);
+  // Bytes still moving to or from the peer: the wait is slow, not stuck (a large buffer on a
+  // slow or lossy link). It fails once the peer has been silent for the whole window.
+  if (Clock::now() < Stretched(deadline, peers_[st.peer].moved, progress_window_)) {
+    return Status::OK();
   }
-  if (now < deadline) return Status::OK();
-  std::ostringstream os;
-  os << "timed out " << (st.is_send ? "sending " : "receiving ") << st.len << " bytes "
-     << (st.is_send ? "to" : "from") << " rank " << st.peer;
-  if (progress_window_.count() > 0) {
-    os << ": no bytes moved either way for "
-       << std::chrono::duration<double>(progress_window_).count() << " s";
-  }
-  os << " (the peer stopped making progress; see HVD_TIMEOUT_SECONDS)";
-  Status timeout = Status::Timeout(os.str());
+  Status timeout =
+      Status::Timeout(StallMessage(st.is_send, st.len, st.peer, "", progress_window_));
   Abort(timeout);
   return timeout;
 }
