@@ -69,19 +69,16 @@ Status EngineImpl::Connect() {
   plan_.offload = transport_->offload() != nullptr;
   plan_.hierarchical_allreduce = options_.hierarchical_allreduce;
   if (options_.size == 1) return Status::OK();
-  HVD_RETURN_IF_ERROR(SetUpViews(deadline).WithContext("rank " + std::to_string(options_.rank)));
+  HVD_RETURN_IF_ERROR(SetUpViews(job->topology, job->layout_note)
+                          .WithContext("rank " + std::to_string(options_.rank)));
   StartHeartbeat();
   return Status::OK();
 }
 
 // The local and cross views, when the ranks' places describe hosts of equal size with more than
 // one rank each (transport/group_view.h).
-Status EngineImpl::SetUpViews(Deadline deadline) {
-  std::string why;
-  auto topo = GatherTopology(*transport_, options_.local_rank, options_.local_size,
-                             options_.cross_rank, options_.cross_size, deadline, &why);
-  if (!topo.ok()) return topo.status().WithContext("exchanging the job's layout");
-  if (!topo->Homogeneous()) {
+Status EngineImpl::SetUpViews(const Topology& topo, const std::string& why) {
+  if (!topo.Homogeneous()) {
     if (options_.hierarchical_allreduce == Options::Toggle::kOn && options_.rank == 0) {
       HVD_LOG(kWarning) << "HVD_HIERARCHICAL_ALLREDUCE is on, but this job's layout does not "
                            "allow it, so allreduce runs flat: "
@@ -91,9 +88,9 @@ Status EngineImpl::SetUpViews(Deadline deadline) {
     }
     return Status::OK();
   }
-  auto local = GroupView::Create(*transport_, topo->LocalMembers(options_.rank));
+  auto local = GroupView::Create(*transport_, topo.LocalMembers(options_.rank));
   if (!local.ok()) return local.status();
-  auto cross = GroupView::Create(*transport_, topo->CrossMembers(options_.rank));
+  auto cross = GroupView::Create(*transport_, topo.CrossMembers(options_.rank));
   if (!cross.ok()) return cross.status();
   local_view_ = std::move(*local);
   cross_view_ = std::move(*cross);

@@ -71,7 +71,7 @@ class EngineImpl {
  private:
   explicit EngineImpl(const Options& options);
   Status Connect();
-  Status SetUpViews(Deadline deadline);
+  Status SetUpViews(const Topology& topology, const std::string& why);
   void Wake();
 
   // Caller side.

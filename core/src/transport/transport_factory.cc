@@ -5,6 +5,7 @@
 #include "bootstrap/store.h"
 #include "common/logging.h"
 #include "hvd/config.h"
+#include "transport/group_view.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/control_channel.h"
 #include "transport/tcp/tcp_mesh.h"
@@ -135,6 +136,7 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
     JobConnections job;
     job.transport = std::make_unique<TcpTransport>(
         io, 0, std::vector<std::unique_ptr<asio::ip::tcp::socket>>(1));
+    job.topology.host_of = {0};
     job.backends = std::move(backends);
     return job;
   }
@@ -157,10 +159,31 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
       std::chrono::duration_cast<Clock::duration>(
           std::chrono::duration<double>(o.timeout_seconds)));
   tcp->set_offload(backends->offload());
+  // A rank that fails from here on leaves its reason in the store, and a rank whose peer
+  // closed its connection passes on the reason that peer left, as the mesh does. The note is
+  // written at once (a failed transport has closed its connections, and peers look for it
+  // within half a second), provisional while the peer's own reason is still being read.
+  auto give_up = [&](Status s, int lost) {
+    const bool relay = s.code() == StatusCode::kPeerLost;
+    LeaveGaveUpNote(**store, o.rank, s, /*provisional=*/relay);
+    if (!relay) return s;
+    Status explained = ExplainLostPeer(**store, lost, s);
+    LeaveGaveUpNote(**store, o.rank, explained);
+    return explained;
+  };
+  // The job's layout, for the local and cross views (hierarchical collectives).
+  auto topology = GatherTopology(*tcp, o.local_rank, o.local_size, o.cross_rank, o.cross_size,
+                                 deadline, &job.layout_note);
+  if (!topology.ok()) {
+    return give_up(topology.status().WithContext("exchanging the job's layout"),
+                   tcp->lost_peer());
+  }
+  job.topology = std::move(*topology);
   // Shared memory among the ranks of each host (transport/shm/shm_transport.h): the router
   // over it and TCP, or TCP alone.
-  auto transport = ConnectSharedMemory(std::move(tcp), o, deadline);
-  if (!transport.ok()) return transport.status();
+  int lost = -1;
+  auto transport = ConnectSharedMemory(tcp, o, deadline, &lost);
+  if (!transport.ok()) return give_up(transport.status(), lost);
   job.transport = std::move(*transport);
   // Step 5.
   auto& control = (*mesh)->control;

@@ -19,6 +19,9 @@
 //      among the ranks of each host (HVD_SHM): a router sends those peers' bytes through it
 //      and the rest over TCP (transport/shm/shm_transport.h).
 //   5. The control plane: one ControlLink per control connection, started.
+// Between 3 and 4 the ranks gather their layout (host of each rank). A rank that fails after
+// the mesh leaves its reason in the store, as the mesh does, and a rank that sees a peer's
+// connection close passes on the reason that peer left.
 // A world of one rank skips every step: its transport has no peers and no control links.
 //
 // Thread-safety: ConnectJob runs on the thread that creates the engine and uses `io` until it
@@ -31,6 +34,7 @@
 #include "hvd/options.h"
 #include "transport/collective_offload.h"
 #include "transport/control.h"
+#include "transport/group_view.h"
 #include "transport/transport.h"
 
 namespace hvd {
@@ -49,6 +53,10 @@ struct JobConnections {
   std::unique_ptr<JobBackends> backends;  // never null; must outlive `transport`
   std::unique_ptr<Transport> transport;
   std::vector<std::shared_ptr<ControlLink>> control;  // rank 0: [peer]; a worker: [0]
+  // Every rank's host as the launcher placed them (GatherTopology): when it does not describe
+  // hosts of equal size, each rank is a host of its own and layout_note says why.
+  Topology topology;
+  std::string layout_note;
 };
 
 // How long a rank polls after work, and inside data waits, before it sleeps in the kernel

@@ -763,7 +763,31 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
     for (auto& kv : out) ::close(kv.second);
     return s;
   };
+  // Each peer's process: one that exits during the exchange fails it at once, naming it.
+  for (int r : local) {
+    if (r == me) continue;
+    Segment& theirs = (*segments)[std::find(local.begin(), local.end(), r) - local.begin()];
+    theirs.pid_fd = static_cast<int>(::syscall(SYS_pidfd_open, info[r].pid, 0));
+    if (theirs.pid_fd < 0 && errno == ESRCH) {
+      return finish(Status::PeerLost("rank " + std::to_string(r) + " lost: its process exited "
+                                     "while this host's ranks were setting up shared memory"));
+    }
+    if (theirs.pid_fd < 0) return finish(Errno("pidfd_open of rank " + std::to_string(r)));
+  }
+  auto exited = [&]() -> int {
+    for (int r : local) {
+      if (r == me) continue;
+      pollfd pfd{(*segments)[std::find(local.begin(), local.end(), r) - local.begin()].pid_fd,
+                 POLLIN, 0};
+      if (::poll(&pfd, 1, 0) == 1) return r;
+    }
+    return -1;
+  };
   while (!to_dial.empty() || !out.empty() || static_cast<int>(served.size()) < slots - 1) {
+    if (int gone = exited(); gone >= 0) {
+      return finish(Status::PeerLost("rank " + std::to_string(gone) + " lost: its process exited "
+                                     "while this host's ranks were setting up shared memory"));
+    }
     if (Clock::now() >= deadline) {
       std::string missing;
       for (int r : to_dial) missing += " " + std::to_string(r);
@@ -845,28 +869,26 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
       theirs.bytes = bytes;
     }
   }
-  for (int r : local) {
-    if (r == me) continue;
-    Segment& theirs = (*segments)[std::find(local.begin(), local.end(), r) - local.begin()];
-    theirs.pid_fd = static_cast<int>(::syscall(SYS_pidfd_open, info[r].pid, 0));
-    if (theirs.pid_fd < 0) return finish(Errno("pidfd_open of rank " + std::to_string(r)));
-  }
   return finish(Status::OK());
 }
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Transport>> ConnectSharedMemory(std::unique_ptr<TcpTransport> tcp,
+StatusOr<std::unique_ptr<Transport>> ConnectSharedMemory(std::unique_ptr<TcpTransport>& tcp,
                                                          const Options& options,
-                                                         Deadline deadline) {
+                                                         Deadline deadline, int* lost_peer) {
   const int n = tcp->size(), me = tcp->rank();
+  auto lost = [&](Status s) {
+    if (lost_peer) *lost_peer = tcp->lost_peer();
+    return s;
+  };
   const bool wanted = options.shm != Options::Toggle::kOff;
   // 1. Every rank's host and pid.
   RankInfo mine{HostKey(), static_cast<int32_t>(::getpid()), wanted ? 1 : 0};
   std::vector<RankInfo> info(n);
-  HVD_RETURN_IF_ERROR(Allgatherv(*tcp, &mine, info.data(),
-                                 std::vector<size_t>(n, sizeof(RankInfo)), deadline)
-                          .WithContext("shared memory: exchanging hosts"));
+  Status s = Allgatherv(*tcp, &mine, info.data(), std::vector<size_t>(n, sizeof(RankInfo)),
+                        deadline);
+  if (!s.ok()) return lost(s.WithContext("shared memory: exchanging hosts"));
   std::vector<int> local;
   for (int r = 0; r < n; ++r) {
     if (info[r].wants && info[r].key == mine.key) local.push_back(r);
@@ -892,9 +914,11 @@ StatusOr<std::unique_ptr<Transport>> ConnectSharedMemory(std::unique_ptr<TcpTran
   // 3. Which pairs use it: both ranks must have their segments.
   int32_t ok = (wanted && local.size() > 1) ? (mine_ok.ok() ? 1 : 0) : 2;
   std::vector<int32_t> oks(n);
-  HVD_RETURN_IF_ERROR(Allgatherv(*tcp, &ok, oks.data(), std::vector<size_t>(n, sizeof(int32_t)),
-                                 deadline)
-                          .WithContext("shared memory: agreeing on it"));
+  s = Allgatherv(*tcp, &ok, oks.data(), std::vector<size_t>(n, sizeof(int32_t)), deadline);
+  if (!s.ok()) {
+    Unmap(segments);
+    return lost(s.WithContext("shared memory: agreeing on it"));
+  }
   std::vector<int> failed;
   for (int r : local) {
     if (oks[r] != 1) failed.push_back(r);

@@ -44,9 +44,12 @@ namespace hvd {
 // Sets up shared memory among the ranks of each host that `tcp` connects and returns the
 // router over both, or `tcp` itself when no two ranks share a host or HVD_SHM=off. Every rank
 // of the job calls it (it exchanges with all of them over `tcp`). With HVD_SHM=on a rank that
-// cannot set it up fails every rank's set-up naming it; with auto such pairs stay on TCP.
-StatusOr<std::unique_ptr<Transport>> ConnectSharedMemory(std::unique_ptr<TcpTransport> tcp,
+// cannot set it up fails every rank's set-up naming it; with auto such pairs stay on TCP. When
+// a peer's connection broke during the set-up, *lost_peer names it. `tcp` is taken (moved from)
+// only on success: on failure the caller still holds the connections, so it can leave its
+// reason in the store before its peers see them close.
+StatusOr<std::unique_ptr<Transport>> ConnectSharedMemory(std::unique_ptr<TcpTransport>& tcp,
                                                          const Options& options,
-                                                         Deadline deadline);
+                                                         Deadline deadline, int* lost_peer);
 
 }  // namespace hvd

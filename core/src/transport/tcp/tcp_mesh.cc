@@ -114,7 +114,8 @@ StatusOr<std::unique_ptr<tcp::socket>> DialRank(asio::io_context& io, StoreClien
       next_check = Clock::now() + std::chrono::milliseconds(500);
       auto why = store.Get(GaveUpKey(j), Clock::now() + std::chrono::milliseconds(50));
       if (why.ok() && !why->empty()) {
-        return Status::PeerLost("rank " + std::to_string(j) + " gave up forming the job: " + *why);
+        return Status::PeerLost("rank " + std::to_string(j) + " gave up forming the job: " +
+                                why->substr((*why)[0] == '?' ? 1 : 0));
       }
     }
     last = s.status();
@@ -225,12 +226,46 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Create(asio::io_context& io, const O
   // An empty reason: this rank has not given up (again, should an engine start once more).
   if (!store.collective()) HVD_RETURN_IF_ERROR(store.Set(GaveUpKey(o.rank), "", deadline));
   auto mesh = Form(io, o, store, deadline);
-  if (!mesh.ok() && !store.collective()) {
-    Status ignored = store.Set(GaveUpKey(o.rank), mesh.status().message(),
-                               Clock::now() + std::chrono::seconds(1));
-    (void)ignored;
-  }
+  if (!mesh.ok()) LeaveGaveUpNote(store, o.rank, mesh.status());
   return mesh;
+}
+
+// A provisional note starts with '?': its writer is still finding out why its own peer went.
+void LeaveGaveUpNote(StoreClient& store, int rank, const Status& why, bool provisional) {
+  if (store.collective()) return;
+  Status ignored = store.Set(GaveUpKey(rank), (provisional ? "?" : "") + why.message(),
+                             Clock::now() + std::chrono::seconds(1));
+  (void)ignored;
+}
+
+// A peer that gave up writes its reason right after closing: wait for it briefly, and a little
+// longer for the final version of a provisional one. Empty: none came.
+static std::string GaveUpReason(StoreClient& store, int peer) {
+  auto until = Clock::now() + std::chrono::milliseconds(500);
+  bool extended = false;
+  std::string last;
+  while (Clock::now() < until) {
+    StatusOr<std::string> why = store.Get(GaveUpKey(peer), until);
+    if (!why.ok()) break;
+    if (!why->empty()) {
+      const bool provisional = (*why)[0] == '?';
+      last = provisional ? why->substr(1) : *why;
+      if (!provisional) break;
+      if (!extended) {
+        until = Clock::now() + std::chrono::milliseconds(1500);
+        extended = true;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return last;
+}
+
+Status ExplainLostPeer(StoreClient& store, int peer, const Status& what) {
+  if (store.collective() || peer < 0) return what;
+  const std::string why = GaveUpReason(store, peer);
+  if (why.empty()) return what;
+  return Status::PeerLost("rank " + std::to_string(peer) + " gave up forming the job: " + why);
 }
 
 StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Options& o,
@@ -286,16 +321,10 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
   acc.close(ec);
   RunUntil(io, Clock::now() + std::chrono::seconds(2), [&] { return acceptor.pending() == 0; });
   if (gone >= 0) {
-    // A peer that gave up writes its reason right after closing: wait for it briefly.
-    StatusOr<std::string> why = std::string();
-    for (auto until = Clock::now() + std::chrono::milliseconds(500);
-         why.ok() && why->empty() && Clock::now() < until;) {
-      why = store.Get(GaveUpKey(gone), until);
-      if (why.ok() && why->empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    const std::string why = GaveUpReason(store, gone);
     std::ostringstream os;
-    if (why.ok() && !why->empty()) {
-      os << "rank " << gone << " gave up forming the job: " << *why;
+    if (!why.empty()) {
+      os << "rank " << gone << " gave up forming the job: " << why;
     } else {
       os << "rank " << gone << " closed its connection to rank " << o.rank
          << " while the job was forming (it died)";

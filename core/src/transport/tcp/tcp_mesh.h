@@ -43,4 +43,12 @@ struct TcpMesh {
                                                  StoreClient& store, Deadline deadline);
 };
 
+// For the set-up steps after the mesh (transport_factory.cc), as Create does: leaves this rank's
+// reason for giving up in the store, and turns "peer closed its connection" into the reason the
+// peer left there, when it left one within half a second (`what` otherwise). A provisional note
+// (its writer is still finding out why its own peer went) is waited on a little longer for its
+// final version. Both do nothing with a collective store (MPI).
+void LeaveGaveUpNote(StoreClient& store, int rank, const Status& why, bool provisional = false);
+Status ExplainLostPeer(StoreClient& store, int peer, const Status& what);
+
 }  // namespace hvd

@@ -130,6 +130,7 @@ void TcpTransport::Finish(uint64_t id, Status st) {
 
 void TcpTransport::OnError(int peer, bool is_send, const asio::error_code& ec) {
   if (!broken_.ok()) return;  // already aborted; this is the cancellation
+  lost_peer_ = peer;
   std::ostringstream os;
   os << "rank " << peer << " lost: connection "
      << (ec == asio::error::eof ? "closed by the peer" : ec.message()) << " while "

@@ -50,6 +50,8 @@ class TcpTransport : public Transport {
   Status CheckDeadline(TransportRequest r, Deadline deadline);
   asio::io_context& io() { return io_; }
   const Status& broken() const { return broken_; }
+  // The peer whose connection broke first, or -1.
+  int lost_peer() const { return lost_peer_; }
 
  private:
   struct Op {
@@ -86,6 +88,7 @@ class TcpTransport : public Transport {
   const std::chrono::microseconds spin_;
   const Clock::duration progress_window_;
   Status broken_;
+  int lost_peer_ = -1;
 };
 
 // Applies the socket options hvd wants on every connection (no Nagle, larger buffers).
