@@ -256,21 +256,7 @@ class ShmRouter : public Transport {
         if (now - polled >= kPollEvery) sched_yield();
         continue;
       }
-      // Sleep until a peer rings, a TCP or control event, or a timer. The flag goes up before
-      // the last look at the rings: a peer either sees it and rings, or moved its bytes before
-      // that look.
-      Doorbell* bell = segments_[my_slot_].bell();
-      bell->sleeping.store(1, std::memory_order_seq_cst);
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (Progress()) {
-        bell->sleeping.store(0, std::memory_order_relaxed);
-        busy = Clock::now();
-        continue;
-      }
-      auto left = std::max<Clock::duration>(deadline - now, std::chrono::milliseconds(1));
-      io_.run_one_for(std::min<Clock::duration>(left, std::chrono::seconds(1)));
-      bell->sleeping.store(0, std::memory_order_relaxed);
-      AdoptTcpFailure();
+      if (SleepUnless([this] { return Progress(); }, deadline)) AdoptTcpFailure();
       busy = Clock::now();
     }
     return Take(r);
@@ -561,18 +547,26 @@ class ShmRouter : public Transport {
       }
       polled = Clock::time_point();  // poll once more before sleeping
       if (now - busy < spin_ + kPollEvery) continue;
-      Doorbell* bell = segments_[my_slot_].bell();
-      bell->sleeping.store(1, std::memory_order_seq_cst);
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (Behind(counter, s) != q) {
-        bell->sleeping.store(0, std::memory_order_relaxed);
-        continue;
-      }
-      auto left = std::max<Clock::duration>(limit - now, std::chrono::milliseconds(1));
-      io_.run_one_for(std::min<Clock::duration>(left, std::chrono::seconds(1)));
-      bell->sleeping.store(0, std::memory_order_relaxed);
-      busy = Clock::now();
+      if (SleepUnless([&] { return Behind(counter, s) != q; }, limit)) busy = Clock::now();
     }
+  }
+
+  // Sleeps in the io_context until a peer rings, a TCP or control event, a timer, or `limit`
+  // (at most a second), unless `ready()` is true once this rank's doorbell flag is up: the flag
+  // goes up before that last look, so a peer either sees it and rings, or made its change
+  // before the look. Returns whether it slept.
+  template <typename Ready>
+  bool SleepUnless(Ready ready, Deadline limit) {
+    Doorbell* bell = segments_[my_slot_].bell();
+    bell->sleeping.store(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const bool skip = ready();
+    if (!skip) {
+      auto left = std::max<Clock::duration>(limit - Clock::now(), std::chrono::milliseconds(1));
+      io_.run_one_for(std::min<Clock::duration>(left, std::chrono::seconds(1)));
+    }
+    bell->sleeping.store(0, std::memory_order_relaxed);
+    return !skip;
   }
 
   // A TCP failure (a shared-memory peer's connection closed: it died) fails the shared-memory
@@ -732,7 +726,10 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
                         const std::string& tag, Deadline deadline,
                         std::vector<Segment>* segments) {
   const int slots = static_cast<int>(local.size());
-  const int my_slot = static_cast<int>(std::find(local.begin(), local.end(), me) - local.begin());
+  auto slot_of = [&local](int r) {
+    return static_cast<int>(std::find(local.begin(), local.end(), r) - local.begin());
+  };
+  const int my_slot = slot_of(me);
   segments->assign(slots, Segment{});
   FdCloser memfd(::memfd_create("hvd-shm", MFD_CLOEXEC));
   if (memfd.get() < 0) return Errno("memfd_create");
@@ -766,7 +763,7 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
   // Each peer's process: one that exits during the exchange fails it at once, naming it.
   for (int r : local) {
     if (r == me) continue;
-    Segment& theirs = (*segments)[std::find(local.begin(), local.end(), r) - local.begin()];
+    Segment& theirs = (*segments)[slot_of(r)];
     theirs.pid_fd = static_cast<int>(::syscall(SYS_pidfd_open, info[r].pid, 0));
     if (theirs.pid_fd < 0 && errno == ESRCH) {
       return finish(Status::PeerLost("rank " + std::to_string(r) + " lost: its process exited "
@@ -777,7 +774,7 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
   auto exited = [&]() -> int {
     for (int r : local) {
       if (r == me) continue;
-      pollfd pfd{(*segments)[std::find(local.begin(), local.end(), r) - local.begin()].pid_fd,
+      pollfd pfd{(*segments)[slot_of(r)].pid_fd,
                  POLLIN, 0};
       if (::poll(&pfd, 1, 0) == 1) return r;
     }
@@ -861,7 +858,7 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
                                                  " closed without passing its segment"));
       }
       FdCloser seg(seg_fd);
-      Segment& theirs = (*segments)[std::find(local.begin(), local.end(), r) - local.begin()];
+      Segment& theirs = (*segments)[slot_of(r)];
       theirs.bell_fd = bell_fd;
       void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, seg.get(), 0);
       if (p == MAP_FAILED) return finish(Errno("mmap of rank " + std::to_string(r) + "'s segment"));
