@@ -1,6 +1,6 @@
 // Mismatch errors (shape, dtype, reduce op, scale, operation, allgather row shape, broadcast
-// root, duplicate names): each fails with InvalidArgument naming the tensor, and the next
-// operation works. Then shutdown: later operations fail.
+// root, duplicate names, one member of a group): each fails with InvalidArgument naming the
+// tensor, and the next operation works. Then shutdown: later operations fail.
 #include <thread>
 
 #include "mp_checks.h"
@@ -93,6 +93,56 @@ void CheckDuplicateInFlight(hvd::Engine& e, Checker& ck) {
   ExpectNextWorks(e, ck, "mm.dup");
 }
 
+// A group with one member that differs across ranks fails as a whole, on every rank: each
+// member's error names the member, what differed and the ranks; no member is executed (the
+// inputs are untouched) and none waits. Grouped allreduce, allgather and reducescatter.
+void CheckGroupedMismatch(hvd::Engine& e, Checker& ck) {
+  const bool odd = e.rank() != 0;
+  auto expect_group_failed = [&](const std::vector<hvd::HandlePtr>& hs, const std::string& member,
+                                 const std::string& differs) {
+    ck.Expect(hs.size() == 3, "a group of 3 gives 3 handles");
+    for (const auto& h : hs) {
+      ExpectInvalid(ck, h, member, differs);
+      ck.Expect(h->status().message().find("rank 0 vs rank") != std::string::npos,
+                "the group's error names the ranks: " + h->status().message());
+    }
+  };
+  float a[12], b[12], c[12];
+  auto fill = [&] {
+    for (int i = 0; i < 12; ++i) a[i] = b[i] = c[i] = static_cast<float>(i + 1);
+  };
+  auto untouched = [&](const std::string& what) {
+    bool same = true;
+    for (int i = 0; i < 12; ++i) same = same && a[i] == i + 1 && b[i] == i + 1 && c[i] == i + 1;
+    ck.Expect(same, what + ": the failed group left every member's tensor alone");
+  };
+
+  fill();
+  TensorView a4(a, DataType::kFloat32, {4}), c4(c, DataType::kFloat32, {4});
+  TensorView b_odd(b, DataType::kFloat32, {odd ? 5 : 4});
+  expect_group_failed(e.GroupedAllreduce({"mm.gar.0", "mm.gar.1", "mm.gar.2"}, {a4, b_odd, c4},
+                                         {a4, b_odd, c4}, ReduceOp::kSum),
+                      "mm.gar.1", "shape");
+  untouched("grouped allreduce");
+  ExpectNextWorks(e, ck, "mm.gar");
+
+  // Allgather: the first dimension may differ, the others may not.
+  TensorView a23(a, DataType::kFloat32, {2, 3}), b23(b, DataType::kFloat32, {2, 3});
+  TensorView c_odd(c, DataType::kFloat32, {2, odd ? 2 : 3});
+  expect_group_failed(e.GroupedAllgather({"mm.gag.0", "mm.gag.1", "mm.gag.2"}, {a23, b23, c_odd}),
+                      "mm.gag.2", "shape");
+  untouched("grouped allgather");
+  ExpectNextWorks(e, ck, "mm.gag");
+
+  TensorView a_odd(a, DataType::kFloat32, {odd ? 6 : 4, 2}), b42(b, DataType::kFloat32, {4, 2});
+  TensorView c42(c, DataType::kFloat32, {4, 2});
+  expect_group_failed(
+      e.GroupedReducescatter({"mm.grs.0", "mm.grs.1", "mm.grs.2"}, {a_odd, b42, c42}, ReduceOp::kSum),
+      "mm.grs.0", "shape");
+  untouched("grouped reducescatter");
+  ExpectNextWorks(e, ck, "mm.grs");
+}
+
 void CheckDuplicateInGroup(hvd::Engine& e, Checker& ck) {
   float a[2] = {1, 2}, b[2] = {3, 4};
   TensorView av(a, DataType::kFloat32, {2}), bv(b, DataType::kFloat32, {2});
@@ -108,6 +158,7 @@ int RunMismatchChecks(hvd::Engine& e, Checker& ck) {
   if (e.size() > 1) {
     CheckAcrossRanks(e, ck);
     CheckDuplicateInFlight(e, ck);
+    CheckGroupedMismatch(e, ck);
   }
   CheckDuplicateInGroup(e, ck);
   return ck.End();

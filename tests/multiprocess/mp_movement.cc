@@ -308,6 +308,51 @@ void CheckReducescatter(hvd::Engine& e, Checker& ck) {
   }
 }
 
+// Grouped: tensors of different dtypes and row counts (0, 1, odd), one group; each handle gets
+// its own part.
+void CheckGroupedReducescatter(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  const int64_t width = 2;
+  const std::vector<std::pair<DataType, int64_t>> members = {
+      {DataType::kFloat32, 2 * n + 1}, {DataType::kInt32, 1}, {DataType::kFloat64, 0},
+      {DataType::kInt64, 3 * n}};
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+    const int64_t salt = op == ReduceOp::kSum ? 7900 : 7901;
+    std::vector<Buffer> ins;
+    std::vector<TensorView> views;
+    std::vector<std::string> names;
+    for (size_t k = 0; k < members.size(); ++k) {
+      const auto [t, rows] = members[k];
+      ins.emplace_back(t, rows * width);
+      for (int64_t i = 0; i < rows * width; ++i) {
+        Put(t, ins.back().data(), i, ReduceInput(t, op, r, n, i, salt + k));
+      }
+      names.push_back("rs.group." + Str(op) + "." + std::to_string(k));
+    }
+    for (size_t k = 0; k < members.size(); ++k) {
+      views.emplace_back(ins[k].data(), members[k].first, std::vector<int64_t>{members[k].second, width});
+    }
+    auto hs = e.GroupedReducescatter(names, views, op);
+    ck.Expect(hs.size() == members.size(), "grouped reducescatter returns one handle per tensor");
+    for (size_t k = 0; k < hs.size() && k < members.size(); ++k) {
+      const auto [t, rows] = members[k];
+      const std::string what = names[k] + " dtype=" + Str(t) + " rows=" + std::to_string(rows);
+      if (!ck.ExpectOk(WaitDone(hs[k]), what)) continue;
+      const int64_t part = rows / n + (r < rows % n ? 1 : 0);
+      const int64_t first = r * (rows / n) + std::min<int64_t>(r, rows % n);
+      ck.Expect(hs[k]->output_shape() == std::vector<int64_t>{part, width},
+                what + ": output shape " + ShapeStr(hs[k]->output_shape()));
+      if (hs[k]->output_bytes().size() < static_cast<size_t>(part * width) * hvd::DataTypeSize(t)) {
+        ck.Expect(false, what + ": output too short");
+        continue;
+      }
+      ck.ExpectElements(t, hs[k]->output_bytes().data(), part * width,
+                        [&](int64_t i) { return ExpectedReduce(t, op, n, first * width + i, salt + k); },
+                        what);
+    }
+  }
+}
+
 }  // namespace
 
 int RunMovementChecks(hvd::Engine& e, Checker& ck) {
@@ -327,6 +372,7 @@ int RunMovementChecks(hvd::Engine& e, Checker& ck) {
 int RunReducescatterChecks(hvd::Engine& e, Checker& ck) {
   ck.Begin("reducescatter");
   CheckReducescatter(e, ck);
+  CheckGroupedReducescatter(e, ck);
   return ck.End();
 }
 

@@ -41,6 +41,20 @@ def test_grouped_allreduce_gradient():
     assert torch.allclose(xs[1].grad, torch.full((3,), 2.0 * n, dtype=torch.float64))
 
 
+def test_grouped_reducescatter_gradient():
+    r, n = world()
+    xs = [torch.ones(2 * n, dtype=torch.float64, requires_grad=True),
+          torch.ones(n, 3, dtype=torch.float64, requires_grad=True)]
+    ys = hvd.grouped_reducescatter(xs, op=hvd.Average)
+    assert ys[0].shape == (2,) and ys[1].shape == (1, 3)
+    ((ys[0] * (r + 1)).sum() + (ys[1] * weights((1, 3), r)).sum()).backward()
+    # Each member's gradient is the allgather of the output gradients, divided by size.
+    g0 = torch.cat([torch.full((2,), float(q + 1), dtype=torch.float64) for q in range(n)]) / n
+    g1 = torch.cat([weights((1, 3), q) for q in range(n)]) / n
+    assert torch.allclose(xs[0].grad, g0)
+    assert torch.allclose(xs[1].grad, g1)
+
+
 def test_allgather_gradient():
     r, n = world()
     x = torch.ones(r + 1, 2, dtype=torch.float64, requires_grad=True)

@@ -281,6 +281,28 @@ def test_mismatched_root_fails_then_next_op_works():
     assert torch.equal(hvd.broadcast(torch.full((2,), float(r)), root_rank=0), torch.zeros(2))
 
 
+@pytest.mark.parametrize("kind", ["allreduce", "allgather", "reducescatter"])
+def test_grouped_op_with_one_mismatching_member_fails_whole(kind):
+    """One member differs on one rank: every member fails on every rank, naming that member,
+    and nothing waits; the next operation works."""
+    r, n = world()
+    if n == 1:
+        return
+    odd = r == n - 1
+    xs = [torch.ones(2 * n, 2), torch.ones(2 * n, 3 if odd else 2), torch.ones(2 * n, 2)]
+    name = "grouped.mismatch." + kind
+    run = {"allreduce": lambda: hvd.grouped_allreduce(xs, name=name, op=hvd.Sum),
+           "allgather": lambda: hvd.grouped_allgather(xs, name=name),
+           "reducescatter": lambda: hvd.grouped_reducescatter(xs, name=name, op=hvd.Sum)}[kind]
+    with pytest.raises(hvd.InvalidArgumentError) as err:
+        run()
+    message = str(err.value)
+    assert name + ".1" in message and "shape" in message and "failed as a whole" in message
+    handles = hvd.grouped_allreduce_async([torch.ones(3), torch.ones(1)], op=hvd.Sum)
+    ys = hvd.synchronize(handles)
+    assert torch.equal(ys[0], torch.full((3,), float(n)))
+
+
 def test_mismatched_allgather_trailing_dims_fail():
     r, n = world()
     if n > 1:

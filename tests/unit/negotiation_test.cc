@@ -1,6 +1,7 @@
 // Unit tests of the negotiation layer: wire format, coordinator, fusion, response cache.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <thread>
 
@@ -188,6 +189,60 @@ TEST(Coordinator, GroupIsReleasedWhole) {
   c.AddRequests(1, {grouped("y")});
   auto rs = c.ComputeResponses();
   EXPECT_EQ(rs.size(), 2u);
+}
+
+Request Grouped(const std::string& name, std::vector<int64_t> shape, int size) {
+  Request q = Allreduce(name, std::move(shape));
+  q.group = "g";
+  q.group_size = size;
+  return q;
+}
+
+TEST(Coordinator, GroupWithOneMismatchingMemberFailsAsAWhole) {
+  Coordinator c(2, 0, 0);
+  c.AddRequests(0, {Grouped("x", {1}, 3), Grouped("y", {1}, 3), Grouped("z", {1}, 3)});
+  c.AddRequests(1, {Grouped("x", {1}, 3), Grouped("y", {2}, 3), Grouped("z", {1}, 3)});
+  auto rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 3u);
+  std::vector<std::string> names;
+  for (const auto& r : rs) {
+    EXPECT_EQ(r.type, OpType::kError);
+    EXPECT_EQ(r.error_code, StatusCode::kInvalidArgument);
+    ASSERT_EQ(r.names.size(), 1u);
+    names.push_back(r.names[0]);
+    EXPECT_NE(r.error.find("'y'"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("shape [1] vs [2]"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("rank 0 vs rank 1"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("grouped allreduce of 3 tensors"), std::string::npos) << r.error;
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"x", "y", "z"}));
+  EXPECT_TRUE(c.idle());
+  // The next operation is not affected.
+  c.AddRequests(0, {Allreduce("next", {1})});
+  c.AddRequests(1, {Allreduce("next", {1})});
+  rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].type, OpType::kAllreduce);
+}
+
+TEST(Coordinator, GroupFailsWholeWhenAMemberIsAbandoned) {
+  Coordinator c(2, 0, /*stall_seconds=*/0, /*stall_shutdown_seconds=*/0.001);
+  c.AddRequests(0, {Grouped("x", {1}, 2), Grouped("y", {1}, 2)});
+  c.AddRequests(1, {Grouped("x", {1}, 2)});  // y never comes from rank 1
+  EXPECT_TRUE(c.ComputeResponses().empty());
+  EXPECT_FALSE(c.idle());  // x is held back with its group
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  c.CheckStalls(Clock::now());
+  auto rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 2u);
+  for (const auto& r : rs) {
+    EXPECT_EQ(r.type, OpType::kError);
+    EXPECT_EQ(r.error_code, StatusCode::kTimeout);
+    EXPECT_NE(r.error.find("'y'"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("ranks [1] never submitted"), std::string::npos) << r.error;
+  }
+  EXPECT_TRUE(c.idle());
 }
 
 TEST(Coordinator, StalledNameIsAbandonedAfterTheShutdownTime) {

@@ -173,6 +173,20 @@ def reducescatter_async(A, tensor, name, op, prescale, postscale):
     return Handle([h], lambda parts: A.from_output(parts[0], c))
 
 
+def grouped_reducescatter_async(A, tensors, name, op, prescale, postscale):
+    tensors = list(tensors)
+    if not tensors:
+        return Handle([], lambda parts: [])
+    base = op_name("grouped_reducescatter", name)
+    prepared = [A.prepare(t) for t in tensors]
+    names = ["%s.%d" % (base, i) for i in range(len(tensors))]
+    cs = [p[0] for p in prepared]
+    parts = _core.grouped_reducescatter(names, [p[1] for p in prepared],
+                                        [p[2] for p in prepared], [p[3] for p in prepared], op,
+                                        float(prescale), float(postscale), cs)
+    return Handle(parts, lambda ps: [A.from_output(p, c) for p, c in zip(ps, cs)])
+
+
 def barrier():
     _core.barrier().wait()
 

@@ -204,6 +204,18 @@ def reducescatter(array, name=None, op=None, prescale_factor=1.0, postscale_fact
     return reducescatter_async(array, name, op, prescale_factor, postscale_factor).wait()
 
 
+def grouped_reducescatter_async(arrays, name=None, op=None, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    return _ops.grouped_reducescatter_async(_A, arrays, name, _ops.check_op(op), prescale_factor,
+                                            postscale_factor)
+
+
+def grouped_reducescatter(arrays, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Reducescatters a list of arrays negotiated as one group; returns a list."""
+    return grouped_reducescatter_async(arrays, name, op, prescale_factor,
+                                       postscale_factor).wait()
+
+
 def barrier():
     _ops.barrier()
 

@@ -266,6 +266,20 @@ void BindReductions(py::module_& m) {
                       std::move(keep));
         },
         ref);
+  m.def("grouped_reducescatter",
+        [](const std::vector<std::string>& names, const std::vector<uintptr_t>& ins,
+           const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes, int op,
+           double pre, double post, py::object keep) {
+          SweepOrphans();
+          std::vector<hvd::TensorView> vin;
+          for (size_t i = 0; i < ins.size() && i < dtypes.size() && i < shapes.size(); ++i) {
+            vin.push_back(View(ins[i], dtypes[i], shapes[i]));
+          }
+          auto hs = Eng().GroupedReducescatter(names, vin, ToReduceOp(op), pre, post);
+          py::list result;
+          for (auto& h : hs) result.append(py::cast(Wrap(h, keep), py::return_value_policy::take_ownership));
+          return result;
+        });
 }
 
 void BindGathers(py::module_& m) {

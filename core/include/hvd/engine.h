@@ -133,6 +133,11 @@ class HVD_EXPORT Engine {
   HandlePtr Reducescatter(const std::string& name, const TensorView& input,
                           ReduceOp op = ReduceOp::kAverage, double prescale = 1.0,
                           double postscale = 1.0, OutputAllocator allocator = nullptr);
+  // Reducescatters each tensor, negotiated and run as one group; each handle owns its part.
+  std::vector<HandlePtr> GroupedReducescatter(const std::vector<std::string>& names,
+                                              const std::vector<TensorView>& inputs,
+                                              ReduceOp op = ReduceOp::kAverage,
+                                              double prescale = 1.0, double postscale = 1.0);
   HandlePtr Barrier();
   // This rank has no more data: it takes part in the others' allreduces with zeros until every
   // rank has joined. The handle's join_last_rank() is the last rank that joined.

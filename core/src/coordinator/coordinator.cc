@@ -109,19 +109,45 @@ void Coordinator::MarkReadyIfComplete(const std::string& name) {
   Response resp = BuildResponse(name, e);
   table_.erase(it);
   arrival_order_.erase(std::find(arrival_order_.begin(), arrival_order_.end(), name));
-  if (first.group_size > 1 && resp.type != OpType::kError) {
-    ReleaseGroup(name, first, std::move(resp));
+  if (first.group_size > 1) {
+    ReleaseGroup(first, std::move(resp));
   } else {
     PushReady(std::move(resp));
   }
 }
 
-void Coordinator::ReleaseGroup(const std::string& name, const Request& first, Response r) {
-  auto& members = groups_[first.group];
-  members.push_back(std::move(r));
-  if (static_cast<int>(members.size()) < first.group_size) return;
-  for (auto& m : members) PushReady(std::move(m));
+void Coordinator::ReleaseGroup(const Request& first, Response r) {
+  Group& g = groups_[first.group];
+  if (g.members.empty()) {
+    g.size = first.group_size;
+    g.since = Clock::now();
+  }
+  g.members.push_back(std::move(r));
+  if (static_cast<int>(g.members.size()) < g.size) return;
+  std::vector<Response> members = std::move(g.members);
   groups_.erase(first.group);
+  // One failed member fails them all, with its reason (the first failure's code).
+  std::string why;
+  StatusCode code = StatusCode::kInvalidArgument;
+  for (const auto& m : members) {
+    if (m.type != OpType::kError) continue;
+    if (why.empty()) code = m.error_code;
+    why += (why.empty() ? "" : "; ") + m.error;
+  }
+  if (!why.empty()) {
+    std::ostringstream os;
+    os << "grouped " << OpTypeName(first.type) << " of " << members.size()
+       << " tensors failed as a whole (every member fails with it): " << why;
+    for (auto& m : members) {
+      Response e;
+      e.type = OpType::kError;
+      e.names = m.names;
+      e.error = os.str();
+      e.error_code = code;
+      m = std::move(e);
+    }
+  }
+  for (auto& m : members) PushReady(std::move(m));
 }
 
 std::string Coordinator::Validate(const std::string& name, const Entry& e) const {
@@ -244,6 +270,8 @@ void Coordinator::AbandonStalled(Clock::time_point now) {
         missing.push_back(r);
       }
     }
+    const Request& first = **std::find_if(e.per_rank.begin(), e.per_rank.end(),
+                                          [](const auto& o) { return o.has_value(); });
     Response resp;
     resp.type = OpType::kError;
     resp.names = {name};
@@ -254,9 +282,14 @@ void Coordinator::AbandonStalled(Clock::time_point now) {
        << "] never submitted it; it was ready on ranks [" << RanksString(ready) << "]";
     resp.error = os.str();
     HVD_LOG(kError) << resp.error;
+    const Request held = first;  // outlives the entry
     table_.erase(name);
     arrival_order_.erase(std::find(arrival_order_.begin(), arrival_order_.end(), name));
-    PushReady(std::move(resp));
+    if (held.group_size > 1) {
+      ReleaseGroup(held, std::move(resp));
+    } else {
+      PushReady(std::move(resp));
+    }
   }
 }
 
@@ -283,6 +316,20 @@ int Coordinator::CheckStalls(Clock::time_point now) {
                       << std::chrono::duration_cast<std::chrono::seconds>(now - e.first_seen).count()
                       << " s; ready on ranks [" << RanksString(ready) << "], missing on ranks ["
                       << RanksString(missing) << "]";
+  }
+  for (const auto& [key, g] : groups_) {
+    if (now - g.since < std::chrono::duration<double>(stall_seconds_)) continue;
+    std::ostringstream ready;
+    for (size_t i = 0; i < g.members.size(); ++i) {
+      ready << (i ? ", " : "") << "'" << g.members[i].names[0] << "'";
+    }
+    ++stalled;
+    HVD_LOG(kWarning) << "stall: group '" << key << "' has held back its ready members ["
+                      << ready.str() << "] for "
+                      << std::chrono::duration_cast<std::chrono::seconds>(now - g.since).count()
+                      << " s, waiting for " << g.size - static_cast<int>(g.members.size())
+                      << " more of its " << g.size
+                      << " members (see the stall messages for the names not ready)";
   }
   return stalled;
 }

@@ -8,14 +8,18 @@
 //   3. For a ready name the requests are checked against each other (op, dtype, shape, root,
 //      reduce op, scale factors, device); a difference gives an error Response naming the
 //      tensor, what differed and the ranks, and the engine goes on.
-//   4. Members of a group are held back until the whole group is ready.
+//   4. Members of a group are held back until the whole group is ready, and the group succeeds
+//      or fails as a whole: when one member's requests differ across ranks (or it is
+//      abandoned, step 6), every member gets an error response naming that member, what
+//      differed and the ranks, so no member waits for the others.
 //   5. ComputeResponses() returns the ready Responses in the order they became ready, fused by
 //      the planner (same op, dtype, reduce op and factors; up to the fusion threshold). Rank 0
 //      calls it at once, or HVD_CYCLE_TIME after the oldest became ready, and broadcasts that
 //      list; every rank executes it in that order.
 //   6. CheckStalls() logs names that some ranks have announced and others have not, longer
-//      than the stall time, with the missing ranks; past the stall shutdown time (if set) it
-//      fails such a name on the ranks that announced it (an error response, code Timeout).
+//      than the stall time, with the missing ranks, and groups held back that long with the
+//      members they wait for; past the stall shutdown time (if set) it fails such a name on
+//      the ranks that announced it (an error response, code Timeout), and with it its group.
 //
 // Thread-safety: not thread-safe; used only by rank 0's background thread.
 #pragma once
@@ -42,7 +46,7 @@ class Coordinator {
   std::vector<Response> ComputeResponses();
   // Logs stalled names (at most once per stall period). Returns the number stalled.
   int CheckStalls(Clock::time_point now);
-  bool idle() const { return table_.empty() && ready_.empty(); }
+  bool idle() const { return table_.empty() && ready_.empty() && groups_.empty(); }
   // When the oldest response not yet taken by ComputeResponses() became ready.
   bool has_ready() const { return !ready_.empty(); }
   Clock::time_point ready_since() const { return ready_since_; }
@@ -61,7 +65,8 @@ class Coordinator {
   Response BuildResponse(const std::string& name, Entry& e);
   std::string Validate(const std::string& name, const Entry& e) const;
   Response BuildJoinResponse();
-  void ReleaseGroup(const std::string& name, const Request& first, Response r);
+  // Holds r (ready or an error) until every member of its group is; then releases the group.
+  void ReleaseGroup(const Request& first, Response r);
 
   const int size_;
   const size_t fusion_threshold_;
@@ -74,7 +79,12 @@ class Coordinator {
   std::vector<Response> ready_;
   Clock::time_point ready_since_;
   void PushReady(Response r);
-  std::map<std::string, std::vector<Response>> groups_;  // group key -> ready members
+  struct Group {
+    int size = 0;
+    std::vector<Response> members;  // ready so far, in the order they became ready
+    Clock::time_point since;        // when the first became ready
+  };
+  std::map<std::string, Group> groups_;  // group key -> members held back
   std::vector<bool> joined_;
   int joined_count_ = 0;
   int last_joined_ = -1;

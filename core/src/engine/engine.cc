@@ -339,20 +339,52 @@ HandlePtr Engine::Alltoall(const std::string& name, const TensorView& input,
   return impl_->Enqueue(std::move(e));
 }
 
-HandlePtr Engine::Reducescatter(const std::string& name, const TensorView& input, ReduceOp op,
-                                double prescale, double postscale, OutputAllocator allocator) {
+namespace {
+
+Status CheckReducescatterArgs(const std::string& name, const TensorView& input, ReduceOp op) {
   if (input.shape.empty()) {
-    return Failed(Status::InvalidArgument("reducescatter '" + name + "': input must have at least one dimension"));
+    return Status::InvalidArgument("reducescatter '" + name + "': input must have at least one dimension");
   }
   if (input.dtype == DataType::kBool && op == ReduceOp::kAverage) {
-    return Failed(Status::InvalidArgument("reducescatter '" + name + "': average is not defined for bool"));
+    return Status::InvalidArgument("reducescatter '" + name + "': average is not defined for bool");
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+HandlePtr Engine::Reducescatter(const std::string& name, const TensorView& input, ReduceOp op,
+                                double prescale, double postscale, OutputAllocator allocator) {
+  Status s = CheckReducescatterArgs(name, input, op);
+  if (!s.ok()) return Failed(s);
   TensorEntry e = MakeEntry(OpType::kReducescatter, name, input, TensorView());
   e.request.op = op;
   e.request.prescale = prescale;
   e.request.postscale = postscale;
   e.allocator = std::move(allocator);
   return impl_->Enqueue(std::move(e));
+}
+
+std::vector<HandlePtr> Engine::GroupedReducescatter(const std::vector<std::string>& names,
+                                                    const std::vector<TensorView>& inputs,
+                                                    ReduceOp op, double prescale,
+                                                    double postscale) {
+  if (names.size() != inputs.size() || names.empty()) {
+    std::vector<HandlePtr> hs(std::max<size_t>(names.size(), 1));
+    for (auto& h : hs) h = Failed(Status::InvalidArgument("grouped reducescatter: names and inputs differ in length or are empty"));
+    return hs;
+  }
+  std::vector<TensorEntry> entries;
+  for (size_t i = 0; i < names.size(); ++i) {
+    Status s = CheckReducescatterArgs(names[i], inputs[i], op);
+    if (!s.ok()) return std::vector<HandlePtr>(names.size(), Failed(s));
+    TensorEntry e = MakeEntry(OpType::kReducescatter, names[i], inputs[i], TensorView());
+    e.request.op = op;
+    e.request.prescale = prescale;
+    e.request.postscale = postscale;
+    entries.push_back(std::move(e));
+  }
+  return impl_->EnqueueGroup(std::move(entries));
 }
 
 HandlePtr Engine::Barrier() {

@@ -79,6 +79,7 @@ from hvd.torch.mpi_ops import (  # noqa: F401
     grouped_allreduce_async,
     grouped_allreduce_async_,
     grouped_reducescatter,
+    grouped_reducescatter_async,
     join,
     poll,
     reducescatter,

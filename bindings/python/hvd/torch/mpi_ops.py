@@ -6,13 +6,14 @@ float64, bool; others raise TypeError. The extension takes tensor.data_ptr() (no
 headers), so the engine reads and writes the tensor's memory without a copy. Results of
 allgather, alltoall and reducescatter are views of memory the engine allocated.
 
-allreduce, grouped_allreduce, allgather, broadcast, alltoall and reducescatter are
-differentiable (torch.autograd.Function), with horovod.torch's backward passes:
+allreduce, grouped_allreduce, allgather, broadcast, alltoall, reducescatter and
+grouped_reducescatter are differentiable (torch.autograd.Function), with horovod.torch's backward passes:
   allreduce      the gradient allreduced with the same op and factors
   allgather      the gradient averaged over ranks, this rank's rows
   broadcast      the gradient averaged over ranks on the root, zero elsewhere
   alltoall       the gradient sent back with the received splits
-  reducescatter  the gradients allgathered (divided by size for Average)
+  reducescatter  the gradients allgathered (divided by size for Average); grouped: each
+                 member's, in one grouped allgather
 The async and in-place variants are not differentiable.
 """
 
@@ -371,15 +372,40 @@ def reducescatter(tensor, name=None, op=None, process_set=global_process_set,
                                   postscale_factor)
 
 
+def grouped_reducescatter_async(tensors, name=None, op=None, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    _check_process_set(process_set)
+    return _ops.grouped_reducescatter_async(_A, tensors, name, _ops.check_op(op),
+                                            prescale_factor, postscale_factor)
+
+
+class HvdGroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
+        ctx.scale = prescale_factor * postscale_factor
+        if op == _core.AVERAGE:
+            ctx.scale /= _core.size()
+        return tuple(_ops.grouped_reducescatter_async(_A, tensors, name, op, prescale_factor,
+                                                      postscale_factor).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        gathered = _ops.grouped_allgather_async(_A, [g.contiguous() for g in grads], None).wait()
+        if ctx.scale != 1.0:
+            gathered = [g * ctx.scale for g in gathered]
+        return (None, None, None, None) + tuple(gathered)
+
+
 def grouped_reducescatter(tensors, name=None, op=None, process_set=global_process_set,
                           prescale_factor=1.0, postscale_factor=1.0):
-    """Reducescatters each tensor (all enqueued before any is waited on); returns a list."""
+    """Reducescatters a list of tensors negotiated as one group; returns a list. A member
+    that differs across ranks fails the whole group on every rank."""
     _check_process_set(process_set)
-    base = _ops.op_name("grouped_reducescatter", name)
-    handles = [_ops.reducescatter_async(_A, t, "%s.%d" % (base, i), _ops.check_op(op),
-                                        prescale_factor, postscale_factor)
-               for i, t in enumerate(tensors)]
-    return [h.wait() for h in handles]
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    return list(HvdGroupedReducescatter.apply(name, _ops.check_op(op), prescale_factor,
+                                              postscale_factor, *tensors))
 
 
 # ---------------------------------------------------------------- barrier, join
