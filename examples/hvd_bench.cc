@@ -4,10 +4,12 @@
 //
 // Method, per size (the same as the peers in shared/peers):
 //   1. `-w` untimed warmup iterations, then `iters` timed ones (-n, or clamp(budget/size, 5, 100)).
-//   2. Before every iteration all ranks meet in an engine Barrier; then each rank times its own
-//      call from the enqueue to Wait() returning (engine mode: the whole engine operation,
-//      negotiation and fusion included, under one tensor name per size, reused every iteration as
-//      a training loop does; --raw: hvd::RunRawCollective, the transport and algorithm alone).
+//   2. Engine mode: before every iteration all ranks meet in an engine Barrier; then each rank
+//      times its own call from the enqueue to Wait() returning (the whole engine operation,
+//      negotiation and fusion included, under one tensor name per size, reused every iteration
+//      as a training loop does). --raw: hvd::RunRawCollective's background thread meets the
+//      others in a barrier on the transport and times the bare collective (transport and
+//      algorithm alone), as MPI benchmarks time MPI_Allreduce after MPI_Barrier.
 //   3. Outside the timed region: the per-rank times are reduced with an hvd allreduce Max (the
 //      sample of an iteration is its slowest rank), the output of the last iteration is checked
 //      element by element against the formula (bench_check.h) and the wrong counts are summed.
@@ -73,7 +75,9 @@ class Bench {
 
  private:
   size_t CountFor(size_t bytes) const;
-  hvd::Status RunOnce(const std::string& name, size_t count);
+  // One operation. --raw: the bare collective after a barrier on the transport, timed on the
+  // background thread (*seconds); otherwise the caller times it.
+  hvd::Status RunOnce(const std::string& name, size_t count, double* seconds);
   int64_t RunSize(size_t count);
   void PrintHeader() const;
   void PrintRow(size_t count, std::vector<double>& samples, int64_t wrong) const;
@@ -97,9 +101,10 @@ size_t Bench::CountFor(size_t bytes) const {
   return count;
 }
 
-hvd::Status Bench::RunOnce(const std::string& name, size_t count) {
+hvd::Status Bench::RunOnce(const std::string& name, size_t count, double* seconds) {
   if (a_.raw) {
-    return hvd::RunRawCollective(engine_, a_.coll, in_.get(), out_.get(), count, a_.dtype, a_.op);
+    return hvd::RunRawCollective(engine_, a_.coll, in_.get(), out_.get(), count, a_.dtype, a_.op,
+                                 seconds);
   }
   const std::vector<int64_t> shape{static_cast<int64_t>(count)};
   hvd::TensorView in(in_.get(), a_.dtype, shape), out(out_.get(), a_.dtype, shape);
@@ -131,13 +136,18 @@ int64_t Bench::RunSize(size_t count) {
                            std::to_string(bytes);
   std::vector<double> samples(iters);
   for (int it = -a_.warmup; it < iters; ++it) {
-    hvd::Status st = engine_.Barrier()->Wait();
-    if (!st.ok()) Die(rank_, "barrier", st);
+    hvd::Status st;
+    double seconds = 0;
+    if (!a_.raw) {
+      st = engine_.Barrier()->Wait();
+      if (!st.ok()) Die(rank_, "barrier", st);
+    }
     const auto t0 = std::chrono::steady_clock::now();
-    st = RunOnce(name, count);
+    st = RunOnce(name, count, &seconds);
     const auto t1 = std::chrono::steady_clock::now();
     if (!st.ok()) Die(rank_, std::string(CollectiveName(a_.coll)) + " of " + std::to_string(bytes) + " bytes", st);
-    if (it >= 0) samples[it] = std::chrono::duration<double>(t1 - t0).count();
+    if (!a_.raw) seconds = std::chrono::duration<double>(t1 - t0).count();
+    if (it >= 0) samples[it] = seconds;
   }
   hvd::TensorView tv(samples.data(), hvd::DataType::kFloat64, {iters});
   hvd::Status st = engine_.Allreduce(name + ".times", tv, tv, hvd::ReduceOp::kMax)->Wait();
@@ -159,7 +169,7 @@ void Bench::PrintHeader() const {
     const char* op = IsReducing(a_.coll) ? hvd::ReduceOpName(a_.op) : "none";
     std::printf("# hvd_bench %s %s %s, ranks=%d, %s\n", CollectiveName(a_.coll),
                 hvd::DataTypeName(a_.dtype), op, size_,
-                a_.raw ? "raw (hvd::RunRawCollective: transport + algorithm, no negotiation)"
+                a_.raw ? "raw (hvd::RunRawCollective: the bare collective after a transport barrier, timed on the background thread)"
                        : "engine (enqueue to Wait(): negotiation, fusion, collective)");
     std::printf("# size = bytes of each rank's input buffer, count = its elements; algbw = data/time"
                 " with data = size (allgather: size x ranks, the gathered output, as nccl-tests)\n");

@@ -12,6 +12,7 @@
 // and every rank must eventually submit the same names with matching arguments.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -42,7 +43,9 @@ class HVD_EXPORT Handle {
 
   // True once the operation has finished, successfully or not.
   bool Poll() const;
-  // Blocks until the operation has finished; returns its status.
+  // Blocks until the operation has finished; returns its status. It first polls for up to the
+  // engine's spin window (HVD_SPIN_MICROSECONDS), yielding the core, as a short operation
+  // usually finishes within microseconds; then it sleeps until woken.
   Status Wait() const;
   // As Wait, but returns Timeout if it has not finished within `timeout` (it goes on).
   Status WaitFor(std::chrono::milliseconds timeout) const;
@@ -68,12 +71,19 @@ class HVD_EXPORT Handle {
   void* output_data_ = nullptr;
   std::vector<int64_t> received_splits_;
   int join_last_rank_ = -1;
+  // Engine side, set before the handle is returned: how long Wait() polls before sleeping.
+  std::chrono::microseconds spin_{0};
 
  private:
+  // Polls `finished_` for up to spin_ (or `limit`); true once it is set.
+  bool Spin(std::chrono::steady_clock::time_point limit) const;
+
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   bool done_ = false;  // guarded by mu_
   Status status_;      // guarded by mu_
+  std::atomic<bool> finished_{false};  // done_, readable without mu_
+  mutable std::atomic<int> sleepers_{0};  // waiters blocked on cv_: only then does Complete notify
 };
 using HandlePtr = std::shared_ptr<Handle>;
 

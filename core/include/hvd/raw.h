@@ -20,7 +20,13 @@ enum class RawCollective { kAllreduce, kAllgather, kBroadcast, kAlltoall, kReduc
 //   alltoall       in: count elements, count divisible by size; out: count elements
 //   reducescatter  in: count elements, count divisible by size; out: count / size elements
 // op applies to allreduce and reducescatter (kAverage reduces like kSum, then scales).
+//
+// With `seconds`, the background thread first meets the other ranks in a barrier on the
+// transport, then times the collective alone and stores its duration there: the bare
+// collective, as MPI benchmarks time MPI_Allreduce after MPI_Barrier, without the hand-over to
+// and from the background thread.
 HVD_EXPORT Status RunRawCollective(Engine& engine, RawCollective coll, const void* in, void* out,
-                                   size_t count, DataType dtype, ReduceOp op);
+                                   size_t count, DataType dtype, ReduceOp op,
+                                   double* seconds = nullptr);
 
 }  // namespace hvd

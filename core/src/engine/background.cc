@@ -72,15 +72,19 @@ void EngineImpl::RunLoop() {
       continue;
     }
     if (io_.stopped()) io_.restart();
-    // Right after work the next message (a response, the peer's data) is usually microseconds
-    // away: poll for it (yielding the core) before sleeping in the kernel.
+    // Right after work the next message (a response, the peer's data) or the caller's next
+    // operation is usually microseconds away: poll for it (yielding the core) before sleeping
+    // in the kernel. The queue is looked at without a syscall (Wake()).
     if (spin_.count() > 0 && Clock::now() - last_work_ < spin_) {
+      if (queued_.load()) continue;
       if (io_.poll() == 0) sched_yield();
       continue;
     }
     Clock::duration sleep = kIdleTick;
     if (auto left = CycleRemaining(); left > Clock::duration::zero()) sleep = std::min(sleep, left);
-    io_.run_one_for(sleep);
+    sleeping_.store(true);
+    if (!queued_.load()) io_.run_one_for(sleep);
+    sleeping_.store(false);
     if (io_.stopped()) io_.restart();
     io_.poll();
   }
@@ -89,6 +93,7 @@ void EngineImpl::RunLoop() {
 bool EngineImpl::DrainQueue() {
   std::deque<TensorEntry> batch;
   bool shutdown;
+  queued_.store(false);
   wake_posted_.store(false);
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -110,8 +110,13 @@ Status EngineImpl::SetUpViews(const Topology& topo, const std::string& why) {
 
 EngineImpl::~EngineImpl() { Shutdown(); }
 
+// The caller raises queued_ after queueing, then posts a wake-up only if the background thread
+// is asleep (or about to be): it raises sleeping_ before its last look at queued_, so with both
+// sequentially consistent either it sees the queue or this sees it sleeping. While it polls
+// after work it looks at queued_ itself, without a syscall on either side.
 void EngineImpl::Wake() {
-  if (!wake_posted_.exchange(true)) asio::post(io_, [] {});
+  queued_.store(true);
+  if (sleeping_.load() && !wake_posted_.exchange(true)) asio::post(io_, [] {});
 }
 
 Status EngineImpl::Shutdown() {
@@ -186,6 +191,7 @@ std::vector<HandlePtr> EngineImpl::EnqueueGroup(std::vector<TensorEntry> entries
     }
     for (auto& e : entries) {
       in_flight_.insert(e.request.name);
+      e.handle->spin_ = spin_;
       queue_.push_back(std::move(e));
     }
   }

@@ -3,7 +3,8 @@
 //
 // Threads:
 //   - Caller threads call Enqueue*/Shutdown only. They validate, put a TensorEntry on queue_
-//     (under mu_) and wake the background thread with a no-op handler posted to io_.
+//     (under mu_), raise queued_, and wake the background thread with a no-op handler posted
+//     to io_ when it sleeps (Wake()).
 //   - The background thread runs Loop(): it drains the queue into pending_ and announces the
 //     new requests to the coordinator; on rank 0 it also computes and broadcasts responses; it
 //     executes responses in order; between those it sleeps in io_.run_one_for(), which wakes on
@@ -130,6 +131,8 @@ class EngineImpl {
   bool shutdown_requested_ = false;
   uint64_t barrier_count_ = 0;
   std::atomic<bool> wake_posted_{false};
+  std::atomic<bool> queued_{false};    // the queue may hold entries the background has not seen
+  std::atomic<bool> sleeping_{false};  // the background thread sleeps in io_ (or is about to)
 
   // Background side.
   asio::io_context io_;

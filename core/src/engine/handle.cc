@@ -1,21 +1,44 @@
+#include <sched.h>
+
 #include "hvd/engine.h"
 
 namespace hvd {
+
+bool Handle::Spin(std::chrono::steady_clock::time_point limit) const {
+  if (spin_.count() <= 0) return finished_.load(std::memory_order_acquire);
+  const auto end = std::min(limit, std::chrono::steady_clock::now() + spin_);
+  for (;;) {
+    if (finished_.load(std::memory_order_acquire)) return true;
+    if (std::chrono::steady_clock::now() >= end) return false;
+    sched_yield();
+  }
+}
 
 bool Handle::Poll() const {
   std::lock_guard<std::mutex> l(mu_);
   return done_;
 }
 
+// A waiter counts itself in sleepers_ under mu_ before it sleeps, and Complete reads the count
+// after setting done_ under mu_: either the waiter sees done_, or Complete sees the waiter.
 Status Handle::Wait() const {
+  Spin(std::chrono::steady_clock::time_point::max());
   std::unique_lock<std::mutex> l(mu_);
-  cv_.wait(l, [this] { return done_; });
+  if (!done_) {
+    ++sleepers_;
+    cv_.wait(l, [this] { return done_; });
+    --sleepers_;
+  }
   return status_;
 }
 
 Status Handle::WaitFor(std::chrono::milliseconds timeout) const {
+  Spin(std::chrono::steady_clock::now() + timeout);
   std::unique_lock<std::mutex> l(mu_);
-  if (!cv_.wait_for(l, timeout, [this] { return done_; })) {
+  ++sleepers_;
+  const bool done = cv_.wait_for(l, timeout, [this] { return done_; });
+  --sleepers_;
+  if (!done) {
     return Status::Timeout("operation still pending after " + std::to_string(timeout.count()) +
                            " ms");
   }
@@ -33,8 +56,9 @@ void Handle::Complete(Status status) {
     if (done_) return;
     status_ = std::move(status);
     done_ = true;
+    finished_.store(true, std::memory_order_release);
   }
-  cv_.notify_all();
+  if (sleepers_.load() > 0) cv_.notify_all();
 }
 
 }  // namespace hvd

@@ -53,12 +53,24 @@ RawFn MakeRaw(RawCollective coll, const void* in, void* out, size_t count, DataT
 }  // namespace
 
 Status RunRawCollective(Engine& engine, RawCollective coll, const void* in, void* out,
-                        size_t count, DataType dtype, ReduceOp op) {
+                        size_t count, DataType dtype, ReduceOp op, double* seconds) {
   TensorEntry e;
   e.request.name = "raw";  // one at a time: the call waits, and the name refuses overlap
   e.input.shape = {0};  // the raw function carries its own buffers
   e.handle = std::make_shared<Handle>();
-  e.raw = MakeRaw(coll, in, out, count, dtype, op, engine.size(), engine.options().timeout_seconds);
+  RawFn run = MakeRaw(coll, in, out, count, dtype, op, engine.size(),
+                      engine.options().timeout_seconds);
+  if (seconds) {
+    const double timeout = engine.options().timeout_seconds;
+    run = [run, seconds, timeout](Transport& t, ScratchBuffer& scratch) -> Status {
+      HVD_RETURN_IF_ERROR(Barrier(t, DeadlineAfterSeconds(timeout)));
+      const auto t0 = Clock::now();
+      Status s = run(t, scratch);
+      *seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      return s;
+    };
+  }
+  e.raw = std::move(run);
   HandlePtr h = engine.impl()->Enqueue(std::move(e));
   return h->Wait();
 }
