@@ -53,6 +53,7 @@ void EngineImpl::RunLoop() {
     }
     if (coordinator_) CoordinatorStep();
     while (!to_execute_.empty() && abort_.ok()) {
+      StopPolling();  // peers ring while the collective waits
       Response r = std::move(to_execute_.front());
       to_execute_.pop_front();
       Execute(r);
@@ -77,8 +78,17 @@ void EngineImpl::RunLoop() {
     // in the kernel. The queue is looked at without a syscall (Wake()).
     if (spin_.count() > 0 && Clock::now() - last_work_ < spin_) {
       if (queued_.load()) continue;
+      if (poller_) {
+        if (!polling_) poller_->SetPolling(polling_ = true);
+        if (poller_->Poll()) continue;
+      }
       if (io_.poll() == 0) sched_yield();
       continue;
+    }
+    if (polling_) {
+      // Peers ring from here on; what they sent before they saw the flag down is read now.
+      StopPolling();
+      if (poller_->Poll()) continue;
     }
     Clock::duration sleep = kIdleTick;
     if (auto left = CycleRemaining(); left > Clock::duration::zero()) sleep = std::min(sleep, left);
@@ -88,6 +98,12 @@ void EngineImpl::RunLoop() {
     if (io_.stopped()) io_.restart();
     io_.poll();
   }
+}
+
+void EngineImpl::StopPolling() {
+  if (!polling_) return;
+  polling_ = false;
+  poller_->SetPolling(false);
 }
 
 bool EngineImpl::DrainQueue() {
@@ -103,6 +119,7 @@ bool EngineImpl::DrainQueue() {
   std::vector<Request> requests;
   for (auto& e : batch) {
     if (e.raw) {
+      StopPolling();
       // Benchmark hook: every rank runs it at the same point, without negotiation.
       Status s = e.raw(*transport_, scratch_);
       if (!s.ok() && s.code() != StatusCode::kInvalidArgument) abort_ = s;
@@ -368,8 +385,9 @@ void EngineImpl::FlushControl(Deadline deadline) {
     return false;
   };
   while (busy() && Clock::now() < deadline) {
+    if (poller_ && poller_->Poll()) continue;
     if (io_.stopped()) io_.restart();
-    io_.run_one_for(std::chrono::milliseconds(50));
+    io_.run_one_for(std::chrono::milliseconds(poller_ ? 1 : 50));
   }
 }
 

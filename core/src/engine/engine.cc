@@ -65,6 +65,7 @@ Status EngineImpl::Connect() {
   backends_ = std::move(job->backends);
   transport_ = std::move(job->transport);
   control_ = std::move(job->control);
+  poller_ = std::move(job->poller);
   plan_.size = options_.size;
   plan_.offload = transport_->offload() != nullptr;
   plan_.hierarchical_allreduce = options_.hierarchical_allreduce;

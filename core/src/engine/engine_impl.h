@@ -82,6 +82,7 @@ class EngineImpl {
   void Loop();
   void RunLoop();
   bool DrainQueue();
+  void StopPolling();  // lowers the poller's flag before a wait that does not poll it
   void Announce(std::vector<Request> requests);
   void OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&& payload);
   void OnControlError(int peer, const std::string& what,
@@ -145,6 +146,8 @@ class EngineImpl {
   std::unique_ptr<GroupView> local_view_, cross_view_;
   PlanContext plan_;
   std::vector<std::shared_ptr<ControlLink>> control_;  // rank 0: [peer]; worker: [0]
+  std::shared_ptr<ControlPoller> poller_;  // links the io_context alone does not drive; or null
+  bool polling_ = false;  // poller_ is told this thread polls it (only while it spins idle)
   std::unique_ptr<Coordinator> coordinator_;              // rank 0 only
   std::unique_ptr<ResponseCache> cache_;                  // identical on every rank
   std::vector<uint64_t> worker_epochs_;                   // rank 0: each worker's cache epoch

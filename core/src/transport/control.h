@@ -33,4 +33,16 @@ class ControlLink {
   virtual void Close() = 0;
 };
 
+// A control plane whose links the io_context alone does not drive (shared memory): the engine
+// polls it while it spins after work, with SetPolling(true) so that peers need not wake it;
+// before it sleeps it calls SetPolling(false) and then Poll() once more. Incoming messages go
+// to the links' callbacks, on the calling thread.
+class ControlPoller {
+ public:
+  virtual ~ControlPoller() = default;
+  // Moves bytes on every link; true if any moved.
+  virtual bool Poll() = 0;
+  virtual void SetPolling(bool on) = 0;
+};
+
 }  // namespace hvd

@@ -185,13 +185,22 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
   auto transport = ConnectSharedMemory(tcp, o, deadline, &lost);
   if (!transport.ok()) return give_up(transport.status(), lost);
   job.transport = std::move(*transport);
-  // Step 5.
+  // Step 5. A peer on this host gets its link through shared memory (both ends decide alike:
+  // the ranks of a host agree on who shares its segments), and its TCP connection is closed.
+  auto shm_control = SharedMemoryControl(*job.transport);
+  job.poller = shm_control;
   auto& control = (*mesh)->control;
   job.control.resize(control.size());
   for (size_t i = 0; i < control.size(); ++i) {
     if (!control[i]) continue;
-    auto link = std::make_shared<ControlChannel>(static_cast<int>(i), std::move(control[i]),
-                                                 on_message, on_error);
+    const int peer = static_cast<int>(i);
+    if (shm_control && shm_control->Has(peer)) {
+      asio::error_code ec;
+      control[i]->close(ec);
+      job.control[i] = shm_control->Link(peer, on_message, on_error);
+      continue;
+    }
+    auto link = std::make_shared<ControlChannel>(peer, std::move(control[i]), on_message, on_error);
     link->Start();
     job.control[i] = std::move(link);
   }

@@ -18,7 +18,8 @@
 //      HVD_CPU_OPERATIONS=mpi, MpiCollectives becomes its CollectiveOffload. Then shared memory
 //      among the ranks of each host (HVD_SHM): a router sends those peers' bytes through it
 //      and the rest over TCP (transport/shm/shm_transport.h).
-//   5. The control plane: one ControlLink per control connection, started.
+//   5. The control plane: one ControlLink per control connection, started; to a peer that
+//      shares this host's memory the link goes through it (ShmControlPlane) instead.
 // Between 3 and 4 the ranks gather their layout (host of each rank). A rank that fails after
 // the mesh leaves its reason in the store, as the mesh does, and a rank that sees a peer's
 // connection close passes on the reason that peer left.
@@ -53,6 +54,8 @@ struct JobConnections {
   std::unique_ptr<JobBackends> backends;  // never null; must outlive `transport`
   std::unique_ptr<Transport> transport;
   std::vector<std::shared_ptr<ControlLink>> control;  // rank 0: [peer]; a worker: [0]
+  // Polled by the engine for the links that the io_context alone does not drive; may be null.
+  std::shared_ptr<ControlPoller> poller;
   // Every rank's host as the launcher placed them (GatherTopology): when it does not describe
   // hosts of equal size, each rank is a host of its own and layout_note says why.
   Topology topology;

@@ -26,6 +26,7 @@
 #include "common/logging.h"
 #include "reduce/reduce.h"
 #include "transport/collective_offload.h"
+#include "transport/tcp/control_channel.h"
 #include "transport/transport_factory.h"
 
 namespace hvd {
@@ -42,6 +43,9 @@ constexpr uint64_t kShmBit = uint64_t{1} << 63;
 // its share of, and finished.
 struct alignas(64) Doorbell {
   std::atomic<uint32_t> sleeping;
+  // Set while the owner's background thread polls its control rings (ShmControl): senders then
+  // do not ring its eventfd.
+  std::atomic<uint32_t> polling;
   alignas(64) std::atomic<uint64_t> published;
   alignas(64) std::atomic<uint64_t> reduced;
   alignas(64) std::atomic<uint64_t> finished;
@@ -67,8 +71,19 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "doorbells need lock-f
 
 constexpr size_t kSlotBytes = sizeof(RingHeader) + kRingBytes;
 
+// One direction of a control link (ShmControl), in the receiver's segment: framed messages as
+// over TCP, and `closed`, raised by the sender after its last bytes when it closes the link.
+constexpr size_t kControlRingBytes = size_t{256} << 10;
+struct alignas(64) ControlHeader {
+  RingHeader ring;
+  std::atomic<uint32_t> closed;
+  char pad[64 - sizeof(std::atomic<uint32_t>)];
+};
+constexpr size_t kControlSlotBytes = sizeof(ControlHeader) + kControlRingBytes;
+
 size_t SegmentBytes(int slots) {
-  return sizeof(Doorbell) + kCollectiveBytes + static_cast<size_t>(slots) * kSlotBytes;
+  return sizeof(Doorbell) + kCollectiveBytes +
+         static_cast<size_t>(slots) * (kSlotBytes + kControlSlotBytes);
 }
 
 // One rank's segment as mapped here, and its bell.
@@ -87,17 +102,28 @@ struct Segment {
                                          slot * kSlotBytes);
   }
   uint8_t* data(int slot) const { return reinterpret_cast<uint8_t*>(ring(slot) + 1); }
+  // The control ring from the rank of `slot` to the owner.
+  ControlHeader* control(int slot, int slots) const {
+    return reinterpret_cast<ControlHeader*>(base + sizeof(Doorbell) + kCollectiveBytes +
+                                            slots * kSlotBytes + slot * kControlSlotBytes);
+  }
+  uint8_t* control_data(int slot, int slots) const {
+    return reinterpret_cast<uint8_t*>(control(slot, slots) + 1);
+  }
 };
 
-// Copies between a ring's data and a caller's buffer at stream position `pos` (wrapping).
-void CopyIntoRing(uint8_t* ring, uint64_t pos, const uint8_t* src, size_t n) {
-  const size_t at = pos % kRingBytes, first = std::min(n, kRingBytes - at);
+// Copies between a ring's data (`cap` bytes) and a caller's buffer at stream position `pos`
+// (wrapping).
+void CopyIntoRing(uint8_t* ring, uint64_t pos, const uint8_t* src, size_t n,
+                  size_t cap = kRingBytes) {
+  const size_t at = pos % cap, first = std::min(n, cap - at);
   std::memcpy(ring + at, src, first);
   std::memcpy(ring, src + first, n - first);
 }
 
-void CopyOutOfRing(const uint8_t* ring, uint64_t pos, uint8_t* dst, size_t n) {
-  const size_t at = pos % kRingBytes, first = std::min(n, kRingBytes - at);
+void CopyOutOfRing(const uint8_t* ring, uint64_t pos, uint8_t* dst, size_t n,
+                   size_t cap = kRingBytes) {
+  const size_t at = pos % cap, first = std::min(n, cap - at);
   std::memcpy(dst, ring + at, first);
   std::memcpy(dst + first, ring, n - first);
 }
@@ -136,6 +162,222 @@ void Ring(const Segment& s) {
     ssize_t n = ::write(s.bell_fd, &one, sizeof(one));
     (void)n;  // a full counter already wakes the reader
   }
+}
+
+// ---------------------------------------------------------------- the control plane
+
+// Control links to the ranks of this host through their segments' control rings: the same
+// frames as over TCP (transport/tcp/control_channel.h), without a syscall while both ends poll.
+//
+//   - Send appends the frame to the link's outgoing bytes and copies what fits into the ring
+//     in the peer's segment; the rest goes as the peer frees space. It rings the peer's eventfd
+//     unless the peer's `polling` flag is up; a receiver that frees space in a ring its sender
+//     had filled rings the sender, whose outgoing bytes may be waiting for it.
+//   - Poll moves bytes both ways on every link and hands each complete frame to the link's
+//     message callback. The engine calls it while it spins (with `polling` up) and once after
+//     lowering the flag before it sleeps, so a sender either sees the flag down and rings, or
+//     its bytes are seen by that last look; the io_context calls it whenever the eventfd rings.
+//   - Close raises `closed` after the last bytes; the peer reports the link closed once it has
+//     read them all. A peer whose process exited (pidfd) is reported once what it wrote is read,
+//     so a message it sent before exiting (shutdown, abort) comes first, as over TCP.
+class ShmControl : public ShmControlPlane, public std::enable_shared_from_this<ShmControl> {
+ public:
+  ShmControl(int rank, std::vector<int> slot_of, int my_slot, const std::vector<Segment>* segments)
+      : rank_(rank), slot_of_(std::move(slot_of)), my_slot_(my_slot), segments_(segments),
+        links_(slot_of_.size()) {}
+
+  bool Has(int peer) const override {
+    return peer >= 0 && peer < static_cast<int>(slot_of_.size()) && peer != rank_ &&
+           slot_of_[peer] >= 0;
+  }
+
+  std::shared_ptr<ControlLink> Link(int peer, ControlLink::MessageFn on_message,
+                                    ControlLink::ErrorFn on_error) override;
+
+  bool Poll() override {
+    if (!segments_ || polling_now_) return false;
+    polling_now_ = true;
+    bool moved = false;
+    for (int p = 0; p < static_cast<int>(links_.size()); ++p) {
+      if (links_[p].used && links_[p].open) moved = Move(p) || moved;
+    }
+    polling_now_ = false;
+    return moved;
+  }
+
+  void SetPolling(bool on) override {
+    if (!segments_) return;
+    own().bell()->polling.store(on ? 1 : 0, std::memory_order_seq_cst);
+  }
+
+  // The link's state, for ShmControlLink.
+  bool open(int peer) const { return links_[peer].open; }
+  bool idle(int peer) const { return links_[peer].out_at == links_[peer].out.size(); }
+
+  void Send(int peer, uint8_t type, const std::vector<uint8_t>& payload) {
+    State& l = links_[peer];
+    if (!l.open || !segments_) return;
+    uint8_t header[kControlHeaderBytes];
+    const uint32_t len = static_cast<uint32_t>(payload.size() + 1);
+    std::memcpy(header, &len, 4);
+    header[4] = type;
+    if (l.out_at == l.out.size()) {
+      l.out.clear();
+      l.out_at = 0;
+    }
+    l.out.insert(l.out.end(), header, header + sizeof(header));
+    l.out.insert(l.out.end(), payload.begin(), payload.end());
+    Flush(peer);
+  }
+
+  void Close(int peer) {
+    State& l = links_[peer];
+    if (!l.open) return;
+    l.open = false;
+    if (!segments_) return;
+    Flush(peer);  // what fits; the rest is dropped, as a TCP close drops its queue
+    ControlHeader* h = theirs(peer).control(my_slot_, slots());
+    h->closed.store(1, std::memory_order_release);
+    Ring(theirs(peer), /*always=*/true);
+  }
+
+  // From the router's pidfd watch: reports the link once what the peer wrote has been read.
+  void PeerExited(int peer) {
+    if (!Has(peer)) return;
+    links_[peer].exited = true;
+    if (links_[peer].used && links_[peer].open) Move(peer);
+  }
+
+  // The router is going away with the segments.
+  void Detach() { segments_ = nullptr; }
+
+ private:
+  struct State {
+    bool used = false;  // a link was made
+    bool open = false;
+    bool exited = false;
+    ControlLink::MessageFn on_message;
+    ControlLink::ErrorFn on_error;
+    std::vector<uint8_t> out;  // frames not yet in the ring: out[out_at..]
+    size_t out_at = 0;
+    std::vector<uint8_t> in;  // bytes of frames not complete yet
+  };
+
+  int slots() const { return static_cast<int>(segments_->size()); }
+  const Segment& own() const { return (*segments_)[my_slot_]; }
+  const Segment& theirs(int peer) const { return (*segments_)[slot_of_[peer]]; }
+
+  void Ring(const Segment& s, bool always = false) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (always || !s.bell()->polling.load(std::memory_order_relaxed)) {
+      uint64_t one = 1;
+      ssize_t n = ::write(s.bell_fd, &one, sizeof(one));
+      (void)n;  // a full counter already wakes the reader
+    }
+  }
+
+  // Copies what fits of the outgoing bytes into the peer's ring. True if any moved.
+  bool Flush(int peer) {
+    State& l = links_[peer];
+    if (l.out_at == l.out.size()) return false;
+    ControlHeader* h = theirs(peer).control(my_slot_, slots());
+    uint8_t* data = theirs(peer).control_data(my_slot_, slots());
+    const uint64_t head = h->ring.head.load(std::memory_order_relaxed);
+    const uint64_t tail = h->ring.tail.load(std::memory_order_acquire);
+    const size_t n = std::min<size_t>(l.out.size() - l.out_at, kControlRingBytes - (head - tail));
+    if (n == 0) return false;
+    CopyIntoRing(data, head, l.out.data() + l.out_at, n, kControlRingBytes);
+    l.out_at += n;
+    h->ring.head.store(head + n, std::memory_order_release);
+    Ring(theirs(peer));
+    return true;
+  }
+
+  // Flushes to the peer, reads from it and dispatches complete frames. True if bytes moved.
+  bool Move(int peer) {
+    State& l = links_[peer];
+    bool moved = Flush(peer);
+    ControlHeader* h = own().control(slot_of_[peer], slots());
+    const uint8_t* data = own().control_data(slot_of_[peer], slots());
+    const uint32_t closed = h->closed.load(std::memory_order_acquire);
+    const uint64_t tail = h->ring.tail.load(std::memory_order_relaxed);
+    const uint64_t head = h->ring.head.load(std::memory_order_acquire);
+    if (head != tail) {
+      const size_t n = static_cast<size_t>(head - tail);
+      const size_t at = l.in.size();
+      l.in.resize(at + n);
+      CopyOutOfRing(data, tail, l.in.data() + at, n, kControlRingBytes);
+      h->ring.tail.store(head, std::memory_order_release);
+      if (n == kControlRingBytes) Ring(theirs(peer));  // it may have bytes waiting for space
+      moved = true;
+    }
+    size_t used = 0;
+    while (l.open && l.in.size() - used >= kControlHeaderBytes) {
+      uint32_t len;
+      uint8_t type;
+      std::string why;
+      if (!ParseControlHeader(l.in.data() + used, &len, &type, &why)) {
+        Fail(peer, why);
+        return true;
+      }
+      if (l.in.size() - used - kControlHeaderBytes < len) break;
+      const uint8_t* body = l.in.data() + used + kControlHeaderBytes;
+      std::vector<uint8_t> payload(body, body + len);
+      used += kControlHeaderBytes + len;
+      l.on_message(peer, type, std::move(payload));  // may send, close or abort
+    }
+    if (used) l.in.erase(l.in.begin(), l.in.begin() + static_cast<std::ptrdiff_t>(used));
+    // Everything the peer wrote has been read: a closed link or an exited process is reported.
+    if (l.open && (closed || l.exited) &&
+        h->ring.head.load(std::memory_order_acquire) == h->ring.tail.load(std::memory_order_relaxed)) {
+      Fail(peer, closed ? "connection closed by the peer" : "its process exited");
+    }
+    return moved;
+  }
+
+  void Fail(int peer, const std::string& what) {
+    State& l = links_[peer];
+    if (!l.open) return;
+    Close(peer);
+    l.on_error(peer, what);
+  }
+
+  const int rank_;
+  const std::vector<int> slot_of_;
+  const int my_slot_;
+  const std::vector<Segment>* segments_;  // the router's; null once it is gone
+  std::vector<State> links_;               // [peer]
+  bool polling_now_ = false;               // Poll is running (a callback must not re-enter it)
+};
+
+class ShmControlLink : public ControlLink {
+ public:
+  ShmControlLink(std::shared_ptr<ShmControl> plane, int peer)
+      : plane_(std::move(plane)), peer_(peer) {}
+  int peer() const override { return peer_; }
+  bool open() const override { return plane_->open(peer_); }
+  bool idle() const override { return plane_->idle(peer_); }
+  void Send(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload) override {
+    plane_->Send(peer_, type, *payload);
+  }
+  void Close() override { plane_->Close(peer_); }
+
+ private:
+  std::shared_ptr<ShmControl> plane_;
+  const int peer_;
+};
+
+std::shared_ptr<ControlLink> ShmControl::Link(int peer, ControlLink::MessageFn on_message,
+                                              ControlLink::ErrorFn on_error) {
+  if (!Has(peer) || links_[peer].used) return nullptr;
+  State& l = links_[peer];
+  l.used = true;
+  l.open = true;
+  l.on_message = std::move(on_message);
+  l.on_error = std::move(on_error);
+  auto link = std::make_shared<ShmControlLink>(shared_from_this(), peer);
+  if (segments_) Move(peer);  // what the peer already sent
+  return link;
 }
 
 // ---------------------------------------------------------------- the router
@@ -183,7 +425,8 @@ class ShmRouter : public Transport {
         spin_(spin),
         progress_window_(progress_window),
         bell_(std::make_shared<BellReader>(io_)),
-        collectives_(this) {
+        collectives_(this),
+        control_(std::make_shared<ShmControl>(tcp_->rank(), slot_of_, my_slot_, &segments_)) {
     // MPI's collectives when asked for (HVD_CPU_OPERATIONS=mpi); else, when every rank shares
     // this host, allreduce straight through the segments.
     const bool all_local =
@@ -191,21 +434,26 @@ class ShmRouter : public Transport {
     set_offload(tcp_->offload() ? tcp_->offload() : all_local ? &collectives_ : nullptr);
     // The io_context reads this rank's eventfd, so that a ring wakes a sleeping wait.
     bell_->fd.assign(::dup(segments_[my_slot_].bell_fd));
+    bell_->control = control_;
     ArmBell(bell_);
     // Each peer's process: its exit fails what cannot complete any more.
     for (int p = 0; p < size(); ++p) {
       if (!IsShm(p)) continue;
       auto w = std::make_shared<PidWatch>(io_);
       w->fd.assign(::dup(segments_[slot_of_[p]].pid_fd));
+      std::weak_ptr<ShmControl> control = control_;
       w->fd.async_wait(asio::posix::stream_descriptor::wait_read,
-                       [w](const asio::error_code& ec) {
-                         if (!ec) w->exited = true;
+                       [w, p, control](const asio::error_code& ec) {
+                         if (ec) return;
+                         w->exited = true;
+                         if (auto c = control.lock()) c->PeerExited(p);
                        });
       peers_[p].watch = w;
     }
   }
 
   ~ShmRouter() override {
+    control_->Detach();
     bell_->stopped = true;
     asio::error_code ec;
     bell_->fd.cancel(ec);
@@ -317,6 +565,8 @@ class ShmRouter : public Transport {
     return Status::OK();
   }
 
+  std::shared_ptr<ShmControl> control() const { return control_; }
+
   void Abort(const Status& why) override {
     if (!broken_.ok()) return;
     broken_ = why;
@@ -358,12 +608,15 @@ class ShmRouter : public Transport {
     asio::posix::stream_descriptor fd;
     uint64_t value = 0;
     bool stopped = false;
+    std::weak_ptr<ShmControl> control;  // polled on every ring
   };
 
   static void ArmBell(const std::shared_ptr<BellReader>& b) {
     b->fd.async_read_some(asio::buffer(&b->value, sizeof(b->value)),
                           [b](const asio::error_code& ec, size_t) {
-                            if (!ec && !b->stopped) ArmBell(b);
+                            if (ec || b->stopped) return;
+                            if (auto c = b->control.lock()) c->Poll();
+                            ArmBell(b);
                           });
   }
 
@@ -616,6 +869,7 @@ class ShmRouter : public Transport {
   const Clock::duration progress_window_;
   std::shared_ptr<BellReader> bell_;
   ShmCollectives collectives_;
+  std::shared_ptr<ShmControl> control_;
   uint64_t chunks_ = 0;             // shared-memory allreduce chunks this rank has started
   Clock::time_point progressed_;    // when the rank waited for last changed
   Status broken_;
@@ -870,6 +1124,11 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
 }
 
 }  // namespace
+
+std::shared_ptr<ShmControlPlane> SharedMemoryControl(Transport& transport) {
+  auto* router = dynamic_cast<ShmRouter*>(&transport);
+  return router ? router->control() : nullptr;
+}
 
 StatusOr<std::unique_ptr<Transport>> ConnectSharedMemory(std::unique_ptr<TcpTransport>& tcp,
                                                          const Options& options,

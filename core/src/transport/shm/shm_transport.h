@@ -29,6 +29,10 @@
 // rank publishes its input in its own segment and the others read it there (ShmCollectives in
 // the .cc). The other collectives run hvd's algorithms over the rings.
 //
+// Control. The engine's control links to the ranks of its host go through the segments too
+// (ShmControlPlane): no syscall while both ends poll, and the same order and failure reports
+// as over TCP.
+//
 // Thread-safety: as Transport: one thread, the one that runs the io_context.
 #pragma once
 
@@ -36,10 +40,24 @@
 #include <memory>
 
 #include "hvd/options.h"
+#include "transport/control.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 
 namespace hvd {
+
+// Control links over shared memory to the ranks of this host (the .cc says how they work).
+class ShmControlPlane : public ControlPoller {
+ public:
+  // Whether links to `peer` can go over shared memory (it shares this host's segments).
+  virtual bool Has(int peer) const = 0;
+  // The link to `peer` (once per peer), reporting as a TCP ControlChannel does; null if !Has.
+  virtual std::shared_ptr<ControlLink> Link(int peer, ControlLink::MessageFn on_message,
+                                            ControlLink::ErrorFn on_error) = 0;
+};
+
+// The control plane of a transport that ConnectSharedMemory returned, or null (TCP only).
+std::shared_ptr<ShmControlPlane> SharedMemoryControl(Transport& transport);
 
 // Sets up shared memory among the ranks of each host that `tcp` connects and returns the
 // router over both, or `tcp` itself when no two ranks share a host or HVD_SHM=off. Every rank
