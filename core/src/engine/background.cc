@@ -12,6 +12,9 @@ namespace hvd {
 
 namespace {
 constexpr auto kIdleTick = std::chrono::milliseconds(100);
+// While it spins with every control link polled in memory, how often the background thread
+// also polls the io_context (a syscall).
+constexpr auto kIoPollEvery = std::chrono::microseconds(20);
 
 std::shared_ptr<const std::vector<uint8_t>> Payload(std::vector<uint8_t> v) {
   return std::make_shared<const std::vector<uint8_t>>(std::move(v));
@@ -76,13 +79,21 @@ void EngineImpl::RunLoop() {
     // Right after work the next message (a response, the peer's data) or the caller's next
     // operation is usually microseconds away: poll for it (yielding the core) before sleeping
     // in the kernel. The queue is looked at without a syscall (Wake()).
-    if (spin_.count() > 0 && Clock::now() - last_work_ < spin_) {
+    const auto now = Clock::now();
+    if (spin_.count() > 0 && now - last_work_ < spin_) {
       if (queued_.load()) continue;
       if (poller_) {
         if (!polling_) poller_->SetPolling(polling_ = true);
         if (poller_->Poll()) continue;
       }
-      if (io_.poll() == 0) sched_yield();
+      // TCP control links are read by the io_context: poll it every round. With every link in
+      // memory, only timers and the rest need it now and then. Yield every round: the thread
+      // that will answer may be waiting for this core.
+      if (control_over_tcp_ || now - io_polled_ >= kIoPollEvery) {
+        io_polled_ = now;
+        if (io_.poll() > 0) continue;
+      }
+      sched_yield();
       continue;
     }
     if (polling_) {

@@ -55,6 +55,12 @@ Status EngineImpl::Connect() {
                                                  options_.stall_shutdown_seconds);
   }
   spin_ = SpinWindow(options_);
+  // A caller's Wait polls only while this host has a core per rank; oversubscribed, its
+  // polling would take the core that the threads it waits for need.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  wait_spin_ = static_cast<unsigned>(std::max(1, options_.local_size)) <= cores
+                   ? spin_
+                   : std::chrono::microseconds(0);
   auto on_msg = [this](int peer, uint8_t type, std::vector<uint8_t>&& p) {
     OnControlMessage(peer, type, std::move(p));
   };
@@ -66,6 +72,7 @@ Status EngineImpl::Connect() {
   transport_ = std::move(job->transport);
   control_ = std::move(job->control);
   poller_ = std::move(job->poller);
+  control_over_tcp_ = job->control_over_tcp;
   plan_.size = options_.size;
   plan_.offload = transport_->offload() != nullptr;
   plan_.hierarchical_allreduce = options_.hierarchical_allreduce;
@@ -192,7 +199,7 @@ std::vector<HandlePtr> EngineImpl::EnqueueGroup(std::vector<TensorEntry> entries
     }
     for (auto& e : entries) {
       in_flight_.insert(e.request.name);
-      e.handle->spin_ = spin_;
+      e.handle->spin_ = wait_spin_;
       queue_.push_back(std::move(e));
     }
   }

@@ -148,6 +148,8 @@ class EngineImpl {
   std::vector<std::shared_ptr<ControlLink>> control_;  // rank 0: [peer]; worker: [0]
   std::shared_ptr<ControlPoller> poller_;  // links the io_context alone does not drive; or null
   bool polling_ = false;  // poller_ is told this thread polls it (only while it spins idle)
+  bool control_over_tcp_ = true;  // some control link is read by the io_context
+  Clock::time_point io_polled_;   // when the spinning loop last polled the io_context
   std::unique_ptr<Coordinator> coordinator_;              // rank 0 only
   std::unique_ptr<ResponseCache> cache_;                  // identical on every rank
   std::vector<uint64_t> worker_epochs_;                   // rank 0: each worker's cache epoch
@@ -166,6 +168,7 @@ class EngineImpl {
   Status abort_;           // set by a control message or a lost peer
   std::unique_ptr<asio::steady_timer> heartbeat_;
   std::chrono::microseconds spin_{0};  // polling window before sleeping (HVD_SPIN_MICROSECONDS)
+  std::chrono::microseconds wait_spin_{0};  // the same for callers' Wait (0: oversubscribed)
   Clock::time_point last_work_;
   std::vector<Clock::time_point> last_heard_;  // per control peer
   bool done_ = false;

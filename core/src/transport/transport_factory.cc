@@ -202,6 +202,7 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
     }
     auto link = std::make_shared<ControlChannel>(peer, std::move(control[i]), on_message, on_error);
     link->Start();
+    job.control_over_tcp = true;
     job.control[i] = std::move(link);
   }
   job.backends = std::move(backends);

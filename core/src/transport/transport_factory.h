@@ -56,6 +56,7 @@ struct JobConnections {
   std::vector<std::shared_ptr<ControlLink>> control;  // rank 0: [peer]; a worker: [0]
   // Polled by the engine for the links that the io_context alone does not drive; may be null.
   std::shared_ptr<ControlPoller> poller;
+  bool control_over_tcp = false;  // some link is a TCP ControlChannel (read by the io_context)
   // Every rank's host as the launcher placed them (GatherTopology): when it does not describe
   // hosts of equal size, each rank is a host of its own and layout_note says why.
   Topology topology;
