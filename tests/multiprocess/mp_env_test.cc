@@ -104,6 +104,9 @@ TEST(BadEnvironment, OtherKnobsNotParsable) {
   ExpectRefused({{"HVD_HIERARCHICAL_ALLREDUCE", "maybe"}},
                 "HVD_HIERARCHICAL_ALLREDUCE='maybe': expected auto, 1 (on, true) or 0 (off, false)");
   ExpectRefused({{"HOROVOD_HIERARCHICAL_ALLREDUCE", "2"}}, "HOROVOD_HIERARCHICAL_ALLREDUCE");
+  ExpectRefused({{"HVD_HIERARCHICAL_ALLGATHER", "sometimes"}},
+                "HVD_HIERARCHICAL_ALLGATHER='sometimes': expected auto, 1 (on, true) or 0 (off, false)");
+  ExpectRefused({{"HOROVOD_HIERARCHICAL_ALLGATHER", "-1"}}, "HOROVOD_HIERARCHICAL_ALLGATHER");
   ExpectRefused({{"HVD_SHM", "yes please"}},
                 "HVD_SHM='yes please': expected auto, 1 (on, true) or 0 (off, false)");
   ExpectRefused({{"HVD_START_TIMEOUT", "soon"}}, "HVD_START_TIMEOUT");

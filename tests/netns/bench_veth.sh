@@ -8,6 +8,7 @@
 # With HIERARCHICAL=1 it instead runs hvd on 2 hosts x 2 ranks three times (flat ring,
 # hierarchical, the automatic choice: HVD_HIERARCHICAL_ALLREDUCE=0, 1, auto), each host's link
 # limited to RATE (default 2gbit, a NIC-like rate; tc tbf), and prints the three tables.
+# COLL=allgather does the same for allgather (HVD_HIERARCHICAL_ALLGATHER).
 set -u
 HVDRUN=$1 BENCH=$2 MAX=${3:-64M}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -19,10 +20,14 @@ cd "$NETNS_DIR" || exit 1
 
 if [ "${HIERARCHICAL:-0}" = 1 ]; then
   netns_rate 1 "${RATE:-2gbit}" && netns_rate 2 "${RATE:-2gbit}" || { echo "tc tbf failed"; exit 1; }
+  COLL=${COLL:-allreduce}
+  case "$COLL" in allreduce|allgather) ;; *) echo "COLL must be allreduce or allgather"; exit 2 ;; esac
+  KNOB=HVD_HIERARCHICAL_${COLL^^}
   for mode in 0 1 auto; do
-    echo "=== hvd: HVD_HIERARCHICAL_ALLREDUCE=$mode, 2 hosts x 2 ranks, links at ${RATE:-2gbit}"
-    HVD_HIERARCHICAL_ALLREDUCE=$mode timeout 600 ip netns exec "$NETNS_L" "$HVDRUN" \
-      "${SSH_FLAGS[@]}" --no-prefix -H "$H1:2,$H2:2" "$BENCH" -b 4K -e "$MAX" -B 256 ${CSV:+--csv}
+    echo "=== hvd $COLL: $KNOB=$mode, 2 hosts x 2 ranks, links at ${RATE:-2gbit}"
+    env "$KNOB=$mode" timeout 600 ip netns exec "$NETNS_L" "$HVDRUN" \
+      "${SSH_FLAGS[@]}" --no-prefix -H "$H1:2,$H2:2" "$BENCH" --coll "$COLL" -b 4K -e "$MAX" \
+      -B 256 ${CSV:+--csv}
   done
   exit 0
 fi

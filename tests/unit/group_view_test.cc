@@ -198,5 +198,59 @@ TEST(HierarchicalAllreduce, MatchesTheFlatSumOnEveryHomogeneousTopology) {
   }
 }
 
+// Hierarchical allgatherv over the same topologies (hosts contiguous and interleaved), with
+// parts of different sizes per rank (zero included), against the byte formula.
+TEST(HierarchicalAllgather, MatchesTheFlatGatherOnEveryHomogeneousTopology) {
+  const std::vector<std::vector<int>> hosts = {
+      {0, 0, 1, 1}, {0, 0, 0, 1, 1, 1}, {0, 1, 0, 1, 0, 1}, {0, 0, 1, 1, 2, 2}};
+  // Byte b of world rank w's part.
+  auto byte = [](int w, size_t b) { return static_cast<uint8_t>(w * 31 + b * 7 + b / 251); };
+  for (const auto& host_of : hosts) {
+    Topology topo{host_of};
+    ASSERT_TRUE(topo.Homogeneous());
+    for (size_t unit : {size_t{0}, size_t{1}, size_t{3}, size_t{4099}, size_t{1} << 16}) {
+      // Rank w sends unit * ((w % 3) + (w == 1 ? 0 : 1)) bytes: rank 1 sends none.
+      std::vector<size_t> bytes(topo.size());
+      for (int w = 0; w < topo.size(); ++w) bytes[w] = unit * ((w % 3) + (w == 1 ? 0 : 1));
+      const size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
+      InProcWorld world(topo.size());
+      ExpectAllOk(
+          RunRanks(world,
+                   [&](Transport& t) -> Status {
+                     auto local = GroupView::Create(t, topo.LocalMembers(t.rank()));
+                     auto cross = GroupView::Create(t, topo.CrossMembers(t.rank()));
+                     if (!local.ok()) return local.status();
+                     if (!cross.ok()) return cross.status();
+                     std::vector<std::vector<int>> layout;
+                     for (int first : topo.CrossMembers(t.rank())) {
+                       layout.push_back(topo.LocalMembers(first));
+                     }
+                     std::vector<uint8_t> in(bytes[t.rank()]), out(total, 0xEE);
+                     for (size_t b = 0; b < in.size(); ++b) in[b] = byte(t.rank(), b);
+                     ScratchBuffer scratch;
+                     scratch.Get(HierarchicalAllgatherScratchBytes(layout, bytes));
+                     const size_t reserved = scratch.capacity();
+                     HVD_RETURN_IF_ERROR(HierarchicalAllgatherv(**local, **cross, layout,
+                                                                in.data(), out.data(), bytes,
+                                                                scratch, Soon()));
+                     size_t at = 0;
+                     for (int w = 0; w < topo.size(); ++w) {
+                       for (size_t b = 0; b < bytes[w]; ++b, ++at) {
+                         if (out[at] != byte(w, b)) {
+                           return Status::Internal("byte " + std::to_string(b) + " of rank " +
+                                                   std::to_string(w) + "'s part is wrong");
+                         }
+                       }
+                     }
+                     if (scratch.capacity() != reserved) {
+                       return Status::Internal("scratch grew past what was reserved");
+                     }
+                     return Status::OK();
+                   }),
+          "hosts " + std::to_string(topo.hosts()) + " unit " + std::to_string(unit));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hvd

@@ -68,6 +68,17 @@ Status HierarchicalAllreduce(Transport& local, Transport& cross, void* buf, size
 size_t HierarchicalAllreduceScratchBytes(size_t count, DataType dtype, int local_size,
                                          int cross_size);
 
+// Allgatherv over the same two views (collectives/hierarchical.cc): each host's bytes cross the
+// network once, split among its ranks. hosts[k] lists, in `local`'s order, the world ranks of
+// the host of `cross`'s member k; bytes[r] is world rank r's part, and `out` receives every part
+// in world-rank order, as Allgatherv. `in` must not overlap `out`.
+Status HierarchicalAllgatherv(Transport& local, Transport& cross,
+                              const std::vector<std::vector<int>>& hosts, const void* in,
+                              void* out, const std::vector<size_t>& bytes, ScratchBuffer& scratch,
+                              Deadline deadline);
+size_t HierarchicalAllgatherScratchBytes(const std::vector<std::vector<int>>& hosts,
+                                         const std::vector<size_t>& bytes);
+
 // out = concatenation over ranks r of bytes[r] bytes; this rank's part is `in`
 // (in may already sit at its place inside out).
 Status Allgatherv(Transport& t, const void* in, void* out, const std::vector<size_t>& bytes,

@@ -209,6 +209,9 @@ Status ReadKnobs(Options* o) {
   if (const char* v = Knob("HIERARCHICAL_ALLREDUCE", &var)) {
     HVD_RETURN_IF_ERROR(ParseToggle(var, v, &o->hierarchical_allreduce));
   }
+  if (const char* v = Knob("HIERARCHICAL_ALLGATHER", &var)) {
+    HVD_RETURN_IF_ERROR(ParseToggle(var, v, &o->hierarchical_allgather));
+  }
   if (const char* v = std::getenv("HVD_SHM")) {
     HVD_RETURN_IF_ERROR(ParseToggle("HVD_SHM", v, &o->shm));
   }

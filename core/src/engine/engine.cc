@@ -76,6 +76,7 @@ Status EngineImpl::Connect() {
   plan_.size = options_.size;
   plan_.offload = transport_->offload() != nullptr;
   plan_.hierarchical_allreduce = options_.hierarchical_allreduce;
+  plan_.hierarchical_allgather = options_.hierarchical_allgather;
   if (options_.size == 1) return Status::OK();
   HVD_RETURN_IF_ERROR(SetUpViews(job->topology, job->layout_note)
                           .WithContext("rank " + std::to_string(options_.rank)));
@@ -87,9 +88,11 @@ Status EngineImpl::Connect() {
 // one rank each (transport/group_view.h).
 Status EngineImpl::SetUpViews(const Topology& topo, const std::string& why) {
   if (!topo.Homogeneous()) {
-    if (options_.hierarchical_allreduce == Options::Toggle::kOn && options_.rank == 0) {
-      HVD_LOG(kWarning) << "HVD_HIERARCHICAL_ALLREDUCE is on, but this job's layout does not "
-                           "allow it, so allreduce runs flat: "
+    const bool asked = options_.hierarchical_allreduce == Options::Toggle::kOn ||
+                       options_.hierarchical_allgather == Options::Toggle::kOn;
+    if (asked && options_.rank == 0) {
+      HVD_LOG(kWarning) << "HVD_HIERARCHICAL_ALLREDUCE or _ALLGATHER is on, but this job's "
+                           "layout does not allow it, so they run flat: "
                         << (why.empty() ? "it needs more than one host with the same number of "
                                           "ranks, more than one, on each"
                                         : why);
@@ -105,12 +108,14 @@ Status EngineImpl::SetUpViews(const Topology& topo, const std::string& why) {
   plan_.hierarchical = true;
   plan_.local_size = local_view_->size();
   plan_.cross_size = cross_view_->size();
+  hosts_.clear();
+  for (int first : cross_view_->members()) hosts_.push_back(topo.LocalMembers(first));
   auto list = [](const std::vector<int>& v) {
     std::string s;
     for (int r : v) s += (s.empty() ? "" : " ") + std::to_string(r);
     return "[" + s + "]";
   };
-  HVD_LOG(kInfo) << "hierarchical allreduce ready: this host's ranks "
+  HVD_LOG(kInfo) << "hierarchical collectives ready: this host's ranks "
                  << list(local_view_->members()) << ", across hosts "
                  << list(cross_view_->members());
   return Status::OK();

@@ -144,6 +144,9 @@ class EngineImpl {
   // This host's ranks and the ranks with this rank's local index across hosts: views of
   // transport_, set when the layout allows hierarchical collectives (plan_.hierarchical).
   std::unique_ptr<GroupView> local_view_, cross_view_;
+  // With the views: the world ranks of each host, hosts in cross_view_'s order, ranks in
+  // local_view_'s (the hierarchical allgather's layout).
+  std::vector<std::vector<int>> hosts_;
   PlanContext plan_;
   std::vector<std::shared_ptr<ControlLink>> control_;  // rank 0: [peer]; worker: [0]
   std::shared_ptr<ControlPoller> poller_;  // links the io_context alone does not drive; or null

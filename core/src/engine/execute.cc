@@ -317,8 +317,10 @@ Status EngineImpl::ExecuteAllgather(const Response& r, TensorEntry* e) {
   }
   const size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
   const size_t offset = std::accumulate(bytes.begin(), bytes.begin() + options_.rank, size_t{0});
+  const bool hierarchical = PlanHierarchicalAllgather(total, plan_);
   MemoryNeeds need;
   need.output = total;
+  if (hierarchical) need.scratch = HierarchicalAllgatherScratchBytes(hosts_, bytes);
   void* got = nullptr;
   Status local;
   if (e) {
@@ -330,6 +332,10 @@ Status EngineImpl::ExecuteAllgather(const Response& r, TensorEntry* e) {
   // A joined rank receives into the fusion buffer.
   HVD_RETURN_IF_ERROR(Reserve(need, e ? 0 : total, e ? nullptr : &got, local, total));
   auto* out = static_cast<uint8_t*>(got);
+  if (hierarchical) {
+    return HierarchicalAllgatherv(*local_view_, *cross_view_, hosts_, e ? e->input.data : out,
+                                  out, bytes, scratch_, CollectiveDeadline());
+  }
   if (e && bytes[options_.rank]) std::memcpy(out + offset, e->input.data, bytes[options_.rank]);
   return Allgatherv(*transport_, out + offset, out, bytes, CollectiveDeadline());
 }

@@ -22,6 +22,13 @@ AllreducePlan PlanAllreduce(size_t count, DataType dtype, const PlanContext& c) 
   return plan;
 }
 
+bool PlanHierarchicalAllgather(size_t total_bytes, const PlanContext& c) {
+  if (c.offload || !c.hierarchical) return false;
+  return c.hierarchical_allgather == Options::Toggle::kOn ||
+         (c.hierarchical_allgather == Options::Toggle::kAuto &&
+          total_bytes >= kSmallAllreduceBytes);
+}
+
 size_t PlanScratchBytes(const AllreducePlan& plan, size_t count, DataType dtype,
                         const PlanContext& c) {
   if (plan.hierarchical) {

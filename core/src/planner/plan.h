@@ -21,6 +21,7 @@ struct PlanContext {
   int local_size = 1;
   int cross_size = 1;
   Options::Toggle hierarchical_allreduce = Options::Toggle::kAuto;
+  Options::Toggle hierarchical_allgather = Options::Toggle::kAuto;
 };
 
 struct AllreducePlan {
@@ -34,6 +35,9 @@ struct AllreducePlan {
 AllreduceAlgorithm FlatAllreduceAlgorithm(size_t bytes);
 
 AllreducePlan PlanAllreduce(size_t count, DataType dtype, const PlanContext& c);
+
+// Allgather: hierarchical (collectives/hierarchical.cc) or the flat ring, from the output's size.
+bool PlanHierarchicalAllgather(size_t total_bytes, const PlanContext& c);
 
 // The scratch the plan's algorithm uses (engine/execute.cc reserves it before any byte moves).
 size_t PlanScratchBytes(const AllreducePlan& plan, size_t count, DataType dtype,
