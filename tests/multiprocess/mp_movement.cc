@@ -105,6 +105,10 @@ void CheckAllgather(hvd::Engine& e, Checker& ck) {
   Gather big{DataType::kFloat32, {1024}, 2};
   big.name = "ag.large";
   gs.push_back(std::move(big));
+  // Rows of 256 KiB: past the automatic choice of the hierarchical allgather.
+  Gather huge{DataType::kFloat32, {65536}, 1};
+  huge.name = "ag.huge";
+  gs.push_back(std::move(huge));
   for (auto& g : gs) SubmitGather(e, g);
   for (auto& g : gs) VerifyGather(ck, g);
 

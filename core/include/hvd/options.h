@@ -75,8 +75,8 @@ struct HVD_EXPORT Options {
   Toggle hierarchical_allreduce = Toggle::kAuto;
   // HVD_HIERARCHICAL_ALLGATHER (HOROVOD_HIERARCHICAL_ALLGATHER): allgather as an exchange
   // inside each host, an allgather of each rank's share across hosts, and an allgather inside
-  // each host, so each byte crosses the network once per host. auto: for outputs of 64 KiB and
-  // more on the same layouts as above; on, off as above.
+  // each host, so each byte crosses the network once per host. auto: for outputs of 256 KiB
+  // and more on the same layouts as above; on, off as above.
   Toggle hierarchical_allgather = Toggle::kAuto;
 
   // HVD_SHM: ranks on the same host move their bytes through shared memory.
