@@ -52,7 +52,7 @@ bool ParseCollective(const std::string& s, hvd::RawCollective* out) {
 bool IsValueFlag(const std::string& f) {
   static const char* const kFlags[] = {"--coll", "-b", "--min-bytes", "-e", "--max-bytes", "-f",
                                        "--factor", "-n", "--iters", "-w", "--warmup", "-B",
-                                       "--budget-mb", "-d", "--dtype", "-o", "--op"};
+                                       "--budget-mb", "-d", "--dtype", "-o", "--op", "--tensors"};
   for (const char* k : kFlags)
     if (f == k) return true;
   return false;
@@ -86,6 +86,9 @@ std::string ApplyValueFlag(const std::string& flag, const std::string& v, BenchA
       return bad + "expected uint8|int8|int32|int64|float16|bfloat16|float32|float64|bool";
   } else if (flag == "-o" || flag == "--op") {
     if (!hvd::ParseReduceOp(v, &a->op)) return bad + "expected sum|average|min|max|product";
+  } else if (flag == "--tensors") {
+    if (!ParseInt(v, 1, &a->tensors) || a->tensors > 100000)
+      return bad + "expected an integer from 1 to 100000";
   } else {
     return "unknown flag '" + flag + "'";
   }
@@ -134,6 +137,10 @@ bool ParseBenchArgs(int argc, char** argv, BenchArgs* out, std::string* error) {
       }
     }
   }
+  if (a.tensors > 1 && (a.coll != hvd::RawCollective::kAllreduce || a.raw)) {
+    *error = "--tensors is for engine allreduces (--coll allreduce, without --raw)";
+    return false;
+  }
   if (a.min_bytes == 0) a.min_bytes = 1;
   if (a.max_bytes < a.min_bytes) {
     *error = "-e (max bytes) is smaller than -b (min bytes)";
@@ -162,7 +169,11 @@ std::string BenchUsage(const char* argv0) {
     << "  -d, --dtype T      uint8|int8|int32|int64|float16|bfloat16|float32|float64|bool\n"
     << "                     (default float32)\n"
     << "  -o, --op OP        sum|average|min|max|product (default sum; allreduce, reducescatter)\n"
-    << "  --raw              time hvd::RunRawCollective (transport only, no negotiation)\n"
+    << "  --raw              time the bare collective (hvd::RunRawCollective: transport and\n"
+    << "                     algorithm after a transport barrier, no negotiation)\n"
+    << "  --tensors N        allreduce: N tensors of the size per step, under the same names\n"
+    << "                     every step (a training step's gradients); time per step, GB/s over\n"
+    << "                     all N (default 1)\n"
     << "  --csv              print only CSV: label,ranks,bytes,count,iters,median_us,min_us,\n"
     << "                     algbw_GBps,busbw_GBps,check\n"
     << "  --check/--no-check verify every element after each size (default on)\n"

@@ -22,6 +22,7 @@ struct BenchArgs {
   hvd::DataType dtype = hvd::DataType::kFloat32;
   hvd::ReduceOp op = hvd::ReduceOp::kSum;
   bool raw = false;
+  int tensors = 1;           // --tensors: allreduces per step
   bool csv = false;
   bool check = true;
   bool help = false;

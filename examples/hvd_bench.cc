@@ -107,6 +107,21 @@ hvd::Status Bench::RunOnce(const std::string& name, size_t count, double* second
                                  seconds);
   }
   const std::vector<int64_t> shape{static_cast<int64_t>(count)};
+  if (a_.tensors > 1) {
+    // One step of a training loop: every tensor enqueued, then every handle waited on.
+    std::vector<hvd::HandlePtr> hs(a_.tensors);
+    for (int k = 0; k < a_.tensors; ++k) {
+      const size_t at = static_cast<size_t>(k) * count * esize_;
+      hvd::TensorView in(in_.get() + at, a_.dtype, shape), out(out_.get() + at, a_.dtype, shape);
+      hs[k] = engine_.Allreduce(name + "." + std::to_string(k), in, out, a_.op);
+    }
+    hvd::Status first;
+    for (auto& h : hs) {
+      hvd::Status s = h->Wait();
+      if (first.ok()) first = s;
+    }
+    return first;
+  }
   hvd::TensorView in(in_.get(), a_.dtype, shape), out(out_.get(), a_.dtype, shape);
   char* dst = out_.get();
   const size_t cap = out_capacity_, esize = esize_;
@@ -131,9 +146,10 @@ hvd::Status Bench::RunOnce(const std::string& name, size_t count, double* second
 // One size: warmup, timed iterations, max over ranks, check. Returns the wrong count (all ranks).
 int64_t Bench::RunSize(size_t count) {
   const size_t bytes = count * esize_;
-  const int iters = ItersForSize(a_, bytes);
+  const int iters = ItersForSize(a_, bytes * a_.tensors);
   const std::string name = std::string("bench.") + CollectiveName(a_.coll) + "." +
                            std::to_string(bytes);
+  for (int k = 1; k < a_.tensors; ++k) Fill(in_.get() + k * bytes, count, a_.dtype, rank_);
   std::vector<double> samples(iters);
   for (int it = -a_.warmup; it < iters; ++it) {
     hvd::Status st;
@@ -153,7 +169,10 @@ int64_t Bench::RunSize(size_t count) {
   hvd::Status st = engine_.Allreduce(name + ".times", tv, tv, hvd::ReduceOp::kMax)->Wait();
   if (!st.ok()) Die(rank_, "allreduce max of the times", st);
 
-  int64_t wrong = a_.check ? checker_.CountWrong(out_.get(), count) : 0;
+  int64_t wrong = 0;
+  for (int k = 0; a_.check && k < a_.tensors; ++k) {
+    wrong += checker_.CountWrong(out_.get() + static_cast<size_t>(k) * count * esize_, count);
+  }
   hvd::TensorView wv(&wrong, hvd::DataType::kInt64, {1});
   st = engine_.Allreduce(name + ".wrong", wv, wv, hvd::ReduceOp::kSum)->Wait();
   if (!st.ok()) Die(rank_, "allreduce sum of the wrong counts", st);
@@ -171,6 +190,10 @@ void Bench::PrintHeader() const {
                 hvd::DataTypeName(a_.dtype), op, size_,
                 a_.raw ? "raw (hvd::RunRawCollective: the bare collective after a transport barrier, timed on the background thread)"
                        : "engine (enqueue to Wait(): negotiation, fusion, collective)");
+    if (a_.tensors > 1) {
+      std::printf("# %d tensors of each size per step, under the same names every step; time is per"
+                  " step, data = size x %d\n", a_.tensors, a_.tensors);
+    }
     std::printf("# size = bytes of each rank's input buffer, count = its elements; algbw = data/time"
                 " with data = size (allgather: size x ranks, the gathered output, as nccl-tests)\n");
     std::printf("# time = median over the timed iterations of the max over ranks (--csv adds the"
@@ -189,7 +212,7 @@ void Bench::PrintRow(size_t count, std::vector<double>& samples, int64_t wrong) 
   std::sort(samples.begin(), samples.end());
   const size_t n = samples.size();
   const double med = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
-  const double data = static_cast<double>(count * esize_) *
+  const double data = static_cast<double>(count * esize_) * a_.tensors *
                       (a_.coll == RawCollective::kAllgather ? size_ : 1);
   const double algbw = data / med / 1e9;
   const double busbw = algbw * BusFactor(a_.coll, size_);
@@ -209,7 +232,7 @@ void Bench::PrintRow(size_t count, std::vector<double>& samples, int64_t wrong) 
 
 int64_t Bench::Run() {
   const size_t max_count = CountFor(a_.max_bytes);
-  const size_t in_bytes = max_count * esize_;
+  const size_t in_bytes = max_count * esize_ * a_.tensors;
   out_capacity_ = in_bytes * (a_.coll == RawCollective::kAllgather ? size_ : 1);
   in_ = AllocPageAligned(in_bytes);
   out_ = AllocPageAligned(out_capacity_);

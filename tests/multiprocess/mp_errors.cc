@@ -143,6 +143,35 @@ void CheckGroupedMismatch(hvd::Engine& e, Checker& ck) {
   ExpectNextWorks(e, ck, "mm.grs");
 }
 
+// The fast path (cached tensors agreed by one AND at rank 0): a tensor cached on every rank
+// whose shape then changes on one rank fails with the mismatch named, and one that a rank
+// submits more than a second late still completes with the right sum.
+void CheckCachedTensors(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  float x[6];
+  auto sum_of = [&](const std::string& name, int elems) -> hvd::Status {
+    for (int i = 0; i < 6; ++i) x[i] = static_cast<float>(r + 1);
+    TensorView v(x, DataType::kFloat32, {elems});
+    return WaitDone(e.Allreduce(name, v, v, ReduceOp::kSum));
+  };
+  for (int step = 0; step < 3; ++step) {
+    if (ck.ExpectOk(sum_of("mm.cached", 4), "cached step " + std::to_string(step))) {
+      ck.Expect(x[0] == n * (n + 1) / 2.0f, "cached step gives the sum");
+    }
+  }
+  float y[6] = {0};
+  TensorView changed(y, DataType::kFloat32, {r == 0 ? 5 : 4});
+  ExpectInvalid(ck, e.Allreduce("mm.cached", changed, changed, ReduceOp::kSum), "mm.cached",
+                "shape");
+  ExpectNextWorks(e, ck, "mm.cached");
+  for (int step = 0; step < 2; ++step) {
+    if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(step ? 1300 : 0));
+    if (ck.ExpectOk(sum_of("mm.late", 3), "late step " + std::to_string(step))) {
+      ck.Expect(x[0] == n * (n + 1) / 2.0f && x[2] == x[0], "a step with a late rank gives the sum");
+    }
+  }
+}
+
 void CheckDuplicateInGroup(hvd::Engine& e, Checker& ck) {
   float a[2] = {1, 2}, b[2] = {3, 4};
   TensorView av(a, DataType::kFloat32, {2}), bv(b, DataType::kFloat32, {2});
@@ -159,6 +188,7 @@ int RunMismatchChecks(hvd::Engine& e, Checker& ck) {
     CheckAcrossRanks(e, ck);
     CheckDuplicateInFlight(e, ck);
     CheckGroupedMismatch(e, ck);
+    CheckCachedTensors(e, ck);
   }
   CheckDuplicateInGroup(e, ck);
   return ck.End();

@@ -61,6 +61,8 @@ TEST(Messages, ResponseListRoundTripWithCompactEntries) {
   Response compact;
   compact.cache_bits = {3, 9};
   l.responses.push_back(compact);
+  l.ready_bits = {0x5, 0, uint64_t{1} << 63};
+  l.fusion_threshold = 4096;
   auto bytes = Encode(l);
   ResponseList out;
   ASSERT_TRUE(Decode(bytes.data(), bytes.size(), &out).ok());
@@ -70,6 +72,8 @@ TEST(Messages, ResponseListRoundTripWithCompactEntries) {
   EXPECT_EQ(out.responses[0].sizes, full.sizes);
   EXPECT_EQ(out.responses[0].joined, full.joined);
   EXPECT_EQ(out.responses[1].cache_bits, compact.cache_bits);
+  EXPECT_EQ(out.ready_bits, l.ready_bits);
+  EXPECT_EQ(out.fusion_threshold, 4096u);
 }
 
 TEST(Messages, GarbageIsRefusedNotCrashed) {
@@ -332,6 +336,19 @@ TEST(ResponseCache, EncodeRebuildAndDisabled) {
   Response with_joined = fused;
   with_joined.joined = {1};
   EXPECT_FALSE(c.Encodable(with_joined, &bits));
+
+  // The fast path: every set bit's response, in bit order, fused within the threshold.
+  std::vector<uint64_t> ready(1, 0);
+  for (uint32_t bit : bits) ready[0] |= uint64_t{1} << bit;
+  std::vector<Response> rebuilt;
+  ASSERT_TRUE(c.RebuildAll(ready, 1 << 20, &rebuilt));
+  ASSERT_EQ(rebuilt.size(), 1u);  // a and b fuse
+  EXPECT_EQ(rebuilt[0].shapes, (std::vector<std::vector<int64_t>>{{4}, {5}}));
+  EXPECT_EQ(c.SlotOf("a"), static_cast<int>(bits[0]));
+  ASSERT_TRUE(c.RebuildAll(ready, 0, &rebuilt));  // fusion off: one response per bit
+  EXPECT_EQ(rebuilt.size(), 2u);
+  EXPECT_FALSE(c.RebuildAll({uint64_t{1} << 7}, 0, &rebuilt));  // an empty entry
+  EXPECT_EQ(c.SlotOf("nothing"), -1);
 
   ResponseCache off(0, true);
   off.Apply({fused});

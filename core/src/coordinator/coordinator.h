@@ -47,6 +47,10 @@ class Coordinator {
   // Logs stalled names (at most once per stall period). Returns the number stalled.
   int CheckStalls(Clock::time_point now);
   bool idle() const { return table_.empty() && ready_.empty() && groups_.empty(); }
+  // Whether some rank has announced `name` and it is not ready yet.
+  bool Has(const std::string& name) const { return table_.count(name) > 0; }
+  // Whether some rank has joined (until every rank has).
+  bool any_joined() const { return joined_count_ > 0; }
   // When the oldest response not yet taken by ComputeResponses() became ready.
   bool has_ready() const { return !ready_.empty(); }
   Clock::time_point ready_since() const { return ready_since_; }

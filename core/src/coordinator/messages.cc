@@ -199,6 +199,8 @@ std::vector<uint8_t> Encode(const ResponseList& l) {
   Writer w;
   w.Put<uint32_t>(static_cast<uint32_t>(l.responses.size()));
   for (const auto& r : l.responses) Put(w, r);
+  w.Vec(l.ready_bits);
+  w.Put<uint64_t>(l.fusion_threshold);
   return w.Take();
 }
 
@@ -256,6 +258,9 @@ Status CheckResponse(const Response& r, int size) {
 Status Decode(const uint8_t* data, size_t len, ResponseList* out) {
   Reader rd(data, len);
   HVD_RETURN_IF_ERROR(DecodeItems(rd, &out->responses, "response list"));
+  if (!rd.Vec(&out->ready_bits) || !rd.Get(&out->fusion_threshold)) {
+    return Status::InvalidArgument("malformed response list: bad ready bits");
+  }
   return CheckDone(rd, "response list");
 }
 

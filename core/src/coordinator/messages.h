@@ -83,6 +83,11 @@ struct RequestList {
 
 struct ResponseList {
   std::vector<Response> responses;
+  // The cached tensors every rank has announced (the fast path, engine/background.cc): every
+  // rank builds their responses from its own cache, in bit order, fused with rank 0's
+  // threshold, and runs them after `responses`.
+  std::vector<uint64_t> ready_bits;
+  uint64_t fusion_threshold = 0;
 };
 
 std::vector<uint8_t> Encode(const RequestList& l);

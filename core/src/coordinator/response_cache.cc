@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "planner/fusion.h"
+
 namespace hvd {
 
 bool SameRequest(const Request& a, const Request& b) {
@@ -18,6 +20,26 @@ int ResponseCache::Lookup(const Request& r) const {
   auto it = by_name_.find(r.name);
   if (it == by_name_.end()) return -1;
   return SameRequest(slots_[it->second].request, r) ? static_cast<int>(it->second) : -1;
+}
+
+int ResponseCache::SlotOf(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : static_cast<int>(it->second);
+}
+
+bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,
+                               std::vector<Response>* out) const {
+  std::vector<Response> list;
+  for (size_t w = 0; w < bits.size(); ++w) {
+    for (uint64_t word = bits[w]; word; word &= word - 1) {
+      const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+      Response r;
+      if (!Rebuild({bit}, &r)) return false;
+      list.push_back(std::move(r));
+    }
+  }
+  *out = FuseResponses(std::move(list), fusion_threshold);
+  return true;
 }
 
 bool ResponseCache::Decode(uint32_t bit, uint64_t epoch, Request* out) const {

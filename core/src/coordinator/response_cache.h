@@ -40,6 +40,12 @@ class ResponseCache {
 
   // The bit of r's name if it is cached with exactly r's request, else -1.
   int Lookup(const Request& r) const;
+  // The bit that holds `name` now, else -1.
+  int SlotOf(const std::string& name) const;
+  // The responses of the tensors whose bits are set (at this epoch), one per bit in bit order,
+  // then fused with `fusion_threshold` (planner/fusion.h); false if a bit is empty.
+  bool RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,
+                  std::vector<Response>* out) const;
   // The request a bit meant at `epoch` (<= this cache's epoch); false if unknown.
   bool Decode(uint32_t bit, uint64_t epoch, Request* out) const;
   // The bits of r's names if r can travel as bits, else false.

@@ -72,7 +72,15 @@ void EngineImpl::RunLoop() {
       break;
     }
     if (worked) {
+      // A stream of work (a caller enqueuing many tensors) must not starve the control
+      // plane: the peers' announcements are read between batches.
       last_work_ = Clock::now();
+      if (poller_) poller_->Poll();
+      if (control_over_tcp_ || last_work_ - io_polled_ >= kIoPollEvery) {
+        io_polled_ = last_work_;
+        if (io_.stopped()) io_.restart();
+        io_.poll();
+      }
       continue;
     }
     if (io_.stopped()) io_.restart();
@@ -161,7 +169,17 @@ bool EngineImpl::DrainQueue() {
 
 void EngineImpl::Announce(std::vector<Request> requests) {
   if (coordinator_) {
-    coordinator_->AddRequests(options_.rank, std::move(requests));
+    std::vector<Request> full;
+    for (auto& r : requests) {
+      const int bit = cache_->Lookup(r);
+      if (bit >= 0) {
+        cache_hits_.fetch_add(1);
+        OfferBit(options_.rank, static_cast<uint32_t>(bit));
+      } else {
+        full.push_back(std::move(r));
+      }
+    }
+    if (!full.empty()) AddFull(options_.rank, std::move(full));
     return;
   }
   // Fast path: tensors whose request is cached travel as bits of a bit vector.
@@ -181,10 +199,14 @@ void EngineImpl::Announce(std::vector<Request> requests) {
   control_[0]->Send(static_cast<uint8_t>(MessageType::kRequests), Payload(Encode(list)));
 }
 
+// Bits announced at rank 0's current epoch mean what its cache says now: they join the fast
+// path. Bits from an older epoch (a response list crossed the announcement) are decoded as they
+// were then and go to the coordinator.
 Status EngineImpl::OnRequests(int peer, RequestList&& list) {
   if (list.cache_epoch > cache_->epoch()) {
     return Status::InvalidArgument("request list from a future cache epoch");
   }
+  const bool current = list.cache_epoch == cache_->epoch();
   for (size_t w = 0; w < list.cached_bits.size(); ++w) {
     for (uint64_t word = list.cached_bits[w]; word; word &= word - 1) {
       uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
@@ -192,15 +214,122 @@ Status EngineImpl::OnRequests(int peer, RequestList&& list) {
       if (!cache_->Decode(bit, list.cache_epoch, &r)) {
         return Status::InvalidArgument("unknown response-cache bit " + std::to_string(bit));
       }
-      list.requests.push_back(std::move(r));
+      if (current) {
+        OfferBit(peer, bit);
+      } else {
+        list.requests.push_back(std::move(r));
+      }
     }
   }
   worker_epochs_[peer] = std::max(worker_epochs_[peer], list.cache_epoch);
   uint64_t oldest = cache_->epoch();
   for (int r = 1; r < options_.size; ++r) oldest = std::min(oldest, worker_epochs_[r]);
   cache_->PruneHistory(oldest);
-  coordinator_->AddRequests(peer, std::move(list.requests));
+  if (!list.requests.empty()) AddFull(peer, std::move(list.requests));
   return Status::OK();
+}
+
+// ---------------------------------------------------------------- the fast path (rank 0)
+//
+// A cached tensor that a rank announces at rank 0's cache epoch is one bit in that rank's row
+// of ready_bits_. The tensors every rank has announced are one AND over the rows: rank 0 sends
+// that bit vector (with its fusion threshold) in the next response list, and every rank, rank 0
+// included, builds the responses from its own cache, in bit order, fused alike. Rank 0 never
+// turns those bits into requests, so a step of cached tensors costs it the same bit operations
+// whatever their number. A name is on one path at a time: when the coordinator holds a request
+// for it (a first or changed request, a join), its bits are turned into requests and go there
+// too (DemoteBit); so do bits that wait longer than kBitPatience (a rank is late: the
+// coordinator's stall inspector then names it) and bits whose cache entry a response list is
+// about to change.
+
+namespace {
+constexpr auto kBitPatience = std::chrono::seconds(1);
+}  // namespace
+
+void EngineImpl::OfferBit(int rank, uint32_t bit) {
+  Request r;
+  if (!cache_->Decode(bit, cache_->epoch(), &r)) return;  // checked by the caller
+  if (coordinator_->any_joined() || coordinator_->Has(r.name)) {
+    coordinator_->AddRequests(rank, {std::move(r)});
+    return;
+  }
+  const size_t words = (static_cast<size_t>(options_.cache_capacity) + 63) / 64;
+  if (ready_bits_.empty()) {
+    ready_bits_.assign(options_.size, std::vector<uint64_t>(words, 0));
+    bit_since_.assign(static_cast<size_t>(options_.cache_capacity), Clock::time_point());
+  }
+  ready_bits_[rank][bit / 64] |= uint64_t{1} << (bit % 64);
+  if (bit_since_[bit] == Clock::time_point()) bit_since_[bit] = Clock::now();
+  bits_changed_ = true;
+}
+
+void EngineImpl::AddFull(int rank, std::vector<Request> requests) {
+  for (const auto& r : requests) {
+    if (r.type == OpType::kJoin) {
+      for (size_t bit = 0; bit < bit_since_.size(); ++bit) DemoteBit(static_cast<uint32_t>(bit));
+    } else if (int bit = cache_->SlotOf(r.name); bit >= 0) {
+      DemoteBit(static_cast<uint32_t>(bit));
+    }
+  }
+  coordinator_->AddRequests(rank, std::move(requests));
+}
+
+void EngineImpl::DemoteBit(uint32_t bit, const Request* as) {
+  if (bit >= bit_since_.size() || bit_since_[bit] == Clock::time_point()) return;
+  bit_since_[bit] = Clock::time_point();
+  Request r;
+  if (as) {
+    r = *as;
+  } else if (!cache_->Decode(bit, cache_->epoch(), &r)) {
+    return;
+  }
+  const uint64_t mask = uint64_t{1} << (bit % 64);
+  for (int q = 0; q < options_.size; ++q) {
+    uint64_t& word = ready_bits_[q][bit / 64];
+    if (!(word & mask)) continue;
+    word &= ~mask;
+    coordinator_->AddRequests(q, {r});
+  }
+}
+
+bool EngineImpl::AnyAgreed() const {
+  const size_t words = ready_bits_.empty() ? 0 : ready_bits_[0].size();
+  for (size_t w = 0; w < words; ++w) {
+    uint64_t all = ~uint64_t{0};
+    for (const auto& row : ready_bits_) all &= row[w];
+    if (all) return true;
+  }
+  return false;
+}
+
+std::vector<uint64_t> EngineImpl::AgreeOnBits() {
+  std::vector<uint64_t> agreed;
+  if (ready_bits_.empty()) return agreed;
+  agreed = ready_bits_[0];
+  for (int q = 1; q < options_.size; ++q) {
+    for (size_t w = 0; w < agreed.size(); ++w) agreed[w] &= ready_bits_[q][w];
+  }
+  bool any = false;
+  for (size_t w = 0; w < agreed.size(); ++w) {
+    if (!agreed[w]) continue;
+    any = true;
+    for (auto& row : ready_bits_) row[w] &= ~agreed[w];
+    for (uint64_t word = agreed[w]; word; word &= word - 1) {
+      bit_since_[w * 64 + __builtin_ctzll(word)] = Clock::time_point();
+    }
+  }
+  if (!any) agreed.clear();
+  return agreed;
+}
+
+void EngineImpl::DemoteLateBits(Clock::time_point now) {
+  if (now - bits_checked_ < std::chrono::milliseconds(100)) return;
+  bits_checked_ = now;
+  for (size_t bit = 0; bit < bit_since_.size(); ++bit) {
+    if (bit_since_[bit] != Clock::time_point() && now - bit_since_[bit] > kBitPatience) {
+      DemoteBit(static_cast<uint32_t>(bit));
+    }
+  }
 }
 
 Status EngineImpl::OnResponses(ResponseList&& list) {
@@ -213,27 +342,58 @@ Status EngineImpl::OnResponses(ResponseList&& list) {
     }
     HVD_RETURN_IF_ERROR(CheckResponse(r, options_.size));
   }
+  if (!list.ready_bits.empty()) {
+    std::vector<Response> cached;
+    if (!cache_->RebuildAll(list.ready_bits, list.fusion_threshold, &cached)) {
+      return Status::InvalidArgument("ready bits name an empty response-cache bit");
+    }
+    for (auto& r : cached) list.responses.push_back(std::move(r));
+  }
   cache_->Apply(list.responses);
   for (auto& r : list.responses) to_execute_.push_back(std::move(r));
   return Status::OK();
 }
 
-// When responses wait for HVD_CYCLE_TIME to gather more tensors to fuse, how long until they go.
-Clock::duration EngineImpl::CycleRemaining() const {
-  if (!coordinator_ || options_.cycle_time_ms <= 0 || !coordinator_->has_ready()) {
-    return Clock::duration::zero();
-  }
-  auto window = std::chrono::duration_cast<Clock::duration>(
+Clock::duration EngineImpl::CycleWindow() const {
+  return std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double, std::milli>(options_.cycle_time_ms));
-  auto left = coordinator_->ready_since() + window - Clock::now();
+}
+
+// When responses wait for HVD_CYCLE_TIME to gather more tensors to fuse, how long until the
+// coordinator's go (CoordinatorStep also sleeps no longer than that for agreed bits).
+Clock::duration EngineImpl::CycleRemaining() const {
+  if (!coordinator_ || options_.cycle_time_ms <= 0) return Clock::duration::zero();
+  Clock::duration left = Clock::duration::max();
+  if (coordinator_->has_ready()) left = coordinator_->ready_since() + CycleWindow() - Clock::now();
+  if (agreed_since_ != Clock::time_point()) {
+    left = std::min(left, agreed_since_ + CycleWindow() - Clock::now());
+  }
+  if (left == Clock::duration::max()) return Clock::duration::zero();
   return left > Clock::duration::zero() ? left : Clock::duration::zero();
 }
 
+// One response list: the coordinator's responses (after HVD_CYCLE_TIME), then the cached
+// tensors every rank has announced (at once).
 void EngineImpl::CoordinatorStep() {
-  coordinator_->CheckStalls(Clock::now());
-  if (CycleRemaining() > Clock::duration::zero()) return;  // still gathering
-  std::vector<Response> ready = coordinator_->ComputeResponses();
-  if (ready.empty()) return;
+  const auto now = Clock::now();
+  coordinator_->CheckStalls(now);
+  DemoteLateBits(now);
+  std::vector<Response> ready;
+  if (!coordinator_->has_ready() ||
+      coordinator_->ready_since() + CycleWindow() <= now) {
+    ready = coordinator_->ComputeResponses();
+  }
+  // Agreed bits wait HVD_CYCLE_TIME too, from when the first became agreed.
+  if (bits_changed_) {
+    bits_changed_ = false;
+    if (agreed_since_ == Clock::time_point() && AnyAgreed()) agreed_since_ = now;
+  }
+  std::vector<uint64_t> agreed;
+  if (agreed_since_ != Clock::time_point() && now - agreed_since_ >= CycleWindow()) {
+    agreed = AgreeOnBits();
+    agreed_since_ = Clock::time_point();
+  }
+  if (ready.empty() && agreed.empty()) return;
   if (options_.size > 1) {
     ResponseList wire;
     for (const auto& r : ready) {
@@ -245,10 +405,37 @@ void EngineImpl::CoordinatorStep() {
       }
       wire.responses.push_back(std::move(w));
     }
+    wire.ready_bits = agreed;
+    wire.fusion_threshold = options_.fusion_threshold_bytes;
     BroadcastControl(static_cast<uint8_t>(MessageType::kResponses), Payload(Encode(wire)));
   }
-  cache_->Apply(ready);
+  if (!agreed.empty()) {
+    std::vector<Response> cached;
+    cache_->RebuildAll(agreed, options_.fusion_threshold_bytes, &cached);
+    for (auto& r : cached) ready.push_back(std::move(r));
+  }
+  ApplyOnRankZero(ready);
   for (auto& r : ready) to_execute_.push_back(std::move(r));
+}
+
+// Applying a list may give a bit to another tensor: bits still waiting on such an entry go to
+// the coordinator as the requests they meant.
+void EngineImpl::ApplyOnRankZero(const std::vector<Response>& list) {
+  std::vector<std::pair<uint32_t, Request>> waiting;
+  const size_t words = ready_bits_.empty() ? 0 : ready_bits_[0].size();
+  for (size_t w = 0; w < words; ++w) {
+    uint64_t any = 0;
+    for (const auto& row : ready_bits_) any |= row[w];
+    for (; any; any &= any - 1) {
+      const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(any));
+      Request r;
+      if (cache_->Decode(bit, cache_->epoch(), &r)) waiting.emplace_back(bit, std::move(r));
+    }
+  }
+  cache_->Apply(list);
+  for (const auto& [bit, r] : waiting) {
+    if (cache_->Lookup(r) != static_cast<int>(bit)) DemoteBit(bit, &r);
+  }
 }
 
 void EngineImpl::BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> p) {

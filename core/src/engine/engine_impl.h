@@ -93,6 +93,15 @@ class EngineImpl {
   void CoordinatorStep();
   Clock::duration CycleRemaining() const;
   Status OnRequests(int peer, RequestList&& list);
+  // Rank 0's fast path for cached tensors (background.cc).
+  void OfferBit(int rank, uint32_t bit);
+  void AddFull(int rank, std::vector<Request> requests);
+  void DemoteBit(uint32_t bit, const Request* as = nullptr);
+  bool AnyAgreed() const;
+  std::vector<uint64_t> AgreeOnBits();
+  Clock::duration CycleWindow() const;
+  void DemoteLateBits(Clock::time_point now);
+  void ApplyOnRankZero(const std::vector<Response>& list);
   Status OnResponses(ResponseList&& list);
   void BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload);
   void FailAll(const Status& status, bool notify = true);
@@ -156,6 +165,13 @@ class EngineImpl {
   std::unique_ptr<Coordinator> coordinator_;              // rank 0 only
   std::unique_ptr<ResponseCache> cache_;                  // identical on every rank
   std::vector<uint64_t> worker_epochs_;                   // rank 0: each worker's cache epoch
+  // Rank 0's fast path: [rank][word] cached tensors announced and not yet agreed on; [bit] when
+  // the first rank announced it (zero: no rank has); whether a row changed since the last AND.
+  std::vector<std::vector<uint64_t>> ready_bits_;
+  std::vector<Clock::time_point> bit_since_;
+  bool bits_changed_ = false;
+  Clock::time_point bits_checked_;
+  Clock::time_point agreed_since_;  // when the oldest agreed bit not yet sent became agreed
   std::unordered_map<std::string, TensorEntry> pending_;  // announced, awaiting execution
   std::deque<Response> to_execute_;
   std::unique_ptr<Timeline> timeline_;
