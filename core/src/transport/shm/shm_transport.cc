@@ -18,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -491,7 +492,7 @@ class ShmRouter : public Transport {
       }
       if (now - busy < spin_) {
         CpuRelax();
-        if (now - polled >= kPollEvery) sched_yield();
+        if (oversubscribed_ || now - polled >= kPollEvery) sched_yield();
         continue;
       }
       if (SleepUnless([this] { return Progress(); }, deadline)) AdoptTcpFailure();
@@ -785,7 +786,7 @@ class ShmRouter : public Transport {
       }
       if (now - busy < spin_) {
         CpuRelax();
-        if (now - polled >= kPollEvery / 2) sched_yield();
+        if (oversubscribed_ || now - polled >= kPollEvery / 2) sched_yield();
         continue;
       }
       polled = Clock::time_point();  // poll once more before sleeping
@@ -857,6 +858,9 @@ class ShmRouter : public Transport {
   uint64_t next_id_ = 1;
   const std::chrono::microseconds spin_;
   const Clock::duration progress_window_;
+  // More ranks on this host than cores: a spinning wait yields every round, since the rank it
+  // waits for may need this core.
+  const bool oversubscribed_ = segments_.size() > std::max(1u, std::thread::hardware_concurrency());
   std::shared_ptr<BellReader> bell_;
   ShmCollectives collectives_;
   std::shared_ptr<ShmControl> control_;
