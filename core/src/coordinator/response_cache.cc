@@ -117,16 +117,16 @@ void ResponseCache::Touch(const Request& req) {
     s.last_used = clock_;
     return;
   }
-  // Insert at the lowest free bit, else evict the least recently used entry.
+  // Insert at the lowest free bit, else evict the least recently used entry. Slots fill in
+  // order and are never freed (only replaced), so the lowest free bit is the count in use.
   uint32_t bit = 0;
-  bool found_free = false;
-  for (uint32_t b = 0; b < slots_.size(); ++b) {
-    if (!slots_[b].live) {
-      bit = b;
-      found_free = true;
-      break;
+  const bool found_free = live_ < slots_.size();
+  if (found_free) {
+    bit = live_++;
+  } else {
+    for (uint32_t b = 1; b < slots_.size(); ++b) {
+      if (slots_[b].last_used < slots_[bit].last_used) bit = b;
     }
-    if (slots_[b].last_used < slots_[bit].last_used) bit = b;
   }
   Slot& s = slots_[bit];
   if (!found_free) {

@@ -77,6 +77,7 @@ class ResponseCache {
   std::deque<Eviction> history_;
   uint64_t epoch_ = 0;
   uint64_t clock_ = 0;
+  uint32_t live_ = 0;  // slots in use; while below capacity, slots_[live_..] are all free
   const bool keep_history_;
   // Evictions older than this were dropped to bound memory (a rank silent for that long);
   // bits from before it cannot be decoded.
