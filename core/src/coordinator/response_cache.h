@@ -42,6 +42,10 @@ class ResponseCache {
   int Lookup(const Request& r) const;
   // The bit that holds `name` now, else -1.
   int SlotOf(const std::string& name) const;
+  // The request a bit holds now, or null if it is empty.
+  const Request* At(uint32_t bit) const {
+    return bit < slots_.size() && slots_[bit].live ? &slots_[bit].request : nullptr;
+  }
   // The responses of the tensors whose bits are set (at this epoch), one per bit in bit order,
   // then fused with `fusion_threshold` (planner/fusion.h); false if a bit is empty.
   bool RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,

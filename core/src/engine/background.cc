@@ -247,10 +247,10 @@ constexpr auto kBitPatience = std::chrono::seconds(1);
 }  // namespace
 
 void EngineImpl::OfferBit(int rank, uint32_t bit) {
-  Request r;
-  if (!cache_->Decode(bit, cache_->epoch(), &r)) return;  // checked by the caller
-  if (coordinator_->any_joined() || coordinator_->Has(r.name)) {
-    coordinator_->AddRequests(rank, {std::move(r)});
+  const Request* r = cache_->At(bit);
+  if (r == nullptr) return;  // checked by the caller
+  if (coordinator_->any_joined() || coordinator_->Has(r->name)) {
+    coordinator_->AddRequests(rank, {*r});
     return;
   }
   const size_t words = (static_cast<size_t>(options_.cache_capacity) + 63) / 64;
