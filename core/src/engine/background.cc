@@ -210,15 +210,15 @@ Status EngineImpl::OnRequests(int peer, RequestList&& list) {
   for (size_t w = 0; w < list.cached_bits.size(); ++w) {
     for (uint64_t word = list.cached_bits[w]; word; word &= word - 1) {
       uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+      if (current && cache_->At(bit)) {
+        OfferBit(peer, bit);
+        continue;
+      }
       Request r;
       if (!cache_->Decode(bit, list.cache_epoch, &r)) {
         return Status::InvalidArgument("unknown response-cache bit " + std::to_string(bit));
       }
-      if (current) {
-        OfferBit(peer, bit);
-      } else {
-        list.requests.push_back(std::move(r));
-      }
+      list.requests.push_back(std::move(r));
     }
   }
   worker_epochs_[peer] = std::max(worker_epochs_[peer], list.cache_epoch);
