@@ -326,7 +326,8 @@ void CheckGroupedReducescatter(hvd::Engine& e, Checker& ck) {
     std::vector<TensorView> views;
     std::vector<std::string> names;
     for (size_t k = 0; k < members.size(); ++k) {
-      const auto [t, rows] = members[k];
+      const DataType t = members[k].first;
+      const int64_t rows = members[k].second;
       ins.emplace_back(t, rows * width);
       for (int64_t i = 0; i < rows * width; ++i) {
         Put(t, ins.back().data(), i, ReduceInput(t, op, r, n, i, salt + k));
@@ -339,7 +340,8 @@ void CheckGroupedReducescatter(hvd::Engine& e, Checker& ck) {
     auto hs = e.GroupedReducescatter(names, views, op);
     ck.Expect(hs.size() == members.size(), "grouped reducescatter returns one handle per tensor");
     for (size_t k = 0; k < hs.size() && k < members.size(); ++k) {
-      const auto [t, rows] = members[k];
+      const DataType t = members[k].first;
+      const int64_t rows = members[k].second;
       const std::string what = names[k] + " dtype=" + Str(t) + " rows=" + std::to_string(rows);
       if (!ck.ExpectOk(WaitDone(hs[k]), what)) continue;
       const int64_t part = rows / n + (r < rows % n ? 1 : 0);
