@@ -83,7 +83,7 @@ std::string ApplyValueFlag(const std::string& flag, const std::string& v, BenchA
       return bad + "expected a positive number of MiB";
   } else if (flag == "-d" || flag == "--dtype") {
     if (!hvd::ParseDataType(v, &a->dtype))
-      return bad + "expected uint8|int8|int32|int64|float16|bfloat16|float32|float64|bool";
+      return bad + "expected uint8|int8|int16|uint16|int32|int64|float16|bfloat16|float32|float64|bool";
   } else if (flag == "-o" || flag == "--op") {
     if (!hvd::ParseReduceOp(v, &a->op)) return bad + "expected sum|average|min|max|product";
   } else if (flag == "--tensors") {
@@ -166,8 +166,8 @@ std::string BenchUsage(const char* argv0) {
     << "  -n, --iters N      timed iterations per size (default: clamp(budget/size, 5, 100))\n"
     << "  -B, --budget-mb MB per-size data budget for the default iteration count (default 2048)\n"
     << "  -w, --warmup N     untimed warmup iterations per size (default 3)\n"
-    << "  -d, --dtype T      uint8|int8|int32|int64|float16|bfloat16|float32|float64|bool\n"
-    << "                     (default float32)\n"
+    << "  -d, --dtype T      uint8|int8|int16|uint16|int32|int64|float16|bfloat16|float32|\n"
+    << "                     float64|bool (default float32)\n"
     << "  -o, --op OP        sum|average|min|max|product (default sum; allreduce, reducescatter)\n"
     << "  --raw              time the bare collective (hvd::RunRawCollective: transport and\n"
     << "                     algorithm after a transport barrier, no negotiation)\n"

@@ -77,6 +77,8 @@ double Load(const void* p, size_t i, DataType t) {
   switch (t) {
     case DataType::kUInt8: return At<uint8_t>(p, i);
     case DataType::kInt8: return At<int8_t>(p, i);
+    case DataType::kInt16: return At<int16_t>(p, i);
+    case DataType::kUInt16: return At<uint16_t>(p, i);
     case DataType::kInt32: return At<int32_t>(p, i);
     case DataType::kInt64: return static_cast<double>(At<int64_t>(p, i));
     case DataType::kFloat16: return HalfToFloat(At<uint16_t>(p, i));
@@ -93,6 +95,8 @@ void Store(void* p, size_t i, DataType t, double fv, int64_t iv) {
   switch (t) {
     case DataType::kUInt8: Put<uint8_t>(p, i, static_cast<uint8_t>(iv)); break;
     case DataType::kInt8: Put<int8_t>(p, i, static_cast<int8_t>(iv)); break;
+    case DataType::kInt16: Put<int16_t>(p, i, static_cast<int16_t>(iv)); break;
+    case DataType::kUInt16: Put<uint16_t>(p, i, static_cast<uint16_t>(iv)); break;
     case DataType::kInt32: Put<int32_t>(p, i, static_cast<int32_t>(iv)); break;
     case DataType::kInt64: Put<int64_t>(p, i, iv); break;
     case DataType::kFloat16: Put<uint16_t>(p, i, FloatToHalf(static_cast<float>(fv))); break;

@@ -34,7 +34,7 @@ typedef struct hvd_error hvd_error;
 /* Same values as hvd::DataType and hvd::ReduceOp. */
 typedef enum {
   HVD_UINT8 = 0, HVD_INT8, HVD_INT32, HVD_INT64, HVD_FLOAT16, HVD_BFLOAT16, HVD_FLOAT32,
-  HVD_FLOAT64, HVD_BOOL
+  HVD_FLOAT64, HVD_BOOL, HVD_INT16, HVD_UINT16
 } hvd_dtype;
 typedef enum { HVD_SUM = 0, HVD_AVERAGE, HVD_MIN, HVD_MAX, HVD_PRODUCT } hvd_reduce_op;
 

@@ -82,6 +82,8 @@ void Put(DataType t, void* buf, size_t i, double v) {
   switch (t) {
     case DataType::kUInt8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v); return;
     case DataType::kInt8: static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(v); return;
+    case DataType::kInt16: static_cast<int16_t*>(buf)[i] = static_cast<int16_t>(v); return;
+    case DataType::kUInt16: static_cast<uint16_t*>(buf)[i] = static_cast<uint16_t>(v); return;
     case DataType::kInt32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); return;
     case DataType::kInt64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); return;
     case DataType::kFloat16:
@@ -100,6 +102,8 @@ double Get(DataType t, const void* buf, size_t i) {
   switch (t) {
     case DataType::kUInt8: return static_cast<const uint8_t*>(buf)[i];
     case DataType::kInt8: return static_cast<const int8_t*>(buf)[i];
+    case DataType::kInt16: return static_cast<const int16_t*>(buf)[i];
+    case DataType::kUInt16: return static_cast<const uint16_t*>(buf)[i];
     case DataType::kInt32: return static_cast<const int32_t*>(buf)[i];
     case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
     case DataType::kFloat16: return HalfBitsToFloat(static_cast<const uint16_t*>(buf)[i]);
@@ -123,7 +127,9 @@ std::vector<ReduceOp> AllReduceOps() {
   return v;
 }
 
-bool IsSigned(DataType t) { return t != DataType::kUInt8 && t != DataType::kBool; }
+bool IsSigned(DataType t) {
+  return t != DataType::kUInt8 && t != DataType::kUInt16 && t != DataType::kBool;
+}
 
 // ---------------------------------------------------------------- value formulas
 

@@ -6,7 +6,8 @@ import pytest
 import hvd.numpy as hvd
 from conftest import pattern, world
 
-DTYPES = [np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64, np.bool_]
+DTYPES = [np.uint8, np.int8, np.int16, np.uint16, np.int32, np.int64, np.float16, np.float32,
+          np.float64, np.bool_]
 
 
 def make(shape, r, dtype, kind="small"):
@@ -71,7 +72,7 @@ def test_allgather_broadcast_alltoall_reducescatter():
 def test_errors():
     r, n = world()
     with pytest.raises(TypeError, match="does not support"):
-        hvd.allreduce(np.zeros(2, dtype=np.int16))
+        hvd.allreduce(np.zeros(2, dtype=np.complex64))
     with pytest.raises(ValueError, match="writable"):
         hvd.allreduce_([1.0, 2.0])
     if n > 1:

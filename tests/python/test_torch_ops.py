@@ -8,8 +8,8 @@ import torch
 import hvd.torch as hvd
 from conftest import pattern, world
 
-DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-          torch.float32, torch.float64, torch.bool]
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64, torch.bool]
 NUMERIC = [d for d in DTYPES if d != torch.bool]
 SHAPES = [(), (0,), (1,), (5,), (3, 4), (2, 3, 4), (17, 1, 3, 2)]
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
@@ -241,7 +241,7 @@ def test_grouped_reducescatter_and_async():
     assert torch.equal(y, torch.ones(1, 3))
 
 
-@pytest.mark.parametrize("dtype", [torch.int16, torch.complex64], ids=str)
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
 def test_unsupported_dtype_is_a_clear_error(dtype):
     with pytest.raises(TypeError, match="does not support"):
         hvd.allreduce(torch.zeros(3, dtype=dtype))

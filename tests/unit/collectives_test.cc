@@ -26,9 +26,10 @@ using test::RunRanks;
 using Bytes = std::vector<uint8_t>;
 
 constexpr int kSizes[] = {1, 2, 3, 4, 7};
-constexpr DataType kDtypes[] = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt32,
-                                DataType::kInt64,   DataType::kFloat16, DataType::kBFloat16,
-                                DataType::kFloat32, DataType::kFloat64, DataType::kBool};
+constexpr DataType kDtypes[] = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt16,
+                                DataType::kUInt16,  DataType::kInt32,   DataType::kInt64,
+                                DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32,
+                                DataType::kFloat64, DataType::kBool};
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
                              ReduceOp::kProduct};
 constexpr size_t kPeriod = 251;  // inputs repeat every kPeriod elements (a prime)
@@ -49,7 +50,7 @@ bool IsAndOp(ReduceOp op) { return op == ReduceOp::kMin || op == ReduceOp::kProd
 // even ranks (signed: |product| <= 2^4), so uint8, int8, float16 and bfloat16 are all exact.
 int64_t Input(DataType dtype, ReduceOp op, int r, size_t i) {
   const int64_t k = static_cast<int64_t>(i % kPeriod);
-  const bool is_unsigned = dtype == DataType::kUInt8;
+  const bool is_unsigned = dtype == DataType::kUInt8 || dtype == DataType::kUInt16;
   if (dtype == DataType::kBool)
     return IsAndOp(op) ? ((k * 3 + r) % 11 != 0) : ((k * 3 + r) % 11 == 0);
   switch (op) {
@@ -104,6 +105,12 @@ void Encode(DataType dtype, int64_t v, uint8_t* out) {
       break;
     case DataType::kInt8:
       put(static_cast<int8_t>(v));
+      break;
+    case DataType::kInt16:
+      put(static_cast<int16_t>(v));
+      break;
+    case DataType::kUInt16:
+      put(static_cast<uint16_t>(v));
       break;
     case DataType::kBool:
       put(static_cast<uint8_t>(v != 0));

@@ -233,6 +233,8 @@ void CheckIntegerType(DataType dtype) {
 TEST(ReduceInto, IntegersWrapAndCompareLikeTheirType) {
   CheckIntegerType<uint8_t>(DataType::kUInt8);
   CheckIntegerType<int8_t>(DataType::kInt8);
+  CheckIntegerType<int16_t>(DataType::kInt16);
+  CheckIntegerType<uint16_t>(DataType::kUInt16);
   CheckIntegerType<int32_t>(DataType::kInt32);
   CheckIntegerType<int64_t>(DataType::kInt64);
 }
@@ -318,6 +320,15 @@ TEST(Scale, IntegersRoundToNearestAndSaturate) {
   EXPECT_EQ(i8[0], 127);
   EXPECT_EQ(i8[1], -128);
   EXPECT_EQ(i8[2], 14);
+  int16_t i16[3] = {20000, -20000, 7};
+  Scale(i16, 3, DataType::kInt16, 2.0);
+  EXPECT_EQ(i16[0], 32767);
+  EXPECT_EQ(i16[1], -32768);
+  EXPECT_EQ(i16[2], 14);
+  uint16_t u16[2] = {40000, 5};
+  Scale(u16, 2, DataType::kUInt16, 1.5);
+  EXPECT_EQ(u16[0], 60000);
+  EXPECT_EQ(u16[1], 8);  // 7.5 rounds to even
   uint8_t u8[2] = {200, 3};
   Scale(u8, 1, DataType::kUInt8, -1.0);
   EXPECT_EQ(u8[0], 0);

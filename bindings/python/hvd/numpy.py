@@ -6,7 +6,7 @@
     h = hvd.allreduce_async(x); ...; y = hvd.synchronize(h)
 
 Arrays go to the engine by address, without a copy (a non-contiguous array is made contiguous
-first; in-place ops then copy the result back). Supported dtypes: uint8, int8, int32, int64,
+first; in-place ops then copy the result back). Supported dtypes: uint8, int8, int16, uint16, int32, int64,
 float16, float32, float64, bool. Async handles keep the arrays alive until they finish.
 """
 
@@ -42,6 +42,8 @@ from hvd import _core, _ops
 _TO_CORE = {
     _np.dtype(_np.uint8): _core.UINT8,
     _np.dtype(_np.int8): _core.INT8,
+    _np.dtype(_np.int16): _core.INT16,
+    _np.dtype(_np.uint16): _core.UINT16,
     _np.dtype(_np.int32): _core.INT32,
     _np.dtype(_np.int64): _core.INT64,
     _np.dtype(_np.float16): _core.FLOAT16,

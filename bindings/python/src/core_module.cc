@@ -204,6 +204,8 @@ void BindConstants(py::module_& m) {
   m.attr("FLOAT32") = static_cast<int>(hvd::DataType::kFloat32);
   m.attr("FLOAT64") = static_cast<int>(hvd::DataType::kFloat64);
   m.attr("BOOL") = static_cast<int>(hvd::DataType::kBool);
+  m.attr("INT16") = static_cast<int>(hvd::DataType::kInt16);
+  m.attr("UINT16") = static_cast<int>(hvd::DataType::kUInt16);
   m.attr("SUM") = static_cast<int>(hvd::ReduceOp::kSum);
   m.attr("AVERAGE") = static_cast<int>(hvd::ReduceOp::kAverage);
   m.attr("MIN") = static_cast<int>(hvd::ReduceOp::kMin);

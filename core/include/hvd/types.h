@@ -22,8 +22,10 @@ enum class DataType : uint8_t {
   kFloat32,
   kFloat64,
   kBool,
+  kInt16,
+  kUInt16,
 };
-constexpr int kNumDataTypes = 9;
+constexpr int kNumDataTypes = 11;
 
 // Sum, Average (sum divided by the world size), Min, Max, Product. For bool, Sum and Max are
 // logical or, Min and Product logical and; Average is refused.

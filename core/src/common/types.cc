@@ -8,6 +8,7 @@ size_t DataTypeSize(DataType t) {
   switch (t) {
     case DataType::kUInt8: case DataType::kInt8: case DataType::kBool: return 1;
     case DataType::kFloat16: case DataType::kBFloat16: return 2;
+    case DataType::kInt16: case DataType::kUInt16: return 2;
     case DataType::kInt32: case DataType::kFloat32: return 4;
     case DataType::kInt64: case DataType::kFloat64: return 8;
   }
@@ -15,8 +16,9 @@ size_t DataTypeSize(DataType t) {
 }
 
 namespace {
-const char* const kTypeNames[kNumDataTypes] = {"uint8",    "int8",    "int32",   "int64", "float16",
-                                               "bfloat16", "float32", "float64", "bool"};
+const char* const kTypeNames[kNumDataTypes] = {"uint8",   "int8",  "int32",  "int64",
+                                               "float16", "bfloat16", "float32", "float64",
+                                               "bool",    "int16", "uint16"};
 const char* const kOpNames[kNumReduceOps] = {"sum", "average", "min", "max", "product"};
 }  // namespace
 

@@ -248,6 +248,8 @@ void ReduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
   switch (dtype) {
     case DataType::kUInt8: ReduceNative<uint8_t>(dst, src, count, op); return;
     case DataType::kInt8: ReduceNative<int8_t>(dst, src, count, op); return;
+    case DataType::kInt16: ReduceNative<int16_t>(dst, src, count, op); return;
+    case DataType::kUInt16: ReduceNative<uint16_t>(dst, src, count, op); return;
     case DataType::kInt32: ReduceNative<int32_t>(dst, src, count, op); return;
     case DataType::kInt64: ReduceNative<int64_t>(dst, src, count, op); return;
     case DataType::kFloat32: ReduceNative<float>(dst, src, count, op); return;
@@ -263,6 +265,8 @@ void Scale(void* buf, size_t count, DataType dtype, double factor) {
   switch (dtype) {
     case DataType::kUInt8: ScaleInteger(static_cast<uint8_t*>(buf), count, factor); return;
     case DataType::kInt8: ScaleInteger(static_cast<int8_t*>(buf), count, factor); return;
+    case DataType::kInt16: ScaleInteger(static_cast<int16_t*>(buf), count, factor); return;
+    case DataType::kUInt16: ScaleInteger(static_cast<uint16_t*>(buf), count, factor); return;
     case DataType::kInt32: ScaleInteger(static_cast<int32_t*>(buf), count, factor); return;
     case DataType::kInt64: ScaleInteger(static_cast<int64_t*>(buf), count, factor); return;
     case DataType::kFloat32: ScaleFloat(static_cast<float*>(buf), count, factor); return;

@@ -1,8 +1,8 @@
 """hvd.torch collectives with horovod.torch's names, arguments and defaults.
 
 Tensors must be on the CPU; a non-contiguous tensor is made contiguous first (in-place ops then
-copy the result back). Supported dtypes: uint8, int8, int32, int64, float16, bfloat16, float32,
-float64, bool; others raise TypeError. The extension takes tensor.data_ptr() (no libtorch
+copy the result back). Supported dtypes: uint8, int8, int16 (and uint16 where torch has it),
+int32, int64, float16, bfloat16, float32, float64, bool; others raise TypeError. The extension takes tensor.data_ptr() (no libtorch
 headers), so the engine reads and writes the tensor's memory without a copy. Results of
 allgather, alltoall and reducescatter are views of memory the engine allocated.
 
@@ -35,7 +35,10 @@ _TO_CORE = {
     torch.float32: _core.FLOAT32,
     torch.float64: _core.FLOAT64,
     torch.bool: _core.BOOL,
+    torch.int16: _core.INT16,
 }
+if hasattr(torch, "uint16"):  # torch 2.3 and later
+    _TO_CORE[torch.uint16] = _core.UINT16
 
 
 class _TorchAdapter:
