@@ -249,6 +249,7 @@ def test_unsupported_dtype_is_a_clear_error(dtype):
 
 def test_exception_classes():
     assert issubclass(hvd.HvdError, RuntimeError)
+    assert issubclass(hvd.InvalidArgumentError, ValueError)  # as Horovod's bad arguments
     assert hvd.HorovodInternalError is hvd.HvdError
     for cls in (hvd.InvalidArgumentError, hvd.PeerLostError, hvd.AbortedError,
                 hvd.HvdTimeoutError, hvd.FailedPreconditionError, hvd.InternalError):

@@ -181,7 +181,13 @@ void RegisterErrors(py::module_& m) {
   g_errors[0] = base;
   for (int i = 1; i < kErrorClasses; ++i) {
     std::string qual = std::string("hvd.") + kNames[i];
-    g_errors[i] = PyErr_NewException(qual.c_str(), base, nullptr);
+    // InvalidArgumentError is also a ValueError, as Horovod raises for bad arguments, so that
+    // `except ValueError` catches it.
+    PyObject* bases = i == static_cast<int>(hvd::StatusCode::kInvalidArgument)
+                          ? PyTuple_Pack(2, base, PyExc_ValueError)
+                          : nullptr;
+    g_errors[i] = PyErr_NewException(qual.c_str(), bases ? bases : base, nullptr);
+    Py_XDECREF(bases);
     m.add_object(kNames[i], py::handle(g_errors[i]));
   }
   py::register_exception_translator([](std::exception_ptr p) {
