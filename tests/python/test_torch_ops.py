@@ -304,6 +304,33 @@ def test_grouped_op_with_one_mismatching_member_fails_whole(kind):
     assert torch.equal(ys[0], torch.full((3,), float(n)))
 
 
+@pytest.mark.parametrize("kind", ["allreduce", "allgather", "broadcast", "reducescatter"])
+def test_a_name_in_flight_raises_value_error_at_enqueue(kind):
+    """As Horovod: submitting a name that is still in flight on this rank raises ValueError at
+    the call, and the first operation goes on."""
+    r, n = world()
+    if n == 1:
+        return
+    name = "dup." + kind
+    x = torch.ones(n, 2)
+    submit = {"allreduce": lambda: hvd.allreduce_async(x, name=name, op=hvd.Sum),
+              "allgather": lambda: hvd.allgather_async(x, name=name),
+              "broadcast": lambda: hvd.broadcast_async(x, root_rank=0, name=name),
+              "reducescatter": lambda: hvd.reducescatter_async(x, name=name, op=hvd.Sum)}[kind]
+    handle = None
+    if r == 0:
+        handle = submit()  # the others have not submitted it: it stays in flight
+        with pytest.raises(ValueError, match="in flight"):
+            submit()
+    hvd.barrier()
+    if r != 0:
+        handle = submit()
+    out = hvd.synchronize(handle)
+    expected = {"allreduce": (n, 2), "allgather": (n * n, 2), "broadcast": (n, 2),
+                "reducescatter": (1, 2)}[kind]
+    assert tuple(out.shape) == expected
+
+
 def test_mismatched_allgather_trailing_dims_fail():
     r, n = world()
     if n > 1:

@@ -143,7 +143,10 @@ hvd::TensorView View(uintptr_t ptr, int dtype, std::vector<int64_t> shape) {
   return hvd::TensorView(reinterpret_cast<void*>(ptr), ToDataType(dtype), std::move(shape));
 }
 
+// An operation the engine refused as it was submitted raises at the call, as Horovod's do
+// (a ValueError for bad arguments or a name already in flight).
 PyHandle* Wrap(hvd::HandlePtr h, py::object keep) {
+  if (h->refused()) throw StatusError(h->status());
   return new PyHandle(std::move(h), std::move(keep));
 }
 

@@ -51,6 +51,9 @@ class HVD_EXPORT Handle {
   Status WaitFor(std::chrono::milliseconds timeout) const;
   // The final status; OK while pending.
   Status status() const;
+  // True when the engine refused the operation as it was submitted (bad arguments, a name
+  // already in flight, after shutdown or a failure): the handle failed before any negotiation.
+  bool refused() const { return refused_; }
 
   // After success of allgather, alltoall and reducescatter: the result's shape and, unless an
   // OutputAllocator was given, its bytes (owned by the handle).
@@ -71,8 +74,10 @@ class HVD_EXPORT Handle {
   void* output_data_ = nullptr;
   std::vector<int64_t> received_splits_;
   int join_last_rank_ = -1;
-  // Engine side, set before the handle is returned: how long Wait() polls before sleeping.
+  // Engine side, set before the handle is returned: how long Wait() polls before sleeping, and
+  // whether it was refused at submission.
   std::chrono::microseconds spin_{0};
+  bool refused_ = false;
 
  private:
   // Polls `finished_` for up to spin_ (or `limit`); true once it is set.

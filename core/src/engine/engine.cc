@@ -11,6 +11,7 @@ namespace {
 
 HandlePtr Failed(Status s) {
   auto h = std::make_shared<Handle>();
+  h->refused_ = true;
   h->Complete(std::move(s));
   return h;
 }
@@ -193,7 +194,10 @@ std::vector<HandlePtr> EngineImpl::EnqueueGroup(std::vector<TensorEntry> entries
       }
     }
     if (!s.ok()) {
-      for (auto& e : entries) e.handle->Complete(s);
+      for (auto& e : entries) {
+        e.handle->refused_ = true;
+        e.handle->Complete(s);
+      }
       return handles;
     }
     if (entries.size() > 1) {
