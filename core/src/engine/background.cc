@@ -514,7 +514,7 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
       BroadcastControl(type, Payload(std::move(payload)));
     }
     abort_ = Status::PeerLost(why);
-    transport_->Abort(abort_);
+    if (transport_) transport_->Abort(abort_);
   } else {
     OnControlError(peer, "unexpected control message type " + std::to_string(type));
   }
@@ -537,7 +537,7 @@ void EngineImpl::OnControlError(int peer, const std::string& what, StatusCode co
                      Payload(std::vector<uint8_t>(msg.begin(), msg.end())));
   }
   if (abort_.ok()) abort_ = s;
-  transport_->Abort(abort_);
+  if (transport_) transport_->Abort(abort_);
 }
 
 void EngineImpl::FailAll(const Status& status, bool notify) {
@@ -547,7 +547,7 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
     control_[0]->Send(static_cast<uint8_t>(MessageType::kAbort),
                       Payload(std::vector<uint8_t>(msg.begin(), msg.end())));
   }
-  transport_->Abort(status);
+  if (transport_) transport_->Abort(status);
   std::deque<TensorEntry> queued;
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -366,9 +366,9 @@ std::shared_ptr<ControlLink> ShmControl::Link(int peer, ControlLink::MessageFn o
   l.open = true;
   l.on_message = std::move(on_message);
   l.on_error = std::move(on_error);
-  auto link = std::make_shared<ShmControlLink>(shared_from_this(), peer);
-  if (segments_) Move(peer);  // what the peer already sent
-  return link;
+  // What the peer already sent is read by the next Poll, once the engine runs: the callbacks
+  // must not run while the factory is still setting the job up.
+  return std::make_shared<ShmControlLink>(shared_from_this(), peer);
 }
 
 // ---------------------------------------------------------------- the router
