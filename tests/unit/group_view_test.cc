@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -154,6 +155,18 @@ TEST(GroupView, TwoDisjointViewsRunEveryCollectiveAtOnce) {
   }
 }
 
+// The local and cross views of `t` in `topo`.
+Status MakeViews(Transport& t, const Topology& topo, std::unique_ptr<GroupView>* local,
+                 std::unique_ptr<GroupView>* cross) {
+  auto l = GroupView::Create(t, topo.LocalMembers(t.rank()));
+  if (!l.ok()) return l.status();
+  auto c = GroupView::Create(t, topo.CrossMembers(t.rank()));
+  if (!c.ok()) return c.status();
+  *local = std::move(*l);
+  *cross = std::move(*c);
+  return Status::OK();
+}
+
 // Hierarchical allreduce over the local and cross views of each topology, against the formula.
 TEST(HierarchicalAllreduce, MatchesTheFlatSumOnEveryHomogeneousTopology) {
   const std::vector<std::vector<int>> hosts = {
@@ -166,17 +179,15 @@ TEST(HierarchicalAllreduce, MatchesTheFlatSumOnEveryHomogeneousTopology) {
       ExpectAllOk(
           RunRanks(world,
                    [&](Transport& t) -> Status {
-                     auto local = GroupView::Create(t, topo.LocalMembers(t.rank()));
-                     auto cross = GroupView::Create(t, topo.CrossMembers(t.rank()));
-                     if (!local.ok()) return local.status();
-                     if (!cross.ok()) return cross.status();
+                     std::unique_ptr<GroupView> local, cross;
+                     HVD_RETURN_IF_ERROR(MakeViews(t, topo, &local, &cross));
                      std::vector<double> buf(count);
                      for (size_t i = 0; i < count; ++i) buf[i] = Value(t.rank(), i);
                      ScratchBuffer scratch;
                      scratch.Get(HierarchicalAllreduceScratchBytes(
-                         count, DataType::kFloat64, (*local)->size(), (*cross)->size()));
+                         count, DataType::kFloat64, local->size(), cross->size()));
                      const size_t reserved = scratch.capacity();
-                     HVD_RETURN_IF_ERROR(HierarchicalAllreduce(**local, **cross, buf.data(), count,
+                     HVD_RETURN_IF_ERROR(HierarchicalAllreduce(*local, *cross, buf.data(), count,
                                                                DataType::kFloat64, ReduceOp::kSum,
                                                                scratch, Soon()));
                      for (size_t i = 0; i < count; ++i) {
@@ -217,10 +228,8 @@ TEST(HierarchicalAllgather, MatchesTheFlatGatherOnEveryHomogeneousTopology) {
       ExpectAllOk(
           RunRanks(world,
                    [&](Transport& t) -> Status {
-                     auto local = GroupView::Create(t, topo.LocalMembers(t.rank()));
-                     auto cross = GroupView::Create(t, topo.CrossMembers(t.rank()));
-                     if (!local.ok()) return local.status();
-                     if (!cross.ok()) return cross.status();
+                     std::unique_ptr<GroupView> local, cross;
+                     HVD_RETURN_IF_ERROR(MakeViews(t, topo, &local, &cross));
                      std::vector<std::vector<int>> layout;
                      for (int first : topo.CrossMembers(t.rank())) {
                        layout.push_back(topo.LocalMembers(first));
@@ -230,7 +239,7 @@ TEST(HierarchicalAllgather, MatchesTheFlatGatherOnEveryHomogeneousTopology) {
                      ScratchBuffer scratch;
                      scratch.Get(HierarchicalAllgatherScratchBytes(layout, bytes));
                      const size_t reserved = scratch.capacity();
-                     HVD_RETURN_IF_ERROR(HierarchicalAllgatherv(**local, **cross, layout,
+                     HVD_RETURN_IF_ERROR(HierarchicalAllgatherv(*local, *cross, layout,
                                                                 in.data(), out.data(), bytes,
                                                                 scratch, Soon()));
                      size_t at = 0;

@@ -136,17 +136,24 @@ def allgather_async(A, tensor, name):
     return Handle([h], lambda parts: A.from_output(parts[0], c))
 
 
-def grouped_allgather_async(A, tensors, name):
+def _grouped_with_outputs(A, tensors, name, kind, submit):
+    """A group whose results the engine allocates (allgather, reducescatter).
+
+    submit(names, ptrs, dtypes, shapes, keep) enqueues it and returns the core handles."""
     tensors = list(tensors)
     if not tensors:
         return Handle([], lambda parts: [])
-    base = op_name("grouped_allgather", name)
+    base = op_name(kind, name)
     prepared = [A.prepare(t) for t in tensors]
     names = ["%s.%d" % (base, i) for i in range(len(tensors))]
     cs = [p[0] for p in prepared]
-    parts = _core.grouped_allgather(names, [p[1] for p in prepared], [p[2] for p in prepared],
-                                    [p[3] for p in prepared], cs)
+    parts = submit(names, [p[1] for p in prepared], [p[2] for p in prepared],
+                   [p[3] for p in prepared], cs)
     return Handle(parts, lambda ps: [A.from_output(p, c) for p, c in zip(ps, cs)])
+
+
+def grouped_allgather_async(A, tensors, name):
+    return _grouped_with_outputs(A, tensors, name, "grouped_allgather", _core.grouped_allgather)
 
 
 def broadcast_async(A, tensor, root_rank, name, inplace):
@@ -174,17 +181,10 @@ def reducescatter_async(A, tensor, name, op, prescale, postscale):
 
 
 def grouped_reducescatter_async(A, tensors, name, op, prescale, postscale):
-    tensors = list(tensors)
-    if not tensors:
-        return Handle([], lambda parts: [])
-    base = op_name("grouped_reducescatter", name)
-    prepared = [A.prepare(t) for t in tensors]
-    names = ["%s.%d" % (base, i) for i in range(len(tensors))]
-    cs = [p[0] for p in prepared]
-    parts = _core.grouped_reducescatter(names, [p[1] for p in prepared],
-                                        [p[2] for p in prepared], [p[3] for p in prepared], op,
-                                        float(prescale), float(postscale), cs)
-    return Handle(parts, lambda ps: [A.from_output(p, c) for p, c in zip(ps, cs)])
+    def submit(names, ptrs, dtypes, shapes, keep):
+        return _core.grouped_reducescatter(names, ptrs, dtypes, shapes, op, float(prescale),
+                                           float(postscale), keep)
+    return _grouped_with_outputs(A, tensors, name, "grouped_reducescatter", submit)
 
 
 def barrier():
