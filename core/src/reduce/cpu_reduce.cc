@@ -102,8 +102,10 @@ struct SumOp {
   template <typename T>
   T operator()(T a, T b) const {
     if constexpr (std::is_integral_v<T>) {
-      using U = std::make_unsigned_t<T>;
-      return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+      // Unsigned arithmetic at least as wide as unsigned int: it wraps instead of overflowing
+      // (narrower operands would promote to int).
+      using W = std::common_type_t<std::make_unsigned_t<T>, unsigned>;
+      return static_cast<T>(static_cast<W>(a) + static_cast<W>(b));
     } else {
       return a + b;
     }
@@ -114,9 +116,9 @@ struct ProductOp {
   template <typename T>
   T operator()(T a, T b) const {
     if constexpr (std::is_integral_v<T>) {
-      using U = std::make_unsigned_t<T>;
-      // uint8 operands promote to int; their product (< 2^16) cannot overflow it.
-      return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+      // As SumOp: uint16 operands would promote to int, and 65535 * 65535 overflows it.
+      using W = std::common_type_t<std::make_unsigned_t<T>, unsigned>;
+      return static_cast<T>(static_cast<W>(a) * static_cast<W>(b));
     } else {
       return a * b;
     }
