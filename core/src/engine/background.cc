@@ -2,6 +2,7 @@
 // The protocol is described in coordinator/coordinator.h; the threads in engine_impl.h.
 #include <sched.h>
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -253,11 +254,6 @@ void EngineImpl::OfferBit(int rank, uint32_t bit) {
     coordinator_->AddRequests(rank, {*r});
     return;
   }
-  const size_t words = (static_cast<size_t>(options_.cache_capacity) + 63) / 64;
-  if (ready_bits_.empty()) {
-    ready_bits_.assign(options_.size, std::vector<uint64_t>(words, 0));
-    bit_since_.assign(static_cast<size_t>(options_.cache_capacity), Clock::time_point());
-  }
   ready_bits_[rank][bit / 64] |= uint64_t{1} << (bit % 64);
   if (bit_since_[bit] == Clock::time_point()) bit_since_[bit] = Clock::now();
   bits_changed_ = true;
@@ -292,33 +288,24 @@ void EngineImpl::DemoteBit(uint32_t bit, const Request* as) {
   }
 }
 
-bool EngineImpl::AnyAgreed() const {
-  const size_t words = ready_bits_.empty() ? 0 : ready_bits_[0].size();
-  for (size_t w = 0; w < words; ++w) {
-    uint64_t all = ~uint64_t{0};
-    for (const auto& row : ready_bits_) all &= row[w];
-    if (all) return true;
-  }
-  return false;
-}
-
-std::vector<uint64_t> EngineImpl::AgreeOnBits() {
-  std::vector<uint64_t> agreed;
-  if (ready_bits_.empty()) return agreed;
-  agreed = ready_bits_[0];
+std::vector<uint64_t> EngineImpl::AgreedBits() const {
+  std::vector<uint64_t> agreed = ready_bits_[0];
   for (int q = 1; q < options_.size; ++q) {
     for (size_t w = 0; w < agreed.size(); ++w) agreed[w] &= ready_bits_[q][w];
   }
-  bool any = false;
+  const bool any = std::any_of(agreed.begin(), agreed.end(), [](uint64_t w) { return w != 0; });
+  if (!any) agreed.clear();
+  return agreed;
+}
+
+std::vector<uint64_t> EngineImpl::AgreeOnBits() {
+  std::vector<uint64_t> agreed = AgreedBits();
   for (size_t w = 0; w < agreed.size(); ++w) {
-    if (!agreed[w]) continue;
-    any = true;
     for (auto& row : ready_bits_) row[w] &= ~agreed[w];
     for (uint64_t word = agreed[w]; word; word &= word - 1) {
       bit_since_[w * 64 + __builtin_ctzll(word)] = Clock::time_point();
     }
   }
-  if (!any) agreed.clear();
   return agreed;
 }
 
@@ -386,7 +373,7 @@ void EngineImpl::CoordinatorStep() {
   // Agreed bits wait HVD_CYCLE_TIME too, from when the first became agreed.
   if (bits_changed_) {
     bits_changed_ = false;
-    if (agreed_since_ == Clock::time_point() && AnyAgreed()) agreed_since_ = now;
+    if (agreed_since_ == Clock::time_point() && !AgreedBits().empty()) agreed_since_ = now;
   }
   std::vector<uint64_t> agreed;
   if (agreed_since_ != Clock::time_point() && now - agreed_since_ >= CycleWindow()) {
@@ -422,8 +409,7 @@ void EngineImpl::CoordinatorStep() {
 // the coordinator as the requests they meant.
 void EngineImpl::ApplyOnRankZero(const std::vector<Response>& list) {
   std::vector<std::pair<uint32_t, Request>> waiting;
-  const size_t words = ready_bits_.empty() ? 0 : ready_bits_[0].size();
-  for (size_t w = 0; w < words; ++w) {
+  for (size_t w = 0; w < ready_bits_[0].size(); ++w) {
     uint64_t any = 0;
     for (const auto& row : ready_bits_) any |= row[w];
     for (; any; any &= any - 1) {
@@ -514,7 +500,7 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
       BroadcastControl(type, Payload(std::move(payload)));
     }
     abort_ = Status::PeerLost(why);
-    if (transport_) transport_->Abort(abort_);
+    transport_->Abort(abort_);
   } else {
     OnControlError(peer, "unexpected control message type " + std::to_string(type));
   }
@@ -537,7 +523,7 @@ void EngineImpl::OnControlError(int peer, const std::string& what, StatusCode co
                      Payload(std::vector<uint8_t>(msg.begin(), msg.end())));
   }
   if (abort_.ok()) abort_ = s;
-  if (transport_) transport_->Abort(abort_);
+  transport_->Abort(abort_);
 }
 
 void EngineImpl::FailAll(const Status& status, bool notify) {
@@ -547,7 +533,7 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
     control_[0]->Send(static_cast<uint8_t>(MessageType::kAbort),
                       Payload(std::vector<uint8_t>(msg.begin(), msg.end())));
   }
-  if (transport_) transport_->Abort(status);
+  transport_->Abort(status);
   std::deque<TensorEntry> queued;
   {
     std::lock_guard<std::mutex> l(mu_);

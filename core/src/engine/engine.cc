@@ -54,6 +54,9 @@ Status EngineImpl::Connect() {
     coordinator_ = std::make_unique<Coordinator>(options_.size, options_.fusion_threshold_bytes,
                                                  options_.stall_check_seconds,
                                                  options_.stall_shutdown_seconds);
+    const size_t words = (static_cast<size_t>(std::max(0, options_.cache_capacity)) + 63) / 64;
+    ready_bits_.assign(options_.size, std::vector<uint64_t>(words, 0));
+    bit_since_.assign(static_cast<size_t>(std::max(0, options_.cache_capacity)), Clock::time_point());
   }
   spin_ = SpinWindow(options_);
   // A caller's Wait polls only while this host has a core per rank; oversubscribed, its
@@ -400,7 +403,11 @@ std::vector<HandlePtr> Engine::GroupedReducescatter(const std::vector<std::strin
   std::vector<TensorEntry> entries;
   for (size_t i = 0; i < names.size(); ++i) {
     Status s = CheckReducescatterArgs(names[i], inputs[i], op);
-    if (!s.ok()) return std::vector<HandlePtr>(names.size(), Failed(s));
+    if (!s.ok()) {
+      std::vector<HandlePtr> hs(names.size());
+      for (auto& h : hs) h = Failed(s);
+      return hs;
+    }
     TensorEntry e = MakeEntry(OpType::kReducescatter, names[i], inputs[i], TensorView());
     e.request.op = op;
     e.request.prescale = prescale;

@@ -97,8 +97,8 @@ class EngineImpl {
   void OfferBit(int rank, uint32_t bit);
   void AddFull(int rank, std::vector<Request> requests);
   void DemoteBit(uint32_t bit, const Request* as = nullptr);
-  bool AnyAgreed() const;
-  std::vector<uint64_t> AgreeOnBits();
+  std::vector<uint64_t> AgreedBits() const;  // the AND of every rank's row; empty if none
+  std::vector<uint64_t> AgreeOnBits();        // the same, taken out of the rows
   Clock::duration CycleWindow() const;
   void DemoteLateBits(Clock::time_point now);
   void ApplyOnRankZero(const std::vector<Response>& list);
