@@ -74,16 +74,19 @@ GatherLayout Layout(const std::vector<std::vector<int>>& hosts, const std::vecto
   return g;
 }
 
+// The largest collection (the same reservation on every rank) and the whole output.
+size_t ScratchFor(const GatherLayout& g) {
+  size_t collection = 0;
+  for (size_t c : g.collection) collection = std::max(collection, c);
+  return collection + g.total;
+}
+
 }  // namespace
 
 size_t HierarchicalAllgatherScratchBytes(const std::vector<std::vector<int>>& hosts,
                                          const std::vector<size_t>& bytes) {
   if (hosts.empty()) return 0;
-  const int n_local = static_cast<int>(hosts[0].size());
-  GatherLayout g = Layout(hosts, bytes, n_local);
-  size_t collection = 0;
-  for (size_t c : g.collection) collection = std::max(collection, c);
-  return collection + g.total;
+  return ScratchFor(Layout(hosts, bytes, static_cast<int>(hosts[0].size())));
 }
 
 Status HierarchicalAllgatherv(Transport& local, Transport& cross,
@@ -104,7 +107,7 @@ Status HierarchicalAllgatherv(Transport& local, Transport& cross,
   }
   const GatherLayout g = Layout(hosts, bytes, n_local);
   if (g.total == 0) return Status::OK();
-  const size_t need = HierarchicalAllgatherScratchBytes(hosts, bytes);
+  const size_t need = ScratchFor(g);
   auto* base = static_cast<uint8_t*>(scratch.Get(need));
   if (base == nullptr) {
     return Status::ResourceExhausted("hierarchical allgather: no memory for " +

@@ -25,7 +25,6 @@
 #include "bootstrap/auth.h"
 #include "collectives/collectives.h"
 #include "common/logging.h"
-#include "common/spin.h"
 #include "reduce/reduce.h"
 #include "transport/collective_offload.h"
 #include "transport/tcp/control_channel.h"
@@ -133,6 +132,17 @@ void CopyOutOfRing(const uint8_t* ring, uint64_t pos, uint8_t* dst, size_t n,
 // How often a spinning wait also polls the io_context (a syscall) and yields the core.
 constexpr auto kPollEvery = std::chrono::microseconds(20);
 
+// A short pause between looks at shared memory while spinning.
+inline void CpuRelax() {
+  for (int i = 0; i < 16; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+}
+
 void Unmap(std::vector<Segment>& segments) {
   for (Segment& s : segments) {
     if (s.base) ::munmap(s.base, s.bytes);
@@ -146,13 +156,15 @@ void Unmap(std::vector<Segment>& segments) {
 // flag (a store may otherwise still sit in this core's store buffer when the load runs): with
 // the sleeper's seq_cst store of the flag before its last look at the rings, either it sees the
 // bytes or this sees the flag.
+void WriteBell(const Segment& s) {
+  uint64_t one = 1;
+  ssize_t n = ::write(s.bell_fd, &one, sizeof(one));
+  (void)n;  // a full counter already wakes the reader
+}
+
 void Ring(const Segment& s) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (s.bell()->sleeping.load(std::memory_order_relaxed)) {
-    uint64_t one = 1;
-    ssize_t n = ::write(s.bell_fd, &one, sizeof(one));
-    (void)n;  // a full counter already wakes the reader
-  }
+  if (s.bell()->sleeping.load(std::memory_order_relaxed)) WriteBell(s);
 }
 
 // ---------------------------------------------------------------- the control plane
@@ -258,13 +270,10 @@ class ShmControl : public ShmControlPlane, public std::enable_shared_from_this<S
   const Segment& own() const { return (*segments_)[my_slot_]; }
   const Segment& theirs(int peer) const { return (*segments_)[slot_of_[peer]]; }
 
+  // As the data plane's Ring, with the receiver's `polling` flag instead of `sleeping`.
   void Ring(const Segment& s, bool always = false) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (always || !s.bell()->polling.load(std::memory_order_relaxed)) {
-      uint64_t one = 1;
-      ssize_t n = ::write(s.bell_fd, &one, sizeof(one));
-      (void)n;  // a full counter already wakes the reader
-    }
+    if (always || !s.bell()->polling.load(std::memory_order_relaxed)) WriteBell(s);
   }
 
   // Copies what fits of the outgoing bytes into the peer's ring. True if any moved.
