@@ -33,6 +33,17 @@ if(NOT HVD_WITH_CUDA_MODE STREQUAL "OFF" OR NOT HVD_WITH_NCCL_MODE STREQUAL "OFF
   set(_cuda_found ${CUDAToolkit_FOUND})
 endif()
 hvd_resolve_option(CUDA "${_cuda_found}")
+if(HVD_HAVE_CUDA)
+  # The kernels (core/src/device/cuda_kernels.cu) need nvcc, which is rarely on PATH.
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND CUDAToolkit_NVCC_EXECUTABLE)
+    set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE})
+  endif()
+  # Machine code for Ampere and Hopper, PTX that later GPUs compile at load time.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES "80-real;90-real;75-virtual")
+  endif()
+  enable_language(CUDA)
+endif()
 
 set(_nccl_found FALSE)
 if(HVD_HAVE_CUDA AND NOT HVD_WITH_NCCL_MODE STREQUAL "OFF")

@@ -125,13 +125,13 @@ def gloo_enabled():
 
 
 def nccl_built():
-    # The build may find NCCL (HVD_HAVE_NCCL), but no NCCL transport runs GPU tensors yet, so
-    # scripts that branch on this must take their CPU path.
-    return False
+    """True when this build runs CUDA tensors' collectives through NCCL."""
+    return bool(_core.HAVE_NCCL)
 
 
 def cuda_built():
-    return False  # as nccl_built: CUDA tensors are refused with a clear error for now
+    """True when this build takes CUDA tensors (through NCCL, or staged through host memory)."""
+    return bool(_core.HAVE_CUDA)
 
 
 def rocm_built():

@@ -73,6 +73,22 @@ void SweepOrphans() {
   orphans.swap(still);
 }
 
+// Device memory a handle owns (a device tensor's allgather, alltoall or reducescatter result),
+// seen through __cuda_array_interface__ as uint8 bytes; keeps the handle alive.
+struct DeviceBytes {
+  hvd::HandlePtr h;
+  size_t bytes;
+  py::dict Interface() const {
+    py::dict d;
+    d["shape"] = py::make_tuple(static_cast<py::ssize_t>(bytes));
+    d["typestr"] = "|u1";
+    d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(h->output_data()), false);
+    d["version"] = 3;
+    d["strides"] = py::none();
+    return d;
+  }
+};
+
 // The Python face of one operation. Thread-safety: methods are called with the GIL held;
 // wait() releases it while blocking.
 class PyHandle {
@@ -103,6 +119,9 @@ class PyHandle {
     return py::array(py::dtype("uint8"), {static_cast<py::ssize_t>(h_->output_bytes().size())},
                      {1}, data, base);
   }
+
+  // The same for a device tensor's result: `bytes` bytes of device memory.
+  DeviceBytes DeviceOutput(size_t bytes) const { return DeviceBytes{h_, bytes}; }
 
   std::vector<int64_t> OutputShape() const { return h_->output_shape(); }
   std::vector<int64_t> ReceivedSplits() const { return h_->received_splits(); }
@@ -139,9 +158,24 @@ hvd::ReduceOp ToReduceOp(int code) {
   return static_cast<hvd::ReduceOp>(code);
 }
 
-hvd::TensorView View(uintptr_t ptr, int dtype, std::vector<int64_t> shape) {
-  return hvd::TensorView(reinterpret_cast<void*>(ptr), ToDataType(dtype), std::move(shape));
+// Where a tensor's memory is: an address (host memory), or a tuple (address, CUDA device
+// ordinal, address of the cudaStream_t its data is ready on; 0 = the legacy default stream).
+hvd::TensorView View(py::handle where, int dtype, std::vector<int64_t> shape) {
+  hvd::TensorView v(nullptr, ToDataType(dtype), std::move(shape));
+  if (py::isinstance<py::tuple>(where)) {
+    auto t = where.cast<py::tuple>();
+    if (t.size() != 3) {
+      throw StatusError(hvd::Status::InvalidArgument("a device tensor is (address, device, stream)"));
+    }
+    v.data = reinterpret_cast<void*>(t[0].cast<uintptr_t>());
+    v.device = t[1].cast<int>();
+    v.stream = reinterpret_cast<void*>(t[2].cast<uintptr_t>());
+  } else {
+    v.data = reinterpret_cast<void*>(where.cast<uintptr_t>());
+  }
+  return v;
 }
+
 
 // An operation the engine refused as it was submitted raises at the call, as Horovod's do
 // (a ValueError for bad arguments or a name already in flight).
@@ -242,7 +276,7 @@ void BindEngine(py::module_& m) {
 void BindReductions(py::module_& m) {
   auto ref = py::return_value_policy::take_ownership;
   m.def("allreduce",
-        [](const std::string& name, uintptr_t in, uintptr_t out, int dtype,
+        [](const std::string& name, py::handle in, py::handle out, int dtype,
            std::vector<int64_t> shape, int op, double pre, double post, py::object keep) {
           SweepOrphans();
           auto v_in = View(in, dtype, shape);
@@ -252,8 +286,8 @@ void BindReductions(py::module_& m) {
         },
         ref);
   m.def("grouped_allreduce",
-        [](const std::vector<std::string>& names, const std::vector<uintptr_t>& ins,
-           const std::vector<uintptr_t>& outs, const std::vector<int>& dtypes,
+        [](const std::vector<std::string>& names, const std::vector<py::object>& ins,
+           const std::vector<py::object>& outs, const std::vector<int>& dtypes,
            const std::vector<std::vector<int64_t>>& shapes, int op, double pre, double post,
            py::object keep) {
           SweepOrphans();
@@ -269,7 +303,7 @@ void BindReductions(py::module_& m) {
           return result;
         });
   m.def("reducescatter",
-        [](const std::string& name, uintptr_t in, int dtype, std::vector<int64_t> shape, int op,
+        [](const std::string& name, py::handle in, int dtype, std::vector<int64_t> shape, int op,
            double pre, double post, py::object keep) {
           SweepOrphans();
           return Wrap(Eng().Reducescatter(name, View(in, dtype, std::move(shape)), ToReduceOp(op),
@@ -278,7 +312,7 @@ void BindReductions(py::module_& m) {
         },
         ref);
   m.def("grouped_reducescatter",
-        [](const std::vector<std::string>& names, const std::vector<uintptr_t>& ins,
+        [](const std::vector<std::string>& names, const std::vector<py::object>& ins,
            const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes, int op,
            double pre, double post, py::object keep) {
           SweepOrphans();
@@ -296,14 +330,14 @@ void BindReductions(py::module_& m) {
 void BindGathers(py::module_& m) {
   auto ref = py::return_value_policy::take_ownership;
   m.def("allgather",
-        [](const std::string& name, uintptr_t in, int dtype, std::vector<int64_t> shape,
+        [](const std::string& name, py::handle in, int dtype, std::vector<int64_t> shape,
            py::object keep) {
           SweepOrphans();
           return Wrap(Eng().Allgather(name, View(in, dtype, std::move(shape))), std::move(keep));
         },
         ref);
   m.def("grouped_allgather",
-        [](const std::vector<std::string>& names, const std::vector<uintptr_t>& ins,
+        [](const std::vector<std::string>& names, const std::vector<py::object>& ins,
            const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes,
            py::object keep) {
           SweepOrphans();
@@ -317,7 +351,7 @@ void BindGathers(py::module_& m) {
           return result;
         });
   m.def("broadcast",
-        [](const std::string& name, uintptr_t in, uintptr_t out, int dtype,
+        [](const std::string& name, py::handle in, py::handle out, int dtype,
            std::vector<int64_t> shape, int root, py::object keep) {
           SweepOrphans();
           auto v_in = View(in, dtype, shape);
@@ -326,7 +360,7 @@ void BindGathers(py::module_& m) {
         },
         ref);
   m.def("alltoall",
-        [](const std::string& name, uintptr_t in, int dtype, std::vector<int64_t> shape,
+        [](const std::string& name, py::handle in, int dtype, std::vector<int64_t> shape,
            std::vector<int64_t> splits, py::object keep) {
           SweepOrphans();
           return Wrap(Eng().Alltoall(name, View(in, dtype, std::move(shape)), splits),
@@ -347,11 +381,14 @@ PYBIND11_MODULE(_core, m) {
   BindReductions(m);
   BindGathers(m);
 
+  py::class_<DeviceBytes>(m, "DeviceBytes")
+      .def_property_readonly("__cuda_array_interface__", &DeviceBytes::Interface);
   py::class_<PyHandle>(m, "Handle")
       .def("poll", &PyHandle::Poll, "True once the operation has finished.")
       .def("wait", &PyHandle::Wait,
            "Blocks (without the GIL) until the operation has finished; raises HvdError on failure.")
       .def("output", &PyHandle::Output)
+      .def("device_output", &PyHandle::DeviceOutput)
       .def_property_readonly("output_shape", &PyHandle::OutputShape)
       .def_property_readonly("received_splits", &PyHandle::ReceivedSplits)
       .def_property_readonly("join_last_rank", &PyHandle::JoinLastRank)

@@ -56,7 +56,8 @@ class HVD_EXPORT Handle {
   bool refused() const { return refused_; }
 
   // After success of allgather, alltoall and reducescatter: the result's shape and, unless an
-  // OutputAllocator was given, its bytes (owned by the handle).
+  // OutputAllocator was given, its bytes (owned by the handle): output_bytes() for host
+  // tensors; for device tensors output_data() points at device memory the handle owns.
   const std::vector<int64_t>& output_shape() const { return output_shape_; }
   const std::vector<uint8_t>& output_bytes() const { return output_bytes_; }
   void* output_data() const { return output_data_; }
@@ -72,6 +73,9 @@ class HVD_EXPORT Handle {
   std::vector<int64_t> output_shape_;
   std::vector<uint8_t> output_bytes_;
   void* output_data_ = nullptr;
+  // Device memory the engine allocated for output_data_ (device tensors, no allocator given);
+  // freed with the handle.
+  std::shared_ptr<void> output_owner_;
   std::vector<int64_t> received_splits_;
   int join_last_rank_ = -1;
   // Engine side, set before the handle is returned: how long Wait() polls before sleeping, and

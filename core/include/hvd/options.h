@@ -79,6 +79,14 @@ struct HVD_EXPORT Options {
   // and more on the same layouts as above; on, off as above.
   Toggle hierarchical_allgather = Toggle::kAuto;
 
+  // HVD_GPU_OPERATIONS (HOROVOD_GPU_OPERATIONS): what runs the collectives on CUDA tensors.
+  //   nccl (default): NCCL, where every rank's GPU is its own and the build has NCCL; else
+  //     the tensors are staged through host memory.
+  //   cpu (also tcp, gloo, mpi): always staged: copied to pinned host memory, reduced there
+  //     by the CPU operations, copied back.
+  enum class GpuOperations { kNccl, kCpu };
+  GpuOperations gpu_operations = GpuOperations::kNccl;
+
   // HVD_SHM: ranks on the same host move their bytes through shared memory.
   //   auto (default): where it can be set up, TCP elsewhere. on: a rank that cannot set it up
   //   fails the job's start. off: TCP only.

@@ -47,6 +47,10 @@ struct HVD_EXPORT TensorView {
   DataType dtype = DataType::kFloat32;
   std::vector<int64_t> shape;  // empty = scalar (one element)
   int device = kCpuDevice;     // kCpuDevice or a CUDA device ordinal
+  // Device tensors: the CUDA stream (a cudaStream_t) whose work produces the data. hvd's work
+  // on the tensor waits for what was queued on it when the operation was submitted, without
+  // blocking the caller. nullptr: the legacy default stream.
+  void* stream = nullptr;
 
   TensorView() = default;
   TensorView(void* d, DataType t, std::vector<int64_t> s, int dev = kCpuDevice)

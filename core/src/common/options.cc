@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cctype>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -204,6 +205,17 @@ Status ReadKnobs(Options* o) {
       o->cpu_operations = Options::CpuOperations::kMpi;
     } else {
       return BadValue(var, v, "tcp (hvd's algorithms; 'gloo' means the same) or mpi");
+    }
+  }
+  if (const char* v = Knob("GPU_OPERATIONS", &var)) {
+    std::string c = v;
+    for (auto& ch : c) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (c == "nccl") {
+      o->gpu_operations = Options::GpuOperations::kNccl;
+    } else if (c == "cpu" || c == "tcp" || c == "gloo" || c == "mpi") {
+      o->gpu_operations = Options::GpuOperations::kCpu;
+    } else {
+      return BadValue(var, v, "nccl, or cpu (staged through host memory; also tcp, gloo, mpi)");
     }
   }
   if (const char* v = Knob("HIERARCHICAL_ALLREDUCE", &var)) {

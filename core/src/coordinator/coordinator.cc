@@ -16,11 +16,17 @@ std::string RanksString(const std::vector<int>& ranks) {
   return os.str();
 }
 
+std::string DeviceName(int device) {
+  return device == kCpuDevice ? "cpu" : "cuda:" + std::to_string(device);
+}
+
 std::string DescribeDiff(const Request& a, const Request& b, bool first_dim_may_differ) {
   if (a.type != b.type) return std::string("operation ") + OpTypeName(a.type) + " vs " + OpTypeName(b.type);
   if (a.dtype != b.dtype) return std::string("dtype ") + DataTypeName(a.dtype) + " vs " + DataTypeName(b.dtype);
-  if (a.device != b.device) {
-    return "device " + std::to_string(a.device) + " vs " + std::to_string(b.device);
+  // Ranks may use different GPUs; host memory on one rank and device memory on another is a
+  // mismatch.
+  if ((a.device == kCpuDevice) != (b.device == kCpuDevice)) {
+    return "device " + DeviceName(a.device) + " vs " + DeviceName(b.device);
   }
   bool shape_differs;
   if (first_dim_may_differ) {
@@ -211,6 +217,10 @@ Response Coordinator::BuildResponse(const std::string& name, Entry& e) {
   resp.postscale = first->postscale;
   for (int r = 0; r < size_; ++r) {
     if (!e.per_rank[r]) resp.joined.push_back(r);
+  }
+  if (first->device != kCpuDevice) {
+    resp.devices.resize(size_);
+    for (int r = 0; r < size_; ++r) resp.devices[r] = e.per_rank[r] ? e.per_rank[r]->device : -1;
   }
   if (resp.type == OpType::kAllgather) {
     for (int r = 0; r < size_; ++r) {

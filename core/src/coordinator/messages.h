@@ -60,6 +60,10 @@ struct Response {
   int32_t last_joined = -1;    // kJoin: the last rank to join
   // Ranks that had joined when this response was made: they take part without a tensor.
   std::vector<int32_t> joined;
+  // Device tensors: each rank's CUDA device ordinal ([rank]; -1 for a rank that has joined).
+  // Empty for host tensors. Responses fuse only when these are equal, so a fused buffer never
+  // mixes devices, nor host and device memory.
+  std::vector<int32_t> devices;
   // On the wire only: when not empty, the response travels as these response-cache bits and
   // the fields above are rebuilt from the receiver's cache.
   std::vector<uint32_t> cache_bits;

@@ -156,8 +156,19 @@ Status EngineImpl::ValidateLocked(const TensorEntry& e) const {
   if (r.type != OpType::kBarrier && r.type != OpType::kJoin) {
     if (r.name.empty()) return Status::InvalidArgument(what + ": the name is empty");
     if (e.input.device != kCpuDevice) {
-      return Status::FailedPrecondition(what + ": device " + std::to_string(e.input.device) +
-                                        " tensors need a build with CUDA; this build has CPU only");
+      if (e.input.device < 0) {
+        return Status::InvalidArgument(what + ": device " + std::to_string(e.input.device) +
+                                       " is neither the CPU (-1) nor a CUDA device ordinal");
+      }
+      if (GetDeviceRuntime() == nullptr) {
+        return Status::FailedPrecondition(what + ": device " + std::to_string(e.input.device) +
+                                          " tensors need a build with CUDA; this build has CPU only");
+      }
+    }
+    if (e.output.data != nullptr && e.output.device != e.input.device) {
+      return Status::InvalidArgument(what + ": the output is on device " +
+                                     std::to_string(e.output.device) + ", the input on " +
+                                     std::to_string(e.input.device) + "; they must be on the same");
     }
     if (e.input.data == nullptr && e.input.num_bytes() > 0) {
       return Status::InvalidArgument(what + ": input data is null");
@@ -192,6 +203,7 @@ std::vector<HandlePtr> EngineImpl::EnqueueGroup(std::vector<TensorEntry> entries
       if (e.request.type == OpType::kJoin) e.request.name = "join";
       if (!s.ok()) break;
       s = ValidateLocked(e);
+      if (s.ok() && e.input.device != kCpuDevice) s = RecordReady(e);
       if (s.ok() && !names.insert(e.request.name).second) {
         s = Status::InvalidArgument("group has the name '" + e.request.name + "' twice");
       }

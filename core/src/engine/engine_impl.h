@@ -31,10 +31,12 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/messages.h"
 #include "coordinator/response_cache.h"
+#include "device/device.h"
 #include "engine/timeline.h"
 #include "hvd/engine.h"
 #include "planner/plan.h"
 #include "transport/control.h"
+#include "transport/device_collectives.h"
 #include "transport/group_view.h"
 #include "transport/transport.h"
 
@@ -52,6 +54,9 @@ struct TensorEntry {
   TensorView output;
   OutputAllocator allocator;
   HandlePtr handle;
+  // Device tensors: an event recorded at submission on the caller's stream
+  // (DeviceRuntime::RecordEvent), released when the entry goes.
+  std::shared_ptr<void> ready_event;
   // Benchmark hook: runs on the background thread instead of negotiating (see hvd/raw.h).
   std::function<Status(Transport&, ScratchBuffer&)> raw;
 };
@@ -131,6 +136,23 @@ class EngineImpl {
   void* AllocateOutput(TensorEntry* e, const std::vector<int64_t>& shape, size_t bytes);
   Deadline CollectiveDeadline() const;
 
+  // Device tensors (execute_device.cc).
+  Status RecordReady(TensorEntry& e);  // caller side
+  Status ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>& entries);
+  Status OpenDevice(const Response& r);
+  Status ChooseDevicePath(const Status& opened);
+  Status PollDuringDeviceWait();
+  Status DeviceSynchronize();
+  Status RunDeviceCollective(const Response& r, std::vector<TensorEntry*>& entries);
+  Status RunStaged(const Response& r, std::vector<TensorEntry*>& entries);
+  Status DeviceAllreduce(const Response& r, std::vector<TensorEntry*>& entries);
+  Status DeviceAllgather(const Response& r, TensorEntry* e);
+  Status DeviceBroadcast(const Response& r, TensorEntry* e);
+  Status DeviceAlltoall(const Response& r, TensorEntry* e);
+  Status DeviceReducescatter(const Response& r, TensorEntry* e);
+  Status AllocateDeviceOutput(TensorEntry* e, const std::vector<int64_t>& shape, size_t bytes,
+                              void** out);
+
   const Options options_;
 
   // Caller side, guarded by mu_.
@@ -177,6 +199,15 @@ class EngineImpl {
   std::unique_ptr<Timeline> timeline_;
   ScratchBuffer scratch_;
   ScratchBuffer fusion_;
+  // Device tensors (execute_device.cc): this rank's device, opened at its first device
+  // response; how the ranks agreed to run device collectives, at that response; the device
+  // fusion buffer and the pinned host staging buffer. Declared in the order they go.
+  std::shared_ptr<Device> device_;
+  enum class DevicePath { kUnknown, kCollectives, kStaging };
+  DevicePath device_path_ = DevicePath::kUnknown;
+  DeviceBuffer device_fusion_;
+  DeviceBuffer host_staging_{true};
+  std::unique_ptr<DeviceCollectives> device_collectives_;
   size_t agreed_fusion_ = 0;   // sizes every rank has agreed it holds (execute.cc, step 2)
   size_t agreed_scratch_ = 0;
   bool abandon_ = false;       // this rank failed alone inside the response being executed

@@ -5,6 +5,7 @@
 #include "bootstrap/store.h"
 #include "common/logging.h"
 #include "hvd/config.h"
+#include "transport/device_collectives.h"
 #include "transport/group_view.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/control_channel.h"
@@ -208,5 +209,15 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
   job.backends = std::move(backends);
   return job;
 }
+
+#if !HVD_HAVE_NCCL
+// A build without NCCL stages device tensors through host memory (engine/execute_device.cc).
+bool DeviceCollectivesBuilt() { return false; }
+
+StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(Transport&, Device&, Deadline,
+                                                                     PollFn) {
+  return Status::FailedPrecondition("this build has no NCCL");
+}
+#endif
 
 }  // namespace hvd

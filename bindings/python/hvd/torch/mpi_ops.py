@@ -1,7 +1,10 @@
 """hvd.torch collectives with horovod.torch's names, arguments and defaults.
 
-Tensors must be on the CPU; a non-contiguous tensor is made contiguous first (in-place ops then
-copy the result back). Supported dtypes: uint8, int8, int16 (and uint16 where torch has it),
+Tensors may be on the CPU or on a CUDA device (one device per rank). A CUDA tensor's data is
+taken as ready on the current stream when the op is called: hvd's work waits for that stream's
+work without blocking the caller, and the op's handle finishes once its results are written,
+so they may be used on any stream. A non-contiguous tensor is made contiguous first (in-place
+ops then copy the result back). Supported dtypes: uint8, int8, int16 (and uint16 where torch has it),
 int32, int64, float16, bfloat16, float32, float64, bool; others raise TypeError. The extension takes tensor.data_ptr() (no libtorch
 headers), so the engine reads and writes the tensor's memory without a copy. Results of
 allgather, alltoall and reducescatter are views of memory the engine allocated.
@@ -41,6 +44,14 @@ if hasattr(torch, "uint16"):  # torch 2.3 and later
     _TO_CORE[torch.uint16] = _core.UINT16
 
 
+def _where(t):
+    """The core's view of where a tensor lives: its address on the CPU; for a CUDA tensor the
+    address, the device and the current stream, which hvd's work on it is ordered after."""
+    if t.device.type == "cpu":
+        return t.data_ptr()
+    return (t.data_ptr(), t.device.index, torch.cuda.current_stream(t.device).cuda_stream)
+
+
 class _TorchAdapter:
     @staticmethod
     def prepare(t):
@@ -50,24 +61,38 @@ class _TorchAdapter:
         if code is None:
             raise TypeError("hvd does not support %s tensors; supported dtypes: %s"
                             % (t.dtype, ", ".join(str(d) for d in _TO_CORE)))
-        if t.device.type != "cpu":
-            raise TypeError("hvd.torch supports CPU tensors only; got a tensor on %s" % t.device)
+        if t.device.type not in ("cpu", "cuda"):
+            raise TypeError("hvd.torch supports CPU and CUDA tensors; got a tensor on %s"
+                            % t.device)
+        if t.device.type == "cuda" and not _core.HAVE_CUDA:
+            raise TypeError("this hvd was built without CUDA; got a tensor on %s" % t.device)
         if t.layout != torch.strided:
             raise TypeError("hvd.torch supports dense tensors only; got layout %s" % t.layout)
         if not t.is_contiguous():
             t = t.contiguous()
-        return t, t.data_ptr(), code, t.shape
+        return t, _where(t), code, t.shape
 
     @staticmethod
     def empty_like(t):
-        return torch.empty(t.shape, dtype=t.dtype)
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
     @staticmethod
     def ptr(t):
-        return t.data_ptr()
+        return _where(t)
 
     @staticmethod
     def from_output(h, like):
+        if like.device.type == "cuda":
+            shape = list(h.output_shape)
+            nbytes = like.element_size()
+            for d in shape:
+                nbytes *= d
+            if nbytes == 0:
+                return torch.empty(shape, dtype=like.dtype, device=like.device)
+            raw = torch.as_tensor(h.device_output(nbytes), device=like.device)
+            if like.dtype != torch.uint8:
+                raw = raw.view(like.dtype)
+            return raw.view(shape)
         raw = h.output()
         if raw.size == 0:
             return torch.empty(h.output_shape, dtype=like.dtype)

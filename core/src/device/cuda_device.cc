@@ -1,0 +1,297 @@
+// The CUDA implementation of the device layer (device.h): one non-blocking stream per engine,
+// device and pinned memory from the CUDA runtime, the kernels of cuda_kernels.cu, and events
+// from a pool for ordering after the caller's stream.
+//
+// Every CUDA call is checked; a failure becomes a Status with CUDA's own text
+// ("cudaMalloc of 96.0 MiB on cuda:0: out of memory (cudaErrorMemoryAllocation)"). Running out
+// of memory is ResourceExhausted, anything else Internal.
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+#include "device/cuda_kernels.h"
+#include "device/device.h"
+
+namespace hvd {
+
+namespace {
+
+Status CudaStatus(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return Status::OK();
+  std::string msg = what + ": " + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")";
+  if (e == cudaErrorMemoryAllocation) return Status::ResourceExhausted(msg);
+  return Status::Internal("CUDA error in " + msg);
+}
+
+#define HVD_CUDA_RETURN(call, what)                      \
+  do {                                                   \
+    cudaError_t hvd_cuda_err_ = (call);                  \
+    if (hvd_cuda_err_ != cudaSuccess) return CudaStatus(hvd_cuda_err_, what); \
+  } while (0)
+
+std::string Bytes(size_t b) {
+  std::ostringstream os;
+  if (b >= (1u << 20)) {
+    os.precision(1);
+    os << std::fixed << b / 1048576.0 << " MiB";
+  } else {
+    os << b << " bytes";
+  }
+  return os.str();
+}
+
+// Makes `ordinal` current on this thread for the scope, and restores the previous device.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int ordinal) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != ordinal) status_ = CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice(" + std::to_string(ordinal) + ")");
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0 && status_.ok()) cudaSetDevice(previous_);
+  }
+  const Status& status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  Status status_;
+};
+
+class CudaDevice : public Device {
+ public:
+  CudaDevice(int ordinal, std::string name, std::string uuid)
+      : ordinal_(ordinal), name_(std::move(name)), uuid_(std::move(uuid)) {}
+  ~CudaDevice() override {
+    DeviceScope scope(ordinal_);
+    if (stream_) {
+      cudaStreamSynchronize(stream_);
+      cudaStreamDestroy(stream_);
+    }
+    if (table_host_) cudaFreeHost(table_host_);
+    if (table_dev_) cudaFree(table_dev_);
+  }
+
+  Status Init() {
+    DeviceScope scope(ordinal_);
+    HVD_RETURN_IF_ERROR(scope.status());
+    HVD_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                    "cudaStreamCreate on " + Describe());
+    return Status::OK();
+  }
+
+  int ordinal() const override { return ordinal_; }
+  std::string Describe() const override {
+    return "cuda:" + std::to_string(ordinal_) + " (" + name_ + ")";
+  }
+  std::string Uuid() const override { return uuid_; }
+  void* stream() const override { return stream_; }
+
+  Status Allocate(size_t bytes, void** out) override {
+    DeviceScope scope(ordinal_);
+    HVD_RETURN_IF_ERROR(scope.status());
+    HVD_CUDA_RETURN(cudaMalloc(out, bytes), "cudaMalloc of " + Bytes(bytes) + " on " + Describe());
+    return Status::OK();
+  }
+  void Free(void* p) override {
+    DeviceScope scope(ordinal_);
+    cudaFree(p);
+  }
+  Status AllocateHost(size_t bytes, void** out) override {
+    DeviceScope scope(ordinal_);
+    HVD_RETURN_IF_ERROR(scope.status());
+    HVD_CUDA_RETURN(cudaHostAlloc(out, bytes, cudaHostAllocPortable),
+                    "cudaHostAlloc of " + Bytes(bytes) + " (pinned host memory for " + Describe() + ")");
+    return Status::OK();
+  }
+  void FreeHost(void* p) override { cudaFreeHost(p); }
+
+  Status WaitEvent(void* event) override {
+    HVD_CUDA_RETURN(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event), 0),
+                    "cudaStreamWaitEvent on " + Describe());
+    return Status::OK();
+  }
+
+  Status BatchedCopy(const std::vector<CopySpan>& spans) override {
+    using cuda::CopyChunk;
+    size_t n = 0;
+    for (const auto& s : spans) n += (s.bytes + cuda::kCopyChunkBytes - 1) / cuda::kCopyChunkBytes;
+    if (n == 0) return Status::OK();
+    DeviceScope scope(ordinal_);
+    HVD_RETURN_IF_ERROR(scope.status());
+    // The chunk table travels to the device through a pinned staging table. Tables of one
+    // response are appended (an earlier copy may not have read its part yet); Synchronize
+    // starts over.
+    if (table_used_ + n > table_capacity_) {
+      HVD_CUDA_RETURN(cudaStreamSynchronize(stream_), "cudaStreamSynchronize on " + Describe());
+      table_used_ = 0;
+      if (n > table_capacity_) {
+        const size_t cap = std::max<size_t>(n, 4096);
+        if (table_host_) cudaFreeHost(table_host_);
+        if (table_dev_) cudaFree(table_dev_);
+        table_host_ = nullptr;
+        table_dev_ = nullptr;
+        table_capacity_ = 0;
+        HVD_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&table_host_), cap * sizeof(CopyChunk),
+                                      cudaHostAllocDefault),
+                        "cudaHostAlloc of the copy table");
+        HVD_CUDA_RETURN(cudaMalloc(reinterpret_cast<void**>(&table_dev_), cap * sizeof(CopyChunk)),
+                        "cudaMalloc of the copy table on " + Describe());
+        table_capacity_ = cap;
+      }
+    }
+    CopyChunk* host = table_host_ + table_used_;
+    size_t k = 0;
+    for (const auto& s : spans) {
+      for (size_t off = 0; off < s.bytes; off += cuda::kCopyChunkBytes) {
+        host[k++] = {static_cast<const char*>(s.src) + off, static_cast<char*>(s.dst) + off,
+                     std::min(cuda::kCopyChunkBytes, s.bytes - off)};
+      }
+    }
+    CopyChunk* dev = table_dev_ + table_used_;
+    table_used_ += n;
+    HVD_CUDA_RETURN(cudaMemcpyAsync(dev, host, n * sizeof(CopyChunk), cudaMemcpyHostToDevice, stream_),
+                    "cudaMemcpyAsync of the copy table");
+    HVD_CUDA_RETURN(cuda::LaunchBatchedCopy(dev, static_cast<int>(n), stream_),
+                    "the batched copy kernel on " + Describe());
+    return Status::OK();
+  }
+
+  Status Copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return Status::OK();
+    HVD_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_),
+                    "cudaMemcpyAsync of " + Bytes(bytes) + " on " + Describe());
+    return Status::OK();
+  }
+
+  Status Zero(void* dst, size_t bytes) override {
+    if (bytes == 0) return Status::OK();
+    HVD_CUDA_RETURN(cudaMemsetAsync(dst, 0, bytes, stream_), "cudaMemsetAsync on " + Describe());
+    return Status::OK();
+  }
+
+  Status Scale(void* buf, size_t count, DataType dtype, double factor) override {
+    if (factor == 1.0 || count == 0) return Status::OK();
+    DeviceScope scope(ordinal_);
+    HVD_RETURN_IF_ERROR(scope.status());
+    HVD_CUDA_RETURN(cuda::LaunchScale(buf, count, static_cast<int>(dtype), factor, stream_),
+                    "the scale kernel on " + Describe());
+    return Status::OK();
+  }
+
+  Status Synchronize(Deadline deadline, const std::function<Status()>& poll) override {
+    // Spin briefly (a short collective is microseconds away), then look every 50 µs.
+    const auto spin_until = Clock::now() + std::chrono::microseconds(50);
+    for (;;) {
+      cudaError_t e = cudaStreamQuery(stream_);
+      if (e == cudaSuccess) break;
+      if (e != cudaErrorNotReady) return CudaStatus(e, "work queued on " + Describe());
+      if (poll) HVD_RETURN_IF_ERROR(poll());
+      const auto now = Clock::now();
+      if (now > deadline) {
+        return Status::Timeout("the work queued on " + Describe() +
+                               " did not finish in time (see HVD_TIMEOUT_SECONDS)");
+      }
+      if (now < spin_until) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+    table_used_ = 0;
+    return Status::OK();
+  }
+
+ private:
+  const int ordinal_;
+  const std::string name_;
+  const std::string uuid_;
+  cudaStream_t stream_ = nullptr;
+  cuda::CopyChunk* table_host_ = nullptr;
+  cuda::CopyChunk* table_dev_ = nullptr;
+  size_t table_capacity_ = 0;
+  size_t table_used_ = 0;
+};
+
+class CudaRuntimeImpl : public DeviceRuntime {
+ public:
+  StatusOr<std::unique_ptr<Device>> Open(int ordinal) override {
+    const int count = DeviceCount();
+    if (ordinal < 0 || ordinal >= count) {
+      return Status::FailedPrecondition("CUDA device " + std::to_string(ordinal) +
+                                        " does not exist: this process sees " +
+                                        std::to_string(count) + " CUDA device(s)");
+    }
+    cudaDeviceProp prop;
+    HVD_CUDA_RETURN(cudaGetDeviceProperties(&prop, ordinal),
+                    "cudaGetDeviceProperties(" + std::to_string(ordinal) + ")");
+    std::ostringstream uuid;
+    uuid << std::hex;
+    for (int i = 0; i < 16; ++i) {
+      uuid << ((static_cast<unsigned>(static_cast<unsigned char>(prop.uuid.bytes[i])) >> 4) & 15)
+           << (static_cast<unsigned char>(prop.uuid.bytes[i]) & 15);
+    }
+    auto dev = std::make_unique<CudaDevice>(ordinal, prop.name, uuid.str());
+    HVD_RETURN_IF_ERROR(dev->Init());
+    return std::unique_ptr<Device>(std::move(dev));
+  }
+
+  Status RecordEvent(int ordinal, void* stream, void** event) override {
+    DeviceScope scope(ordinal);
+    HVD_RETURN_IF_ERROR(scope.status());
+    cudaEvent_t ev = nullptr;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto& pool = free_[ordinal];
+      if (!pool.empty()) {
+        ev = pool.back();
+        pool.pop_back();
+      }
+    }
+    if (ev == nullptr) {
+      HVD_CUDA_RETURN(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming),
+                      "cudaEventCreate on cuda:" + std::to_string(ordinal));
+      std::lock_guard<std::mutex> l(mu_);
+      ordinal_of_[ev] = ordinal;
+    }
+    cudaError_t e = cudaEventRecord(ev, static_cast<cudaStream_t>(stream));
+    if (e != cudaSuccess) {
+      ReleaseEvent(ev);
+      return CudaStatus(e, "cudaEventRecord on the caller's stream of cuda:" + std::to_string(ordinal));
+    }
+    *event = ev;
+    return Status::OK();
+  }
+
+  void ReleaseEvent(void* event) override {
+    if (event == nullptr) return;
+    auto ev = static_cast<cudaEvent_t>(event);
+    std::lock_guard<std::mutex> l(mu_);
+    free_[ordinal_of_[ev]].push_back(ev);
+  }
+
+  int DeviceCount() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // clear it: no driver or no device is an answer, not an error
+      return 0;
+    }
+    return n;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<int, std::vector<cudaEvent_t>> free_;  // guarded by mu_
+  std::unordered_map<cudaEvent_t, int> ordinal_of_;         // guarded by mu_
+};
+
+}  // namespace
+
+DeviceRuntime* CudaRuntime() {
+  static CudaRuntimeImpl* runtime = new CudaRuntimeImpl();  // lives as long as the process
+  return runtime;
+}
+
+}  // namespace hvd

@@ -1,0 +1,142 @@
+// CUDA kernels: the batched copy that packs and unpacks device fusion buffers, and scaling.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "device/cuda_kernels.h"
+#include "hvd/types.h"
+
+namespace hvd {
+namespace cuda {
+
+namespace {
+
+constexpr int kCopyThreads = 256;
+constexpr int kMaxCopyBlocks = 8192;
+constexpr int kUnroll = 4;
+
+// One block per chunk (grid-stride over the chunks). Each thread keeps kUnroll 16-byte loads
+// in flight before it stores, so that a block moves its chunk at close to full bandwidth.
+__global__ void BatchedCopyKernel(const CopyChunk* __restrict__ chunks, int n) {
+  for (int c = blockIdx.x; c < n; c += gridDim.x) {
+    const CopyChunk k = chunks[c];
+    const auto* s = static_cast<const unsigned char*>(k.src);
+    auto* d = static_cast<unsigned char*>(k.dst);
+    const size_t bytes = k.bytes;
+    size_t done = 0;
+    if (((reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d)) & 15) == 0) {
+      const size_t words = bytes / 16;
+      const auto* s4 = reinterpret_cast<const uint4*>(s);
+      auto* d4 = reinterpret_cast<uint4*>(d);
+      size_t i = threadIdx.x;
+      const size_t stride = blockDim.x;
+      for (; i + (kUnroll - 1) * stride < words; i += kUnroll * stride) {
+        uint4 v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) v[u] = s4[i + u * stride];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) d4[i + u * stride] = v[u];
+      }
+      for (; i < words; i += stride) d4[i] = s4[i];
+      done = words * 16;
+    }
+    for (size_t i = done + threadIdx.x; i < bytes; i += blockDim.x) d[i] = s[i];
+  }
+}
+
+template <typename T>
+__global__ void ScaleIntegerKernel(T* p, size_t n, double factor) {
+  const double lo = static_cast<double>(std::numeric_limits<T>::min());
+  const double above = ldexp(1.0, std::numeric_limits<T>::digits);
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const double v = rint(static_cast<double>(p[i]) * factor);
+    T out;
+    if (v != v) out = 0;
+    else if (v <= lo) out = std::numeric_limits<T>::min();
+    else if (v >= above) out = std::numeric_limits<T>::max();
+    else out = static_cast<T>(v);
+    p[i] = out;
+  }
+}
+
+__global__ void ScaleFloatKernel(float* p, size_t n, double factor) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    p[i] = static_cast<float>(static_cast<double>(p[i]) * factor);
+  }
+}
+
+__global__ void ScaleDoubleKernel(double* p, size_t n, double factor) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    p[i] *= factor;
+  }
+}
+
+__global__ void ScaleHalfKernel(__half* p, size_t n, float factor) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    p[i] = __float2half_rn(__half2float(p[i]) * factor);
+  }
+}
+
+__global__ void ScaleBFloat16Kernel(__nv_bfloat16* p, size_t n, float factor) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    p[i] = __float2bfloat16_rn(__bfloat162float(p[i]) * factor);
+  }
+}
+
+unsigned int ScaleBlocks(size_t n) {
+  const size_t blocks = (n + 255) / 256;
+  return static_cast<unsigned int>(blocks < 4096 ? blocks : 4096);
+}
+
+template <typename T>
+void ScaleInteger(void* buf, size_t n, double factor, cudaStream_t s) {
+  ScaleIntegerKernel<T><<<ScaleBlocks(n), 256, 0, s>>>(static_cast<T*>(buf), n, factor);
+}
+
+}  // namespace
+
+cudaError_t LaunchBatchedCopy(const CopyChunk* chunks, int n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  const int blocks = n < kMaxCopyBlocks ? n : kMaxCopyBlocks;
+  BatchedCopyKernel<<<blocks, kCopyThreads, 0, stream>>>(chunks, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScale(void* buf, size_t n, int dtype, double factor, cudaStream_t s) {
+  if (factor == 1.0 || n == 0) return cudaSuccess;
+  switch (static_cast<DataType>(dtype)) {
+    case DataType::kUInt8: ScaleInteger<uint8_t>(buf, n, factor, s); break;
+    case DataType::kInt8: ScaleInteger<int8_t>(buf, n, factor, s); break;
+    case DataType::kInt16: ScaleInteger<int16_t>(buf, n, factor, s); break;
+    case DataType::kUInt16: ScaleInteger<uint16_t>(buf, n, factor, s); break;
+    case DataType::kInt32: ScaleInteger<int32_t>(buf, n, factor, s); break;
+    case DataType::kInt64: ScaleInteger<int64_t>(buf, n, factor, s); break;
+    case DataType::kFloat32:
+      ScaleFloatKernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<float*>(buf), n, factor);
+      break;
+    case DataType::kFloat64:
+      ScaleDoubleKernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<double*>(buf), n, factor);
+      break;
+    case DataType::kFloat16:
+      ScaleHalfKernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<__half*>(buf), n,
+                                                     static_cast<float>(factor));
+      break;
+    case DataType::kBFloat16:
+      ScaleBFloat16Kernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<__nv_bfloat16*>(buf), n,
+                                                         static_cast<float>(factor));
+      break;
+    case DataType::kBool:
+      return cudaSuccess;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace hvd

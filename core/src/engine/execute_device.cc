@@ -1,0 +1,428 @@
+// Executing a response on device tensors (the response carries every rank's device).
+//
+// 1. The rank's device is opened at its first device response (one device per rank). The
+//    engine's stream waits for each tensor's ready event, recorded on the caller's stream when
+//    the operation was submitted: nothing blocks the caller or this thread for it.
+// 2. At that first response the ranks agree on the path, once, with an allgather of
+//    (device UUID, device opened, may use device collectives):
+//      collectives  NCCL, when every rank has it and HVD_GPU_OPERATIONS is nccl everywhere, and
+//                   no two ranks share a physical device (NCCL refuses duplicate GPUs);
+//      staging      otherwise: through pinned host memory and the host path (shm, TCP, MPI,
+//                   hierarchical: whatever the host tensors would take).
+//    A reduction NCCL cannot do (16-bit integers) is staged on the collectives path too.
+// 3. Collectives path. Allreduce of one tensor runs on it in place (or out of place); several
+//    are packed into the device fusion buffer by one batched copy kernel at 16-byte aligned
+//    offsets, scaled by kernels, reduced, scaled and unpacked by one more batched copy.
+// 4. Staging path. Inputs go to pinned host memory (several tensors are packed on the device
+//    first and cross in one copy), the host path runs the response on host stand-ins of the
+//    entries, and the results come back the same way.
+// 5. The response completes when the stream has drained. The wait polls the control plane, so
+//    heartbeats and an abort relayed by the coordinator are seen; a lost peer or a failed
+//    communicator aborts NCCL, and the deadline (HVD_TIMEOUT_SECONDS) bounds it all.
+#include <cstring>
+#include <numeric>
+#include <sstream>
+
+#include "common/logging.h"
+#include "engine/engine_impl.h"
+
+namespace hvd {
+
+namespace {
+
+int64_t RowElems(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+int64_t PartOf(int64_t rows, int size, int r) { return rows / size + (r < rows % size ? 1 : 0); }
+
+bool IsReduction(OpType t) { return t == OpType::kAllreduce || t == OpType::kReducescatter; }
+
+// What each rank tells the others at its first device response.
+struct DeviceRecord {
+  char uuid[40];
+  uint8_t opened;       // its device is open
+  uint8_t collectives;  // it may use device collectives (NCCL built, HVD_GPU_OPERATIONS=nccl)
+  uint8_t pad[6];
+};
+
+}  // namespace
+
+Status EngineImpl::RecordReady(TensorEntry& e) {
+  DeviceRuntime* rt = GetDeviceRuntime();
+  void* ev = nullptr;
+  HVD_RETURN_IF_ERROR(rt->RecordEvent(e.input.device, e.input.stream, &ev));
+  e.ready_event = std::shared_ptr<void>(ev, [rt](void* p) { rt->ReleaseEvent(p); });
+  return Status::OK();
+}
+
+Status EngineImpl::PollDuringDeviceWait() {
+  if (poller_) poller_->Poll();
+  if (io_.stopped()) io_.restart();
+  io_.poll();
+  Status s = abort_;
+  if (s.ok() && device_collectives_) s = device_collectives_->Check();
+  if (!s.ok() && device_collectives_) device_collectives_->Abort();
+  return s;
+}
+
+Status EngineImpl::DeviceSynchronize() {
+  Status s = device_->Synchronize(CollectiveDeadline(), [this] { return PollDuringDeviceWait(); });
+  if (!s.ok() && device_collectives_) device_collectives_->Abort();
+  return s;
+}
+
+Status EngineImpl::OpenDevice(const Response& r) {
+  int ordinal = r.devices[options_.rank];
+  if (ordinal < 0) {  // this rank has joined: it takes part on the device it used
+    if (device_) return Status::OK();
+    return Status::FailedPrecondition("rank " + std::to_string(options_.rank) +
+                                      " joined before it used a CUDA device, so it cannot take "
+                                      "part in device collectives");
+  }
+  if (device_) {
+    if (device_->ordinal() == ordinal) return Status::OK();
+    return Status::FailedPrecondition(
+        "rank " + std::to_string(options_.rank) + " uses " + device_->Describe() +
+        " and now cuda:" + std::to_string(ordinal) +
+        "; hvd runs one CUDA device per rank (torch.cuda.set_device(hvd.local_rank()))");
+  }
+  DeviceRuntime* rt = GetDeviceRuntime();
+  if (rt == nullptr) return Status::FailedPrecondition("this build has no CUDA");
+  auto dev = rt->Open(ordinal);
+  if (!dev.ok()) return dev.status();
+  device_ = std::shared_ptr<Device>(std::move(*dev));
+  return Status::OK();
+}
+
+Status EngineImpl::ChooseDevicePath(const Status& opened) {
+  const int n = options_.size;
+  DeviceRecord mine{};
+  if (device_) std::snprintf(mine.uuid, sizeof(mine.uuid), "%s", device_->Uuid().c_str());
+  mine.opened = opened.ok() ? 1 : 0;
+  mine.collectives = DeviceCollectivesBuilt() &&
+                     options_.gpu_operations == Options::GpuOperations::kNccl;
+  std::vector<DeviceRecord> all(n);
+  if (n > 1) {
+    HVD_RETURN_IF_ERROR(Allgatherv(*transport_, &mine, all.data(),
+                                   std::vector<size_t>(n, sizeof(DeviceRecord)),
+                                   CollectiveDeadline()));
+  } else {
+    all[0] = mine;
+  }
+  std::ostringstream failed;
+  for (int i = 0; i < n; ++i) {
+    if (!all[i].opened) failed << (failed.tellp() > 0 ? ", " : "") << i;
+  }
+  if (failed.tellp() > 0) {
+    return Status::FailedPrecondition("ranks " + failed.str() + " could not open their CUDA device" +
+                                      (opened.ok() ? "" : " (here: " + opened.message() + ")"));
+  }
+  std::string why;
+  for (int i = 0; i < n && why.empty(); ++i) {
+    if (!all[i].collectives) {
+      why = "rank " + std::to_string(i) + " has no NCCL or set HVD_GPU_OPERATIONS=cpu";
+    }
+    for (int j = 0; j < i && why.empty(); ++j) {
+      if (std::strncmp(all[i].uuid, all[j].uuid, sizeof(all[i].uuid)) == 0) {
+        why = "ranks " + std::to_string(j) + " and " + std::to_string(i) +
+              " share one GPU, which NCCL refuses";
+      }
+    }
+  }
+  if (why.empty()) {
+    auto comm = CreateDeviceCollectives(*transport_, *device_, CollectiveDeadline(),
+                                        [this] { return PollDuringDeviceWait(); });
+    if (!comm.ok()) {
+      abandon_ = n > 1;  // the others may be inside NCCL's set-up
+      return comm.status().WithContext("setting up NCCL");
+    }
+    device_collectives_ = std::move(*comm);
+    device_path_ = DevicePath::kCollectives;
+    HVD_LOG(kInfo) << "device tensors on " << device_->Describe() << " go through "
+                   << device_collectives_->name();
+  } else {
+    device_path_ = DevicePath::kStaging;
+    HVD_LOG(kInfo) << "device tensors on " << device_->Describe()
+                   << " are staged through host memory: " << why;
+  }
+  return Status::OK();
+}
+
+Status EngineImpl::ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>& entries) {
+  Status opened = OpenDevice(r);
+  if (device_path_ == DevicePath::kUnknown) {
+    HVD_RETURN_IF_ERROR(ChooseDevicePath(opened));
+  } else if (!opened.ok()) {
+    abandon_ = options_.size > 1;  // the others are already running it
+    return opened;
+  }
+  for (auto* e : entries) {
+    if (e && e->ready_event) {
+      Status s = device_->WaitEvent(e->ready_event.get());
+      if (!s.ok()) {
+        abandon_ = options_.size > 1;
+        return s;
+      }
+      e->ready_event.reset();
+    }
+  }
+  const bool collectives = device_path_ == DevicePath::kCollectives &&
+                           (!IsReduction(r.type) || device_collectives_->Reduces(r.dtype, r.op));
+  Status s = collectives ? RunDeviceCollective(r, entries) : RunStaged(r, entries);
+  // A local failure of a device call leaves the others inside the collective.
+  if (!s.ok() && s.code() != StatusCode::kPeerLost && s.code() != StatusCode::kTimeout &&
+      s.code() != StatusCode::kResourceExhausted) {
+    abandon_ = abandon_ || options_.size > 1;
+  }
+  return s;
+}
+
+Status EngineImpl::RunDeviceCollective(const Response& r, std::vector<TensorEntry*>& entries) {
+  switch (r.type) {
+    case OpType::kAllreduce: return DeviceAllreduce(r, entries);
+    case OpType::kAllgather: return DeviceAllgather(r, entries[0]);
+    case OpType::kBroadcast: return DeviceBroadcast(r, entries[0]);
+    case OpType::kAlltoall:
+      return entries[0] ? DeviceAlltoall(r, entries[0])
+                        : Status::Internal("alltoall '" + r.names[0] + "' without a local tensor");
+    case OpType::kReducescatter:
+      return entries[0] ? DeviceReducescatter(r, entries[0])
+                        : Status::Internal("reducescatter '" + r.names[0] + "' without a local tensor");
+    default:
+      return Status::Internal(std::string("no device path for ") + OpTypeName(r.type));
+  }
+}
+
+Status EngineImpl::AllocateDeviceOutput(TensorEntry* e, const std::vector<int64_t>& shape,
+                                        size_t bytes, void** out) {
+  e->handle->output_shape_ = shape;
+  if (e->allocator) {
+    void* p = nullptr;
+    try {
+      p = e->allocator(shape);
+    } catch (...) {
+      return Status::ResourceExhausted("the output allocator failed: " +
+                                       ExceptionMessage(std::current_exception()));
+    }
+    if (p == nullptr && bytes > 0) return Status::ResourceExhausted("the output allocator returned null");
+    e->handle->output_data_ = p;
+    *out = p;
+    return Status::OK();
+  }
+  void* p = nullptr;
+  HVD_RETURN_IF_ERROR(device_->Allocate(bytes == 0 ? 1 : bytes, &p));
+  std::shared_ptr<Device> dev = device_;
+  e->handle->output_owner_ = std::shared_ptr<void>(p, [dev](void* q) { dev->Free(q); });
+  e->handle->output_data_ = p;
+  *out = p;
+  return Status::OK();
+}
+
+Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>& entries) {
+  Device& d = *device_;
+  DeviceCollectives& c = *device_collectives_;
+  const size_t esize = DataTypeSize(r.dtype);
+  const ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
+  double post = r.postscale;
+  if (r.op == ReduceOp::kAverage) post /= options_.size;
+  if (entries.size() == 1 && entries[0] != nullptr) {
+    TensorEntry* e = entries[0];
+    const size_t count = static_cast<size_t>(NumElements(r.shapes[0]));
+    const void* in = e->input.data;
+    void* out = e->output.data;
+    if (r.prescale != 1.0) {
+      if (in != out) HVD_RETURN_IF_ERROR(d.Copy(out, in, count * esize));
+      HVD_RETURN_IF_ERROR(d.Scale(out, count, r.dtype, r.prescale));
+      in = out;
+    }
+    HVD_RETURN_IF_ERROR(c.Allreduce(in, out, count, r.dtype, op));
+    HVD_RETURN_IF_ERROR(d.Scale(out, count, r.dtype, post));
+    return DeviceSynchronize();
+  }
+  std::vector<size_t> bytes, offsets;
+  for (const auto& shape : r.shapes) bytes.push_back(static_cast<size_t>(NumElements(shape)) * esize);
+  const size_t total = AlignedOffsets(bytes, &offsets);
+  void* fusion = nullptr;
+  HVD_RETURN_IF_ERROR(device_fusion_.Get(&d, total, &fusion));
+  auto* buf = static_cast<uint8_t*>(fusion);
+  std::vector<CopySpan> in, out;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (bytes[i] == 0) continue;
+    if (entries[i]) {
+      in.push_back({entries[i]->input.data, buf + offsets[i], bytes[i]});
+      out.push_back({buf + offsets[i], entries[i]->output.data, bytes[i]});
+    } else {
+      HVD_RETURN_IF_ERROR(d.Zero(buf + offsets[i], bytes[i]));
+    }
+  }
+  const size_t count = total / esize;
+  HVD_RETURN_IF_ERROR(d.BatchedCopy(in));
+  HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, r.prescale));
+  HVD_RETURN_IF_ERROR(c.Allreduce(buf, buf, count, r.dtype, op));
+  HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, post));
+  HVD_RETURN_IF_ERROR(d.BatchedCopy(out));
+  return DeviceSynchronize();
+}
+
+Status EngineImpl::DeviceAllgather(const Response& r, TensorEntry* e) {
+  const int n = options_.size;
+  const size_t row_bytes = static_cast<size_t>(RowElems(r.shapes[0])) * DataTypeSize(r.dtype);
+  std::vector<size_t> bytes(n);
+  int64_t rows = 0;
+  for (int i = 0; i < n; ++i) {
+    bytes[i] = static_cast<size_t>(r.sizes[i]) * row_bytes;
+    rows += r.sizes[i];
+  }
+  const size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
+  void* out = nullptr;
+  if (e) {
+    std::vector<int64_t> shape = e->request.shape;
+    shape[0] = rows;
+    HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, shape, total, &out));
+  } else {
+    HVD_RETURN_IF_ERROR(device_fusion_.Get(device_.get(), total, &out));
+  }
+  HVD_RETURN_IF_ERROR(device_collectives_->Allgatherv(e ? e->input.data : nullptr, out, bytes));
+  return DeviceSynchronize();
+}
+
+Status EngineImpl::DeviceBroadcast(const Response& r, TensorEntry* e) {
+  const size_t bytes = static_cast<size_t>(NumElements(r.shapes[0])) * DataTypeSize(r.dtype);
+  void* buf = nullptr;
+  if (e) {
+    buf = e->output.data;
+    if (options_.rank == r.root && e->output.data != e->input.data) {
+      HVD_RETURN_IF_ERROR(device_->Copy(buf, e->input.data, bytes));
+    }
+  } else {
+    HVD_RETURN_IF_ERROR(device_fusion_.Get(device_.get(), bytes, &buf));
+  }
+  HVD_RETURN_IF_ERROR(device_collectives_->Broadcast(buf, bytes, r.root));
+  return DeviceSynchronize();
+}
+
+Status EngineImpl::DeviceAlltoall(const Response& r, TensorEntry* e) {
+  const int n = options_.size, me = options_.rank;
+  const size_t row_bytes = static_cast<size_t>(RowElems(e->request.shape)) * DataTypeSize(r.dtype);
+  std::vector<size_t> send(n), recv(n);
+  int64_t rows = 0;
+  e->handle->received_splits_.assign(n, 0);
+  for (int j = 0; j < n; ++j) {
+    send[j] = static_cast<size_t>(r.sizes[me * n + j]) * row_bytes;
+    recv[j] = static_cast<size_t>(r.sizes[j * n + me]) * row_bytes;
+    e->handle->received_splits_[j] = r.sizes[j * n + me];
+    rows += r.sizes[j * n + me];
+  }
+  std::vector<int64_t> shape = e->request.shape;
+  shape[0] = rows;
+  void* out = nullptr;
+  HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, shape, std::accumulate(recv.begin(), recv.end(), size_t{0}), &out));
+  HVD_RETURN_IF_ERROR(device_collectives_->Alltoallv(e->input.data, send, out, recv));
+  return DeviceSynchronize();
+}
+
+Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
+  Device& d = *device_;
+  const int n = options_.size;
+  const std::vector<int64_t>& shape = r.shapes[0];
+  const int64_t rows = shape[0], row = RowElems(shape);
+  const size_t esize = DataTypeSize(r.dtype);
+  std::vector<size_t> counts(n);
+  for (int i = 0; i < n; ++i) counts[i] = static_cast<size_t>(PartOf(rows, n, i) * row);
+  const size_t total = static_cast<size_t>(rows * row);
+  std::vector<int64_t> out_shape = shape;
+  out_shape[0] = PartOf(rows, n, options_.rank);
+  const size_t out_count = counts[options_.rank];
+  void* out = nullptr;
+  HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, out_shape, out_count * esize, &out));
+  const void* in = e->input.data;
+  if (r.prescale != 1.0) {
+    void* copy = nullptr;
+    HVD_RETURN_IF_ERROR(device_fusion_.Get(&d, total * esize, &copy));
+    HVD_RETURN_IF_ERROR(d.Copy(copy, in, total * esize));
+    HVD_RETURN_IF_ERROR(d.Scale(copy, total, r.dtype, r.prescale));
+    in = copy;
+  }
+  const ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
+  HVD_RETURN_IF_ERROR(device_collectives_->ReduceScatter(in, out, counts, r.dtype, op));
+  double post = r.postscale;
+  if (r.op == ReduceOp::kAverage) post /= n;
+  HVD_RETURN_IF_ERROR(d.Scale(out, out_count, r.dtype, post));
+  return DeviceSynchronize();
+}
+
+Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entries) {
+  Device& d = *device_;
+  const size_t m = entries.size();
+  std::vector<size_t> bytes(m, 0), offsets;
+  for (size_t i = 0; i < m; ++i) {
+    if (entries[i]) bytes[i] = entries[i]->input.num_bytes();
+  }
+  const size_t total = AlignedOffsets(bytes, &offsets);
+  void* host_p = nullptr;
+  HVD_RETURN_IF_ERROR(host_staging_.Get(&d, total, &host_p));
+  auto* host = static_cast<uint8_t*>(host_p);
+  // Several tensors are packed on the device and cross in one copy.
+  uint8_t* packed = nullptr;
+  if (m > 1) {
+    void* f = nullptr;
+    HVD_RETURN_IF_ERROR(device_fusion_.Get(&d, total, &f));
+    packed = static_cast<uint8_t*>(f);
+    std::vector<CopySpan> spans;
+    for (size_t i = 0; i < m; ++i) {
+      if (bytes[i]) spans.push_back({entries[i]->input.data, packed + offsets[i], bytes[i]});
+    }
+    HVD_RETURN_IF_ERROR(d.BatchedCopy(spans));
+    HVD_RETURN_IF_ERROR(d.Copy(host, packed, total));
+  } else if (bytes[0]) {
+    HVD_RETURN_IF_ERROR(d.Copy(host, entries[0]->input.data, bytes[0]));
+  }
+  HVD_RETURN_IF_ERROR(DeviceSynchronize());
+
+  // Host stand-ins of the entries; allreduce and broadcast work in place in the staging buffer.
+  const bool in_place = r.type == OpType::kAllreduce || r.type == OpType::kBroadcast;
+  std::vector<TensorEntry> shadow(m);
+  std::vector<TensorEntry*> shadows(m, nullptr);
+  for (size_t i = 0; i < m; ++i) {
+    if (!entries[i]) continue;
+    TensorEntry& s = shadow[i];
+    s.request = entries[i]->request;
+    s.input = TensorView(host + offsets[i], r.dtype, entries[i]->input.shape);
+    if (in_place) s.output = s.input;
+    s.handle = std::make_shared<Handle>();
+    shadows[i] = &s;
+  }
+  Response hr = r;
+  hr.devices.clear();
+  HVD_RETURN_IF_ERROR(Run(hr, shadows));
+
+  if (in_place) {
+    if (m > 1) {
+      HVD_RETURN_IF_ERROR(d.Copy(packed, host, total));
+      std::vector<CopySpan> spans;
+      for (size_t i = 0; i < m; ++i) {
+        if (bytes[i]) spans.push_back({packed + offsets[i], entries[i]->output.data, bytes[i]});
+      }
+      HVD_RETURN_IF_ERROR(d.BatchedCopy(spans));
+    } else if (bytes[0]) {
+      HVD_RETURN_IF_ERROR(d.Copy(entries[0]->output.data, host, bytes[0]));
+    }
+  } else if (entries[0]) {
+    TensorEntry* e = entries[0];
+    Handle& h = *shadow[0].handle;
+    const size_t out_bytes = h.output_bytes_.size();
+    void* out = nullptr;
+    HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, h.output_shape_, out_bytes, &out));
+    e->handle->received_splits_ = h.received_splits_;
+    void* stage = nullptr;
+    HVD_RETURN_IF_ERROR(host_staging_.Get(&d, out_bytes, &stage));
+    if (out_bytes) std::memcpy(stage, h.output_bytes_.data(), out_bytes);
+    HVD_RETURN_IF_ERROR(d.Copy(out, stage, out_bytes));
+  }
+  return DeviceSynchronize();
+}
+
+}  // namespace hvd

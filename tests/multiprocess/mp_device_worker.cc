@@ -1,0 +1,350 @@
+// Device tensors end to end: every collective on device memory under hvdrun, results checked
+// against the formulas of mp_common.h.
+//
+//   hvdrun -np N mp_device_worker [--fake=shared|own]
+//
+// Without --fake it runs on the CUDA devices (rank r on device r % count): one rank goes
+// through NCCL, ranks that share a GPU are staged through host memory. Without a CUDA device
+// (or in a build without CUDA) it prints why and exits 77, which CTest reports as skipped.
+// --fake installs a device over host memory (the engine cannot tell): "shared" gives every rank
+// the same device identity, so the ranks agree to stage through host memory as they would on
+// one GPU; "own" gives each rank its own, which stages only under HVD_GPU_OPERATIONS=cpu (or in
+// a build without NCCL). The engine's device path (ready events, device fusion buffer, batched
+// copies, scaling, staging, device outputs) thus runs in CI without a GPU.
+//
+// The inputs are copied to the device on the worker's own stream without waiting: the engine
+// must order its work after that stream (the ready events), or it reads stale memory.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device/device.h"
+#include "mp_common.h"
+#include "reduce/reduce.h"
+
+namespace mp {
+namespace {
+
+using hvd::DataType;
+using hvd::ReduceOp;
+using hvd::TensorView;
+
+// ---------------------------------------------------------------- a device over host memory
+
+class FakeDevice : public hvd::Device {
+ public:
+  FakeDevice(int ordinal, std::string uuid) : ordinal_(ordinal), uuid_(std::move(uuid)) {}
+  int ordinal() const override { return ordinal_; }
+  std::string Describe() const override { return "fake:" + std::to_string(ordinal_); }
+  std::string Uuid() const override { return uuid_; }
+  void* stream() const override { return nullptr; }
+  hvd::Status Allocate(size_t bytes, void** out) override {
+    *out = std::malloc(bytes ? bytes : 1);
+    std::memset(*out, 0xA5, bytes);  // poisoned: unwritten results show
+    return hvd::Status::OK();
+  }
+  void Free(void* p) override { std::free(p); }
+  hvd::Status AllocateHost(size_t bytes, void** out) override { return Allocate(bytes, out); }
+  void FreeHost(void* p) override { std::free(p); }
+  hvd::Status WaitEvent(void* event) override {
+    return event ? hvd::Status::OK() : hvd::Status::Internal("null ready event");
+  }
+  hvd::Status BatchedCopy(const std::vector<hvd::CopySpan>& spans) override {
+    for (const auto& s : spans) std::memcpy(s.dst, s.src, s.bytes);
+    return hvd::Status::OK();
+  }
+  hvd::Status Copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return hvd::Status::OK();
+  }
+  hvd::Status Zero(void* dst, size_t bytes) override {
+    if (bytes) std::memset(dst, 0, bytes);
+    return hvd::Status::OK();
+  }
+  hvd::Status Scale(void* buf, size_t count, DataType dtype, double factor) override {
+    hvd::Scale(buf, count, dtype, factor);
+    return hvd::Status::OK();
+  }
+  hvd::Status Synchronize(hvd::Deadline, const std::function<hvd::Status()>& poll) override {
+    return poll ? poll() : hvd::Status::OK();
+  }
+
+ private:
+  int ordinal_;
+  std::string uuid_;
+};
+
+class FakeRuntime : public hvd::DeviceRuntime {
+ public:
+  explicit FakeRuntime(std::string uuid) : uuid_(std::move(uuid)) {}
+  hvd::StatusOr<std::unique_ptr<hvd::Device>> Open(int ordinal) override {
+    return std::unique_ptr<hvd::Device>(new FakeDevice(ordinal, uuid_));
+  }
+  hvd::Status RecordEvent(int, void*, void** event) override {
+    *event = new int(0);
+    return hvd::Status::OK();
+  }
+  void ReleaseEvent(void* event) override { delete static_cast<int*>(event); }
+  int DeviceCount() override { return 1; }
+
+ private:
+  std::string uuid_;
+};
+
+// ---------------------------------------------------------------- device buffers
+
+struct Env {
+  hvd::Engine* e;
+  hvd::Device* dev;  // the worker's own handle on the device (its own stream)
+  int ordinal;
+};
+
+// A device copy of a host buffer, queued on the worker's stream (not waited for).
+struct DevBuf {
+  DevBuf(Env& env, const Buffer& host) : env(env), bytes(host.bytes.size()) {
+    if (!env.dev->Allocate(bytes, &p).ok()) std::abort();
+    if (!env.dev->Copy(p, host.data(), bytes).ok()) std::abort();
+  }
+  DevBuf(Env& env, size_t n) : env(env), bytes(n + 1) {
+    if (!env.dev->Allocate(bytes, &p).ok()) std::abort();
+  }
+  ~DevBuf() { env.dev->Free(p); }
+  TensorView View(DataType t, std::vector<int64_t> shape) const {
+    TensorView v(p, t, std::move(shape), env.ordinal);
+    v.stream = env.dev->stream();
+    return v;
+  }
+  Env& env;
+  size_t bytes;
+  void* p = nullptr;
+};
+
+// Copies `bytes` of device memory back to the host and waits.
+std::vector<uint8_t> ToHost(Env& env, const void* p, size_t bytes) {
+  std::vector<uint8_t> out(bytes + 1);
+  if (bytes) env.dev->Copy(out.data(), p, bytes);
+  env.dev->Synchronize(hvd::DeadlineAfterSeconds(60), nullptr);
+  return out;
+}
+
+// ---------------------------------------------------------------- checks
+
+void CheckAllreduce(Env& env, Checker& ck) {
+  ck.Begin("device allreduce");
+  const int r = env.e->rank(), n = env.e->size();
+  int64_t salt = 0;
+  for (DataType t : AllDataTypes()) {
+    for (ReduceOp op : AllReduceOps()) {
+      if (t == DataType::kBool && op == ReduceOp::kAverage) continue;
+      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{33}, int64_t{70001}}) {
+        for (bool in_place : {true, false}) {
+          ++salt;
+          Buffer host(t, count);
+          for (int64_t i = 0; i < count; ++i) Put(t, host.data(), i, ReduceInput(t, op, r, n, i, salt));
+          DevBuf in(env, host);
+          DevBuf out(env, host.bytes.size());
+          TensorView vin = in.View(t, {count});
+          TensorView vout = in_place ? vin : out.View(t, {count});
+          const std::string what = "allreduce " + Str(t) + " " + Str(op) + " count=" +
+                                   std::to_string(count) + (in_place ? " in place" : "");
+          auto h = env.e->Allreduce("dev.ar." + std::to_string(salt), vin, vout, op);
+          if (!ck.ExpectOk(WaitDone(h), what)) continue;
+          auto got = ToHost(env, vout.data, static_cast<size_t>(count) * hvd::DataTypeSize(t));
+          ck.ExpectElements(t, got.data(), count,
+                            [&](int64_t i) { return ExpectedReduce(t, op, n, i, salt); }, what);
+        }
+      }
+    }
+  }
+  ck.End();
+}
+
+// Many tensors in flight at once, of sizes 0, 1 and odd: they fuse into the device fusion
+// buffer (batched copies at aligned offsets), with and without scale factors.
+void CheckFused(Env& env, Checker& ck) {
+  ck.Begin("device fused allreduce");
+  const int r = env.e->rank(), n = env.e->size();
+  for (DataType t : {DataType::kFloat32, DataType::kInt32, DataType::kFloat16, DataType::kInt64}) {
+    for (int round = 0; round < 2; ++round) {
+      const double pre = round ? 3.0 : 1.0, post = round ? 0.5 : 1.0;
+      const ReduceOp op = round ? ReduceOp::kSum : ReduceOp::kAverage;
+      std::vector<std::unique_ptr<DevBuf>> bufs;
+      std::vector<hvd::HandlePtr> hs;
+      std::vector<int64_t> counts;
+      for (int k = 0; k < 40; ++k) {
+        const int64_t count = k % 7 == 0 ? 0 : (k * 37) % 1000 + (k % 3);
+        counts.push_back(count);
+        Buffer host(t, count);
+        for (int64_t i = 0; i < count; ++i) {
+          // Multiples of 2n that stay exact in every dtype under x3 and x0.5.
+          Put(t, host.data(), i, 2.0 * n * ((i + k + r) % 5));
+        }
+        bufs.push_back(std::make_unique<DevBuf>(env, host));
+        TensorView v = bufs.back()->View(t, {count});
+        hs.push_back(env.e->Allreduce("dev.fused." + Str(t) + "." + std::to_string(round) + "." +
+                                          std::to_string(k),
+                                      v, v, op, pre, post));
+      }
+      for (int k = 0; k < 40; ++k) {
+        const std::string what = "fused " + Str(t) + " tensor " + std::to_string(k) +
+                                 " count=" + std::to_string(counts[k]) + (round ? " scaled" : "");
+        if (!ck.ExpectOk(WaitDone(hs[k]), what)) continue;
+        auto got = ToHost(env, bufs[k]->p, static_cast<size_t>(counts[k]) * hvd::DataTypeSize(t));
+        ck.ExpectElements(t, got.data(), counts[k], [&](int64_t i) {
+          double sum = 0;
+          for (int q = 0; q < n; ++q) sum += pre * 2.0 * n * ((i + k + q) % 5);
+          return op == ReduceOp::kAverage ? sum * post / n : sum * post;
+        }, what);
+      }
+    }
+  }
+  ck.End();
+}
+
+void CheckMovement(Env& env, Checker& ck) {
+  ck.Begin("device allgather, broadcast, alltoall");
+  const int r = env.e->rank(), n = env.e->size();
+  const int64_t width = 3;
+  for (DataType t : {DataType::kFloat32, DataType::kUInt8, DataType::kInt16, DataType::kFloat64}) {
+    // Allgather: rank q has q rows (rank 0 none).
+    {
+      Buffer host(t, r * width);
+      for (int64_t i = 0; i < r * width; ++i) Put(t, host.data(), i, Pattern(t, r, i, 1));
+      DevBuf in(env, host);
+      auto h = env.e->Allgather("dev.ag." + Str(t), in.View(t, {r, width}));
+      const std::string what = "allgather " + Str(t);
+      if (ck.ExpectOk(WaitDone(h), what)) {
+        const int64_t rows = static_cast<int64_t>(n) * (n - 1) / 2;
+        ck.Expect(h->output_shape() == std::vector<int64_t>{rows, width}, what + " shape");
+        auto got = ToHost(env, h->output_data(), static_cast<size_t>(rows * width) * hvd::DataTypeSize(t));
+        int64_t at = 0;
+        std::vector<double> want;
+        for (int q = 0; q < n; ++q) {
+          for (int64_t i = 0; i < q * width; ++i) want.push_back(Pattern(t, q, i, 1));
+        }
+        (void)at;
+        ck.ExpectElements(t, got.data(), rows * width, [&](int64_t i) { return want[i]; }, what);
+      }
+    }
+    // Broadcast from every root, out of place.
+    for (int root = 0; root < n; ++root) {
+      const int64_t count = 1001;
+      Buffer host(t, count);
+      for (int64_t i = 0; i < count; ++i) Put(t, host.data(), i, Pattern(t, r, i, 2));
+      DevBuf in(env, host);
+      DevBuf out(env, host.bytes.size());
+      auto h = env.e->Broadcast("dev.bc." + Str(t) + "." + std::to_string(root),
+                                in.View(t, {count}), out.View(t, {count}), root);
+      const std::string what = "broadcast " + Str(t) + " root " + std::to_string(root);
+      if (!ck.ExpectOk(WaitDone(h), what)) continue;
+      auto got = ToHost(env, out.p, static_cast<size_t>(count) * hvd::DataTypeSize(t));
+      ck.ExpectElements(t, got.data(), count, [&](int64_t i) { return Pattern(t, root, i, 2); }, what);
+    }
+    // Alltoall: rank q sends (q + j) % 3 rows to rank j.
+    {
+      std::vector<int64_t> splits(n);
+      int64_t rows = 0;
+      for (int j = 0; j < n; ++j) rows += splits[j] = (r + j) % 3;
+      Buffer host(t, rows * width);
+      int64_t at = 0;
+      for (int j = 0; j < n; ++j) {
+        for (int64_t k = 0; k < splits[j] * width; ++k) Put(t, host.data(), at++, Pattern(t, r * 7 + j, k, 3));
+      }
+      DevBuf in(env, host);
+      auto h = env.e->Alltoall("dev.a2a." + Str(t), in.View(t, {rows, width}), splits);
+      const std::string what = "alltoall " + Str(t);
+      if (ck.ExpectOk(WaitDone(h), what)) {
+        std::vector<double> want;
+        for (int q = 0; q < n; ++q) {
+          for (int64_t k = 0; k < ((q + r) % 3) * width; ++k) want.push_back(Pattern(t, q * 7 + r, k, 3));
+        }
+        const int64_t got_rows = static_cast<int64_t>(want.size()) / width;
+        ck.Expect(h->output_shape() == std::vector<int64_t>{got_rows, width}, what + " shape");
+        auto got = ToHost(env, h->output_data(), want.size() * hvd::DataTypeSize(t));
+        ck.ExpectElements(t, got.data(), static_cast<int64_t>(want.size()),
+                          [&](int64_t i) { return want[i]; }, what);
+      }
+    }
+  }
+  ck.End();
+}
+
+void CheckReducescatter(Env& env, Checker& ck) {
+  ck.Begin("device reducescatter");
+  const int r = env.e->rank(), n = env.e->size();
+  const int64_t width = 5;
+  int64_t salt = 1000;
+  for (DataType t : {DataType::kFloat32, DataType::kInt32, DataType::kBFloat16, DataType::kInt16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+      for (int64_t rows : {static_cast<int64_t>(2 * n), static_cast<int64_t>(2 * n + 1)}) {
+        ++salt;
+        Buffer host(t, rows * width);
+        for (int64_t i = 0; i < rows * width; ++i) Put(t, host.data(), i, ReduceInput(t, op, r, n, i, salt));
+        DevBuf in(env, host);
+        auto h = env.e->Reducescatter("dev.rs." + std::to_string(salt), in.View(t, {rows, width}), op);
+        const std::string what = "reducescatter " + Str(t) + " " + Str(op) + " rows=" + std::to_string(rows);
+        if (!ck.ExpectOk(WaitDone(h), what)) continue;
+        int64_t first = 0;
+        for (int q = 0; q < r; ++q) first += rows / n + (q < rows % n ? 1 : 0);
+        const int64_t mine = rows / n + (r < rows % n ? 1 : 0);
+        ck.Expect(h->output_shape() == std::vector<int64_t>{mine, width}, what + " shape");
+        auto got = ToHost(env, h->output_data(), static_cast<size_t>(mine * width) * hvd::DataTypeSize(t));
+        ck.ExpectElements(t, got.data(), mine * width, [&](int64_t i) {
+          return ExpectedReduce(t, op, n, first * width + i, salt);
+        }, what);
+      }
+    }
+  }
+  ck.End();
+}
+
+}  // namespace
+}  // namespace mp
+
+int main(int argc, char** argv) {
+  std::string fake;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--fake=", 0) == 0) fake = a.substr(7);
+  }
+  std::unique_ptr<mp::FakeRuntime> fake_rt;
+  const char* rank_env = std::getenv("HVD_RANK");
+  const int rank = rank_env ? std::atoi(rank_env) : 0;
+  if (fake == "shared" || fake == "own") {
+    fake_rt = std::make_unique<mp::FakeRuntime>(fake == "shared" ? "fake-shared" : "fake-" + std::to_string(rank));
+    hvd::SetDeviceRuntimeForTesting(fake_rt.get());
+  } else if (!fake.empty()) {
+    std::fprintf(stderr, "--fake=%s: expected shared or own\n", fake.c_str());
+    return 2;
+  }
+  hvd::DeviceRuntime* rt = hvd::GetDeviceRuntime();
+  const int count = rt ? rt->DeviceCount() : 0;
+  if (count == 0) {
+    std::printf("SKIP: %s\n", rt ? "no CUDA device is visible to this process"
+                                 : "this build has no CUDA");
+    return 77;
+  }
+  auto engine = hvd::Engine::CreateFromEnvironment();
+  if (!engine.ok()) {
+    std::fprintf(stderr, "FAIL init: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  hvd::Engine& e = **engine;
+  const int ordinal = e.local_rank() % count;
+  auto dev = rt->Open(ordinal);
+  if (!dev.ok()) {
+    std::fprintf(stderr, "FAIL opening device %d: %s\n", ordinal, dev.status().ToString().c_str());
+    return 1;
+  }
+  mp::Env env{&e, dev->get(), ordinal};
+  mp::Checker ck(e.rank(), e.size());
+  mp::CheckAllreduce(env, ck);
+  mp::CheckFused(env, ck);
+  mp::CheckMovement(env, ck);
+  mp::CheckReducescatter(env, ck);
+  e.Shutdown();
+  return ck.total_failures() ? 1 : 0;
+}
