@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU checks of docs/GPU.md on a machine with a CUDA device: builds hvd (CUDA, NCCL and the
+# Python extension for the python3 that has PyTorch), runs the tests labelled gpu, the CUDA
+# pytest module at one and two ranks, and the GPU benchmarks. Logs go to $OUT (default
+# /tmp/hvd-gpu); the last lines printed are the benchmark tables.
+#
+# Dependencies the machine lacks may come from a folder laid out like /usr (include/, lib/):
+# HVD_DEPS=/path (asio, cxxopts, openssl, gtest headers; libcrypto and libgtest). NCCL is taken
+# from the CUDA toolkit, else from the nvidia-nccl wheel beside PyTorch.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/hvd-gpu}
+BUILD=${BUILD_DIR:-build-gpu}
+PY=${PYTHON:-$(command -v python3)}
+mkdir -p "$OUT"
+args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVD_WITH_CUDA=ON -DHVD_WITH_MPI=OFF
+      -DPython3_EXECUTABLE="$PY" -DHVD_BUILD_PYTHON=ON)
+if [ -n "${HVD_DEPS:-}" ]; then
+  args+=(-DCMAKE_CXX_FLAGS="-isystem $HVD_DEPS/include" -DASIO_INCLUDE_DIR="$HVD_DEPS/include"
+         -DOPENSSL_ROOT_DIR="$HVD_DEPS" -DGTEST_ROOT="$HVD_DEPS")
+  export LD_LIBRARY_PATH="$HVD_DEPS/lib:${LD_LIBRARY_PATH:-}"
+fi
+cuda=${CUDA_HOME:-/usr/local/cuda}
+if [ ! -f "$cuda/include/nccl.h" ]; then
+  nccl=$("$PY" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+  if [ -n "$nccl" ] && [ -f "$nccl/include/nccl.h" ]; then
+    lib=$(ls "$nccl"/lib/libnccl.so* | head -1)
+    args+=(-DHVD_WITH_NCCL=ON -DNCCL_INCLUDE_DIR="$nccl/include" -DNCCL_LIBRARY="$lib")
+    export LD_LIBRARY_PATH="$nccl/lib:${LD_LIBRARY_PATH:-}"
+  fi
+fi
+echo "== configure" && cmake -S . -B "$BUILD" "${args[@]}" > "$OUT/configure.log" 2>&1 \
+  || { tail -30 "$OUT/configure.log"; exit 1; }
+grep -E "CUDA|NCCL|python" "$OUT/configure.log" | tail -5
+echo "== build" && cmake --build "$BUILD" -j "$(nproc)" > "$OUT/build.log" 2>&1 \
+  || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+B=$BUILD/bin
+status=0
+echo "== ctest -L gpu and the fake-device tests"
+ctest --test-dir "$BUILD" -L gpu --output-on-failure > "$OUT/ctest.log" 2>&1 || status=1
+ctest --test-dir "$BUILD" -R "mp_device" --output-on-failure >> "$OUT/ctest.log" 2>&1 || status=1
+grep -E "tests passed|Passed|Failed|Skipped|\[mp\]|FAIL" "$OUT/ctest.log" | head -40
+export PYTHONPATH="$BUILD/python:tests/python" PYTHONUNBUFFERED=1 HVD_STALL_CHECK_TIME_SECONDS=20
+for np in 1 2; do
+  echo "== pytest test_torch_cuda.py, $np rank(s)"
+  timeout 600 "$B/hvdrun" -np $np "$PY" -m pytest -x -q -p no:cacheprovider \
+    tests/python/test_torch_cuda.py > "$OUT/pytest_np$np.log" 2>&1 || status=1
+  tail -4 "$OUT/pytest_np$np.log"
+done
+echo "== benchmarks"
+{
+  "$B/hvd_gpu_bench" --copy --tensors=1000
+  "$B/hvd_gpu_bench" --nccl --max-bytes=$((1 << 30))
+  "$B/hvdrun" --no-prefix -np 2 "$B/hvd_gpu_bench" --staging --max-bytes=$((256 << 20))
+} 2>&1 | tee "$OUT/bench.log"
+exit $status

@@ -1,0 +1,182 @@
+"""hvd.torch on CUDA tensors: every op and dtype, the caller's stream, many small tensors (device
+fusion), and DistributedOptimizer on a CUDA model.
+
+Skipped as a whole, with the reason, where torch sees no CUDA device or hvd was built without
+CUDA (every rank decides alike, so no rank skips a collective the others run). One rank uses
+NCCL; ranks that share a GPU are staged through host memory; both must give the same results.
+References are float64 NumPy/torch computations on the CPU from every rank's input.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import hvd.torch as hvd
+from conftest import world
+from test_torch_ops import DTYPES, OPS, expected_allreduce, kind_of, make
+from test_torch_training import STEPS, BATCH, assert_same_params, global_batch, make_model, \
+    make_opt, train_reference
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device is visible to torch", allow_module_level=True)
+if not hvd.cuda_built():
+    pytest.skip("this hvd was built without CUDA", allow_module_level=True)
+
+
+def dev():
+    return torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+
+
+@pytest.fixture(autouse=True)
+def one_device_per_rank():
+    torch.cuda.set_device(dev())
+
+
+def test_built_flags():
+    assert hvd.cuda_built()
+    assert isinstance(hvd.nccl_built(), bool)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(), (0,), (1,), (3, 5), (4099,)], ids=str)
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_allreduce(dtype, shape, op_name):
+    r, _ = world()
+    x = make(shape, r, dtype, kind_of(op_name)).to(dev())
+    if dtype == torch.bool and op_name == "average":
+        with pytest.raises(hvd.InvalidArgumentError, match="average"):
+            hvd.allreduce(x, op=OPS[op_name])
+        return
+    y = hvd.allreduce(x, op=OPS[op_name])
+    assert y.device == x.device and y.dtype == dtype and y.shape == x.shape
+    assert torch.equal(y.cpu(), expected_allreduce(shape, dtype, op_name))
+    z = x.clone()
+    assert hvd.allreduce_(z, op=OPS[op_name]) is z
+    assert torch.equal(z.cpu(), expected_allreduce(shape, dtype, op_name))
+
+
+def test_allreduce_waits_for_the_callers_stream():
+    """The input is written on a side stream behind a long kernel; hvd must read it after."""
+    r, n = world()
+    side = torch.cuda.Stream()
+    a = torch.randn(2048, 2048, device=dev())
+    x = torch.zeros(1 << 20, device=dev())
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        for _ in range(20):
+            a = a @ a / 2048.0  # keeps the side stream busy for a while
+        x.fill_(r + 1.0)
+        y = hvd.allreduce(x, op=hvd.Sum)
+    torch.cuda.synchronize()
+    assert torch.equal(y.cpu(), torch.full((1 << 20,), n * (n + 1) / 2.0))
+
+
+def test_allreduce_scale_factors():
+    r, n = world()
+    for dtype in (torch.float16, torch.float32, torch.float64, torch.int32):
+        x = torch.full((1000,), 2.0 * (r + 1), dtype=dtype, device=dev())
+        y = hvd.allreduce(x, op=hvd.Sum, prescale_factor=3.0, postscale_factor=0.5)
+        want = 3.0 * 0.5 * sum(2.0 * (q + 1) for q in range(n))
+        assert torch.equal(y.cpu(), torch.full((1000,), want, dtype=torch.float64).to(dtype))
+
+
+def test_many_small_tensors_fuse():
+    r, n = world()
+    xs = [torch.full((k % 97 + (k % 3),), float(r + k % 5), device=dev()) for k in range(300)]
+    handles = [hvd.allreduce_async_(x, op=hvd.Sum, name="cuda.small.%d" % k)
+               for k, x in enumerate(xs)]
+    for k, (x, h) in enumerate(zip(xs, handles)):
+        hvd.synchronize(h)
+        want = sum(q + k % 5 for q in range(n))
+        assert torch.equal(x.cpu(), torch.full(x.shape, float(want))), k
+
+
+def test_grouped_allreduce():
+    r, n = world()
+    xs = [torch.full((k + 1, 3), float(r * k), dtype=torch.float64, device=dev())
+          for k in range(10)]
+    ys = hvd.grouped_allreduce(xs, op=hvd.Sum)
+    for k, y in enumerate(ys):
+        assert y.device == xs[k].device
+        assert torch.equal(y.cpu(), torch.full((k + 1, 3), float(k * n * (n - 1) / 2),
+                                               dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.bool, torch.bfloat16], ids=str)
+def test_allgather_ragged(dtype):
+    r, n = world()
+    x = make((r + 1, 2), r, dtype, "small").to(dev())
+    y = hvd.allgather(x)
+    assert y.device == x.device and y.shape == (n * (n + 1) // 2, 2)
+    want = torch.cat([make((q + 1, 2), q, dtype, "small") for q in range(n)])
+    assert torch.equal(y.cpu(), want)
+
+
+def test_grouped_allgather():
+    r, n = world()
+    xs = [torch.full((r + 1, k + 1), float(r), device=dev()) for k in range(3)]
+    ys = hvd.grouped_allgather(xs)
+    for k, y in enumerate(ys):
+        want = torch.cat([torch.full((q + 1, k + 1), float(q)) for q in range(n)])
+        assert torch.equal(y.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int64, torch.uint8], ids=str)
+def test_broadcast(dtype):
+    r, n = world()
+    for root in range(n):
+        x = make((7, 3), r, dtype, "small").to(dev())
+        y = hvd.broadcast(x, root_rank=root)
+        assert torch.equal(y.cpu(), make((7, 3), root, dtype, "small"))
+        z = make((7, 3), r, dtype, "small").to(dev())
+        hvd.broadcast_(z, root_rank=root)
+        assert torch.equal(z.cpu(), make((7, 3), root, dtype, "small"))
+
+
+def test_alltoall_uneven_splits():
+    r, n = world()
+    splits = [(r + j) % 3 for j in range(n)]
+    rows = sum(splits)
+    x = torch.arange(rows * 2, dtype=torch.float32, device=dev()).reshape(rows, 2) + 100 * r
+    y, received = hvd.alltoall(x, splits=torch.tensor(splits, dtype=torch.int32))
+    want = []
+    for q in range(n):
+        q_splits = [(q + j) % 3 for j in range(n)]
+        start = sum(q_splits[:r])
+        base = torch.arange(sum(q_splits) * 2, dtype=torch.float32).reshape(-1, 2) + 100 * q
+        want.append(base[start:start + q_splits[r]])
+    assert torch.equal(y.cpu(), torch.cat(want))
+    assert received.tolist() == [(q + r) % 3 for q in range(n)]
+
+
+@pytest.mark.parametrize("op_name", ["sum", "average", "max"])
+def test_reducescatter(op_name):
+    r, n = world()
+    rows = 2 * n + 1
+    x = make((rows, 3), r, torch.float32, kind_of(op_name)).to(dev())
+    y = hvd.reducescatter(x, op=OPS[op_name])
+    full = expected_allreduce((rows, 3), torch.float32, op_name)
+    sizes = [rows // n + (1 if q < rows % n else 0) for q in range(n)]
+    start = sum(sizes[:r])
+    assert torch.equal(y.cpu(), full[start:start + sizes[r]])
+
+
+def test_distributed_optimizer_on_cuda():
+    """A CUDA model trained by DistributedOptimizer ends where a CPU run on the global batch
+    ends (float64 throughout)."""
+    r, n = world()
+    reference = train_reference("sgd", 1)
+    model = make_model(seed=1 + r)
+    if r == 0:
+        model.load_state_dict(make_model().state_dict())
+    model = model.to(dev())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(make_opt("sgd", model.parameters()),
+                                   named_parameters=model.named_parameters())
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = global_batch(step, 0, n)
+        shard = slice(r * BATCH, (r + 1) * BATCH)
+        torch.nn.functional.mse_loss(model(x[shard].to(dev())), y[shard].to(dev())).backward()
+        opt.step()
+    assert_same_params(model.cpu(), reference)
