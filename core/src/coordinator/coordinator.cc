@@ -218,10 +218,7 @@ Response Coordinator::BuildResponse(const std::string& name, Entry& e) {
   for (int r = 0; r < size_; ++r) {
     if (!e.per_rank[r]) resp.joined.push_back(r);
   }
-  if (first->device != kCpuDevice) {
-    resp.devices.resize(size_);
-    for (int r = 0; r < size_; ++r) resp.devices[r] = e.per_rank[r] ? e.per_rank[r]->device : -1;
-  }
+  resp.device = first->device;
   if (resp.type == OpType::kAllgather) {
     for (int r = 0; r < size_; ++r) {
       resp.sizes.push_back(e.per_rank[r] && !e.per_rank[r]->shape.empty() ? e.per_rank[r]->shape[0] : 0);

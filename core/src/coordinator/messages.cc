@@ -135,7 +135,7 @@ void Put(Writer& w, const Response& r) {
   w.Put<uint8_t>(static_cast<uint8_t>(r.error_code));
   w.Put<int32_t>(r.last_joined);
   w.Vec(r.joined);
-  w.Vec(r.devices);
+  w.Put<int32_t>(r.device);
 }
 
 bool Get(Reader& rd, Response* r) {
@@ -159,7 +159,7 @@ bool Get(Reader& rd, Response* r) {
   bool ok = rd.Enum(&dtype, kNumDataTypes) && rd.Enum(&op, kNumReduceOps) && rd.Get(&r->root) &&
             rd.Get(&r->prescale) && rd.Get(&r->postscale) && rd.Vec(&r->sizes) &&
             rd.Str(&r->error) && rd.Enum(&code, static_cast<uint8_t>(StatusCode::kResourceExhausted) + 1) &&
-            rd.Get(&r->last_joined) && rd.Vec(&r->joined) && rd.Vec(&r->devices);
+            rd.Get(&r->last_joined) && rd.Vec(&r->joined) && rd.Get(&r->device);
   if (!ok) return false;
   r->error_code = static_cast<StatusCode>(code);
   r->dtype = static_cast<DataType>(dtype);
@@ -253,12 +253,7 @@ Status CheckResponse(const Response& r, int size) {
   if (r.type == OpType::kBroadcast && (r.root < 0 || r.root >= size)) {
     return bad("root " + std::to_string(r.root) + " out of range");
   }
-  if (!r.devices.empty() && r.devices.size() != n) {
-    return bad(std::to_string(r.devices.size()) + " devices for " + std::to_string(size) + " ranks");
-  }
-  for (int32_t d : r.devices) {
-    if (d < -1) return bad("device " + std::to_string(d) + " out of range");
-  }
+  if (r.device < kCpuDevice) return bad("device " + std::to_string(r.device) + " out of range");
   return Status::OK();
 }
 

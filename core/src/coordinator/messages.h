@@ -60,10 +60,10 @@ struct Response {
   int32_t last_joined = -1;    // kJoin: the last rank to join
   // Ranks that had joined when this response was made: they take part without a tensor.
   std::vector<int32_t> joined;
-  // Device tensors: each rank's CUDA device ordinal ([rank]; -1 for a rank that has joined).
-  // Empty for host tensors. Responses fuse only when these are equal, so a fused buffer never
-  // mixes devices, nor host and device memory.
-  std::vector<int32_t> devices;
+  // kCpuDevice for host tensors; for device tensors the CUDA device of the lowest rank that
+  // announced them (ranks may use different GPUs; each rank runs on its one device). Responses
+  // fuse only when this is equal, so a fused buffer never mixes host and device memory.
+  int32_t device = kCpuDevice;
   // On the wire only: when not empty, the response travels as these response-cache bits and
   // the fields above are rebuilt from the receiver's cache.
   std::vector<uint32_t> cache_bits;

@@ -8,7 +8,8 @@ namespace hvd {
 
 bool SameRequest(const Request& a, const Request& b) {
   return a.type == b.type && a.name == b.name && a.dtype == b.dtype && a.op == b.op &&
-         a.root == b.root && a.device == b.device && a.prescale == b.prescale &&
+         a.root == b.root && (a.device == kCpuDevice) == (b.device == kCpuDevice) &&
+         a.prescale == b.prescale &&
          a.postscale == b.postscale && a.shape == b.shape && a.splits == b.splits &&
          a.group == b.group && a.group_size == b.group_size;
 }
@@ -64,6 +65,7 @@ Request ResponseCache::FromResponse(const Response& r, size_t i) {
   q.root = r.root;
   q.prescale = r.prescale;
   q.postscale = r.postscale;
+  q.device = r.device;
   q.shape = r.shapes[i];
   return q;
 }
@@ -97,6 +99,7 @@ bool ResponseCache::Rebuild(const std::vector<uint32_t>& bits, Response* out) co
       out->root = q.root;
       out->prescale = q.prescale;
       out->postscale = q.postscale;
+      out->device = q.device;
     }
     out->names.push_back(q.name);
     out->shapes.push_back(q.shape);

@@ -89,7 +89,9 @@ class ResponseCache {
   void BoundHistory();
 };
 
-// Requests are equal for the cache when every field that shapes the response is.
+// Requests are equal for the cache when every field that shapes the response is. Of the
+// device only the kind counts (host or CUDA): ranks may use different GPUs, and each runs a
+// device response on its own.
 bool SameRequest(const Request& a, const Request& b);
 
 }  // namespace hvd

@@ -70,8 +70,6 @@ class CudaDevice : public Device {
       cudaStreamSynchronize(stream_);
       cudaStreamDestroy(stream_);
     }
-    if (table_host_) cudaFreeHost(table_host_);
-    if (table_dev_) cudaFree(table_dev_);
   }
 
   Status Init() {
@@ -115,48 +113,34 @@ class CudaDevice : public Device {
   }
 
   Status BatchedCopy(const std::vector<CopySpan>& spans) override {
-    using cuda::CopyChunk;
-    size_t n = 0;
-    for (const auto& s : spans) n += (s.bytes + cuda::kCopyChunkBytes - 1) / cuda::kCopyChunkBytes;
-    if (n == 0) return Status::OK();
     DeviceScope scope(ordinal_);
     HVD_RETURN_IF_ERROR(scope.status());
-    // The chunk table travels to the device through a pinned staging table. Tables of one
-    // response are appended (an earlier copy may not have read its part yet); Synchronize
-    // starts over.
-    if (table_used_ + n > table_capacity_) {
-      HVD_CUDA_RETURN(cudaStreamSynchronize(stream_), "cudaStreamSynchronize on " + Describe());
-      table_used_ = 0;
-      if (n > table_capacity_) {
-        const size_t cap = std::max<size_t>(n, 4096);
-        if (table_host_) cudaFreeHost(table_host_);
-        if (table_dev_) cudaFree(table_dev_);
-        table_host_ = nullptr;
-        table_dev_ = nullptr;
-        table_capacity_ = 0;
-        HVD_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&table_host_), cap * sizeof(CopyChunk),
-                                      cudaHostAllocDefault),
-                        "cudaHostAlloc of the copy table");
-        HVD_CUDA_RETURN(cudaMalloc(reinterpret_cast<void**>(&table_dev_), cap * sizeof(CopyChunk)),
-                        "cudaMalloc of the copy table on " + Describe());
-        table_capacity_ = cap;
-      }
-    }
-    CopyChunk* host = table_host_ + table_used_;
-    size_t k = 0;
+    // The spans travel in the kernel's parameters, kMaxSpansPerLaunch per launch.
+    cuda::CopyBatch& b = *batch_;
+    b.n = 0;
+    uint32_t chunks = 0;
+    auto launch = [&]() -> Status {
+      if (b.n == 0) return Status::OK();
+      b.first_chunk[b.n] = chunks;
+      HVD_CUDA_RETURN(cuda::LaunchBatchedCopy(b, stream_), "the batched copy kernel on " + Describe());
+      b.n = 0;
+      chunks = 0;
+      return Status::OK();
+    };
     for (const auto& s : spans) {
-      for (size_t off = 0; off < s.bytes; off += cuda::kCopyChunkBytes) {
-        host[k++] = {static_cast<const char*>(s.src) + off, static_cast<char*>(s.dst) + off,
-                     std::min(cuda::kCopyChunkBytes, s.bytes - off)};
+      for (size_t off = 0; off < s.bytes;) {
+        // A span longer than the chunk counter allows is split across launches.
+        const size_t piece = std::min(s.bytes - off, kMaxSpanBytes);
+        if (b.n == cuda::kMaxSpansPerLaunch) HVD_RETURN_IF_ERROR(launch());
+        b.spans[b.n] = {static_cast<const char*>(s.src) + off, static_cast<char*>(s.dst) + off, piece};
+        b.first_chunk[b.n] = chunks;
+        chunks += static_cast<uint32_t>((piece + cuda::kCopyChunkBytes - 1) / cuda::kCopyChunkBytes);
+        ++b.n;
+        off += piece;
+        if (chunks >= kMaxChunksPerLaunch) HVD_RETURN_IF_ERROR(launch());
       }
     }
-    CopyChunk* dev = table_dev_ + table_used_;
-    table_used_ += n;
-    HVD_CUDA_RETURN(cudaMemcpyAsync(dev, host, n * sizeof(CopyChunk), cudaMemcpyHostToDevice, stream_),
-                    "cudaMemcpyAsync of the copy table");
-    HVD_CUDA_RETURN(cuda::LaunchBatchedCopy(dev, static_cast<int>(n), stream_),
-                    "the batched copy kernel on " + Describe());
-    return Status::OK();
+    return launch();
   }
 
   Status Copy(void* dst, const void* src, size_t bytes) override {
@@ -200,7 +184,6 @@ class CudaDevice : public Device {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     }
-    table_used_ = 0;
     return Status::OK();
   }
 
@@ -209,10 +192,10 @@ class CudaDevice : public Device {
   const std::string name_;
   const std::string uuid_;
   cudaStream_t stream_ = nullptr;
-  cuda::CopyChunk* table_host_ = nullptr;
-  cuda::CopyChunk* table_dev_ = nullptr;
-  size_t table_capacity_ = 0;
-  size_t table_used_ = 0;
+  // The kernel parameter block of a batched copy (28 KiB: kept off the stack).
+  std::unique_ptr<cuda::CopyBatch> batch_ = std::make_unique<cuda::CopyBatch>();
+  static constexpr size_t kMaxSpanBytes = size_t{1} << 40;
+  static constexpr uint32_t kMaxChunksPerLaunch = 1u << 30;
 };
 
 class CudaRuntimeImpl : public DeviceRuntime {

@@ -14,35 +14,42 @@ namespace cuda {
 namespace {
 
 constexpr int kCopyThreads = 256;
-constexpr int kMaxCopyBlocks = 8192;
-constexpr int kUnroll = 4;
+constexpr int kMaxCopyBlocks = 16384;
+constexpr int kUnroll = static_cast<int>(kCopyChunkBytes / (kCopyThreads * 16));  // 4
 
-// One block per chunk (grid-stride over the chunks). Each thread keeps kUnroll 16-byte loads
-// in flight before it stores, so that a block moves its chunk at close to full bandwidth.
-__global__ void BatchedCopyKernel(const CopyChunk* __restrict__ chunks, int n) {
-  for (int c = blockIdx.x; c < n; c += gridDim.x) {
-    const CopyChunk k = chunks[c];
-    const auto* s = static_cast<const unsigned char*>(k.src);
-    auto* d = static_cast<unsigned char*>(k.dst);
-    const size_t bytes = k.bytes;
+// One block per chunk (grid-stride over the chunks): a full, aligned chunk is one round of
+// kUnroll 16-byte loads per thread, all in flight before the stores.
+__global__ void BatchedCopyKernel(const __grid_constant__ CopyBatch b) {
+  const uint32_t chunks = b.first_chunk[b.n];
+  for (uint32_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    int lo = 0, hi = b.n - 1;  // the span holding chunk c: the last with first_chunk <= c
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (b.first_chunk[mid] <= c) lo = mid;
+      else hi = mid - 1;
+    }
+    const CopySpanDev& sp = b.spans[lo];
+    const size_t off = static_cast<size_t>(c - b.first_chunk[lo]) * kCopyChunkBytes;
+    const size_t bytes = sp.bytes - off < kCopyChunkBytes ? sp.bytes - off : kCopyChunkBytes;
+    const auto* s = static_cast<const unsigned char*>(sp.src) + off;
+    auto* d = static_cast<unsigned char*>(sp.dst) + off;
     size_t done = 0;
     if (((reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d)) & 15) == 0) {
-      const size_t words = bytes / 16;
       const auto* s4 = reinterpret_cast<const uint4*>(s);
       auto* d4 = reinterpret_cast<uint4*>(d);
-      size_t i = threadIdx.x;
-      const size_t stride = blockDim.x;
-      for (; i + (kUnroll - 1) * stride < words; i += kUnroll * stride) {
+      const size_t words = bytes / 16;
+      if (words == kCopyChunkBytes / 16) {
         uint4 v[kUnroll];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) v[u] = s4[i + u * stride];
+        for (int u = 0; u < kUnroll; ++u) v[u] = s4[threadIdx.x + u * kCopyThreads];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) d4[i + u * stride] = v[u];
+        for (int u = 0; u < kUnroll; ++u) d4[threadIdx.x + u * kCopyThreads] = v[u];
+      } else {
+        for (size_t i = threadIdx.x; i < words; i += kCopyThreads) d4[i] = s4[i];
       }
-      for (; i < words; i += stride) d4[i] = s4[i];
       done = words * 16;
     }
-    for (size_t i = done + threadIdx.x; i < bytes; i += blockDim.x) d[i] = s[i];
+    for (size_t i = done + threadIdx.x; i < bytes; i += kCopyThreads) d[i] = s[i];
   }
 }
 
@@ -102,10 +109,11 @@ void ScaleInteger(void* buf, size_t n, double factor, cudaStream_t s) {
 
 }  // namespace
 
-cudaError_t LaunchBatchedCopy(const CopyChunk* chunks, int n, cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  const int blocks = n < kMaxCopyBlocks ? n : kMaxCopyBlocks;
-  BatchedCopyKernel<<<blocks, kCopyThreads, 0, stream>>>(chunks, n);
+cudaError_t LaunchBatchedCopy(const CopyBatch& batch, cudaStream_t stream) {
+  const uint32_t chunks = batch.first_chunk[batch.n];
+  if (batch.n <= 0 || chunks == 0) return cudaSuccess;
+  const int blocks = chunks < kMaxCopyBlocks ? static_cast<int>(chunks) : kMaxCopyBlocks;
+  BatchedCopyKernel<<<blocks, kCopyThreads, 0, stream>>>(batch);
   return cudaGetLastError();
 }
 

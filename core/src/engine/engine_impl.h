@@ -139,7 +139,7 @@ class EngineImpl {
   // Device tensors (execute_device.cc).
   Status RecordReady(TensorEntry& e);  // caller side
   Status ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>& entries);
-  Status OpenDevice(const Response& r);
+  Status OpenDevice(const std::vector<TensorEntry*>& entries);
   Status ChooseDevicePath(const Status& opened);
   Status PollDuringDeviceWait();
   Status DeviceSynchronize();

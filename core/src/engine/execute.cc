@@ -204,7 +204,7 @@ void EngineImpl::Execute(const Response& r) {
 }
 
 Status EngineImpl::Run(const Response& r, std::vector<TensorEntry*>& entries) {
-  if (!r.devices.empty() && r.type != OpType::kError) return ExecuteOnDevice(r, entries);
+  if (r.device != kCpuDevice && r.type != OpType::kError) return ExecuteOnDevice(r, entries);
   Status s;
   switch (r.type) {
     case OpType::kError:

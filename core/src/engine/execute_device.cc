@@ -1,6 +1,7 @@
-// Executing a response on device tensors (the response carries every rank's device).
+// Executing a response on device tensors (Response::device is not the CPU).
 //
-// 1. The rank's device is opened at its first device response (one device per rank). The
+// 1. The rank's device (its tensors') is opened at its first device response: one device per
+//    rank; a rank that has joined takes part on the device it used before. The
 //    engine's stream waits for each tensor's ready event, recorded on the caller's stream when
 //    the operation was submitted: nothing blocks the caller or this thread for it.
 // 2. At that first response the ranks agree on the path, once, with an allgather of
@@ -74,8 +75,18 @@ Status EngineImpl::DeviceSynchronize() {
   return s;
 }
 
-Status EngineImpl::OpenDevice(const Response& r) {
-  int ordinal = r.devices[options_.rank];
+Status EngineImpl::OpenDevice(const std::vector<TensorEntry*>& entries) {
+  int ordinal = -1;
+  for (auto* e : entries) {
+    if (!e) continue;
+    if (ordinal >= 0 && e->input.device != ordinal) {
+      return Status::FailedPrecondition(
+          "rank " + std::to_string(options_.rank) + " has tensors on cuda:" +
+          std::to_string(ordinal) + " and cuda:" + std::to_string(e->input.device) +
+          " in one operation; hvd runs one CUDA device per rank");
+    }
+    ordinal = e->input.device;
+  }
   if (ordinal < 0) {  // this rank has joined: it takes part on the device it used
     if (device_) return Status::OK();
     return Status::FailedPrecondition("rank " + std::to_string(options_.rank) +
@@ -152,7 +163,7 @@ Status EngineImpl::ChooseDevicePath(const Status& opened) {
 }
 
 Status EngineImpl::ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>& entries) {
-  Status opened = OpenDevice(r);
+  Status opened = OpenDevice(entries);
   if (device_path_ == DevicePath::kUnknown) {
     HVD_RETURN_IF_ERROR(ChooseDevicePath(opened));
   } else if (!opened.ok()) {
@@ -396,7 +407,7 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
     shadows[i] = &s;
   }
   Response hr = r;
-  hr.devices.clear();
+  hr.device = kCpuDevice;
   HVD_RETURN_IF_ERROR(Run(hr, shadows));
 
   if (in_place) {

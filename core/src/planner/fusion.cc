@@ -7,7 +7,7 @@ namespace {
 bool Fusable(const Response& a, const Response& b) {
   return a.type == OpType::kAllreduce && b.type == OpType::kAllreduce && a.dtype == b.dtype &&
          a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale &&
-         a.joined == b.joined && a.devices == b.devices;
+         a.joined == b.joined && a.device == b.device;
 }
 
 }  // namespace
