@@ -13,12 +13,25 @@ OUT=${OUT:-/tmp/hvd-gpu}
 BUILD=${BUILD_DIR:-build-gpu}
 PY=${PYTHON:-$(command -v python3)}
 mkdir -p "$OUT"
+# The system compiler, whose libstdc++ the Python process (and torch) already loaded: a private
+# toolchain (CXX=/opt/...) may link its own libstdc++ statically into libhvd, and two C++
+# runtimes in one process crash at the first stream they share.
+export CC=${HVD_CC:-/usr/bin/gcc} CXX=${HVD_CXX:-/usr/bin/g++} CUDAHOSTCXX=${HVD_CXX:-/usr/bin/g++}
 args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVD_WITH_CUDA=ON -DHVD_WITH_MPI=OFF
+      -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_CUDA_HOST_COMPILER="$CXX"
       -DPython3_EXECUTABLE="$PY" -DHVD_BUILD_PYTHON=ON)
 if [ -n "${HVD_DEPS:-}" ]; then
   args+=(-DCMAKE_CXX_FLAGS="-isystem $HVD_DEPS/include" -DASIO_INCLUDE_DIR="$HVD_DEPS/include"
-         -DOPENSSL_ROOT_DIR="$HVD_DEPS" -DGTEST_ROOT="$HVD_DEPS")
-  export LD_LIBRARY_PATH="$HVD_DEPS/lib:${LD_LIBRARY_PATH:-}"
+         -DGTEST_ROOT="$HVD_DEPS")
+  # The machine's own libcrypto where it has one: a second copy in the same process as
+  # Python's ssl module corrupts the heap.
+  crypto=$(ldconfig -p | awk '/libcrypto\.so\.3 .*x86-64/ {print $NF; exit}')
+  if [ -n "$crypto" ]; then
+    args+=(-DOPENSSL_INCLUDE_DIR="$HVD_DEPS/include" -DOPENSSL_CRYPTO_LIBRARY="$crypto")
+  else
+    args+=(-DOPENSSL_ROOT_DIR="$HVD_DEPS")
+    export LD_LIBRARY_PATH="$HVD_DEPS/lib:${LD_LIBRARY_PATH:-}"
+  fi
 fi
 cuda=${CUDA_HOME:-/usr/local/cuda}
 if [ ! -f "$cuda/include/nccl.h" ]; then

@@ -70,6 +70,7 @@ class CudaDevice : public Device {
       cudaStreamSynchronize(stream_);
       cudaStreamDestroy(stream_);
     }
+    if (table_) cudaFreeHost(table_);
   }
 
   Status Init() {
@@ -113,34 +114,44 @@ class CudaDevice : public Device {
   }
 
   Status BatchedCopy(const std::vector<CopySpan>& spans) override {
+    using cuda::CopyChunk;
+    size_t n = 0;
+    for (const auto& s : spans) n += (s.bytes + cuda::kCopyChunkBytes - 1) / cuda::kCopyChunkBytes;
+    if (n == 0) return Status::OK();
     DeviceScope scope(ordinal_);
     HVD_RETURN_IF_ERROR(scope.status());
-    // The spans travel in the kernel's parameters, kMaxSpansPerLaunch per launch.
-    cuda::CopyBatch& b = *batch_;
-    b.n = 0;
-    uint32_t chunks = 0;
-    auto launch = [&]() -> Status {
-      if (b.n == 0) return Status::OK();
-      b.first_chunk[b.n] = chunks;
-      HVD_CUDA_RETURN(cuda::LaunchBatchedCopy(b, stream_), "the batched copy kernel on " + Describe());
-      b.n = 0;
-      chunks = 0;
-      return Status::OK();
-    };
-    for (const auto& s : spans) {
-      for (size_t off = 0; off < s.bytes;) {
-        // A span longer than the chunk counter allows is split across launches.
-        const size_t piece = std::min(s.bytes - off, kMaxSpanBytes);
-        if (b.n == cuda::kMaxSpansPerLaunch) HVD_RETURN_IF_ERROR(launch());
-        b.spans[b.n] = {static_cast<const char*>(s.src) + off, static_cast<char*>(s.dst) + off, piece};
-        b.first_chunk[b.n] = chunks;
-        chunks += static_cast<uint32_t>((piece + cuda::kCopyChunkBytes - 1) / cuda::kCopyChunkBytes);
-        ++b.n;
-        off += piece;
-        if (chunks >= kMaxChunksPerLaunch) HVD_RETURN_IF_ERROR(launch());
+    // The chunk table lies in mapped pinned memory, which the kernel reads directly. Tables are
+    // appended until Synchronize (an earlier kernel may not have read its part yet); a full
+    // table waits for the stream first.
+    if (table_used_ + n > table_capacity_) {
+      HVD_CUDA_RETURN(cudaStreamSynchronize(stream_), "cudaStreamSynchronize on " + Describe());
+      table_used_ = 0;
+      if (n > table_capacity_) {
+        if (table_) cudaFreeHost(table_);
+        table_ = nullptr;
+        table_capacity_ = 0;
+        const size_t cap = std::max<size_t>(2 * n, 8192);
+        HVD_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&table_), cap * sizeof(CopyChunk),
+                                      cudaHostAllocMapped | cudaHostAllocPortable),
+                        "cudaHostAlloc of the copy table");
+        HVD_CUDA_RETURN(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table_dev_), table_, 0),
+                        "cudaHostGetDevicePointer of the copy table");
+        table_capacity_ = cap;
       }
     }
-    return launch();
+    CopyChunk* host = table_ + table_used_;
+    size_t k = 0;
+    for (const auto& s : spans) {
+      for (size_t off = 0; off < s.bytes; off += cuda::kCopyChunkBytes) {
+        host[k++] = {static_cast<const char*>(s.src) + off, static_cast<char*>(s.dst) + off,
+                     std::min(cuda::kCopyChunkBytes, s.bytes - off)};
+      }
+    }
+    const CopyChunk* dev = table_dev_ + table_used_;
+    table_used_ += n;
+    HVD_CUDA_RETURN(cuda::LaunchBatchedCopy(dev, static_cast<uint32_t>(n), stream_),
+                    "the batched copy kernel on " + Describe());
+    return Status::OK();
   }
 
   Status Copy(void* dst, const void* src, size_t bytes) override {
@@ -166,24 +177,25 @@ class CudaDevice : public Device {
   }
 
   Status Synchronize(Deadline deadline, const std::function<Status()>& poll) override {
-    // Spin briefly (a short collective is microseconds away), then look every 50 µs.
-    const auto spin_until = Clock::now() + std::chrono::microseconds(50);
+    // The stream is looked at without sleeping (a sleep would add its own granularity to every
+    // collective); `poll` and the deadline every 200 µs.
+    auto next_poll = Clock::now();
     for (;;) {
       cudaError_t e = cudaStreamQuery(stream_);
       if (e == cudaSuccess) break;
       if (e != cudaErrorNotReady) return CudaStatus(e, "work queued on " + Describe());
-      if (poll) HVD_RETURN_IF_ERROR(poll());
       const auto now = Clock::now();
-      if (now > deadline) {
-        return Status::Timeout("the work queued on " + Describe() +
-                               " did not finish in time (see HVD_TIMEOUT_SECONDS)");
+      if (now >= next_poll) {
+        next_poll = now + std::chrono::microseconds(200);
+        if (poll) HVD_RETURN_IF_ERROR(poll());
+        if (now > deadline) {
+          return Status::Timeout("the work queued on " + Describe() +
+                                 " did not finish in time (see HVD_TIMEOUT_SECONDS)");
+        }
       }
-      if (now < spin_until) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+      std::this_thread::yield();
     }
+    table_used_ = 0;
     return Status::OK();
   }
 
@@ -192,10 +204,10 @@ class CudaDevice : public Device {
   const std::string name_;
   const std::string uuid_;
   cudaStream_t stream_ = nullptr;
-  // The kernel parameter block of a batched copy (28 KiB: kept off the stack).
-  std::unique_ptr<cuda::CopyBatch> batch_ = std::make_unique<cuda::CopyBatch>();
-  static constexpr size_t kMaxSpanBytes = size_t{1} << 40;
-  static constexpr uint32_t kMaxChunksPerLaunch = 1u << 30;
+  cuda::CopyChunk* table_ = nullptr;      // mapped pinned memory: the batched copies' chunks
+  cuda::CopyChunk* table_dev_ = nullptr;  // the same, as the device sees it
+  size_t table_capacity_ = 0;
+  size_t table_used_ = 0;                 // appended since the last Synchronize
 };
 
 class CudaRuntimeImpl : public DeviceRuntime {

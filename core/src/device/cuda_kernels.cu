@@ -14,40 +14,36 @@ namespace cuda {
 namespace {
 
 constexpr int kCopyThreads = 256;
-constexpr int kMaxCopyBlocks = 16384;
-constexpr int kUnroll = static_cast<int>(kCopyChunkBytes / (kCopyThreads * 16));  // 4
+constexpr uint32_t kMaxCopyBlocks = 16384;
+constexpr int kUnroll = static_cast<int>(kCopyChunkBytes / (kCopyThreads * 16));  // 8
 
-// One block per chunk (grid-stride over the chunks): a full, aligned chunk is one round of
+// One block per chunk (grid-stride over the chunks): an aligned chunk is one round of up to
 // kUnroll 16-byte loads per thread, all in flight before the stores.
-__global__ void BatchedCopyKernel(const __grid_constant__ CopyBatch b) {
-  const uint32_t chunks = b.first_chunk[b.n];
-  for (uint32_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-    int lo = 0, hi = b.n - 1;  // the span holding chunk c: the last with first_chunk <= c
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (b.first_chunk[mid] <= c) lo = mid;
-      else hi = mid - 1;
-    }
-    const CopySpanDev& sp = b.spans[lo];
-    const size_t off = static_cast<size_t>(c - b.first_chunk[lo]) * kCopyChunkBytes;
-    const size_t bytes = sp.bytes - off < kCopyChunkBytes ? sp.bytes - off : kCopyChunkBytes;
-    const auto* s = static_cast<const unsigned char*>(sp.src) + off;
-    auto* d = static_cast<unsigned char*>(sp.dst) + off;
+__global__ void BatchedCopyKernel(const CopyChunk* __restrict__ chunks, uint32_t n) {
+  for (uint32_t c = blockIdx.x; c < n; c += gridDim.x) {
+    const CopyChunk k = chunks[c];
+    const auto* s = static_cast<const unsigned char*>(k.src);
+    auto* d = static_cast<unsigned char*>(k.dst);
+    const size_t bytes = k.bytes;
     size_t done = 0;
     if (((reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d)) & 15) == 0) {
+      // A chunk is at most one round: every thread's loads are in flight before its stores,
+      // for partial chunks (a tensor's last) as for full ones.
       const auto* s4 = reinterpret_cast<const uint4*>(s);
       auto* d4 = reinterpret_cast<uint4*>(d);
-      const size_t words = bytes / 16;
-      if (words == kCopyChunkBytes / 16) {
-        uint4 v[kUnroll];
+      const uint32_t words = static_cast<uint32_t>(bytes / 16);
+      uint4 v[kUnroll];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) v[u] = s4[threadIdx.x + u * kCopyThreads];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) d4[threadIdx.x + u * kCopyThreads] = v[u];
-      } else {
-        for (size_t i = threadIdx.x; i < words; i += kCopyThreads) d4[i] = s4[i];
+      for (int u = 0; u < kUnroll; ++u) {
+        const uint32_t i = threadIdx.x + u * kCopyThreads;
+        if (i < words) v[u] = s4[i];
       }
-      done = words * 16;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const uint32_t i = threadIdx.x + u * kCopyThreads;
+        if (i < words) d4[i] = v[u];
+      }
+      done = static_cast<size_t>(words) * 16;
     }
     for (size_t i = done + threadIdx.x; i < bytes; i += kCopyThreads) d[i] = s[i];
   }
@@ -109,11 +105,10 @@ void ScaleInteger(void* buf, size_t n, double factor, cudaStream_t s) {
 
 }  // namespace
 
-cudaError_t LaunchBatchedCopy(const CopyBatch& batch, cudaStream_t stream) {
-  const uint32_t chunks = batch.first_chunk[batch.n];
-  if (batch.n <= 0 || chunks == 0) return cudaSuccess;
-  const int blocks = chunks < kMaxCopyBlocks ? static_cast<int>(chunks) : kMaxCopyBlocks;
-  BatchedCopyKernel<<<blocks, kCopyThreads, 0, stream>>>(batch);
+cudaError_t LaunchBatchedCopy(const CopyChunk* chunks, uint32_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const uint32_t blocks = n < kMaxCopyBlocks ? n : kMaxCopyBlocks;
+  BatchedCopyKernel<<<blocks, kCopyThreads, 0, stream>>>(chunks, n);
   return cudaGetLastError();
 }
 
