@@ -88,6 +88,10 @@ class FakeRuntime : public hvd::DeviceRuntime {
     return hvd::Status::OK();
   }
   void ReleaseEvent(void* event) override { delete static_cast<int*>(event); }
+  hvd::Status RecordOnDevice(hvd::Device&, void** event) override { return RecordEvent(0, nullptr, event); }
+  hvd::Status StreamWaitEvent(void*, void* event) override {
+    return event ? hvd::Status::OK() : hvd::Status::Internal("null event");
+  }
   int DeviceCount() override { return 1; }
 
  private:
@@ -130,6 +134,14 @@ std::vector<uint8_t> ToHost(Env& env, const void* p, size_t bytes) {
   return out;
 }
 
+// Waits for an operation; with stream-ordered completion the worker's stream then waits for
+// its device work before anything the worker queues reads the results.
+hvd::Status Done(Env& env, const hvd::HandlePtr& h) {
+  hvd::Status s = WaitDone(h);
+  if (s.ok()) s = h->StreamWait(env.dev->stream());
+  return s;
+}
+
 // ---------------------------------------------------------------- checks
 
 void CheckAllreduce(Env& env, Checker& ck) {
@@ -151,7 +163,7 @@ void CheckAllreduce(Env& env, Checker& ck) {
           const std::string what = "allreduce " + Str(t) + " " + Str(op) + " count=" +
                                    std::to_string(count) + (in_place ? " in place" : "");
           auto h = env.e->Allreduce("dev.ar." + std::to_string(salt), vin, vout, op);
-          if (!ck.ExpectOk(WaitDone(h), what)) continue;
+          if (!ck.ExpectOk(Done(env, h), what)) continue;
           auto got = ToHost(env, vout.data, static_cast<size_t>(count) * hvd::DataTypeSize(t));
           ck.ExpectElements(t, got.data(), count,
                             [&](int64_t i) { return ExpectedReduce(t, op, n, i, salt); }, what);
@@ -191,7 +203,7 @@ void CheckFused(Env& env, Checker& ck) {
       for (int k = 0; k < 40; ++k) {
         const std::string what = "fused " + Str(t) + " tensor " + std::to_string(k) +
                                  " count=" + std::to_string(counts[k]) + (round ? " scaled" : "");
-        if (!ck.ExpectOk(WaitDone(hs[k]), what)) continue;
+        if (!ck.ExpectOk(Done(env, hs[k]), what)) continue;
         auto got = ToHost(env, bufs[k]->p, static_cast<size_t>(counts[k]) * hvd::DataTypeSize(t));
         ck.ExpectElements(t, got.data(), counts[k], [&](int64_t i) {
           double sum = 0;
@@ -216,7 +228,7 @@ void CheckMovement(Env& env, Checker& ck) {
       DevBuf in(env, host);
       auto h = env.e->Allgather("dev.ag." + Str(t), in.View(t, {r, width}));
       const std::string what = "allgather " + Str(t);
-      if (ck.ExpectOk(WaitDone(h), what)) {
+      if (ck.ExpectOk(Done(env, h), what)) {
         const int64_t rows = static_cast<int64_t>(n) * (n - 1) / 2;
         ck.Expect(h->output_shape() == std::vector<int64_t>{rows, width}, what + " shape");
         auto got = ToHost(env, h->output_data(), static_cast<size_t>(rows * width) * hvd::DataTypeSize(t));
@@ -239,7 +251,7 @@ void CheckMovement(Env& env, Checker& ck) {
       auto h = env.e->Broadcast("dev.bc." + Str(t) + "." + std::to_string(root),
                                 in.View(t, {count}), out.View(t, {count}), root);
       const std::string what = "broadcast " + Str(t) + " root " + std::to_string(root);
-      if (!ck.ExpectOk(WaitDone(h), what)) continue;
+      if (!ck.ExpectOk(Done(env, h), what)) continue;
       auto got = ToHost(env, out.p, static_cast<size_t>(count) * hvd::DataTypeSize(t));
       ck.ExpectElements(t, got.data(), count, [&](int64_t i) { return Pattern(t, root, i, 2); }, what);
     }
@@ -256,7 +268,7 @@ void CheckMovement(Env& env, Checker& ck) {
       DevBuf in(env, host);
       auto h = env.e->Alltoall("dev.a2a." + Str(t), in.View(t, {rows, width}), splits);
       const std::string what = "alltoall " + Str(t);
-      if (ck.ExpectOk(WaitDone(h), what)) {
+      if (ck.ExpectOk(Done(env, h), what)) {
         std::vector<double> want;
         for (int q = 0; q < n; ++q) {
           for (int64_t k = 0; k < ((q + r) % 3) * width; ++k) want.push_back(Pattern(t, q * 7 + r, k, 3));
@@ -286,7 +298,7 @@ void CheckReducescatter(Env& env, Checker& ck) {
         DevBuf in(env, host);
         auto h = env.e->Reducescatter("dev.rs." + std::to_string(salt), in.View(t, {rows, width}), op);
         const std::string what = "reducescatter " + Str(t) + " " + Str(op) + " rows=" + std::to_string(rows);
-        if (!ck.ExpectOk(WaitDone(h), what)) continue;
+        if (!ck.ExpectOk(Done(env, h), what)) continue;
         int64_t first = 0;
         for (int q = 0; q < r; ++q) first += rows / n + (q < rows % n ? 1 : 0);
         const int64_t mine = rows / n + (r < rows % n ? 1 : 0);

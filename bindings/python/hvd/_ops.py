@@ -39,13 +39,14 @@ class Handle:
     engine's error or returns the result. Waiting again returns the same result.
     """
 
-    __slots__ = ("_parts", "_finish", "_state", "_value", "__weakref__")
+    __slots__ = ("_parts", "_finish", "_state", "_value", "_stream", "__weakref__")
 
-    def __init__(self, parts, finish):
+    def __init__(self, parts, finish, stream=None):
         self._parts = parts      # list of _core.Handle
         self._finish = finish    # parts -> result, run once after success
         self._state = 0          # 0 pending, 1 done, 2 failed
         self._value = None       # the result, or the exception
+        self._stream = stream    # device tensors: () -> the stream that uses the result
 
     def poll(self):
         if self._state:
@@ -64,6 +65,12 @@ class Handle:
                 except HvdError as e:
                     if error is None:
                         error = e
+            if error is None and self._stream is not None:
+                # Stream-ordered completion: the caller's current stream waits for the device
+                # work (a no-op when the engine already waited for it).
+                stream = self._stream()
+                for p in self._parts:
+                    p.stream_wait(stream)
             if error is not None:
                 self._state, self._value = 2, error
             else:
@@ -85,6 +92,12 @@ def check_op(op, average=None):
     return op
 
 
+def _stream(A, t):
+    """What the caller's stream is at wait time, for an adapter that has device tensors."""
+    waiter = getattr(A, "waiter", None)
+    return waiter(t) if waiter is not None else None
+
+
 def _in_out(A, tensor, inplace):
     """The contiguous input and where the result goes: the input itself, or a new buffer."""
     c, ptr, dt, shape = A.prepare(tensor)
@@ -99,8 +112,8 @@ def allreduce_async(A, tensor, name, op, prescale, postscale, inplace):
     h = _core.allreduce(op_name("allreduce", name), ptr, out_ptr, dt, shape, op,
                         float(prescale), float(postscale), (c, out))
     if inplace and c is not tensor:
-        return Handle([h], lambda parts: A.copy_(tensor, c))
-    return Handle([h], lambda parts: out)
+        return Handle([h], lambda parts: A.copy_(tensor, c), _stream(A, c))
+    return Handle([h], lambda parts: out, _stream(A, c))
 
 
 def grouped_allreduce_async(A, tensors, name, op, prescale, postscale, inplace):
@@ -127,13 +140,13 @@ def grouped_allreduce_async(A, tensors, name, op, prescale, postscale, inplace):
             return outs
         return [A.copy_(t, c) if c is not t else t for t, c in zip(tensors, cs)]
 
-    return Handle(parts, finish)
+    return Handle(parts, finish, _stream(A, cs[0]))
 
 
 def allgather_async(A, tensor, name):
     c, ptr, dt, shape = A.prepare(tensor)
     h = _core.allgather(op_name("allgather", name), ptr, dt, shape, c)
-    return Handle([h], lambda parts: A.from_output(parts[0], c))
+    return Handle([h], lambda parts: A.from_output(parts[0], c), _stream(A, c))
 
 
 def _grouped_with_outputs(A, tensors, name, kind, submit):
@@ -149,7 +162,8 @@ def _grouped_with_outputs(A, tensors, name, kind, submit):
     cs = [p[0] for p in prepared]
     parts = submit(names, [p[1] for p in prepared], [p[2] for p in prepared],
                    [p[3] for p in prepared], cs)
-    return Handle(parts, lambda ps: [A.from_output(p, c) for p, c in zip(ps, cs)])
+    return Handle(parts, lambda ps: [A.from_output(p, c) for p, c in zip(ps, cs)],
+                  _stream(A, cs[0]))
 
 
 def grouped_allgather_async(A, tensors, name):
@@ -161,8 +175,8 @@ def broadcast_async(A, tensor, root_rank, name, inplace):
     h = _core.broadcast(op_name("broadcast", name), ptr, out_ptr, dt, shape, int(root_rank),
                         (c, out))
     if inplace and c is not tensor:
-        return Handle([h], lambda parts: A.copy_(tensor, c))
-    return Handle([h], lambda parts: out)
+        return Handle([h], lambda parts: A.copy_(tensor, c), _stream(A, c))
+    return Handle([h], lambda parts: out, _stream(A, c))
 
 
 def alltoall_async(A, tensor, splits, name):
@@ -170,14 +184,15 @@ def alltoall_async(A, tensor, splits, name):
     c, ptr, dt, shape = A.prepare(tensor)
     splits = [] if splits is None else [int(s) for s in splits]
     h = _core.alltoall(op_name("alltoall", name), ptr, dt, shape, splits, c)
-    return Handle([h], lambda parts: (A.from_output(parts[0], c), parts[0].received_splits))
+    return Handle([h], lambda parts: (A.from_output(parts[0], c), parts[0].received_splits),
+                  _stream(A, c))
 
 
 def reducescatter_async(A, tensor, name, op, prescale, postscale):
     c, ptr, dt, shape = A.prepare(tensor)
     h = _core.reducescatter(op_name("reducescatter", name), ptr, dt, shape, op, float(prescale),
                             float(postscale), c)
-    return Handle([h], lambda parts: A.from_output(parts[0], c))
+    return Handle([h], lambda parts: A.from_output(parts[0], c), _stream(A, c))
 
 
 def grouped_reducescatter_async(A, tensors, name, op, prescale, postscale):

@@ -123,6 +123,13 @@ class PyHandle {
   // The same for a device tensor's result: `bytes` bytes of device memory.
   DeviceBytes DeviceOutput(size_t bytes) const { return DeviceBytes{h_, bytes}; }
 
+  // Stream-ordered completion (HVD_ENABLE_ASYNC_COMPLETION): makes the CUDA stream at address
+  // `stream` wait for the operation's device work; nothing without an event.
+  void StreamWait(uintptr_t stream) const {
+    hvd::Status s = h_->StreamWait(reinterpret_cast<void*>(stream));
+    if (!s.ok()) throw StatusError(s);
+  }
+
   std::vector<int64_t> OutputShape() const { return h_->output_shape(); }
   std::vector<int64_t> ReceivedSplits() const { return h_->received_splits(); }
   int JoinLastRank() const { return h_->join_last_rank(); }
@@ -389,6 +396,7 @@ PYBIND11_MODULE(_core, m) {
            "Blocks (without the GIL) until the operation has finished; raises HvdError on failure.")
       .def("output", &PyHandle::Output)
       .def("device_output", &PyHandle::DeviceOutput)
+      .def("stream_wait", &PyHandle::StreamWait)
       .def_property_readonly("output_shape", &PyHandle::OutputShape)
       .def_property_readonly("received_splits", &PyHandle::ReceivedSplits)
       .def_property_readonly("join_last_rank", &PyHandle::JoinLastRank)

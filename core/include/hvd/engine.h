@@ -66,6 +66,15 @@ class HVD_EXPORT Handle {
   // After success of join: the last rank that joined.
   int join_last_rank() const { return join_last_rank_; }
 
+  // Device tensors, stream-ordered completion (HVD_ENABLE_ASYNC_COMPLETION=1): the handle
+  // finishes once the operation's device work is queued, and its results are ready when this
+  // event (a cudaEvent_t) is; null when the engine waited for the device itself (the default)
+  // or the operation was on host memory.
+  void* cuda_event() const { return cuda_event_.get(); }
+  // Makes `stream` (a cudaStream_t; nullptr = the legacy default stream) wait for cuda_event()
+  // without blocking the caller; OK and nothing done without an event. Call after Wait().
+  Status StreamWait(void* stream) const;
+
   // Engine side: completes the handle and wakes its waiters. Called once.
   void Complete(Status status);
 
@@ -78,6 +87,7 @@ class HVD_EXPORT Handle {
   std::shared_ptr<void> output_owner_;
   std::vector<int64_t> received_splits_;
   int join_last_rank_ = -1;
+  std::shared_ptr<void> cuda_event_;
   // Engine side, set before the handle is returned: how long Wait() polls before sleeping, and
   // whether it was refused at submission.
   std::chrono::microseconds spin_{0};

@@ -86,6 +86,11 @@ struct HVD_EXPORT Options {
   //     by the CPU operations, copied back.
   enum class GpuOperations { kNccl, kCpu };
   GpuOperations gpu_operations = GpuOperations::kNccl;
+  // HVD_ENABLE_ASYNC_COMPLETION (HOROVOD_ENABLE_ASYNC_COMPLETION), 1 or 0 (default): a device
+  // operation that runs on NCCL finishes as soon as its work is queued on the engine's stream,
+  // with an event the caller's stream waits for (Handle::StreamWait), instead of once the work
+  // is done. A failure the device reports later fails the operations after it.
+  bool async_completion = false;
 
   // HVD_SHM: ranks on the same host move their bytes through shared memory.
   //   auto (default): where it can be set up, TCP elsewhere. on: a rank that cannot set it up

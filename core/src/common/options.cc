@@ -218,6 +218,16 @@ Status ReadKnobs(Options* o) {
       return BadValue(var, v, "nccl, or cpu (staged through host memory; also tcp, gloo, mpi)");
     }
   }
+  if (const char* v = Knob("ENABLE_ASYNC_COMPLETION", &var)) {
+    std::string c = v;
+    if (c == "1" || c == "true" || c == "on") {
+      o->async_completion = true;
+    } else if (c == "0" || c == "false" || c == "off" || c.empty()) {
+      o->async_completion = false;
+    } else {
+      return BadValue(var, v, "1 or 0");
+    }
+  }
   if (const char* v = Knob("HIERARCHICAL_ALLREDUCE", &var)) {
     HVD_RETURN_IF_ERROR(ParseToggle(var, v, &o->hierarchical_allreduce));
   }

@@ -260,6 +260,18 @@ class CudaRuntimeImpl : public DeviceRuntime {
     return Status::OK();
   }
 
+  Status RecordOnDevice(Device& device, void** event) override {
+    HVD_RETURN_IF_ERROR(RecordEvent(device.ordinal(), device.stream(), event));
+    return Status::OK();
+  }
+
+  Status StreamWaitEvent(void* stream, void* event) override {
+    HVD_CUDA_RETURN(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                        static_cast<cudaEvent_t>(event), 0),
+                    "cudaStreamWaitEvent on the caller's stream");
+    return Status::OK();
+  }
+
   void ReleaseEvent(void* event) override {
     if (event == nullptr) return;
     auto ev = static_cast<cudaEvent_t>(event);

@@ -74,6 +74,10 @@ class DeviceRuntime {
   // has. The engine's stream waits for it before reading the tensor.
   virtual Status RecordEvent(int ordinal, void* stream, void** event) = 0;
   virtual void ReleaseEvent(void* event) = 0;
+  // Records an event on a Device's stream (after the work queued on it so far).
+  virtual Status RecordOnDevice(Device& device, void** event) = 0;
+  // Makes `stream` (nullptr = the legacy default stream) wait for `event`; any thread.
+  virtual Status StreamWaitEvent(void* stream, void* event) = 0;
   // How many devices this process sees (0 without a driver or device).
   virtual int DeviceCount() = 0;
 };

@@ -143,6 +143,7 @@ class EngineImpl {
   Status ChooseDevicePath(const Status& opened);
   Status PollDuringDeviceWait();
   Status DeviceSynchronize();
+  Status DeviceDone(const std::vector<TensorEntry*>& entries);
   Status RunDeviceCollective(const Response& r, std::vector<TensorEntry*>& entries);
   Status RunStaged(const Response& r, std::vector<TensorEntry*>& entries);
   Status DeviceAllreduce(const Response& r, std::vector<TensorEntry*>& entries);

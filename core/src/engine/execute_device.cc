@@ -17,7 +17,9 @@
 // 4. Staging path. Inputs go to pinned host memory (several tensors are packed on the device
 //    first and cross in one copy), the host path runs the response on host stand-ins of the
 //    entries, and the results come back the same way.
-// 5. The response completes when the stream has drained. The wait polls the control plane, so
+// 5. The response completes when the stream has drained (with HVD_ENABLE_ASYNC_COMPLETION, on
+//    the collectives path, once its work is queued: each handle gets an event recorded after
+//    it, for the caller's stream to wait on). The wait polls the control plane, so
 //    heartbeats and an abort relayed by the coordinator are seen; a lost peer or a failed
 //    communicator aborts NCCL, and the deadline (HVD_TIMEOUT_SECONDS) bounds it all.
 #include <cstring>
@@ -73,6 +75,20 @@ Status EngineImpl::DeviceSynchronize() {
   Status s = device_->Synchronize(CollectiveDeadline(), [this] { return PollDuringDeviceWait(); });
   if (!s.ok() && device_collectives_) device_collectives_->Abort();
   return s;
+}
+
+// The end of a collective on the device path: wait for the stream, or (async completion) give
+// each handle an event recorded after the work and let the caller's stream wait for it.
+Status EngineImpl::DeviceDone(const std::vector<TensorEntry*>& entries) {
+  if (!options_.async_completion) return DeviceSynchronize();
+  DeviceRuntime* rt = GetDeviceRuntime();
+  for (auto* e : entries) {
+    if (!e) continue;
+    void* ev = nullptr;
+    HVD_RETURN_IF_ERROR(rt->RecordOnDevice(*device_, &ev));
+    e->handle->cuda_event_ = std::shared_ptr<void>(ev, [rt](void* p) { rt->ReleaseEvent(p); });
+  }
+  return Status::OK();
 }
 
 Status EngineImpl::OpenDevice(const std::vector<TensorEntry*>& entries) {
@@ -180,6 +196,11 @@ Status EngineImpl::ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>&
       e->ready_event.reset();
     }
   }
+  // Work queued before (async completion) may have failed since.
+  if (device_collectives_) {
+    Status s = device_collectives_->Check();
+    if (!s.ok()) return s;
+  }
   const bool collectives = device_path_ == DevicePath::kCollectives &&
                            (!IsReduction(r.type) || device_collectives_->Reduces(r.dtype, r.op));
   Status s = collectives ? RunDeviceCollective(r, entries) : RunStaged(r, entries);
@@ -251,7 +272,7 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
     }
     HVD_RETURN_IF_ERROR(c.Allreduce(in, out, count, r.dtype, op));
     HVD_RETURN_IF_ERROR(d.Scale(out, count, r.dtype, post));
-    return DeviceSynchronize();
+    return DeviceDone(entries);
   }
   std::vector<size_t> bytes, offsets;
   for (const auto& shape : r.shapes) bytes.push_back(static_cast<size_t>(NumElements(shape)) * esize);
@@ -275,7 +296,7 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
   HVD_RETURN_IF_ERROR(c.Allreduce(buf, buf, count, r.dtype, op));
   HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, post));
   HVD_RETURN_IF_ERROR(d.BatchedCopy(out));
-  return DeviceSynchronize();
+  return DeviceDone(entries);
 }
 
 Status EngineImpl::DeviceAllgather(const Response& r, TensorEntry* e) {
@@ -297,7 +318,7 @@ Status EngineImpl::DeviceAllgather(const Response& r, TensorEntry* e) {
     HVD_RETURN_IF_ERROR(device_fusion_.Get(device_.get(), total, &out));
   }
   HVD_RETURN_IF_ERROR(device_collectives_->Allgatherv(e ? e->input.data : nullptr, out, bytes));
-  return DeviceSynchronize();
+  return DeviceDone({e});
 }
 
 Status EngineImpl::DeviceBroadcast(const Response& r, TensorEntry* e) {
@@ -312,7 +333,7 @@ Status EngineImpl::DeviceBroadcast(const Response& r, TensorEntry* e) {
     HVD_RETURN_IF_ERROR(device_fusion_.Get(device_.get(), bytes, &buf));
   }
   HVD_RETURN_IF_ERROR(device_collectives_->Broadcast(buf, bytes, r.root));
-  return DeviceSynchronize();
+  return DeviceDone({e});
 }
 
 Status EngineImpl::DeviceAlltoall(const Response& r, TensorEntry* e) {
@@ -332,7 +353,7 @@ Status EngineImpl::DeviceAlltoall(const Response& r, TensorEntry* e) {
   void* out = nullptr;
   HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, shape, std::accumulate(recv.begin(), recv.end(), size_t{0}), &out));
   HVD_RETURN_IF_ERROR(device_collectives_->Alltoallv(e->input.data, send, out, recv));
-  return DeviceSynchronize();
+  return DeviceDone({e});
 }
 
 Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
@@ -362,7 +383,7 @@ Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
   double post = r.postscale;
   if (r.op == ReduceOp::kAverage) post /= n;
   HVD_RETURN_IF_ERROR(d.Scale(out, out_count, r.dtype, post));
-  return DeviceSynchronize();
+  return DeviceDone({e});
 }
 
 Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entries) {

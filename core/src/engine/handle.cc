@@ -1,5 +1,6 @@
 #include <sched.h>
 
+#include "device/device.h"
 #include "hvd/engine.h"
 
 namespace hvd {
@@ -59,6 +60,13 @@ void Handle::Complete(Status status) {
     finished_.store(true, std::memory_order_release);
   }
   if (sleepers_.load() > 0) cv_.notify_all();
+}
+
+Status Handle::StreamWait(void* stream) const {
+  if (!cuda_event_) return Status::OK();
+  DeviceRuntime* rt = GetDeviceRuntime();
+  if (rt == nullptr) return Status::FailedPrecondition("this build has no CUDA");
+  return rt->StreamWaitEvent(stream, cuda_event_.get());
 }
 
 }  // namespace hvd

@@ -77,6 +77,14 @@ class _TorchAdapter:
         return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
     @staticmethod
+    def waiter(t):
+        """For a CUDA tensor: the current stream's address when the result is waited for."""
+        if t.device.type != "cuda":
+            return None
+        device = t.device
+        return lambda: torch.cuda.current_stream(device).cuda_stream
+
+    @staticmethod
     def ptr(t):
         return _where(t)
 
