@@ -264,6 +264,56 @@ TEST(Coordinator, StalledNameIsAbandonedAfterTheShutdownTime) {
   EXPECT_TRUE(c.idle());
 }
 
+// Device tensors: host against device memory is a mismatch; different GPUs on different ranks
+// are not. The response carries the device kind (of the lowest rank) on the wire and in the
+// cache, and never fuses host with device tensors.
+TEST(Devices, MismatchFusionWireAndCache) {
+  Coordinator c(3, 1 << 20, 0);
+  for (int r = 0; r < 3; ++r) {
+    Request g = Allreduce("g", {4});
+    g.device = r;  // rank r on cuda:r
+    Request h = Allreduce("h", {4});
+    h.device = r == 2 ? kCpuDevice : 0;
+    Request cpu = Allreduce("cpu", {4});
+    c.AddRequests(r, {g, h, cpu});
+  }
+  auto rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 3u);  // g and cpu do not fuse; h failed
+  EXPECT_EQ(rs[0].type, OpType::kAllreduce);
+  EXPECT_EQ(rs[0].names, std::vector<std::string>{"g"});
+  EXPECT_EQ(rs[0].device, 0);
+  EXPECT_EQ(rs[1].type, OpType::kError);
+  EXPECT_NE(rs[1].error.find("device cuda:0 vs cpu (rank 0 vs rank 2)"), std::string::npos)
+      << rs[1].error;
+  EXPECT_EQ(rs[2].names, std::vector<std::string>{"cpu"});
+  EXPECT_EQ(rs[2].device, kCpuDevice);
+
+  ResponseList l;
+  l.responses = {rs[0]};
+  auto bytes = Encode(l);
+  ResponseList out;
+  ASSERT_TRUE(Decode(bytes.data(), bytes.size(), &out).ok());
+  EXPECT_EQ(out.responses[0].device, 0);
+  Response bad = rs[0];
+  bad.device = -7;
+  EXPECT_FALSE(CheckResponse(bad, 3).ok());
+
+  // The cache keeps the kind: a rebuilt response stays on the device path, and a rank whose
+  // own request is on another GPU still hits it.
+  ResponseCache cache(8, true);
+  cache.Apply({rs[0]});
+  std::vector<uint32_t> bits;
+  ASSERT_TRUE(cache.Encodable(rs[0], &bits));
+  Response back;
+  ASSERT_TRUE(cache.Rebuild(bits, &back));
+  EXPECT_EQ(back.device, 0);
+  Request mine = Allreduce("g", {4});
+  mine.device = 2;
+  EXPECT_EQ(cache.Lookup(mine), static_cast<int>(bits[0]));
+  mine.device = kCpuDevice;
+  EXPECT_EQ(cache.Lookup(mine), -1);
+}
+
 TEST(Fusion, RespectsThresholdAndCompatibility) {
   auto resp = [](const std::string& n, int64_t count, DataType t) {
     Response r;
