@@ -145,7 +145,7 @@ class EngineImpl {
   Status DeviceSynchronize();
   Status DeviceDone(const std::vector<TensorEntry*>& entries);
   Status RunDeviceCollective(const Response& r, std::vector<TensorEntry*>& entries);
-  Status RunStaged(const Response& r, std::vector<TensorEntry*>& entries);
+  Status RunStaged(const Response& r, std::vector<TensorEntry*>& entries, bool* host_failed);
   Status DeviceAllreduce(const Response& r, std::vector<TensorEntry*>& entries);
   Status DeviceAllgather(const Response& r, TensorEntry* e);
   Status DeviceBroadcast(const Response& r, TensorEntry* e);

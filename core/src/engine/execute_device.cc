@@ -203,10 +203,12 @@ Status EngineImpl::ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>&
   }
   const bool collectives = device_path_ == DevicePath::kCollectives &&
                            (!IsReduction(r.type) || device_collectives_->Reduces(r.dtype, r.op));
-  Status s = collectives ? RunDeviceCollective(r, entries) : RunStaged(r, entries);
-  // A local failure of a device call leaves the others inside the collective.
-  if (!s.ok() && s.code() != StatusCode::kPeerLost && s.code() != StatusCode::kTimeout &&
-      s.code() != StatusCode::kResourceExhausted) {
+  bool host_failed = false;  // the host path's failures already say whether to abandon
+  Status s = collectives ? RunDeviceCollective(r, entries) : RunStaged(r, entries, &host_failed);
+  // A device call that failed here alone (an allocation, a copy, a launch) leaves the others
+  // inside the collective.
+  if (!s.ok() && !host_failed && s.code() != StatusCode::kPeerLost &&
+      s.code() != StatusCode::kTimeout) {
     abandon_ = abandon_ || options_.size > 1;
   }
   return s;
@@ -386,7 +388,8 @@ Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
   return DeviceDone({e});
 }
 
-Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entries) {
+Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entries,
+                             bool* host_failed) {
   Device& d = *device_;
   const size_t m = entries.size();
   std::vector<size_t> bytes(m, 0), offsets;
@@ -429,7 +432,11 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
   }
   Response hr = r;
   hr.device = kCpuDevice;
-  HVD_RETURN_IF_ERROR(Run(hr, shadows));
+  Status ran = Run(hr, shadows);
+  if (!ran.ok()) {
+    *host_failed = true;
+    return ran;
+  }
 
   if (in_place) {
     if (m > 1) {
