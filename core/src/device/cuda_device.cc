@@ -7,6 +7,7 @@
 // of memory is ResourceExhausted, anything else Internal.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <mutex>
 #include <sstream>
 #include <thread>
