@@ -3,10 +3,10 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <limits>
 
 #include "device/cuda_kernels.h"
 #include "hvd/types.h"
+#include "reduce/scale_rules.h"
 
 namespace hvd {
 namespace cuda {
@@ -51,17 +51,9 @@ __global__ void BatchedCopyKernel(const CopyChunk* __restrict__ chunks, uint32_t
 
 template <typename T>
 __global__ void ScaleIntegerKernel(T* p, size_t n, double factor) {
-  const double lo = static_cast<double>(std::numeric_limits<T>::min());
-  const double above = ldexp(1.0, std::numeric_limits<T>::digits);
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const double v = rint(static_cast<double>(p[i]) * factor);
-    T out;
-    if (v != v) out = 0;
-    else if (v <= lo) out = std::numeric_limits<T>::min();
-    else if (v >= above) out = std::numeric_limits<T>::max();
-    else out = static_cast<T>(v);
-    p[i] = out;
+    p[i] = ScaleIntegerValue(p[i], factor);
   }
 }
 

@@ -47,6 +47,33 @@ class JobBackends;  // transport/transport_factory.h
 // The message of an exception caught with catch (...) (execute.cc).
 std::string ExceptionMessage(std::exception_ptr p);
 
+// Where the bytes of gather-like responses go (execute.cc), the same on the host and the
+// device paths. `local_shape` is this rank's tensor's; the output shape is it with the first
+// dimension replaced.
+struct AllgatherLayout {
+  std::vector<size_t> bytes;  // [rank]
+  size_t total = 0;
+  std::vector<int64_t> shape;
+};
+AllgatherLayout LayOutAllgather(const Response& r, int size, std::vector<int64_t> local_shape);
+struct AlltoallLayout {
+  std::vector<size_t> send, recv;  // bytes to and from each rank
+  std::vector<int64_t> received_splits;
+  size_t total = 0;  // received
+  std::vector<int64_t> shape;
+  size_t row_bytes = 0;
+};
+AlltoallLayout LayOutAlltoall(const Response& r, int size, int rank,
+                              std::vector<int64_t> local_shape);
+// Reducescatter: each rank's part of the first dimension, in elements (the first rows % size
+// ranks get one row more).
+struct ReducescatterLayout {
+  std::vector<size_t> counts;
+  size_t total = 0;  // elements of the whole input
+  std::vector<int64_t> shape;  // this rank's part
+};
+ReducescatterLayout LayOutReducescatter(const Response& r, int size, int rank);
+
 // One submitted operation, from enqueue until its handle completes.
 struct TensorEntry {
   Request request;

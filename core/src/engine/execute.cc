@@ -38,9 +38,6 @@ int64_t RowElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Rows of a first dimension of `rows` that rank r gets in a reducescatter.
-int64_t PartRows(int64_t rows, int size, int r) { return rows / size + (r < rows % size ? 1 : 0); }
-
 // Allocations of this size or more are agreed on by every rank before a collective (step 2).
 constexpr size_t kAgreeBytes = 1 << 20;
 
@@ -80,6 +77,54 @@ std::string ExceptionMessage(std::exception_ptr p) {
   } catch (...) {
     return "an exception of unknown type";
   }
+}
+
+AllgatherLayout LayOutAllgather(const Response& r, int size, std::vector<int64_t> local_shape) {
+  AllgatherLayout l;
+  const size_t row_bytes = static_cast<size_t>(RowElements(r.shapes[0])) * DataTypeSize(r.dtype);
+  l.bytes.resize(size);
+  int64_t rows = 0;
+  for (int i = 0; i < size; ++i) {
+    l.bytes[i] = static_cast<size_t>(r.sizes[i]) * row_bytes;
+    l.total += l.bytes[i];
+    rows += r.sizes[i];
+  }
+  l.shape = std::move(local_shape);
+  l.shape[0] = rows;
+  return l;
+}
+
+AlltoallLayout LayOutAlltoall(const Response& r, int size, int rank,
+                              std::vector<int64_t> local_shape) {
+  AlltoallLayout l;
+  l.row_bytes = static_cast<size_t>(RowElements(local_shape)) * DataTypeSize(r.dtype);
+  l.send.resize(size);
+  l.recv.resize(size);
+  l.received_splits.resize(size);
+  int64_t rows = 0;
+  for (int j = 0; j < size; ++j) {
+    l.send[j] = static_cast<size_t>(r.sizes[rank * size + j]) * l.row_bytes;
+    l.recv[j] = static_cast<size_t>(r.sizes[j * size + rank]) * l.row_bytes;
+    l.received_splits[j] = r.sizes[j * size + rank];
+    l.total += l.recv[j];
+    rows += r.sizes[j * size + rank];
+  }
+  l.shape = std::move(local_shape);
+  l.shape[0] = rows;
+  return l;
+}
+
+ReducescatterLayout LayOutReducescatter(const Response& r, int size, int rank) {
+  ReducescatterLayout l;
+  const std::vector<int64_t>& shape = r.shapes[0];
+  const int64_t rows = shape[0], row = RowElements(shape);
+  auto part_rows = [&](int i) { return rows / size + (i < rows % size ? 1 : 0); };
+  l.counts.resize(size);
+  for (int i = 0; i < size; ++i) l.counts[i] = static_cast<size_t>(part_rows(i) * row);
+  l.total = static_cast<size_t>(rows * row);
+  l.shape = shape;
+  l.shape[0] = part_rows(rank);
+  return l;
 }
 
 Status EngineImpl::AgreeOnMemory(const MemoryNeeds& need, const Status& local, size_t missing) {
@@ -308,15 +353,9 @@ void* EngineImpl::AllocateOutput(TensorEntry* e, const std::vector<int64_t>& sha
 }
 
 Status EngineImpl::ExecuteAllgather(const Response& r, TensorEntry* e) {
-  const int n = options_.size;
-  const size_t row_bytes = static_cast<size_t>(RowElements(r.shapes[0])) * DataTypeSize(r.dtype);
-  std::vector<size_t> bytes(n);
-  int64_t rows = 0;
-  for (int i = 0; i < n; ++i) {
-    bytes[i] = static_cast<size_t>(r.sizes[i]) * row_bytes;
-    rows += r.sizes[i];
-  }
-  const size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
+  const AllgatherLayout l = LayOutAllgather(r, options_.size, e ? e->request.shape : r.shapes[0]);
+  const std::vector<size_t>& bytes = l.bytes;
+  const size_t total = l.total;
   const size_t offset = std::accumulate(bytes.begin(), bytes.begin() + options_.rank, size_t{0});
   const bool hierarchical = PlanHierarchicalAllgather(total, plan_);
   MemoryNeeds need;
@@ -325,10 +364,8 @@ Status EngineImpl::ExecuteAllgather(const Response& r, TensorEntry* e) {
   void* got = nullptr;
   Status local;
   if (e) {
-    std::vector<int64_t> shape = e->request.shape;
-    shape[0] = rows;
     local = TryAllocate(total, "the allgather output",
-                        [&] { return AllocateOutput(e, shape, total); }, &got);
+                        [&] { return AllocateOutput(e, l.shape, total); }, &got);
   }
   // A joined rank receives into the fusion buffer.
   HVD_RETURN_IF_ERROR(Reserve(need, e ? 0 : total, e ? nullptr : &got, local, total));
@@ -358,45 +395,31 @@ Status EngineImpl::ExecuteBroadcast(const Response& r, TensorEntry* e) {
 }
 
 Status EngineImpl::ExecuteAlltoall(const Response& r, TensorEntry* e) {
-  const int n = options_.size, me = options_.rank;
-  const size_t row_bytes = static_cast<size_t>(RowElements(e->request.shape)) * DataTypeSize(r.dtype);
-  std::vector<size_t> send(n), recv(n);
-  int64_t rows = 0;
-  e->handle->received_splits_.assign(n, 0);
-  for (int j = 0; j < n; ++j) {
-    send[j] = static_cast<size_t>(r.sizes[me * n + j]) * row_bytes;
-    recv[j] = static_cast<size_t>(r.sizes[j * n + me]) * row_bytes;
-    e->handle->received_splits_[j] = r.sizes[j * n + me];
-    rows += r.sizes[j * n + me];
-  }
-  std::vector<int64_t> shape = e->request.shape;
-  shape[0] = rows;
-  size_t total = std::accumulate(recv.begin(), recv.end(), size_t{0});
+  const int n = options_.size;
+  const AlltoallLayout l = LayOutAlltoall(r, n, options_.rank, e->request.shape);
+  e->handle->received_splits_ = l.received_splits;
+  const size_t total = l.total;
   MemoryNeeds need;  // the largest output of any rank
   for (int j = 0; j < n; ++j) {
     int64_t in_rows = 0;
     for (int i = 0; i < n; ++i) in_rows += r.sizes[i * n + j];
-    need.output = std::max(need.output, static_cast<size_t>(in_rows) * row_bytes);
+    need.output = std::max(need.output, static_cast<size_t>(in_rows) * l.row_bytes);
   }
   void* out = nullptr;
   Status local = TryAllocate(total, "the alltoall output",
-                             [&] { return AllocateOutput(e, shape, total); }, &out);
+                             [&] { return AllocateOutput(e, l.shape, total); }, &out);
   HVD_RETURN_IF_ERROR(Reserve(need, 0, nullptr, local, total));
-  return Alltoallv(*transport_, e->input.data, send, out, recv, CollectiveDeadline());
+  return Alltoallv(*transport_, e->input.data, l.send, out, l.recv, CollectiveDeadline());
 }
 
 Status EngineImpl::ExecuteReducescatter(const Response& r, TensorEntry* e) {
   const int n = options_.size;
-  const std::vector<int64_t>& shape = r.shapes[0];
-  const int64_t rows = shape[0], row = RowElements(shape);
+  const ReducescatterLayout l = LayOutReducescatter(r, n, options_.rank);
+  const std::vector<size_t>& counts = l.counts;
   const size_t esize = DataTypeSize(r.dtype);
-  std::vector<size_t> counts(n);
-  for (int i = 0; i < n; ++i) counts[i] = static_cast<size_t>(PartRows(rows, n, i) * row);
-  const size_t total = static_cast<size_t>(rows * row);
+  const size_t total = l.total;
   const void* in = e->input.data;
-  std::vector<int64_t> out_shape = shape;
-  out_shape[0] = PartRows(rows, n, options_.rank);
-  size_t out_count = counts[options_.rank];
+  const size_t out_count = counts[options_.rank];
   MemoryNeeds need;
   need.output = counts[0] * esize;  // rank 0's part is the largest
   need.scratch = ReduceScatterScratchBytes(counts, r.dtype);
@@ -404,7 +427,7 @@ Status EngineImpl::ExecuteReducescatter(const Response& r, TensorEntry* e) {
   need.fusion = copy_bytes;
   void* out = nullptr;
   Status local = TryAllocate(out_count * esize, "the reducescatter output",
-                             [&] { return AllocateOutput(e, out_shape, out_count * esize); }, &out);
+                             [&] { return AllocateOutput(e, l.shape, out_count * esize); }, &out);
   void* copy = nullptr;
   HVD_RETURN_IF_ERROR(Reserve(need, copy_bytes, &copy, local, out_count * esize));
   if (copy_bytes > 0) {

@@ -23,7 +23,6 @@
 //    heartbeats and an abort relayed by the coordinator are seen; a lost peer or a failed
 //    communicator aborts NCCL, and the deadline (HVD_TIMEOUT_SECONDS) bounds it all.
 #include <cstring>
-#include <numeric>
 #include <sstream>
 
 #include "common/logging.h"
@@ -32,14 +31,6 @@
 namespace hvd {
 
 namespace {
-
-int64_t RowElems(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
-
-int64_t PartOf(int64_t rows, int size, int r) { return rows / size + (r < rows % size ? 1 : 0); }
 
 bool IsReduction(OpType t) { return t == OpType::kAllreduce || t == OpType::kReducescatter; }
 
@@ -302,24 +293,14 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
 }
 
 Status EngineImpl::DeviceAllgather(const Response& r, TensorEntry* e) {
-  const int n = options_.size;
-  const size_t row_bytes = static_cast<size_t>(RowElems(r.shapes[0])) * DataTypeSize(r.dtype);
-  std::vector<size_t> bytes(n);
-  int64_t rows = 0;
-  for (int i = 0; i < n; ++i) {
-    bytes[i] = static_cast<size_t>(r.sizes[i]) * row_bytes;
-    rows += r.sizes[i];
-  }
-  const size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
+  const AllgatherLayout l = LayOutAllgather(r, options_.size, e ? e->request.shape : r.shapes[0]);
   void* out = nullptr;
   if (e) {
-    std::vector<int64_t> shape = e->request.shape;
-    shape[0] = rows;
-    HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, shape, total, &out));
+    HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, l.shape, l.total, &out));
   } else {
-    HVD_RETURN_IF_ERROR(device_fusion_.Get(device_.get(), total, &out));
+    HVD_RETURN_IF_ERROR(device_fusion_.Get(device_.get(), l.total, &out));
   }
-  HVD_RETURN_IF_ERROR(device_collectives_->Allgatherv(e ? e->input.data : nullptr, out, bytes));
+  HVD_RETURN_IF_ERROR(device_collectives_->Allgatherv(e ? e->input.data : nullptr, out, l.bytes));
   return DeviceDone({e});
 }
 
@@ -339,39 +320,22 @@ Status EngineImpl::DeviceBroadcast(const Response& r, TensorEntry* e) {
 }
 
 Status EngineImpl::DeviceAlltoall(const Response& r, TensorEntry* e) {
-  const int n = options_.size, me = options_.rank;
-  const size_t row_bytes = static_cast<size_t>(RowElems(e->request.shape)) * DataTypeSize(r.dtype);
-  std::vector<size_t> send(n), recv(n);
-  int64_t rows = 0;
-  e->handle->received_splits_.assign(n, 0);
-  for (int j = 0; j < n; ++j) {
-    send[j] = static_cast<size_t>(r.sizes[me * n + j]) * row_bytes;
-    recv[j] = static_cast<size_t>(r.sizes[j * n + me]) * row_bytes;
-    e->handle->received_splits_[j] = r.sizes[j * n + me];
-    rows += r.sizes[j * n + me];
-  }
-  std::vector<int64_t> shape = e->request.shape;
-  shape[0] = rows;
+  const AlltoallLayout l = LayOutAlltoall(r, options_.size, options_.rank, e->request.shape);
+  e->handle->received_splits_ = l.received_splits;
   void* out = nullptr;
-  HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, shape, std::accumulate(recv.begin(), recv.end(), size_t{0}), &out));
-  HVD_RETURN_IF_ERROR(device_collectives_->Alltoallv(e->input.data, send, out, recv));
+  HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, l.shape, l.total, &out));
+  HVD_RETURN_IF_ERROR(device_collectives_->Alltoallv(e->input.data, l.send, out, l.recv));
   return DeviceDone({e});
 }
 
 Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
   Device& d = *device_;
   const int n = options_.size;
-  const std::vector<int64_t>& shape = r.shapes[0];
-  const int64_t rows = shape[0], row = RowElems(shape);
+  const ReducescatterLayout l = LayOutReducescatter(r, n, options_.rank);
   const size_t esize = DataTypeSize(r.dtype);
-  std::vector<size_t> counts(n);
-  for (int i = 0; i < n; ++i) counts[i] = static_cast<size_t>(PartOf(rows, n, i) * row);
-  const size_t total = static_cast<size_t>(rows * row);
-  std::vector<int64_t> out_shape = shape;
-  out_shape[0] = PartOf(rows, n, options_.rank);
-  const size_t out_count = counts[options_.rank];
+  const size_t total = l.total, out_count = l.counts[options_.rank];
   void* out = nullptr;
-  HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, out_shape, out_count * esize, &out));
+  HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, l.shape, out_count * esize, &out));
   const void* in = e->input.data;
   if (r.prescale != 1.0) {
     void* copy = nullptr;
@@ -381,7 +345,7 @@ Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
     in = copy;
   }
   const ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-  HVD_RETURN_IF_ERROR(device_collectives_->ReduceScatter(in, out, counts, r.dtype, op));
+  HVD_RETURN_IF_ERROR(device_collectives_->ReduceScatter(in, out, l.counts, r.dtype, op));
   double post = r.postscale;
   if (r.op == ReduceOp::kAverage) post /= n;
   HVD_RETURN_IF_ERROR(d.Scale(out, out_count, r.dtype, post));

@@ -20,6 +20,7 @@
 
 #include "reduce/half_convert.h"
 #include "reduce/reduce.h"
+#include "reduce/scale_rules.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -209,18 +210,7 @@ void Reduce16(void* dst_v, const void* src_v, size_t n, ReduceOp op, Codec16 cod
 // Integers: multiply in float64, round to nearest (ties to even), saturate to the type's range.
 template <typename T>
 void ScaleInteger(T* __restrict p, size_t n, double factor) {
-  const double lo = static_cast<double>(std::numeric_limits<T>::min());
-  // max + 1 (2^digits) is exact in float64 even for int64, unlike max itself.
-  const double above = std::ldexp(1.0, std::numeric_limits<T>::digits);
-  for (size_t i = 0; i < n; ++i) {
-    const double v = std::nearbyint(static_cast<double>(p[i]) * factor);
-    T out;
-    if (v != v) out = 0;
-    else if (v <= lo) out = std::numeric_limits<T>::min();
-    else if (v >= above) out = std::numeric_limits<T>::max();
-    else out = static_cast<T>(v);
-    p[i] = out;
-  }
+  for (size_t i = 0; i < n; ++i) p[i] = ScaleIntegerValue(p[i], factor);
 }
 
 void ScaleFloat(float* __restrict p, size_t n, double factor) {
