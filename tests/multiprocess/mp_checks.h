@@ -14,6 +14,10 @@ int RunReducescatterChecks(hvd::Engine& e, Checker& ck); // mp_movement.cc
 int RunBarrierAndJoinChecks(hvd::Engine& e, Checker& ck);  // mp_control.cc
 int RunThreadChecks(hvd::Engine& e, Checker& ck);        // mp_control.cc
 int RunMismatchChecks(hvd::Engine& e, Checker& ck);      // mp_errors.cc
+// Under HVD_DYNAMIC_PROCESS_SETS=1: sets added, used at once, and removed (mp_process_sets.cc).
+int RunProcessSetChecks(hvd::Engine& e, Checker& ck);
+// With Options::process_sets = {{0, size - 1}} and no dynamic sets.
+int RunStaticProcessSetChecks(hvd::Engine& e, Checker& ck);
 // Shuts the engine down and checks that later operations fail.
 int RunShutdownChecks(hvd::Engine& e, Checker& ck);      // mp_errors.cc
 

@@ -16,6 +16,9 @@
 //                          "CHAOS-PID rank r pid p" first, CHAOS-READY once the job formed,
 //                          CHAOS-SHUTDOWN before shutting down, and "CHAOS-DONE rank r" or
 //                          "CHAOS-ERROR rank r: <status>" last (scripts/chaos.sh kills ranks).
+//   --process-sets        the process-set checks (mp_process_sets.cc); run with
+//                          HVD_DYNAMIC_PROCESS_SETS=1.
+//   --process-sets-static the engine started with the set {0, size - 1} (Options::process_sets).
 //   --peerloss=V          rank V SIGKILLs itself after a warm-up while the others keep
 //                          submitting; every survivor must fail with PeerLost/Timeout naming
 //                          rank V within HVD_TIMEOUT_SECONDS + 10 s. Survivors print
@@ -65,6 +68,28 @@ int RunChecks() {
   failures += RunShutdownChecks(*e, ck);
   std::printf("[mp] rank %d of %d: %s (%d failed checks, %.1f s)\n", e->rank(), e->size(),
               failures ? "FAILED" : "all checks passed", failures, SecondsSince(t0));
+  return failures ? 1 : 0;
+}
+
+int RunSetChecks(bool at_start) {
+  std::unique_ptr<hvd::Engine> e;
+  if (at_start) {
+    auto o = hvd::Options::FromEnvironment();
+    if (o.ok()) o->process_sets = {{0, o->size - 1}};
+    hvd::StatusOr<std::unique_ptr<hvd::Engine>> created =
+        o.ok() ? hvd::Engine::Create(*o) : hvd::StatusOr<std::unique_ptr<hvd::Engine>>(o.status());
+    if (!created.ok()) {
+      std::printf("FAIL [init] Engine::Create with process sets: %s\n", created.status().ToString().c_str());
+      return 2;
+    }
+    e = std::move(*created);
+  } else {
+    e = CreateOrDie();
+  }
+  Checker ck(e->rank(), e->size());
+  int failures = at_start ? RunStaticProcessSetChecks(*e, ck) : RunProcessSetChecks(*e, ck);
+  std::printf("[mp] rank %d of %d: %s (%d failed checks)\n", e->rank(), e->size(),
+              failures ? "FAILED" : "all checks passed", failures);
   return failures ? 1 : 0;
 }
 
@@ -250,6 +275,8 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::string mode = argc > 1 ? argv[1] : "--checks";
   if (mode == "--checks") return mp::RunChecks();
+  if (mode == "--process-sets") return mp::RunSetChecks(false);
+  if (mode == "--process-sets-static") return mp::RunSetChecks(true);
   if (mode == "--memory") {
     return mp::RunMemory("memory", 20000, 1000, [](int) { return std::string("memory.same.name"); });
   }
@@ -263,7 +290,7 @@ int main(int argc, char** argv) {
   if (mode.rfind("--soak=", 0) == 0) return mp::RunSoak(std::atol(mode.c_str() + 7));
   if (mode == "--chaos") return mp::RunChaos();
   std::fprintf(stderr,
-               "usage: %s [--checks | --memory | --memory-cycling | --soak=N | --chaos | "
+               "usage: %s [--checks | --process-sets | --process-sets-static | --memory | --memory-cycling | --soak=N | --chaos | "
                "--peerloss=RANK]\n",
                argv[0]);
   return 2;

@@ -11,8 +11,10 @@ address, the core's dtype code and its shape) and builds result tensors. Its int
     copy_(dst, src) -> copies src into dst (in-place ops on non-contiguous tensors)
 
 Every operation is named. Without a name, the next number of a per-process counter is used
-("allreduce.noname.17"), as Horovod does: ranks agree as long as they issue their unnamed
-operations in the same order. Given names get the operation as prefix ("allreduce.<name>"), so
+("allreduce.noname.17"), as Horovod does, one counter per process set: the members of a set
+agree as long as they issue their unnamed operations on it in the same order.
+
+Every operation runs on a process set, given by id as ``ps`` (0: every rank; hvd.ProcessSet). Given names get the operation as prefix ("allreduce.<name>"), so
 an allreduce and a broadcast may share a name.
 
 Memory handed to the core stays referenced by the core handle until the operation finishes.
@@ -23,12 +25,13 @@ import itertools
 from hvd import _core
 from hvd._core import HvdError
 
-_counter = itertools.count()
+_counters = {}  # process set id -> counter of unnamed operations
 
 
-def op_name(kind, name):
+def op_name(kind, name, ps=0):
     if name is None:
-        return "%s.noname.%d" % (kind, next(_counter))
+        counter = _counters.setdefault(ps, itertools.count())
+        return "%s.noname.%d" % (kind, next(counter))
     return "%s.%s" % (kind, name)
 
 
@@ -107,20 +110,20 @@ def _in_out(A, tensor, inplace):
     return c, ptr, dt, shape, out, A.ptr(out)
 
 
-def allreduce_async(A, tensor, name, op, prescale, postscale, inplace):
+def allreduce_async(A, tensor, name, op, prescale, postscale, inplace, ps=0):
     c, ptr, dt, shape, out, out_ptr = _in_out(A, tensor, inplace)
-    h = _core.allreduce(op_name("allreduce", name), ptr, out_ptr, dt, shape, op,
-                        float(prescale), float(postscale), (c, out))
+    h = _core.allreduce(op_name("allreduce", name, ps), ptr, out_ptr, dt, shape, op,
+                        float(prescale), float(postscale), (c, out), ps)
     if inplace and c is not tensor:
         return Handle([h], lambda parts: A.copy_(tensor, c), _stream(A, c))
     return Handle([h], lambda parts: out, _stream(A, c))
 
 
-def grouped_allreduce_async(A, tensors, name, op, prescale, postscale, inplace):
+def grouped_allreduce_async(A, tensors, name, op, prescale, postscale, inplace, ps=0):
     tensors = list(tensors)
     if not tensors:
         return Handle([], lambda parts: [])
-    base = op_name("grouped_allreduce", name)
+    base = op_name("grouped_allreduce", name, ps)
     names, cs, ptrs, outs, out_ptrs, dts, shapes = [], [], [], [], [], [], []
     for i, t in enumerate(tensors):
         c, ptr, dt, shape = A.prepare(t)
@@ -133,7 +136,7 @@ def grouped_allreduce_async(A, tensors, name, op, prescale, postscale, inplace):
         dts.append(dt)
         shapes.append(shape)
     parts = _core.grouped_allreduce(names, ptrs, out_ptrs, dts, shapes, op, float(prescale),
-                                    float(postscale), (cs, outs))
+                                    float(postscale), (cs, outs), ps)
 
     def finish(_):
         if not inplace:
@@ -143,20 +146,20 @@ def grouped_allreduce_async(A, tensors, name, op, prescale, postscale, inplace):
     return Handle(parts, finish, _stream(A, cs[0]))
 
 
-def allgather_async(A, tensor, name):
+def allgather_async(A, tensor, name, ps=0):
     c, ptr, dt, shape = A.prepare(tensor)
-    h = _core.allgather(op_name("allgather", name), ptr, dt, shape, c)
+    h = _core.allgather(op_name("allgather", name, ps), ptr, dt, shape, c, ps)
     return Handle([h], lambda parts: A.from_output(parts[0], c), _stream(A, c))
 
 
-def _grouped_with_outputs(A, tensors, name, kind, submit):
+def _grouped_with_outputs(A, tensors, name, kind, submit, ps):
     """A group whose results the engine allocates (allgather, reducescatter).
 
     submit(names, ptrs, dtypes, shapes, keep) enqueues it and returns the core handles."""
     tensors = list(tensors)
     if not tensors:
         return Handle([], lambda parts: [])
-    base = op_name(kind, name)
+    base = op_name(kind, name, ps)
     prepared = [A.prepare(t) for t in tensors]
     names = ["%s.%d" % (base, i) for i in range(len(tensors))]
     cs = [p[0] for p in prepared]
@@ -166,44 +169,47 @@ def _grouped_with_outputs(A, tensors, name, kind, submit):
                   _stream(A, cs[0]))
 
 
-def grouped_allgather_async(A, tensors, name):
-    return _grouped_with_outputs(A, tensors, name, "grouped_allgather", _core.grouped_allgather)
+def grouped_allgather_async(A, tensors, name, ps=0):
+    def submit(names, ptrs, dtypes, shapes, keep):
+        return _core.grouped_allgather(names, ptrs, dtypes, shapes, keep, ps)
+    return _grouped_with_outputs(A, tensors, name, "grouped_allgather", submit, ps)
 
 
-def broadcast_async(A, tensor, root_rank, name, inplace):
+def broadcast_async(A, tensor, root_rank, name, inplace, ps=0):
+    """root_rank is a world rank, as in Horovod, also in a process set."""
     c, ptr, dt, shape, out, out_ptr = _in_out(A, tensor, inplace)
-    h = _core.broadcast(op_name("broadcast", name), ptr, out_ptr, dt, shape, int(root_rank),
-                        (c, out))
+    h = _core.broadcast(op_name("broadcast", name, ps), ptr, out_ptr, dt, shape, int(root_rank),
+                        (c, out), ps)
     if inplace and c is not tensor:
         return Handle([h], lambda parts: A.copy_(tensor, c), _stream(A, c))
     return Handle([h], lambda parts: out, _stream(A, c))
 
 
-def alltoall_async(A, tensor, splits, name):
+def alltoall_async(A, tensor, splits, name, ps=0):
     """Result: (output, received_splits as a list of ints)."""
     c, ptr, dt, shape = A.prepare(tensor)
     splits = [] if splits is None else [int(s) for s in splits]
-    h = _core.alltoall(op_name("alltoall", name), ptr, dt, shape, splits, c)
+    h = _core.alltoall(op_name("alltoall", name, ps), ptr, dt, shape, splits, c, ps)
     return Handle([h], lambda parts: (A.from_output(parts[0], c), parts[0].received_splits),
                   _stream(A, c))
 
 
-def reducescatter_async(A, tensor, name, op, prescale, postscale):
+def reducescatter_async(A, tensor, name, op, prescale, postscale, ps=0):
     c, ptr, dt, shape = A.prepare(tensor)
-    h = _core.reducescatter(op_name("reducescatter", name), ptr, dt, shape, op, float(prescale),
-                            float(postscale), c)
+    h = _core.reducescatter(op_name("reducescatter", name, ps), ptr, dt, shape, op,
+                            float(prescale), float(postscale), c, ps)
     return Handle([h], lambda parts: A.from_output(parts[0], c), _stream(A, c))
 
 
-def grouped_reducescatter_async(A, tensors, name, op, prescale, postscale):
+def grouped_reducescatter_async(A, tensors, name, op, prescale, postscale, ps=0):
     def submit(names, ptrs, dtypes, shapes, keep):
         return _core.grouped_reducescatter(names, ptrs, dtypes, shapes, op, float(prescale),
-                                           float(postscale), keep)
-    return _grouped_with_outputs(A, tensors, name, "grouped_reducescatter", submit)
+                                           float(postscale), keep, ps)
+    return _grouped_with_outputs(A, tensors, name, "grouped_reducescatter", submit, ps)
 
 
-def barrier():
-    _core.barrier().wait()
+def barrier(ps=0):
+    _core.barrier(ps).wait()
 
 
 def join():

@@ -191,12 +191,21 @@ PyHandle* Wrap(hvd::HandlePtr h, py::object keep) {
   return new PyHandle(std::move(h), std::move(keep));
 }
 
-void Init() {
+// `process_sets`: lists of ranks every rank adds as the engine starts (ids 1, 2, ...);
+// `dynamic`: allow adding and removing sets later (as HVD_DYNAMIC_PROCESS_SETS=1).
+void Init(std::vector<std::vector<int>> process_sets, bool dynamic) {
   if (g_engine) return;
   hvd::StatusOr<std::unique_ptr<hvd::Engine>> e = hvd::Status::Internal("not started");
   {
     py::gil_scoped_release release;
-    e = hvd::Engine::CreateFromEnvironment();
+    auto o = hvd::Options::FromEnvironment();
+    if (o.ok()) {
+      o->process_sets = std::move(process_sets);
+      o->dynamic_process_sets = o->dynamic_process_sets || dynamic;
+      e = hvd::Engine::Create(*o);
+    } else {
+      e = o.status();
+    }
   }
   if (!e.ok()) throw StatusError(e.status());
   g_engine = std::move(*e);
@@ -268,7 +277,30 @@ void BindConstants(py::module_& m) {
 }
 
 void BindEngine(py::module_& m) {
-  m.def("init", &Init, "Creates the engine from the environment (idempotent).");
+  m.def("init", &Init, "Creates the engine from the environment (idempotent).",
+        py::arg("process_sets") = std::vector<std::vector<int>>(), py::arg("dynamic") = false);
+  m.def("dynamic_process_sets", [] { return Eng().options().dynamic_process_sets; });
+  m.def("add_process_set", [](std::vector<int> ranks) {
+    hvd::StatusOr<int32_t> id = hvd::Status::Internal("not run");
+    hvd::Engine& e = Eng();
+    {
+      py::gil_scoped_release release;
+      id = e.AddProcessSet(std::move(ranks));
+    }
+    if (!id.ok()) throw StatusError(id.status());
+    return *id;
+  });
+  m.def("remove_process_set", [](int32_t id) {
+    hvd::Status s;
+    hvd::Engine& e = Eng();
+    {
+      py::gil_scoped_release release;
+      s = e.RemoveProcessSet(id);
+    }
+    if (!s.ok()) throw StatusError(s);
+  });
+  m.def("process_set_ranks", [](int32_t id) { return Eng().ProcessSetRanks(id); });
+  m.def("process_set_ids", [] { return Eng().ProcessSetIds(); });
   m.def("shutdown", &Shutdown, "Stops the engine; pending operations fail with AbortedError.");
   m.def("is_initialized", [] { return static_cast<bool>(g_engine); });
   m.def("rank", [] { return Eng().rank(); });
@@ -284,11 +316,12 @@ void BindReductions(py::module_& m) {
   auto ref = py::return_value_policy::take_ownership;
   m.def("allreduce",
         [](const std::string& name, py::handle in, py::handle out, int dtype,
-           std::vector<int64_t> shape, int op, double pre, double post, py::object keep) {
+           std::vector<int64_t> shape, int op, double pre, double post, py::object keep,
+           int32_t ps) {
           SweepOrphans();
           auto v_in = View(in, dtype, shape);
           auto v_out = View(out, dtype, shape);
-          return Wrap(Eng().Allreduce(name, v_in, v_out, ToReduceOp(op), pre, post),
+          return Wrap(Eng().Allreduce(name, v_in, v_out, ToReduceOp(op), pre, post, ps),
                       std::move(keep));
         },
         ref);
@@ -296,7 +329,7 @@ void BindReductions(py::module_& m) {
         [](const std::vector<std::string>& names, const std::vector<py::object>& ins,
            const std::vector<py::object>& outs, const std::vector<int>& dtypes,
            const std::vector<std::vector<int64_t>>& shapes, int op, double pre, double post,
-           py::object keep) {
+           py::object keep, int32_t ps) {
           SweepOrphans();
           std::vector<hvd::TensorView> vin, vout;
           for (size_t i = 0; i < ins.size() && i < outs.size() && i < dtypes.size() &&
@@ -304,30 +337,30 @@ void BindReductions(py::module_& m) {
             vin.push_back(View(ins[i], dtypes[i], shapes[i]));
             vout.push_back(View(outs[i], dtypes[i], shapes[i]));
           }
-          auto hs = Eng().GroupedAllreduce(names, vin, vout, ToReduceOp(op), pre, post);
+          auto hs = Eng().GroupedAllreduce(names, vin, vout, ToReduceOp(op), pre, post, ps);
           py::list result;
           for (auto& h : hs) result.append(py::cast(Wrap(h, keep), py::return_value_policy::take_ownership));
           return result;
         });
   m.def("reducescatter",
         [](const std::string& name, py::handle in, int dtype, std::vector<int64_t> shape, int op,
-           double pre, double post, py::object keep) {
+           double pre, double post, py::object keep, int32_t ps) {
           SweepOrphans();
           return Wrap(Eng().Reducescatter(name, View(in, dtype, std::move(shape)), ToReduceOp(op),
-                                          pre, post),
+                                          pre, post, nullptr, ps),
                       std::move(keep));
         },
         ref);
   m.def("grouped_reducescatter",
         [](const std::vector<std::string>& names, const std::vector<py::object>& ins,
            const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes, int op,
-           double pre, double post, py::object keep) {
+           double pre, double post, py::object keep, int32_t ps) {
           SweepOrphans();
           std::vector<hvd::TensorView> vin;
           for (size_t i = 0; i < ins.size() && i < dtypes.size() && i < shapes.size(); ++i) {
             vin.push_back(View(ins[i], dtypes[i], shapes[i]));
           }
-          auto hs = Eng().GroupedReducescatter(names, vin, ToReduceOp(op), pre, post);
+          auto hs = Eng().GroupedReducescatter(names, vin, ToReduceOp(op), pre, post, ps);
           py::list result;
           for (auto& h : hs) result.append(py::cast(Wrap(h, keep), py::return_value_policy::take_ownership));
           return result;
@@ -338,43 +371,44 @@ void BindGathers(py::module_& m) {
   auto ref = py::return_value_policy::take_ownership;
   m.def("allgather",
         [](const std::string& name, py::handle in, int dtype, std::vector<int64_t> shape,
-           py::object keep) {
+           py::object keep, int32_t ps) {
           SweepOrphans();
-          return Wrap(Eng().Allgather(name, View(in, dtype, std::move(shape))), std::move(keep));
+          return Wrap(Eng().Allgather(name, View(in, dtype, std::move(shape)), nullptr, ps),
+                      std::move(keep));
         },
         ref);
   m.def("grouped_allgather",
         [](const std::vector<std::string>& names, const std::vector<py::object>& ins,
            const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes,
-           py::object keep) {
+           py::object keep, int32_t ps) {
           SweepOrphans();
           std::vector<hvd::TensorView> vin;
           for (size_t i = 0; i < ins.size() && i < dtypes.size() && i < shapes.size(); ++i) {
             vin.push_back(View(ins[i], dtypes[i], shapes[i]));
           }
-          auto hs = Eng().GroupedAllgather(names, vin);
+          auto hs = Eng().GroupedAllgather(names, vin, ps);
           py::list result;
           for (auto& h : hs) result.append(py::cast(Wrap(h, keep), py::return_value_policy::take_ownership));
           return result;
         });
   m.def("broadcast",
         [](const std::string& name, py::handle in, py::handle out, int dtype,
-           std::vector<int64_t> shape, int root, py::object keep) {
+           std::vector<int64_t> shape, int root, py::object keep, int32_t ps) {
           SweepOrphans();
           auto v_in = View(in, dtype, shape);
           auto v_out = View(out, dtype, shape);
-          return Wrap(Eng().Broadcast(name, v_in, v_out, root), std::move(keep));
+          return Wrap(Eng().Broadcast(name, v_in, v_out, root, ps), std::move(keep));
         },
         ref);
   m.def("alltoall",
         [](const std::string& name, py::handle in, int dtype, std::vector<int64_t> shape,
-           std::vector<int64_t> splits, py::object keep) {
+           std::vector<int64_t> splits, py::object keep, int32_t ps) {
           SweepOrphans();
-          return Wrap(Eng().Alltoall(name, View(in, dtype, std::move(shape)), splits),
+          return Wrap(Eng().Alltoall(name, View(in, dtype, std::move(shape)), splits, nullptr, ps),
                       std::move(keep));
         },
         ref);
-  m.def("barrier", [] { return Wrap(Eng().Barrier(), py::none()); }, ref);
+  m.def("barrier", [](int32_t ps) { return Wrap(Eng().Barrier(ps), py::none()); }, ref);
   m.def("join", [] { return Wrap(Eng().Join(), py::none()); }, ref);
 }
 

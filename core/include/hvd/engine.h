@@ -65,6 +65,8 @@ class HVD_EXPORT Handle {
   const std::vector<int64_t>& received_splits() const { return received_splits_; }
   // After success of join: the last rank that joined.
   int join_last_rank() const { return join_last_rank_; }
+  // After success of a process set's addition: its id.
+  int32_t process_set_id() const { return process_set_id_; }
 
   // Device tensors, stream-ordered completion (HVD_ENABLE_ASYNC_COMPLETION=1): the handle
   // finishes once the operation's device work is queued, and its results are ready when this
@@ -87,6 +89,7 @@ class HVD_EXPORT Handle {
   std::shared_ptr<void> output_owner_;
   std::vector<int64_t> received_splits_;
   int join_last_rank_ = -1;
+  int32_t process_set_id_ = -1;
   std::shared_ptr<void> cuda_event_;
   // Engine side, set before the handle is returned: how long Wait() polls before sleeping, and
   // whether it was refused at submission.
@@ -107,6 +110,11 @@ class HVD_EXPORT Handle {
 using HandlePtr = std::shared_ptr<Handle>;
 
 class EngineImpl;
+
+// Process sets, as Horovod's: a subset of the ranks that runs collectives among itself, with
+// its own negotiation (coordinator, response cache, stall inspector) and communicator. An id
+// names one; 0 is the set of every rank.
+constexpr int32_t kGlobalProcessSet = 0;
 
 // Thread-safety: see the file comment.
 class HVD_EXPORT Engine {
@@ -131,45 +139,69 @@ class HVD_EXPORT Engine {
   int cross_size() const;
   const Options& options() const;
 
+  // Process sets. Adding and removing one is collective: every rank calls it, with the same
+  // ranks, in the same order; it blocks until every rank has. Ranks outside the set take part
+  // in the agreement only. Without Options::dynamic_process_sets (HVD_DYNAMIC_PROCESS_SETS=1)
+  // only the sets in Options::process_sets exist. Adding fails with InvalidArgument for ranks
+  // that are out of range, repeated, or those of a set that exists; removing fails for the
+  // global set or an id that names none. Operations of a removed set still in flight fail with
+  // FailedPrecondition on every member.
+  StatusOr<int32_t> AddProcessSet(std::vector<int> ranks);
+  Status RemoveProcessSet(int32_t id);
+  // The set's world ranks, ascending; empty if this rank knows no set `id`.
+  std::vector<int> ProcessSetRanks(int32_t id) const;
+  std::vector<int32_t> ProcessSetIds() const;
+
   // Every operation below returns a handle; invalid arguments give a handle that has already
   // failed with InvalidArgument. Inputs must stay valid until the handle finishes.
+  //
+  // Each runs on a process set (the last argument; the global set by default), which this rank
+  // must be a member of. Ranks, roots and splits count in the set: rank i of a set is its i-th
+  // lowest world rank, except a broadcast's root, which is a world rank (as in Horovod).
 
   // output may alias input (in place); both have the same dtype and element count.
   HandlePtr Allreduce(const std::string& name, const TensorView& input, const TensorView& output,
                       ReduceOp op = ReduceOp::kAverage, double prescale = 1.0,
-                      double postscale = 1.0);
+                      double postscale = 1.0, int32_t process_set = kGlobalProcessSet);
   // The tensors of a group are negotiated and run together.
   std::vector<HandlePtr> GroupedAllreduce(const std::vector<std::string>& names,
                                           const std::vector<TensorView>& inputs,
                                           const std::vector<TensorView>& outputs,
                                           ReduceOp op = ReduceOp::kAverage,
-                                          double prescale = 1.0, double postscale = 1.0);
+                                          double prescale = 1.0, double postscale = 1.0,
+                                          int32_t process_set = kGlobalProcessSet);
   // Concatenates the ranks' tensors along the first dimension, which may differ per rank.
   HandlePtr Allgather(const std::string& name, const TensorView& input,
-                      OutputAllocator allocator = nullptr);
+                      OutputAllocator allocator = nullptr,
+                      int32_t process_set = kGlobalProcessSet);
   std::vector<HandlePtr> GroupedAllgather(const std::vector<std::string>& names,
-                                          const std::vector<TensorView>& inputs);
+                                          const std::vector<TensorView>& inputs,
+                                          int32_t process_set = kGlobalProcessSet);
   // Copies root's input into every rank's output (output may alias input).
   HandlePtr Broadcast(const std::string& name, const TensorView& input, const TensorView& output,
-                      int root);
+                      int root, int32_t process_set = kGlobalProcessSet);
   // Sends splits[j] rows (first dimension) of input to rank j, in rank order; empty splits
   // means equal parts (first dimension divisible by size).
   HandlePtr Alltoall(const std::string& name, const TensorView& input,
                      const std::vector<int64_t>& splits = {},
-                     OutputAllocator allocator = nullptr);
+                     OutputAllocator allocator = nullptr,
+                     int32_t process_set = kGlobalProcessSet);
   // Reduces across ranks and gives rank r its part of the first dimension: parts differ by at
   // most one row, the first (rows % size) ranks get the extra row.
   HandlePtr Reducescatter(const std::string& name, const TensorView& input,
                           ReduceOp op = ReduceOp::kAverage, double prescale = 1.0,
-                          double postscale = 1.0, OutputAllocator allocator = nullptr);
+                          double postscale = 1.0, OutputAllocator allocator = nullptr,
+                          int32_t process_set = kGlobalProcessSet);
   // Reducescatters each tensor, negotiated and run as one group; each handle owns its part.
   std::vector<HandlePtr> GroupedReducescatter(const std::vector<std::string>& names,
                                               const std::vector<TensorView>& inputs,
                                               ReduceOp op = ReduceOp::kAverage,
-                                              double prescale = 1.0, double postscale = 1.0);
-  HandlePtr Barrier();
+                                              double prescale = 1.0, double postscale = 1.0,
+                                              int32_t process_set = kGlobalProcessSet);
+  HandlePtr Barrier(int32_t process_set = kGlobalProcessSet);
   // This rank has no more data: it takes part in the others' allreduces with zeros until every
-  // rank has joined. The handle's join_last_rank() is the last rank that joined.
+  // rank has joined. The handle's join_last_rank() is the last rank that joined. Join is of the
+  // global set only, as in Horovod.
   HandlePtr Join();
 
   EngineImpl* impl() { return impl_.get(); }  // for tests and the benchmark

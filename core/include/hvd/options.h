@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "hvd/export.h"
 #include "hvd/status.h"
@@ -91,6 +92,14 @@ struct HVD_EXPORT Options {
   // with an event the caller's stream waits for (Handle::StreamWait), instead of once the work
   // is done. A failure the device reports later fails the operations after it.
   bool async_completion = false;
+
+  // HVD_DYNAMIC_PROCESS_SETS (HOROVOD_DYNAMIC_PROCESS_SETS), 1 or 0 (default): process sets
+  // may be added and removed after the engine started (Engine::AddProcessSet). Without it only
+  // the sets in `process_sets` exist, added as the engine starts.
+  bool dynamic_process_sets = false;
+  // Process sets every rank adds as the engine starts (ids 1, 2, ... in this order); each is a
+  // list of distinct ranks. Set by the caller, not read from the environment.
+  std::vector<std::vector<int>> process_sets;
 
   // HVD_SHM: ranks on the same host move their bytes through shared memory.
   //   auto (default): where it can be set up, TCP elsewhere. on: a rank that cannot set it up

@@ -67,6 +67,18 @@ Status ParseToggle(const std::string& var, const char* v, Options::Toggle* out) 
   return Status::OK();
 }
 
+Status ParseBool(const std::string& var, const char* v, bool* out) {
+  const std::string t = v;
+  if (t == "1" || t == "on" || t == "true") {
+    *out = true;
+  } else if (t == "0" || t == "off" || t == "false" || t.empty()) {
+    *out = false;
+  } else {
+    return BadValue(var, v, "1 (on, true) or 0 (off, false)");
+  }
+  return Status::OK();
+}
+
 // Reads an integer identity variable from the first of `names` that is set; *which names it.
 Status IdentityInt(std::initializer_list<const char*> names, int* out, bool* found,
                    const char** which = nullptr) {
@@ -219,14 +231,10 @@ Status ReadKnobs(Options* o) {
     }
   }
   if (const char* v = Knob("ENABLE_ASYNC_COMPLETION", &var)) {
-    std::string c = v;
-    if (c == "1" || c == "true" || c == "on") {
-      o->async_completion = true;
-    } else if (c == "0" || c == "false" || c == "off" || c.empty()) {
-      o->async_completion = false;
-    } else {
-      return BadValue(var, v, "1 or 0");
-    }
+    HVD_RETURN_IF_ERROR(ParseBool(var, v, &o->async_completion));
+  }
+  if (const char* v = Knob("DYNAMIC_PROCESS_SETS", &var)) {
+    HVD_RETURN_IF_ERROR(ParseBool(var, v, &o->dynamic_process_sets));
   }
   if (const char* v = Knob("HIERARCHICAL_ALLREDUCE", &var)) {
     HVD_RETURN_IF_ERROR(ParseToggle(var, v, &o->hierarchical_allreduce));

@@ -49,6 +49,11 @@ std::string DescribeDiff(const Request& a, const Request& b, bool first_dim_may_
   if (a.type == OpType::kBroadcast && a.root != b.root) {
     return "root rank " + std::to_string(a.root) + " vs " + std::to_string(b.root);
   }
+  if (a.type == OpType::kProcessSet && (a.splits != b.splits || a.root != b.root)) {
+    return a.splits.empty() && b.splits.empty()
+               ? "process set to remove " + std::to_string(a.root) + " vs " + std::to_string(b.root)
+               : "process set ranks " + ShapeToString(a.splits) + " vs " + ShapeToString(b.splits);
+  }
   if (a.group_size != b.group_size || a.group != b.group) return "group membership";
   return "";
 }
@@ -64,6 +69,21 @@ Coordinator::Coordinator(int size, size_t fusion_threshold_bytes, double stall_s
       last_shutdown_check_(Clock::now()),
       joined_(size, false),
       last_stall_check_(Clock::now()) {}
+
+void Coordinator::SetProcessSet(int32_t id, std::vector<int> world_ranks) {
+  set_id_ = id;
+  world_ = std::move(world_ranks);
+}
+
+std::vector<int> Coordinator::World(const std::vector<int>& ranks) const {
+  std::vector<int> out;
+  for (int r : ranks) out.push_back(World(r));
+  return out;
+}
+
+std::string Coordinator::Where() const {
+  return set_id_ == 0 ? "" : " in process set " + std::to_string(set_id_);
+}
 
 void Coordinator::AddRequests(int rank, std::vector<Request> requests) {
   for (auto& r : requests) Add(rank, std::move(r));
@@ -94,7 +114,7 @@ void Coordinator::Add(int rank, Request r) {
   Entry& e = it->second;
   if (e.per_rank[rank].has_value()) {
     // The rank itself refuses duplicates in flight; a second copy here is a protocol error.
-    HVD_LOG(kError) << "rank " << rank << " announced '" << name << "' twice";
+    HVD_LOG(kError) << "rank " << World(rank) << " announced '" << name << "' twice" << Where();
     return;
   }
   e.per_rank[rank] = std::move(r);
@@ -169,8 +189,9 @@ std::string Coordinator::Validate(const std::string& name, const Entry& e) const
     bool flexible = a.type == OpType::kAllgather || a.type == OpType::kAlltoall;
     std::string diff = DescribeDiff(a, b, flexible);
     if (!diff.empty()) {
-      return std::string(OpTypeName(a.type)) + " '" + name + "': mismatch across ranks: " + diff +
-             " (rank " + std::to_string(ref) + " vs rank " + std::to_string(r) + ")";
+      return std::string(OpTypeName(a.type)) + " '" + name + "'" + Where() +
+             ": mismatch across ranks: " + diff + " (rank " + std::to_string(World(ref)) +
+             " vs rank " + std::to_string(World(r)) + ")";
     }
   }
   const Request& a = *e.per_rank[ref];
@@ -223,6 +244,8 @@ Response Coordinator::BuildResponse(const std::string& name, Entry& e) {
     for (int r = 0; r < size_; ++r) {
       resp.sizes.push_back(e.per_rank[r] && !e.per_rank[r]->shape.empty() ? e.per_rank[r]->shape[0] : 0);
     }
+  } else if (resp.type == OpType::kProcessSet) {
+    resp.sizes = first->splits;
   } else if (resp.type == OpType::kAlltoall) {
     for (int r = 0; r < size_; ++r) {
       const Request& q = *e.per_rank[r];
@@ -284,9 +307,10 @@ void Coordinator::AbandonStalled(Clock::time_point now) {
     resp.names = {name};
     resp.error_code = StatusCode::kTimeout;
     std::ostringstream os;
-    os << OpTypeName(type) << " '" << name << "' abandoned after " << stall_shutdown_seconds_
-       << " s (HVD_STALL_SHUTDOWN_TIME_SECONDS): ranks [" << RanksString(missing)
-       << "] never submitted it; it was ready on ranks [" << RanksString(ready) << "]";
+    os << OpTypeName(type) << " '" << name << "'" << Where() << " abandoned after "
+       << stall_shutdown_seconds_ << " s (HVD_STALL_SHUTDOWN_TIME_SECONDS): ranks ["
+       << RanksString(World(missing)) << "] never submitted it; it was ready on ranks ["
+       << RanksString(World(ready)) << "]";
     resp.error = os.str();
     HVD_LOG(kError) << resp.error;
     const Request held = first;  // outlives the entry
@@ -319,10 +343,10 @@ int Coordinator::CheckStalls(Clock::time_point now) {
       }
     }
     ++stalled;
-    HVD_LOG(kWarning) << "stall: '" << name << "' has waited "
+    HVD_LOG(kWarning) << "stall: '" << name << "'" << Where() << " has waited "
                       << std::chrono::duration_cast<std::chrono::seconds>(now - e.first_seen).count()
-                      << " s; ready on ranks [" << RanksString(ready) << "], missing on ranks ["
-                      << RanksString(missing) << "]";
+                      << " s; ready on ranks [" << RanksString(World(ready))
+                      << "], missing on ranks [" << RanksString(World(missing)) << "]";
   }
   for (const auto& [key, g] : groups_) {
     if (now - g.since < std::chrono::duration<double>(stall_seconds_)) continue;
@@ -331,7 +355,7 @@ int Coordinator::CheckStalls(Clock::time_point now) {
       ready << (i ? ", " : "") << "'" << g.members[i].names[0] << "'";
     }
     ++stalled;
-    HVD_LOG(kWarning) << "stall: group '" << key << "' has held back its ready members ["
+    HVD_LOG(kWarning) << "stall: group '" << key << "'" << Where() << " has held back its ready members ["
                       << ready.str() << "] for "
                       << std::chrono::duration_cast<std::chrono::seconds>(now - g.since).count()
                       << " s, waiting for " << g.size - static_cast<int>(g.members.size())

@@ -1,6 +1,7 @@
 // The coordinator: the table, kept on rank 0, of which named tensors each rank has announced.
 //
-// Protocol (one process set; rank 0 coordinates, every rank including 0 is a worker):
+// Protocol (one per process set, all kept on world rank 0; every member, rank 0 included when
+// it is one, is a worker; ranks below count in the set):
 //   1. A worker's background thread drains its queue into Requests and sends them to rank 0
 //      at once (RequestList on the control channel); rank 0 adds its own directly.
 //   2. AddRequests() files each request under its name. A name is ready when every rank that
@@ -41,6 +42,11 @@ class Coordinator {
   Coordinator(int size, size_t fusion_threshold_bytes, double stall_seconds,
               double stall_shutdown_seconds = 0);
 
+  // This coordinator negotiates process set `id`: its rank i is world rank world_ranks[i], and
+  // its messages name world ranks and the set.
+  void SetProcessSet(int32_t id, std::vector<int> world_ranks);
+
+  // `rank` counts in the process set.
   void AddRequests(int rank, std::vector<Request> requests);
   // The responses that became ready since the last call, fused, in execution order.
   std::vector<Response> ComputeResponses();
@@ -72,7 +78,13 @@ class Coordinator {
   // Holds r (ready or an error) until every member of its group is; then releases the group.
   void ReleaseGroup(const Request& first, Response r);
 
+  int World(int rank) const { return world_.empty() ? rank : world_[rank]; }
+  std::vector<int> World(const std::vector<int>& ranks) const;
+  std::string Where() const;  // "" or " in process set N"
+
   const int size_;
+  int32_t set_id_ = 0;
+  std::vector<int> world_;  // set rank -> world rank (empty: the same)
   const size_t fusion_threshold_;
   const double stall_seconds_;
   const double stall_shutdown_seconds_;

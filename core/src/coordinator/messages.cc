@@ -13,6 +13,7 @@ const char* OpTypeName(OpType t) {
     case OpType::kReducescatter: return "reducescatter";
     case OpType::kBarrier: return "barrier";
     case OpType::kJoin: return "join";
+    case OpType::kProcessSet: return "process set";
     case OpType::kError: return "error";
   }
   return "unknown";
@@ -189,6 +190,7 @@ Status CheckDone(const Reader& rd, const char* what) {
 
 std::vector<uint8_t> Encode(const RequestList& l) {
   Writer w;
+  w.Put<int32_t>(l.process_set);
   w.Put<uint32_t>(static_cast<uint32_t>(l.requests.size()));
   for (const auto& r : l.requests) Put(w, r);
   w.Put<uint64_t>(l.cache_epoch);
@@ -198,6 +200,7 @@ std::vector<uint8_t> Encode(const RequestList& l) {
 
 std::vector<uint8_t> Encode(const ResponseList& l) {
   Writer w;
+  w.Put<int32_t>(l.process_set);
   w.Put<uint32_t>(static_cast<uint32_t>(l.responses.size()));
   for (const auto& r : l.responses) Put(w, r);
   w.Vec(l.ready_bits);
@@ -207,7 +210,11 @@ std::vector<uint8_t> Encode(const ResponseList& l) {
 
 Status Decode(const uint8_t* data, size_t len, RequestList* out) {
   Reader rd(data, len);
+  if (!rd.Get(&out->process_set) || out->process_set < 0) {
+    return Status::InvalidArgument("malformed request list: bad process set");
+  }
   HVD_RETURN_IF_ERROR(DecodeItems(rd, &out->requests, "request list"));
+  for (auto& r : out->requests) r.process_set = out->process_set;
   if (!rd.Get(&out->cache_epoch) || !rd.Vec(&out->cached_bits)) {
     return Status::InvalidArgument("malformed request list: bad cache bits");
   }
@@ -226,6 +233,13 @@ Status CheckResponse(const Response& r, int size) {
   if (r.type == OpType::kError) return Status::OK();
   if (r.type == OpType::kJoin) {
     if (r.last_joined < -1 || r.last_joined >= size) return bad("last joined rank out of range");
+    return Status::OK();
+  }
+  if (r.type == OpType::kProcessSet) {
+    if (r.root <= 0) return bad("process set id " + std::to_string(r.root));
+    for (int64_t q : r.sizes) {
+      if (q < 0 || q >= size) return bad("rank " + std::to_string(q) + " out of range");
+    }
     return Status::OK();
   }
   if (r.shapes.size() != r.names.size()) {
@@ -259,7 +273,11 @@ Status CheckResponse(const Response& r, int size) {
 
 Status Decode(const uint8_t* data, size_t len, ResponseList* out) {
   Reader rd(data, len);
+  if (!rd.Get(&out->process_set) || out->process_set < 0) {
+    return Status::InvalidArgument("malformed response list: bad process set");
+  }
   HVD_RETURN_IF_ERROR(DecodeItems(rd, &out->responses, "response list"));
+  for (auto& r : out->responses) r.process_set = out->process_set;
   if (!rd.Vec(&out->ready_bits) || !rd.Get(&out->fusion_threshold)) {
     return Status::InvalidArgument("malformed response list: bad ready bits");
   }

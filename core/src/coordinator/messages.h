@@ -21,6 +21,9 @@ enum class OpType : uint8_t {
   kReducescatter,
   kBarrier,
   kJoin,
+  // Adds (Request::splits = the set's ranks) or removes (Request::root = its id) a process set;
+  // negotiated in the global set like a barrier (names "process_set.<n>").
+  kProcessSet,
   kError,  // Response only: the named tensors failed negotiation
 };
 const char* OpTypeName(OpType t);
@@ -39,6 +42,8 @@ struct Request {
   std::vector<int64_t> splits;   // alltoall: rows sent to each rank
   std::string group;             // grouped ops: the group's key ("" = not grouped)
   int32_t group_size = 0;
+  // The process set (0: every rank). Not on the wire: a RequestList is for one set.
+  int32_t process_set = 0;
 };
 
 // The coordinator's decision about one or more (fused) tensors.
@@ -54,6 +59,7 @@ struct Response {
   double postscale = 1.0;
   // allgather: rows of every rank, tensor-major ([t * size + r]);
   // alltoall: the splits matrix, [src * size + dst] rows sent from src to dst.
+  // kProcessSet: the ranks of the set to add (empty: remove the set `root`).
   std::vector<int64_t> sizes;
   std::string error;           // kError: what differed and where
   StatusCode error_code = StatusCode::kInvalidArgument;  // kError: the status the ranks get
@@ -67,6 +73,9 @@ struct Response {
   // On the wire only: when not empty, the response travels as these response-cache bits and
   // the fields above are rebuilt from the receiver's cache.
   std::vector<uint32_t> cache_bits;
+  // The process set (0: every rank); ranks, roots, sizes and joins are counted in it. Not on
+  // the wire: a ResponseList is for one set.
+  int32_t process_set = 0;
 };
 
 // Control-channel message kinds.
@@ -80,12 +89,14 @@ enum class MessageType : uint8_t {
 
 // Join and barrier travel as requests too (names "join" and "barrier.<n>").
 struct RequestList {
+  int32_t process_set = 0;  // every request and bit is of this set
   std::vector<Request> requests;
   uint64_t cache_epoch = 0;          // the sender's response-cache epoch
   std::vector<uint64_t> cached_bits;  // bit vector: the cached tensors announced
 };
 
 struct ResponseList {
+  int32_t process_set = 0;  // every response and bit is of this set
   std::vector<Response> responses;
   // The cached tensors every rank has announced (the fast path, engine/background.cc): every
   // rank builds their responses from its own cache, in bit order, fused with rank 0's
@@ -100,7 +111,7 @@ std::vector<uint8_t> Encode(const ResponseList& l);
 Status Decode(const uint8_t* data, size_t len, RequestList* out);
 Status Decode(const uint8_t* data, size_t len, ResponseList* out);
 // What a worker checks of a response from the coordinator (rebuilt from cache bits if need be)
-// before executing it in a world of `size` ranks: the fields its type uses are all there and in
+// before executing it in a (process set of) `size` ranks: the fields its type uses are all there and in
 // range (a name per shape, a row count per rank, a root among the ranks, no negative extent).
 Status CheckResponse(const Response& r, int size);
 

@@ -55,7 +55,7 @@ void EngineImpl::RunLoop() {
       FailAll(abort_);
       break;
     }
-    if (coordinator_) CoordinatorStep();
+    if (coordinator()) CoordinatorStep();
     while (!to_execute_.empty() && abort_.ok()) {
       StopPolling();  // peers ring while the collective waits
       Response r = std::move(to_execute_.front());
@@ -136,7 +136,7 @@ bool EngineImpl::DrainQueue() {
     batch.swap(queue_);
     shutdown = shutdown_requested_;
   }
-  std::vector<Request> requests;
+  std::map<int32_t, std::vector<Request>> requests;  // by process set
   for (auto& e : batch) {
     if (e.raw) {
       StopPolling();
@@ -146,13 +146,21 @@ bool EngineImpl::DrainQueue() {
       CompleteEntry(e, s);
       continue;
     }
+    const int32_t set = e.request.process_set;
+    const ProcessSetState* ps = FindSet(set);
+    if (ps == nullptr || ps->removed) {  // its removal was negotiated after the caller's check
+      CompleteEntry(e, Status::FailedPrecondition(
+                           std::string(OpTypeName(e.request.type)) + " '" + e.request.name +
+                           "': process set " + std::to_string(set) + " was removed"));
+      continue;
+    }
     if (e.request.type == OpType::kJoin) joined_ = true;
-    requests.push_back(e.request);
+    requests[set].push_back(e.request);
     timeline_->Negotiate(e.request.name);
-    std::string name = e.request.name;
-    pending_.emplace(name, std::move(e));
+    std::string key = PendingKey(set, e.request.name);
+    pending_.emplace(std::move(key), std::move(e));
   }
-  if (!requests.empty()) Announce(std::move(requests));
+  for (auto& [set, list] : requests) Announce(*sets_.at(set), std::move(list));
   if (shutdown && !shutdown_sent_) {
     shutdown_sent_ = true;
     shutdown_deadline_ = DeadlineAfterSeconds(options_.timeout_seconds);
@@ -168,26 +176,27 @@ bool EngineImpl::DrainQueue() {
   return !batch.empty();
 }
 
-void EngineImpl::Announce(std::vector<Request> requests) {
-  if (coordinator_) {
+void EngineImpl::Announce(ProcessSetState& ps, std::vector<Request> requests) {
+  if (coordinator()) {
     std::vector<Request> full;
     for (auto& r : requests) {
-      const int bit = cache_->Lookup(r);
+      const int bit = ps.cache->Lookup(r);
       if (bit >= 0) {
         cache_hits_.fetch_add(1);
-        OfferBit(options_.rank, static_cast<uint32_t>(bit));
+        OfferBit(ps, ps.rank, static_cast<uint32_t>(bit));
       } else {
         full.push_back(std::move(r));
       }
     }
-    if (!full.empty()) AddFull(options_.rank, std::move(full));
+    if (!full.empty()) AddFull(ps, ps.rank, std::move(full));
     return;
   }
   // Fast path: tensors whose request is cached travel as bits of a bit vector.
   RequestList list;
-  list.cache_epoch = cache_->epoch();
+  list.process_set = ps.id;
+  list.cache_epoch = ps.cache->epoch();
   for (auto& r : requests) {
-    int bit = cache_->Lookup(r);
+    int bit = ps.cache->Lookup(r);
     if (bit < 0) {
       list.requests.push_back(std::move(r));
       continue;
@@ -204,29 +213,42 @@ void EngineImpl::Announce(std::vector<Request> requests) {
 // path. Bits from an older epoch (a response list crossed the announcement) are decoded as they
 // were then and go to the coordinator.
 Status EngineImpl::OnRequests(int peer, RequestList&& list) {
-  if (list.cache_epoch > cache_->epoch()) {
+  ProcessSetState* found = FindSet(list.process_set);
+  // A set whose removal is negotiated: its members fail these operations themselves.
+  if (found == nullptr || !found->coordinator) return Status::OK();
+  ProcessSetState& ps = *found;
+  auto it = std::lower_bound(ps.ranks.begin(), ps.ranks.end(), peer);
+  if (it == ps.ranks.end() || *it != peer) {
+    return Status::InvalidArgument("requests for process set " + std::to_string(ps.id) +
+                                   ", which the rank is not a member of");
+  }
+  const int q = static_cast<int>(it - ps.ranks.begin());
+  if (list.cache_epoch > ps.cache->epoch()) {
     return Status::InvalidArgument("request list from a future cache epoch");
   }
-  const bool current = list.cache_epoch == cache_->epoch();
+  const bool current = list.cache_epoch == ps.cache->epoch();
   for (size_t w = 0; w < list.cached_bits.size(); ++w) {
     for (uint64_t word = list.cached_bits[w]; word; word &= word - 1) {
       uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
-      if (current && cache_->At(bit)) {
-        OfferBit(peer, bit);
+      if (current && ps.cache->At(bit)) {
+        OfferBit(ps, q, bit);
         continue;
       }
       Request r;
-      if (!cache_->Decode(bit, list.cache_epoch, &r)) {
+      if (!ps.cache->Decode(bit, list.cache_epoch, &r)) {
         return Status::InvalidArgument("unknown response-cache bit " + std::to_string(bit));
       }
+      r.process_set = ps.id;
       list.requests.push_back(std::move(r));
     }
   }
-  worker_epochs_[peer] = std::max(worker_epochs_[peer], list.cache_epoch);
-  uint64_t oldest = cache_->epoch();
-  for (int r = 1; r < options_.size; ++r) oldest = std::min(oldest, worker_epochs_[r]);
-  cache_->PruneHistory(oldest);
-  if (!list.requests.empty()) AddFull(peer, std::move(list.requests));
+  ps.worker_epochs[q] = std::max(ps.worker_epochs[q], list.cache_epoch);
+  uint64_t oldest = ps.cache->epoch();
+  for (size_t m = 0; m < ps.ranks.size(); ++m) {
+    if (ps.ranks[m] != 0) oldest = std::min(oldest, ps.worker_epochs[m]);
+  }
+  ps.cache->PruneHistory(oldest);
+  if (!list.requests.empty()) AddFull(ps, q, std::move(list.requests));
   return Status::OK();
 }
 
@@ -247,96 +269,105 @@ namespace {
 constexpr auto kBitPatience = std::chrono::seconds(1);
 }  // namespace
 
-void EngineImpl::OfferBit(int rank, uint32_t bit) {
-  const Request* r = cache_->At(bit);
+void EngineImpl::OfferBit(ProcessSetState& ps, int rank, uint32_t bit) {
+  const Request* r = ps.cache->At(bit);
   if (r == nullptr) return;  // checked by the caller
-  if (coordinator_->any_joined() || coordinator_->Has(r->name)) {
-    coordinator_->AddRequests(rank, {*r});
+  if (ps.coordinator->any_joined() || ps.coordinator->Has(r->name)) {
+    ps.coordinator->AddRequests(rank, {*r});
     return;
   }
-  ready_bits_[rank][bit / 64] |= uint64_t{1} << (bit % 64);
-  if (bit_since_[bit] == Clock::time_point()) bit_since_[bit] = Clock::now();
-  bits_changed_ = true;
+  ps.ready_bits[rank][bit / 64] |= uint64_t{1} << (bit % 64);
+  if (ps.bit_since[bit] == Clock::time_point()) ps.bit_since[bit] = Clock::now();
+  ps.bits_changed = true;
 }
 
-void EngineImpl::AddFull(int rank, std::vector<Request> requests) {
+void EngineImpl::AddFull(ProcessSetState& ps, int rank, std::vector<Request> requests) {
   for (const auto& r : requests) {
     if (r.type == OpType::kJoin) {
-      for (size_t bit = 0; bit < bit_since_.size(); ++bit) DemoteBit(static_cast<uint32_t>(bit));
-    } else if (int bit = cache_->SlotOf(r.name); bit >= 0) {
-      DemoteBit(static_cast<uint32_t>(bit));
+      for (size_t bit = 0; bit < ps.bit_since.size(); ++bit) DemoteBit(ps, static_cast<uint32_t>(bit));
+    } else if (int bit = ps.cache->SlotOf(r.name); bit >= 0) {
+      DemoteBit(ps, static_cast<uint32_t>(bit));
     }
   }
-  coordinator_->AddRequests(rank, std::move(requests));
+  ps.coordinator->AddRequests(rank, std::move(requests));
 }
 
-void EngineImpl::DemoteBit(uint32_t bit, const Request* as) {
-  if (bit >= bit_since_.size() || bit_since_[bit] == Clock::time_point()) return;
-  bit_since_[bit] = Clock::time_point();
+void EngineImpl::DemoteBit(ProcessSetState& ps, uint32_t bit, const Request* as) {
+  if (bit >= ps.bit_since.size() || ps.bit_since[bit] == Clock::time_point()) return;
+  ps.bit_since[bit] = Clock::time_point();
   Request r;
   if (as) {
     r = *as;
-  } else if (!cache_->Decode(bit, cache_->epoch(), &r)) {
+  } else if (!ps.cache->Decode(bit, ps.cache->epoch(), &r)) {
     return;
   }
+  r.process_set = ps.id;
   const uint64_t mask = uint64_t{1} << (bit % 64);
-  for (int q = 0; q < options_.size; ++q) {
-    uint64_t& word = ready_bits_[q][bit / 64];
+  for (size_t q = 0; q < ps.ready_bits.size(); ++q) {
+    uint64_t& word = ps.ready_bits[q][bit / 64];
     if (!(word & mask)) continue;
     word &= ~mask;
-    coordinator_->AddRequests(q, {r});
+    ps.coordinator->AddRequests(static_cast<int>(q), {r});
   }
 }
 
-std::vector<uint64_t> EngineImpl::AgreedBits() const {
-  std::vector<uint64_t> agreed = ready_bits_[0];
-  for (int q = 1; q < options_.size; ++q) {
-    for (size_t w = 0; w < agreed.size(); ++w) agreed[w] &= ready_bits_[q][w];
+std::vector<uint64_t> EngineImpl::AgreedBits(const ProcessSetState& ps) {
+  std::vector<uint64_t> agreed = ps.ready_bits[0];
+  for (size_t q = 1; q < ps.ready_bits.size(); ++q) {
+    for (size_t w = 0; w < agreed.size(); ++w) agreed[w] &= ps.ready_bits[q][w];
   }
   const bool any = std::any_of(agreed.begin(), agreed.end(), [](uint64_t w) { return w != 0; });
   if (!any) agreed.clear();
   return agreed;
 }
 
-std::vector<uint64_t> EngineImpl::AgreeOnBits() {
-  std::vector<uint64_t> agreed = AgreedBits();
+std::vector<uint64_t> EngineImpl::AgreeOnBits(ProcessSetState& ps) {
+  std::vector<uint64_t> agreed = AgreedBits(ps);
   for (size_t w = 0; w < agreed.size(); ++w) {
-    for (auto& row : ready_bits_) row[w] &= ~agreed[w];
+    for (auto& row : ps.ready_bits) row[w] &= ~agreed[w];
     for (uint64_t word = agreed[w]; word; word &= word - 1) {
-      bit_since_[w * 64 + __builtin_ctzll(word)] = Clock::time_point();
+      ps.bit_since[w * 64 + __builtin_ctzll(word)] = Clock::time_point();
     }
   }
   return agreed;
 }
 
-void EngineImpl::DemoteLateBits(Clock::time_point now) {
-  if (now - bits_checked_ < std::chrono::milliseconds(100)) return;
-  bits_checked_ = now;
-  for (size_t bit = 0; bit < bit_since_.size(); ++bit) {
-    if (bit_since_[bit] != Clock::time_point() && now - bit_since_[bit] > kBitPatience) {
-      DemoteBit(static_cast<uint32_t>(bit));
+void EngineImpl::DemoteLateBits(ProcessSetState& ps, Clock::time_point now) {
+  if (now - ps.bits_checked < std::chrono::milliseconds(100)) return;
+  ps.bits_checked = now;
+  for (size_t bit = 0; bit < ps.bit_since.size(); ++bit) {
+    if (ps.bit_since[bit] != Clock::time_point() && now - ps.bit_since[bit] > kBitPatience) {
+      DemoteBit(ps, static_cast<uint32_t>(bit));
     }
   }
 }
 
 Status EngineImpl::OnResponses(ResponseList&& list) {
+  ProcessSetState* found = FindSet(list.process_set);
+  if (found == nullptr || found->rank < 0) {
+    return Status::InvalidArgument("responses for process set " + std::to_string(list.process_set) +
+                                   ", which this rank is not a member of");
+  }
+  ProcessSetState& ps = *found;
   for (auto& r : list.responses) {
     if (!r.cache_bits.empty()) {
       std::vector<uint32_t> bits = std::move(r.cache_bits);
-      if (!cache_->Rebuild(bits, &r)) {
+      if (!ps.cache->Rebuild(bits, &r)) {
         return Status::InvalidArgument("response names an empty response-cache bit");
       }
     }
-    HVD_RETURN_IF_ERROR(CheckResponse(r, options_.size));
+    HVD_RETURN_IF_ERROR(CheckResponse(r, static_cast<int>(ps.ranks.size())));
   }
   if (!list.ready_bits.empty()) {
     std::vector<Response> cached;
-    if (!cache_->RebuildAll(list.ready_bits, list.fusion_threshold, &cached)) {
+    if (!ps.cache->RebuildAll(list.ready_bits, list.fusion_threshold, &cached)) {
       return Status::InvalidArgument("ready bits name an empty response-cache bit");
     }
     for (auto& r : cached) list.responses.push_back(std::move(r));
   }
-  cache_->Apply(list.responses);
+  for (auto& r : list.responses) r.process_set = ps.id;
+  ps.cache->Apply(list.responses);
+  if (ps.id == kGlobalProcessSet) ApplyProcessSets(list.responses);
   for (auto& r : list.responses) to_execute_.push_back(std::move(r));
   return Status::OK();
 }
@@ -349,43 +380,62 @@ Clock::duration EngineImpl::CycleWindow() const {
 // When responses wait for HVD_CYCLE_TIME to gather more tensors to fuse, how long until the
 // coordinator's go (CoordinatorStep also sleeps no longer than that for agreed bits).
 Clock::duration EngineImpl::CycleRemaining() const {
-  if (!coordinator_ || options_.cycle_time_ms <= 0) return Clock::duration::zero();
+  if (!coordinator() || options_.cycle_time_ms <= 0) return Clock::duration::zero();
   Clock::duration left = Clock::duration::max();
-  if (coordinator_->has_ready()) left = coordinator_->ready_since() + CycleWindow() - Clock::now();
-  if (agreed_since_ != Clock::time_point()) {
-    left = std::min(left, agreed_since_ + CycleWindow() - Clock::now());
+  const auto now = Clock::now();
+  for (const auto& kv : sets_) {
+    const ProcessSetState& ps = *kv.second;
+    if (!ps.coordinator) continue;
+    if (ps.coordinator->has_ready()) {
+      left = std::min(left, ps.coordinator->ready_since() + CycleWindow() - now);
+    }
+    if (ps.agreed_since != Clock::time_point()) {
+      left = std::min(left, ps.agreed_since + CycleWindow() - now);
+    }
   }
   if (left == Clock::duration::max()) return Clock::duration::zero();
   return left > Clock::duration::zero() ? left : Clock::duration::zero();
 }
 
-// One response list: the coordinator's responses (after HVD_CYCLE_TIME), then the cached
-// tensors every rank has announced (at once).
+// Each process set's coordinator in turn (a set waiting on a slow member holds back no other).
 void EngineImpl::CoordinatorStep() {
   const auto now = Clock::now();
-  coordinator_->CheckStalls(now);
-  DemoteLateBits(now);
+  // Stepping the global set may add a set: iterators of a std::map stay valid.
+  for (auto& kv : sets_) {
+    if (kv.second->coordinator) CoordinatorStep(*kv.second, now);
+  }
+}
+
+// One response list of a set, sent to its members: the coordinator's responses (after
+// HVD_CYCLE_TIME), then the cached tensors every member has announced (at once).
+void EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
+  Coordinator& coordinator = *ps.coordinator;
+  coordinator.CheckStalls(now);
+  DemoteLateBits(ps, now);
   std::vector<Response> ready;
-  if (!coordinator_->has_ready() ||
-      coordinator_->ready_since() + CycleWindow() <= now) {
-    ready = coordinator_->ComputeResponses();
+  if (!coordinator.has_ready() || coordinator.ready_since() + CycleWindow() <= now) {
+    ready = coordinator.ComputeResponses();
   }
   // Agreed bits wait HVD_CYCLE_TIME too, from when the first became agreed.
-  if (bits_changed_) {
-    bits_changed_ = false;
-    if (agreed_since_ == Clock::time_point() && !AgreedBits().empty()) agreed_since_ = now;
+  if (ps.bits_changed) {
+    ps.bits_changed = false;
+    if (ps.agreed_since == Clock::time_point() && !AgreedBits(ps).empty()) ps.agreed_since = now;
   }
   std::vector<uint64_t> agreed;
-  if (agreed_since_ != Clock::time_point() && now - agreed_since_ >= CycleWindow()) {
-    agreed = AgreeOnBits();
-    agreed_since_ = Clock::time_point();
+  if (ps.agreed_since != Clock::time_point() && now - ps.agreed_since >= CycleWindow()) {
+    agreed = AgreeOnBits(ps);
+    ps.agreed_since = Clock::time_point();
   }
   if (ready.empty() && agreed.empty()) return;
+  for (auto& r : ready) r.process_set = ps.id;
+  // Gives added sets their ids before the list goes out (it may turn one into an error).
+  if (ps.id == kGlobalProcessSet) ApplyProcessSets(ready);
   if (options_.size > 1) {
     ResponseList wire;
+    wire.process_set = ps.id;
     for (const auto& r : ready) {
       Response w;
-      if (cache_->Encodable(r, &w.cache_bits)) {
+      if (ps.cache->Encodable(r, &w.cache_bits)) {
         cache_hits_.fetch_add(1);
       } else {
         w = r;
@@ -394,40 +444,185 @@ void EngineImpl::CoordinatorStep() {
     }
     wire.ready_bits = agreed;
     wire.fusion_threshold = options_.fusion_threshold_bytes;
-    BroadcastControl(static_cast<uint8_t>(MessageType::kResponses), Payload(Encode(wire)));
+    BroadcastControl(static_cast<uint8_t>(MessageType::kResponses), Payload(Encode(wire)),
+                     &ps.ranks);
   }
   if (!agreed.empty()) {
     std::vector<Response> cached;
-    cache_->RebuildAll(agreed, options_.fusion_threshold_bytes, &cached);
-    for (auto& r : cached) ready.push_back(std::move(r));
+    ps.cache->RebuildAll(agreed, options_.fusion_threshold_bytes, &cached);
+    for (auto& r : cached) {
+      r.process_set = ps.id;
+      ready.push_back(std::move(r));
+    }
   }
-  ApplyOnRankZero(ready);
+  ApplyOnRankZero(ps, ready);
+  if (ps.rank < 0) return;  // rank 0 coordinates a set it is not a member of
   for (auto& r : ready) to_execute_.push_back(std::move(r));
 }
 
 // Applying a list may give a bit to another tensor: bits still waiting on such an entry go to
 // the coordinator as the requests they meant.
-void EngineImpl::ApplyOnRankZero(const std::vector<Response>& list) {
+void EngineImpl::ApplyOnRankZero(ProcessSetState& ps, std::vector<Response>& list) {
   std::vector<std::pair<uint32_t, Request>> waiting;
-  for (size_t w = 0; w < ready_bits_[0].size(); ++w) {
+  for (size_t w = 0; w < ps.ready_bits[0].size(); ++w) {
     uint64_t any = 0;
-    for (const auto& row : ready_bits_) any |= row[w];
+    for (const auto& row : ps.ready_bits) any |= row[w];
     for (; any; any &= any - 1) {
       const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(any));
       Request r;
-      if (cache_->Decode(bit, cache_->epoch(), &r)) waiting.emplace_back(bit, std::move(r));
+      if (ps.cache->Decode(bit, ps.cache->epoch(), &r)) waiting.emplace_back(bit, std::move(r));
     }
   }
-  cache_->Apply(list);
+  ps.cache->Apply(list);
   for (const auto& [bit, r] : waiting) {
-    if (cache_->Lookup(r) != static_cast<int>(bit)) DemoteBit(bit, &r);
+    if (ps.cache->Lookup(r) != static_cast<int>(bit)) DemoteBit(ps, bit, &r);
   }
 }
 
-void EngineImpl::BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> p) {
-  for (auto& c : control_) {
+void EngineImpl::BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> p,
+                                  const std::vector<int>* members) {
+  if (members == nullptr) {
+    for (auto& c : control_) {
+      if (c && c->open()) c->Send(type, p);
+    }
+    return;
+  }
+  for (int w : *members) {
+    if (w == options_.rank || static_cast<size_t>(w) >= control_.size()) continue;
+    auto& c = control_[w];
     if (c && c->open()) c->Send(type, p);
   }
+}
+
+// ---------------------------------------------------------------- process sets
+//
+// Adding and removing a set are requests of the global set (OpType::kProcessSet), negotiated
+// like a barrier, so every rank agrees on the ranks and on the order. Rank 0 checks the set and
+// gives it the next id as it makes the response; each rank sets the set up for negotiation as
+// it applies that response list (before any response of the new set can reach it on the same
+// link), and lets callers use it as it executes the response. A removal stops rank 0 taking the
+// set's requests at once; each member fails its operations of the set still in flight as it
+// executes the removal.
+
+ProcessSetState* EngineImpl::FindSet(int32_t id) {
+  auto it = sets_.find(id);
+  return it == sets_.end() ? nullptr : it->second.get();
+}
+
+std::unique_ptr<ProcessSetState> EngineImpl::NewSet(int32_t id, std::vector<int> ranks) {
+  auto ps = std::make_unique<ProcessSetState>();
+  ps->id = id;
+  ps->ranks = std::move(ranks);
+  const int n = static_cast<int>(ps->ranks.size());
+  auto me = std::lower_bound(ps->ranks.begin(), ps->ranks.end(), options_.rank);
+  if (me != ps->ranks.end() && *me == options_.rank) ps->rank = static_cast<int>(me - ps->ranks.begin());
+  ps->cache = std::make_unique<ResponseCache>(options_.cache_capacity, coordinator());
+  if (ps->rank >= 0) {
+    auto comm = std::make_unique<Comm>();
+    comm->rank = ps->rank;
+    comm->size = n;
+    comm->plan.size = n;
+    comm->plan.hierarchical_allreduce = options_.hierarchical_allreduce;
+    comm->plan.hierarchical_allgather = options_.hierarchical_allgather;
+    comm->t = transport_.get();
+    if (id != kGlobalProcessSet) {
+      auto view = GroupView::Create(*transport_, ps->ranks);
+      if (view.ok()) {
+        comm->view = std::move(*view);
+        comm->t = comm->view.get();
+      } else {
+        HVD_LOG(kError) << "process set " << id << ": " << view.status().message();
+      }
+    }
+    if (n > 1 && topology_.size() == options_.size) {
+      Topology sub;  // where the members run, counted in the set
+      for (int w : ps->ranks) sub.host_of.push_back(topology_.host_of[w]);
+      Status s = SetUpViews(*comm, sub, id == kGlobalProcessSet ? layout_note_ : "");
+      if (!s.ok()) HVD_LOG(kWarning) << "process set " << id << " runs flat: " << s.message();
+    }
+    ps->comm = std::move(comm);
+  }
+  if (coordinator()) {
+    ps->coordinator = std::make_unique<Coordinator>(n, options_.fusion_threshold_bytes,
+                                                    options_.stall_check_seconds,
+                                                    options_.stall_shutdown_seconds);
+    if (id != kGlobalProcessSet) ps->coordinator->SetProcessSet(id, ps->ranks);
+    const size_t bits = static_cast<size_t>(std::max(0, options_.cache_capacity));
+    ps->ready_bits.assign(n, std::vector<uint64_t>((bits + 63) / 64, 0));
+    ps->bit_since.assign(bits, Clock::time_point());
+    ps->worker_epochs.assign(n, 0);
+  }
+  return ps;
+}
+
+// As a list of the global set is applied. On rank 0 (before the list goes out) an addition
+// gets its id, or becomes an error when a set with those ranks exists; a removal of a set that
+// does not exist becomes an error.
+void EngineImpl::ApplyProcessSets(std::vector<Response>& list) {
+  for (auto& r : list) {
+    if (r.type != OpType::kProcessSet) continue;
+    std::string error;
+    if (!r.sizes.empty()) {
+      std::vector<int> ranks(r.sizes.begin(), r.sizes.end());
+      if (coordinator()) {
+        for (const auto& kv : sets_) {
+          if (!kv.second->removed && kv.second->ranks == ranks) {
+            error = "a process set with these ranks exists already (id " +
+                    std::to_string(kv.first) + ")";
+          }
+        }
+        if (error.empty()) r.root = next_set_id_++;
+      }
+      if (error.empty() && !FindSet(r.root)) sets_[r.root] = NewSet(r.root, std::move(ranks));
+    } else {
+      ProcessSetState* ps = FindSet(r.root);
+      if (ps == nullptr || ps->removed) {
+        error = "there is no process set " + std::to_string(r.root) + " to remove";
+      } else {
+        ps->removed = true;
+        ps->coordinator.reset();
+      }
+    }
+    if (!error.empty()) {
+      Response e;
+      e.type = OpType::kError;
+      e.names = r.names;
+      e.error = error;
+      e.process_set = r.process_set;
+      r = std::move(e);
+    }
+  }
+}
+
+Status EngineImpl::ExecuteProcessSet(const Response& r, std::vector<TensorEntry*>& entries) {
+  const int32_t id = r.root;
+  if (!r.sizes.empty()) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      known_sets_[id].ranks.assign(r.sizes.begin(), r.sizes.end());
+    }
+    for (auto* e : entries) {
+      if (e) e->handle->process_set_id_ = id;
+    }
+    return Status::OK();
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    known_sets_.erase(id);
+  }
+  const Status gone = Status::FailedPrecondition(
+      "process set " + std::to_string(id) + " was removed while this operation was in flight");
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->second.request.process_set != id) {
+      ++it;
+      continue;
+    }
+    CompleteEntry(it->second, gone.WithContext(std::string(OpTypeName(it->second.request.type)) +
+                                               " '" + it->second.request.name + "'"));
+    it = pending_.erase(it);
+  }
+  sets_.erase(id);
+  return Status::OK();
 }
 
 // Liveness: every background thread sends a heartbeat on its control connections each
@@ -478,12 +673,12 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
   auto mt = static_cast<MessageType>(type);
   if (peer >= 0 && static_cast<size_t>(peer) < last_heard_.size()) last_heard_[peer] = Clock::now();
   if (mt == MessageType::kHeartbeat) return;
-  if (mt == MessageType::kRequests && coordinator_) {
+  if (mt == MessageType::kRequests && coordinator()) {
     RequestList list;
     Status s = Decode(payload.data(), payload.size(), &list);
     if (s.ok()) s = OnRequests(peer, std::move(list));
     if (!s.ok()) return OnControlError(peer, s.message());
-  } else if (mt == MessageType::kResponses && !coordinator_) {
+  } else if (mt == MessageType::kResponses && !coordinator()) {
     ResponseList list;
     Status s = Decode(payload.data(), payload.size(), &list);
     if (s.ok()) s = OnResponses(std::move(list));
@@ -495,7 +690,7 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
   } else if (mt == MessageType::kAbort) {
     std::string why(payload.begin(), payload.end());
     if (!abort_.ok()) return;  // the first cause is the one reported
-    if (coordinator_) {
+    if (coordinator()) {
       // A worker saw the communicator break: tell everyone else.
       BroadcastControl(type, Payload(std::move(payload)));
     }
@@ -510,14 +705,14 @@ void EngineImpl::OnControlError(int peer, const std::string& what, StatusCode co
   if (shutdown_by_ >= 0 || done_) return;  // connections close as the job ends
   if (!abort_.ok()) return;                 // already failing for an earlier cause
   std::ostringstream os;
-  if (coordinator_) {
+  if (coordinator()) {
     os << "rank " << peer << " lost: control connection: " << what;
   } else {
     os << "rank 0 (the coordinator) lost: control connection: " << what;
   }
   Status s(code, os.str());
   HVD_LOG(kError) << s.message();
-  if (coordinator_) {
+  if (coordinator()) {
     std::string msg = s.message();
     BroadcastControl(static_cast<uint8_t>(MessageType::kAbort),
                      Payload(std::vector<uint8_t>(msg.begin(), msg.end())));
@@ -527,7 +722,7 @@ void EngineImpl::OnControlError(int peer, const std::string& what, StatusCode co
 }
 
 void EngineImpl::FailAll(const Status& status, bool notify) {
-  if (notify && !coordinator_ && control_.size() == 1 && control_[0] && control_[0]->open()) {
+  if (notify && !coordinator() && control_.size() == 1 && control_[0] && control_[0]->open()) {
     // Tell the coordinator, which relays it, so that every rank fails fast.
     std::string msg = status.message();
     control_[0]->Send(static_cast<uint8_t>(MessageType::kAbort),
@@ -552,7 +747,7 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
 }
 
 void EngineImpl::FinishShutdown(int requested_by) {
-  if (coordinator_ && options_.size > 1) {
+  if (coordinator() && options_.size > 1) {
     BroadcastControl(static_cast<uint8_t>(MessageType::kShutdown), Payload(IntPayload(requested_by)));
   }
   Status s = Status::Aborted("hvd has been shut down (rank " + std::to_string(requested_by) +

@@ -1,6 +1,8 @@
 // The public Engine API: argument checks and enqueueing. See engine_impl.h for the threads.
 #include "engine/engine_impl.h"
 
+#include <algorithm>
+
 #include "bootstrap/store.h"
 #include "common/logging.h"
 #include "transport/transport_factory.h"
@@ -17,10 +19,11 @@ HandlePtr Failed(Status s) {
 }
 
 TensorEntry MakeEntry(OpType type, const std::string& name, const TensorView& in,
-                      const TensorView& out) {
+                      const TensorView& out, int32_t process_set) {
   TensorEntry e;
   e.request.type = type;
   e.request.name = name;
+  e.request.process_set = process_set;
   e.request.dtype = in.dtype;
   e.request.device = in.device;
   e.request.shape = in.shape;
@@ -30,7 +33,18 @@ TensorEntry MakeEntry(OpType type, const std::string& name, const TensorView& in
   return e;
 }
 
+std::string RanksList(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return "[" + s + "]";
+}
+
 }  // namespace
+
+std::string PendingKey(int32_t process_set, const std::string& name) {
+  if (process_set == kGlobalProcessSet) return name;
+  return std::to_string(process_set) + "\x1f" + name;
+}
 
 // ---------------------------------------------------------------- EngineImpl: set-up
 
@@ -43,21 +57,19 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(const Options& options)
   std::unique_ptr<EngineImpl> impl(new EngineImpl(options));
   HVD_RETURN_IF_ERROR(impl->Connect());
   impl->thread_ = std::thread([p = impl.get()] { p->Loop(); });
+  for (const auto& ranks : options.process_sets) {
+    auto id = impl->AddProcessSet(ranks, /*at_init=*/true);
+    if (!id.ok()) return id.status().WithContext("rank " + std::to_string(options.rank) +
+                                                 ": adding the process sets given at start");
+  }
   return impl;
 }
 
 Status EngineImpl::Connect() {
-  cache_ = std::make_unique<ResponseCache>(options_.cache_capacity, options_.rank == 0);
   timeline_ = std::make_unique<Timeline>(options_.timeline_path, options_.rank);
-  worker_epochs_.assign(options_.size, 0);
-  if (options_.rank == 0) {
-    coordinator_ = std::make_unique<Coordinator>(options_.size, options_.fusion_threshold_bytes,
-                                                 options_.stall_check_seconds,
-                                                 options_.stall_shutdown_seconds);
-    const size_t words = (static_cast<size_t>(std::max(0, options_.cache_capacity)) + 63) / 64;
-    ready_bits_.assign(options_.size, std::vector<uint64_t>(words, 0));
-    bit_since_.assign(static_cast<size_t>(std::max(0, options_.cache_capacity)), Clock::time_point());
-  }
+  std::vector<int> everyone(options_.size);
+  for (int r = 0; r < options_.size; ++r) everyone[r] = r;
+  known_sets_[kGlobalProcessSet].ranks = everyone;
   spin_ = SpinWindow(options_);
   // A caller's Wait polls only while this host has a core per rank; oversubscribed, its
   // polling would take the core that the threads it waits for need.
@@ -77,24 +89,24 @@ Status EngineImpl::Connect() {
   control_ = std::move(job->control);
   poller_ = std::move(job->poller);
   control_over_tcp_ = job->control_over_tcp;
-  plan_.size = options_.size;
-  plan_.offload = transport_->offload() != nullptr;
-  plan_.hierarchical_allreduce = options_.hierarchical_allreduce;
-  plan_.hierarchical_allgather = options_.hierarchical_allgather;
+  topology_ = job->topology;
+  layout_note_ = job->layout_note;
+  auto world = NewSet(kGlobalProcessSet, everyone);
+  world->comm->plan.offload = transport_->offload() != nullptr;
+  sets_[kGlobalProcessSet] = std::move(world);
   if (options_.size == 1) return Status::OK();
-  HVD_RETURN_IF_ERROR(SetUpViews(job->topology, job->layout_note)
-                          .WithContext("rank " + std::to_string(options_.rank)));
   StartHeartbeat();
   return Status::OK();
 }
 
-// The local and cross views, when the ranks' places describe hosts of equal size with more than
-// one rank each (transport/group_view.h).
-Status EngineImpl::SetUpViews(const Topology& topo, const std::string& why) {
+// The local and cross views of a communicator, when its members' places describe hosts of
+// equal size with more than one member each (transport/group_view.h). `topo` counts in it.
+Status EngineImpl::SetUpViews(Comm& comm, const Topology& topo, const std::string& why) {
+  const bool world = comm.t == transport_.get();
   if (!topo.Homogeneous()) {
     const bool asked = options_.hierarchical_allreduce == Options::Toggle::kOn ||
                        options_.hierarchical_allgather == Options::Toggle::kOn;
-    if (asked && options_.rank == 0) {
+    if (asked && world && options_.rank == 0) {
       HVD_LOG(kWarning) << "HVD_HIERARCHICAL_ALLREDUCE or _ALLGATHER is on, but this job's "
                            "layout does not allow it, so they run flat: "
                         << (why.empty() ? "it needs more than one host with the same number of "
@@ -103,25 +115,22 @@ Status EngineImpl::SetUpViews(const Topology& topo, const std::string& why) {
     }
     return Status::OK();
   }
-  auto local = GroupView::Create(*transport_, topo.LocalMembers(options_.rank));
+  auto local = GroupView::Create(*comm.t, topo.LocalMembers(comm.rank));
   if (!local.ok()) return local.status();
-  auto cross = GroupView::Create(*transport_, topo.CrossMembers(options_.rank));
+  auto cross = GroupView::Create(*comm.t, topo.CrossMembers(comm.rank));
   if (!cross.ok()) return cross.status();
-  local_view_ = std::move(*local);
-  cross_view_ = std::move(*cross);
-  plan_.hierarchical = true;
-  plan_.local_size = local_view_->size();
-  plan_.cross_size = cross_view_->size();
-  hosts_.clear();
-  for (int first : cross_view_->members()) hosts_.push_back(topo.LocalMembers(first));
-  auto list = [](const std::vector<int>& v) {
-    std::string s;
-    for (int r : v) s += (s.empty() ? "" : " ") + std::to_string(r);
-    return "[" + s + "]";
-  };
-  HVD_LOG(kInfo) << "hierarchical collectives ready: this host's ranks "
-                 << list(local_view_->members()) << ", across hosts "
-                 << list(cross_view_->members());
+  comm.local = std::move(*local);
+  comm.cross = std::move(*cross);
+  comm.plan.hierarchical = true;
+  comm.plan.local_size = comm.local->size();
+  comm.plan.cross_size = comm.cross->size();
+  comm.hosts.clear();
+  for (int first : comm.cross->members()) comm.hosts.push_back(topo.LocalMembers(first));
+  if (world) {
+    HVD_LOG(kInfo) << "hierarchical collectives ready: this host's ranks "
+                   << RanksList(comm.local->members()) << ", across hosts "
+                   << RanksList(comm.cross->members());
+  }
   return Status::OK();
 }
 
@@ -149,11 +158,12 @@ Status EngineImpl::Shutdown() {
 
 // ---------------------------------------------------------------- EngineImpl: enqueue
 
-Status EngineImpl::ValidateLocked(const TensorEntry& e) const {
-  const Request& r = e.request;
+Status EngineImpl::ValidateLocked(TensorEntry& e) const {
+  Request& r = e.request;
   const std::string what = std::string(OpTypeName(r.type)) + " '" + r.name + "' on rank " +
                            std::to_string(options_.rank);
-  if (r.type != OpType::kBarrier && r.type != OpType::kJoin) {
+  HVD_RETURN_IF_ERROR(CheckProcessSetLocked(r, what));
+  if (r.type != OpType::kBarrier && r.type != OpType::kJoin && r.type != OpType::kProcessSet) {
     if (r.name.empty()) return Status::InvalidArgument(what + ": the name is empty");
     if (e.input.device != kCpuDevice) {
       if (e.input.device < 0) {
@@ -177,9 +187,62 @@ Status EngineImpl::ValidateLocked(const TensorEntry& e) const {
       if (d < 0) return Status::InvalidArgument(what + ": negative dimension in " + e.input.ShapeString());
     }
   }
-  if (in_flight_.count(r.name)) {
+  if (in_flight_.count(PendingKey(r.process_set, r.name))) {
     return Status::InvalidArgument(what + ": a tensor with this name is already in flight on this "
                                    "rank; wait for it before reusing the name");
+  }
+  return Status::OK();
+}
+
+// The operation's process set exists here and has this rank; its root and splits fit the set,
+// and the root is turned into the set's rank.
+Status EngineImpl::CheckProcessSetLocked(Request& r, const std::string& what) const {
+  const int32_t id = r.process_set;
+  if (r.type == OpType::kJoin && id != kGlobalProcessSet) {
+    return Status::InvalidArgument(what + ": join is of the global process set only");
+  }
+  auto it = known_sets_.find(id);
+  if (it == known_sets_.end()) {
+    return Status::InvalidArgument(what + ": process set " + std::to_string(id) +
+                                   " does not exist (it was removed, or never added)");
+  }
+  const std::vector<int>& ranks = it->second.ranks;
+  const int n = static_cast<int>(ranks.size());
+  auto place = [&ranks](int world) {
+    auto p = std::lower_bound(ranks.begin(), ranks.end(), world);
+    return p != ranks.end() && *p == world ? static_cast<int>(p - ranks.begin()) : -1;
+  };
+  if (place(options_.rank) < 0) {
+    return Status::InvalidArgument(what + ": this rank is not a member of process set " +
+                                   std::to_string(id) + " (ranks " + RanksList(ranks) + ")");
+  }
+  const std::string in_set = id == kGlobalProcessSet ? "the world size"
+                                                     : "the size of process set " + std::to_string(id);
+  if (r.type == OpType::kBroadcast) {
+    if (r.root < 0 || r.root >= options_.size) {
+      return Status::InvalidArgument(what + ": root rank " + std::to_string(r.root) +
+                                     " is outside [0, " + std::to_string(options_.size) + ")");
+    }
+    if (place(r.root) < 0) {
+      return Status::InvalidArgument(what + ": root rank " + std::to_string(r.root) +
+                                     " is not a member of process set " + std::to_string(id) +
+                                     " (ranks " + RanksList(ranks) + ")");
+    }
+    r.root = place(r.root);
+  }
+  if (r.type == OpType::kAlltoall) {
+    const int64_t rows = r.shape[0];
+    if (r.splits.empty()) {
+      if (rows % n != 0) {
+        return Status::InvalidArgument(what + ": first dimension " + std::to_string(rows) +
+                                       " is not divisible by " + in_set + " " +
+                                       std::to_string(n) + "; pass splits");
+      }
+    } else if (static_cast<int>(r.splits.size()) != n) {
+      return Status::InvalidArgument(what + ": splits must be " + std::to_string(n) +
+                                     " row counts (" + in_set + "); got " +
+                                     ShapeToString(r.splits));
+    }
   }
   return Status::OK();
 }
@@ -199,9 +262,16 @@ std::vector<HandlePtr> EngineImpl::EnqueueGroup(std::vector<TensorEntry> entries
     if (s.ok() && shutdown_requested_) s = Status::Aborted("hvd has been shut down");
     std::unordered_set<std::string> names;
     for (auto& e : entries) {
-      if (e.request.type == OpType::kBarrier) e.request.name = "barrier." + std::to_string(barrier_count_++);
-      if (e.request.type == OpType::kJoin) e.request.name = "join";
       if (!s.ok()) break;
+      if (e.request.type == OpType::kBarrier) {
+        auto it = known_sets_.find(e.request.process_set);
+        uint64_t n = it == known_sets_.end() ? 0 : it->second.barriers++;
+        e.request.name = "barrier." + std::to_string(n);
+      }
+      if (e.request.type == OpType::kJoin) e.request.name = "join";
+      if (e.request.type == OpType::kProcessSet) {
+        e.request.name = "process_set." + std::to_string(process_set_ops_++);
+      }
       s = ValidateLocked(e);
       if (s.ok() && e.input.device != kCpuDevice) s = RecordReady(e);
       if (s.ok() && !names.insert(e.request.name).second) {
@@ -222,13 +292,67 @@ std::vector<HandlePtr> EngineImpl::EnqueueGroup(std::vector<TensorEntry> entries
       }
     }
     for (auto& e : entries) {
-      in_flight_.insert(e.request.name);
+      in_flight_.insert(PendingKey(e.request.process_set, e.request.name));
       e.handle->spin_ = wait_spin_;
       queue_.push_back(std::move(e));
     }
   }
   Wake();
   return handles;
+}
+
+// ---------------------------------------------------------------- EngineImpl: process sets
+
+HandlePtr EngineImpl::EnqueueProcessSetOp(std::vector<int> ranks, int32_t remove) {
+  TensorEntry e = MakeEntry(OpType::kProcessSet, "", TensorView(), TensorView(), kGlobalProcessSet);
+  e.request.shape.clear();
+  e.request.root = remove;
+  e.request.splits.assign(ranks.begin(), ranks.end());
+  return Enqueue(std::move(e));
+}
+
+StatusOr<int32_t> EngineImpl::AddProcessSet(std::vector<int> ranks, bool at_init) {
+  if (!at_init && !options_.dynamic_process_sets) {
+    return Status::FailedPrecondition(
+        "adding a process set after the engine started needs HVD_DYNAMIC_PROCESS_SETS=1 "
+        "(HOROVOD_DYNAMIC_PROCESS_SETS); or pass the sets to init");
+  }
+  std::sort(ranks.begin(), ranks.end());
+  if (ranks.empty()) return Status::InvalidArgument("a process set needs at least one rank");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= options_.size) {
+      return Status::InvalidArgument("process set rank " + std::to_string(ranks[i]) +
+                                     " is outside [0, " + std::to_string(options_.size) + ")");
+    }
+    if (i > 0 && ranks[i] == ranks[i - 1]) {
+      return Status::InvalidArgument("process set has rank " + std::to_string(ranks[i]) + " twice");
+    }
+  }
+  HandlePtr h = EnqueueProcessSetOp(std::move(ranks), 0);
+  HVD_RETURN_IF_ERROR(h->Wait());
+  return h->process_set_id();
+}
+
+Status EngineImpl::RemoveProcessSet(int32_t id) {
+  if (!options_.dynamic_process_sets) {
+    return Status::FailedPrecondition(
+        "removing a process set needs HVD_DYNAMIC_PROCESS_SETS=1 (HOROVOD_DYNAMIC_PROCESS_SETS)");
+  }
+  if (id == kGlobalProcessSet) return Status::InvalidArgument("the global process set cannot be removed");
+  return EnqueueProcessSetOp({}, id)->Wait();
+}
+
+std::vector<int> EngineImpl::ProcessSetRanks(int32_t id) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = known_sets_.find(id);
+  return it == known_sets_.end() ? std::vector<int>() : it->second.ranks;
+}
+
+std::vector<int32_t> EngineImpl::ProcessSetIds() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<int32_t> ids;
+  for (const auto& kv : known_sets_) ids.push_back(kv.first);
+  return ids;
 }
 
 // ---------------------------------------------------------------- Engine (public API)
@@ -256,6 +380,12 @@ int Engine::local_size() const { return impl_->options().local_size; }
 int Engine::cross_rank() const { return impl_->options().cross_rank; }
 int Engine::cross_size() const { return impl_->options().cross_size; }
 const Options& Engine::options() const { return impl_->options(); }
+StatusOr<int32_t> Engine::AddProcessSet(std::vector<int> ranks) {
+  return impl_->AddProcessSet(std::move(ranks));
+}
+Status Engine::RemoveProcessSet(int32_t id) { return impl_->RemoveProcessSet(id); }
+std::vector<int> Engine::ProcessSetRanks(int32_t id) const { return impl_->ProcessSetRanks(id); }
+std::vector<int32_t> Engine::ProcessSetIds() const { return impl_->ProcessSetIds(); }
 
 namespace {
 
@@ -276,14 +406,15 @@ Status CheckAllreduceArgs(const std::string& name, const TensorView& in, const T
 
 HandlePtr Engine::Allreduce(const std::string& name, const TensorView& input,
                             const TensorView& output, ReduceOp op, double prescale,
-                            double postscale) {
-  return GroupedAllreduce({name}, {input}, {output}, op, prescale, postscale)[0];
+                            double postscale, int32_t process_set) {
+  return GroupedAllreduce({name}, {input}, {output}, op, prescale, postscale, process_set)[0];
 }
 
 std::vector<HandlePtr> Engine::GroupedAllreduce(const std::vector<std::string>& names,
                                                 const std::vector<TensorView>& inputs,
                                                 const std::vector<TensorView>& outputs,
-                                                ReduceOp op, double prescale, double postscale) {
+                                                ReduceOp op, double prescale, double postscale,
+                                                int32_t process_set) {
   if (names.size() != inputs.size() || names.size() != outputs.size() || names.empty()) {
     std::vector<HandlePtr> hs(std::max<size_t>(names.size(), 1));
     for (auto& h : hs) h = Failed(Status::InvalidArgument("grouped allreduce: names, inputs and outputs differ in length or are empty"));
@@ -297,7 +428,7 @@ std::vector<HandlePtr> Engine::GroupedAllreduce(const std::vector<std::string>& 
       for (auto& h : hs) h = Failed(s);
       return hs;
     }
-    TensorEntry e = MakeEntry(OpType::kAllreduce, names[i], inputs[i], outputs[i]);
+    TensorEntry e = MakeEntry(OpType::kAllreduce, names[i], inputs[i], outputs[i], process_set);
     e.request.op = op;
     e.request.prescale = prescale;
     e.request.postscale = postscale;
@@ -307,18 +438,19 @@ std::vector<HandlePtr> Engine::GroupedAllreduce(const std::vector<std::string>& 
 }
 
 HandlePtr Engine::Allgather(const std::string& name, const TensorView& input,
-                            OutputAllocator allocator) {
-  TensorEntry e = MakeEntry(OpType::kAllgather, name, input, TensorView());
+                            OutputAllocator allocator, int32_t process_set) {
+  TensorEntry e = MakeEntry(OpType::kAllgather, name, input, TensorView(), process_set);
   if (e.request.shape.empty()) e.request.shape = {1};
   e.allocator = std::move(allocator);
   return impl_->Enqueue(std::move(e));
 }
 
 std::vector<HandlePtr> Engine::GroupedAllgather(const std::vector<std::string>& names,
-                                                const std::vector<TensorView>& inputs) {
+                                                const std::vector<TensorView>& inputs,
+                                                int32_t process_set) {
   std::vector<TensorEntry> entries;
   for (size_t i = 0; i < names.size() && i < inputs.size(); ++i) {
-    TensorEntry e = MakeEntry(OpType::kAllgather, names[i], inputs[i], TensorView());
+    TensorEntry e = MakeEntry(OpType::kAllgather, names[i], inputs[i], TensorView(), process_set);
     if (e.request.shape.empty()) e.request.shape = {1};
     entries.push_back(std::move(e));
   }
@@ -329,47 +461,36 @@ std::vector<HandlePtr> Engine::GroupedAllgather(const std::vector<std::string>& 
 }
 
 HandlePtr Engine::Broadcast(const std::string& name, const TensorView& input,
-                            const TensorView& output, int root) {
-  if (root < 0 || root >= size()) {
-    return Failed(Status::InvalidArgument("broadcast '" + name + "': root rank " +
-                                          std::to_string(root) + " is outside [0, " +
-                                          std::to_string(size()) + ")"));
-  }
+                            const TensorView& output, int root, int32_t process_set) {
   if (input.dtype != output.dtype || input.num_elements() != output.num_elements()) {
     return Failed(Status::InvalidArgument("broadcast '" + name + "': output " +
                                           output.ShapeString() + " does not match input " +
                                           input.ShapeString()));
   }
-  TensorEntry e = MakeEntry(OpType::kBroadcast, name, input, output);
+  TensorEntry e = MakeEntry(OpType::kBroadcast, name, input, output, process_set);
   e.request.root = root;
   return impl_->Enqueue(std::move(e));
 }
 
 HandlePtr Engine::Alltoall(const std::string& name, const TensorView& input,
-                           const std::vector<int64_t>& splits, OutputAllocator allocator) {
-  TensorEntry e = MakeEntry(OpType::kAlltoall, name, input, TensorView());
+                           const std::vector<int64_t>& splits, OutputAllocator allocator,
+                           int32_t process_set) {
+  TensorEntry e = MakeEntry(OpType::kAlltoall, name, input, TensorView(), process_set);
   if (e.request.shape.empty()) {
     return Failed(Status::InvalidArgument("alltoall '" + name + "': input must have at least one dimension"));
   }
   int64_t rows = e.request.shape[0];
-  if (splits.empty()) {
-    if (rows % size() != 0) {
-      return Failed(Status::InvalidArgument(
-          "alltoall '" + name + "': first dimension " + std::to_string(rows) +
-          " is not divisible by the world size " + std::to_string(size()) + "; pass splits"));
-    }
-  } else {
+  if (!splits.empty()) {  // their number is checked against the set's size at enqueue
     int64_t sum = 0;
     bool neg = false;
     for (int64_t s : splits) {
       sum += s;
       neg |= s < 0;
     }
-    if (static_cast<int>(splits.size()) != size() || neg || sum != rows) {
+    if (neg || sum != rows) {
       return Failed(Status::InvalidArgument(
-          "alltoall '" + name + "': splits must be " + std::to_string(size()) +
-          " non-negative row counts summing to the first dimension " + std::to_string(rows) +
-          "; got " + ShapeToString(splits)));
+          "alltoall '" + name + "': splits must be non-negative row counts summing to the "
+          "first dimension " + std::to_string(rows) + "; got " + ShapeToString(splits)));
     }
     e.request.splits = splits;
   }
@@ -392,10 +513,11 @@ Status CheckReducescatterArgs(const std::string& name, const TensorView& input, 
 }  // namespace
 
 HandlePtr Engine::Reducescatter(const std::string& name, const TensorView& input, ReduceOp op,
-                                double prescale, double postscale, OutputAllocator allocator) {
+                                double prescale, double postscale, OutputAllocator allocator,
+                                int32_t process_set) {
   Status s = CheckReducescatterArgs(name, input, op);
   if (!s.ok()) return Failed(s);
-  TensorEntry e = MakeEntry(OpType::kReducescatter, name, input, TensorView());
+  TensorEntry e = MakeEntry(OpType::kReducescatter, name, input, TensorView(), process_set);
   e.request.op = op;
   e.request.prescale = prescale;
   e.request.postscale = postscale;
@@ -406,7 +528,7 @@ HandlePtr Engine::Reducescatter(const std::string& name, const TensorView& input
 std::vector<HandlePtr> Engine::GroupedReducescatter(const std::vector<std::string>& names,
                                                     const std::vector<TensorView>& inputs,
                                                     ReduceOp op, double prescale,
-                                                    double postscale) {
+                                                    double postscale, int32_t process_set) {
   if (names.size() != inputs.size() || names.empty()) {
     std::vector<HandlePtr> hs(std::max<size_t>(names.size(), 1));
     for (auto& h : hs) h = Failed(Status::InvalidArgument("grouped reducescatter: names and inputs differ in length or are empty"));
@@ -420,7 +542,7 @@ std::vector<HandlePtr> Engine::GroupedReducescatter(const std::vector<std::strin
       for (auto& h : hs) h = Failed(s);
       return hs;
     }
-    TensorEntry e = MakeEntry(OpType::kReducescatter, names[i], inputs[i], TensorView());
+    TensorEntry e = MakeEntry(OpType::kReducescatter, names[i], inputs[i], TensorView(), process_set);
     e.request.op = op;
     e.request.prescale = prescale;
     e.request.postscale = postscale;
@@ -429,14 +551,14 @@ std::vector<HandlePtr> Engine::GroupedReducescatter(const std::vector<std::strin
   return impl_->EnqueueGroup(std::move(entries));
 }
 
-HandlePtr Engine::Barrier() {
-  TensorEntry e = MakeEntry(OpType::kBarrier, "", TensorView(), TensorView());
+HandlePtr Engine::Barrier(int32_t process_set) {
+  TensorEntry e = MakeEntry(OpType::kBarrier, "", TensorView(), TensorView(), process_set);
   e.request.shape.clear();
   return impl_->Enqueue(std::move(e));
 }
 
 HandlePtr Engine::Join() {
-  TensorEntry e = MakeEntry(OpType::kJoin, "", TensorView(), TensorView());
+  TensorEntry e = MakeEntry(OpType::kJoin, "", TensorView(), TensorView(), kGlobalProcessSet);
   e.request.shape.clear();
   return impl_->Enqueue(std::move(e));
 }

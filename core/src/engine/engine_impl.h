@@ -22,6 +22,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <map>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -43,6 +44,9 @@
 namespace hvd {
 
 class JobBackends;  // transport/transport_factory.h
+
+// The key of an operation in flight: its name, qualified by its process set unless global.
+std::string PendingKey(int32_t process_set, const std::string& name);
 
 // The message of an exception caught with catch (...) (execute.cc).
 std::string ExceptionMessage(std::exception_ptr p);
@@ -88,6 +92,52 @@ struct TensorEntry {
   std::function<Status(Transport&, ScratchBuffer&)> raw;
 };
 
+// The ranks a response runs on (the world, or a process set's members) and what running
+// collectives on them needs. Ranks here count in it.
+struct Comm {
+  Transport* t = nullptr;            // the engine's transport, or `view`
+  std::unique_ptr<GroupView> view;   // a process set: its members' view of the transport
+  int rank = 0;
+  int size = 1;
+  // This host's members and the members with this one's local index across hosts, when their
+  // layout allows hierarchical collectives (plan.hierarchical); with them the members of each
+  // host, hosts in cross's order, members in local's (the hierarchical allgather's layout).
+  std::unique_ptr<GroupView> local, cross;
+  std::vector<std::vector<int>> hosts;
+  PlanContext plan;
+  // Sizes every member has agreed it holds (execute.cc, step 2): the same on every member,
+  // since every member executes the same responses of this communicator.
+  size_t agreed_fusion = 0;
+  size_t agreed_scratch = 0;
+  // Device tensors (execute_device.cc): how the members agreed to run device collectives, at
+  // their first device response here, and the NCCL communicator when they run through it.
+  enum class DevicePath { kUnknown, kCollectives, kStaging };
+  DevicePath device_path = DevicePath::kUnknown;
+  std::unique_ptr<DeviceCollectives> device_collectives;
+};
+
+// What negotiation needs for one process set (id 0: every rank). Kept on its members, and on
+// world rank 0, which coordinates every set. Ranks here count in the set.
+struct ProcessSetState {
+  int32_t id = 0;
+  std::vector<int> ranks;  // world ranks, ascending
+  int rank = -1;           // this rank's place in the set; -1: not a member (rank 0 only)
+  bool removed = false;    // a removal is negotiated: new operations on it fail
+  std::unique_ptr<ResponseCache> cache;  // identical on every member and rank 0
+  std::unique_ptr<Comm> comm;            // members only
+  // Rank 0 only: the set's coordinator (null once its removal is negotiated), each member's
+  // cache epoch, and the fast path for cached tensors (background.cc): [rank][word] cached
+  // tensors announced and not yet agreed on; [bit] when the first rank announced it (zero: no
+  // rank has); whether a row changed since the last AND.
+  std::unique_ptr<Coordinator> coordinator;
+  std::vector<uint64_t> worker_epochs;
+  std::vector<std::vector<uint64_t>> ready_bits;
+  std::vector<Clock::time_point> bit_since;
+  bool bits_changed = false;
+  Clock::time_point bits_checked;
+  Clock::time_point agreed_since;  // when the oldest agreed bit not yet sent became agreed
+};
+
 class EngineImpl {
  public:
   static StatusOr<std::unique_ptr<EngineImpl>> Create(const Options& options);
@@ -97,6 +147,13 @@ class EngineImpl {
   HandlePtr Enqueue(TensorEntry entry);
   std::vector<HandlePtr> EnqueueGroup(std::vector<TensorEntry> entries);
   Status Shutdown();
+  // Process sets (collective: every rank calls them in the same order). Add returns the new
+  // set's id; `at_init` allows it without HVD_DYNAMIC_PROCESS_SETS.
+  StatusOr<int32_t> AddProcessSet(std::vector<int> ranks, bool at_init = false);
+  Status RemoveProcessSet(int32_t id);
+  // The ranks of a set this rank knows (empty: none with that id).
+  std::vector<int> ProcessSetRanks(int32_t id) const;
+  std::vector<int32_t> ProcessSetIds() const;
   // Counters for tests and the benchmark.
   uint64_t responses_executed() const { return responses_executed_.load(); }
   uint64_t cache_hits() const { return cache_hits_.load(); }
@@ -104,38 +161,53 @@ class EngineImpl {
  private:
   explicit EngineImpl(const Options& options);
   Status Connect();
-  Status SetUpViews(const Topology& topology, const std::string& why);
+  Status SetUpViews(Comm& comm, const Topology& topology, const std::string& why);
   void Wake();
+  HandlePtr EnqueueProcessSetOp(std::vector<int> ranks, int32_t remove);
+
+  // Process sets (background.cc).
+  ProcessSetState& World() { return *sets_.at(0); }
+  ProcessSetState* FindSet(int32_t id);
+  std::unique_ptr<ProcessSetState> NewSet(int32_t id, std::vector<int> ranks);
+  void ApplyProcessSets(std::vector<Response>& list);  // as a global list is applied
+  Status ExecuteProcessSet(const Response& r, std::vector<TensorEntry*>& entries);
 
   // Caller side.
-  Status ValidateLocked(const TensorEntry& e) const;  // needs mu_ (reads in_flight_)
+  // Need mu_ (they read in_flight_ and known_sets_); they may rewrite the request's root.
+  Status ValidateLocked(TensorEntry& e) const;
+  Status CheckProcessSetLocked(Request& r, const std::string& what) const;
 
   // Background thread (background.cc).
   void Loop();
   void RunLoop();
   bool DrainQueue();
   void StopPolling();  // lowers the poller's flag before a wait that does not poll it
-  void Announce(std::vector<Request> requests);
+  void Announce(ProcessSetState& ps, std::vector<Request> requests);
   void OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&& payload);
   void OnControlError(int peer, const std::string& what,
                       StatusCode code = StatusCode::kPeerLost);
   void StartHeartbeat();
   void OnHeartbeatTimer();
   Status AwaitRootCause(const Status& local);
+  bool coordinator() const { return options_.rank == 0; }
   void CoordinatorStep();
+  void CoordinatorStep(ProcessSetState& ps, Clock::time_point now);
   Clock::duration CycleRemaining() const;
   Status OnRequests(int peer, RequestList&& list);
-  // Rank 0's fast path for cached tensors (background.cc).
-  void OfferBit(int rank, uint32_t bit);
-  void AddFull(int rank, std::vector<Request> requests);
-  void DemoteBit(uint32_t bit, const Request* as = nullptr);
-  std::vector<uint64_t> AgreedBits() const;  // the AND of every rank's row; empty if none
-  std::vector<uint64_t> AgreeOnBits();        // the same, taken out of the rows
+  // Rank 0's fast path for cached tensors (background.cc); ranks count in the set.
+  void OfferBit(ProcessSetState& ps, int rank, uint32_t bit);
+  void AddFull(ProcessSetState& ps, int rank, std::vector<Request> requests);
+  void DemoteBit(ProcessSetState& ps, uint32_t bit, const Request* as = nullptr);
+  // The AND of every member's row; empty if none.
+  static std::vector<uint64_t> AgreedBits(const ProcessSetState& ps);
+  std::vector<uint64_t> AgreeOnBits(ProcessSetState& ps);  // the same, taken out of the rows
   Clock::duration CycleWindow() const;
-  void DemoteLateBits(Clock::time_point now);
-  void ApplyOnRankZero(const std::vector<Response>& list);
+  void DemoteLateBits(ProcessSetState& ps, Clock::time_point now);
+  void ApplyOnRankZero(ProcessSetState& ps, std::vector<Response>& list);
   Status OnResponses(ResponseList&& list);
-  void BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload);
+  // To every worker, or (members given) to those world ranks.
+  void BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload,
+                        const std::vector<int>* members = nullptr);
   void FailAll(const Status& status, bool notify = true);
   void CompleteEntry(TensorEntry& e, const Status& status);
   void FinishShutdown(int requested_by);
@@ -167,7 +239,7 @@ class EngineImpl {
   Status RecordReady(TensorEntry& e);  // caller side
   Status ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>& entries);
   Status OpenDevice(const std::vector<TensorEntry*>& entries);
-  Status ChooseDevicePath(const Status& opened);
+  Status ChooseDevicePath(Comm& comm, const Status& opened);
   Status PollDuringDeviceWait();
   Status DeviceSynchronize();
   Status DeviceDone(const std::vector<TensorEntry*>& entries);
@@ -186,10 +258,17 @@ class EngineImpl {
   // Caller side, guarded by mu_.
   mutable std::mutex mu_;
   std::deque<TensorEntry> queue_;
-  std::unordered_set<std::string> in_flight_;  // names queued or pending on this rank
+  std::unordered_set<std::string> in_flight_;  // PendingKey()s queued or pending on this rank
   Status dead_;                                // set once: later operations fail with it
   bool shutdown_requested_ = false;
-  uint64_t barrier_count_ = 0;
+  // The process sets this rank has executed the addition of and not the removal: their ranks
+  // and how many barriers were submitted on each.
+  struct KnownSet {
+    std::vector<int> ranks;
+    uint64_t barriers = 0;
+  };
+  std::map<int32_t, KnownSet> known_sets_;
+  uint64_t process_set_ops_ = 0;  // additions and removals submitted (their names)
   std::atomic<bool> wake_posted_{false};
   std::atomic<bool> queued_{false};    // the queue may hold entries the background has not seen
   std::atomic<bool> sleeping_{false};  // the background thread sleeps in io_ (or is about to)
@@ -200,44 +279,29 @@ class EngineImpl {
   // transport_ so that it outlives the transport that points at its offload.
   std::unique_ptr<JobBackends> backends_;
   std::unique_ptr<Transport> transport_;
-  // This host's ranks and the ranks with this rank's local index across hosts: views of
-  // transport_, set when the layout allows hierarchical collectives (plan_.hierarchical).
-  std::unique_ptr<GroupView> local_view_, cross_view_;
-  // With the views: the world ranks of each host, hosts in cross_view_'s order, ranks in
-  // local_view_'s (the hierarchical allgather's layout).
-  std::vector<std::vector<int>> hosts_;
-  PlanContext plan_;
+  Topology topology_;  // where each rank runs (empty for a world of one)
+  std::string layout_note_;  // why the layout does not allow hierarchical collectives
   std::vector<std::shared_ptr<ControlLink>> control_;  // rank 0: [peer]; worker: [0]
   std::shared_ptr<ControlPoller> poller_;  // links the io_context alone does not drive; or null
   bool polling_ = false;  // poller_ is told this thread polls it (only while it spins idle)
   bool control_over_tcp_ = true;  // some control link is read by the io_context
   Clock::time_point io_polled_;   // when the spinning loop last polled the io_context
-  std::unique_ptr<Coordinator> coordinator_;              // rank 0 only
-  std::unique_ptr<ResponseCache> cache_;                  // identical on every rank
-  std::vector<uint64_t> worker_epochs_;                   // rank 0: each worker's cache epoch
-  // Rank 0's fast path: [rank][word] cached tensors announced and not yet agreed on; [bit] when
-  // the first rank announced it (zero: no rank has); whether a row changed since the last AND.
-  std::vector<std::vector<uint64_t>> ready_bits_;
-  std::vector<Clock::time_point> bit_since_;
-  bool bits_changed_ = false;
-  Clock::time_point bits_checked_;
-  Clock::time_point agreed_since_;  // when the oldest agreed bit not yet sent became agreed
-  std::unordered_map<std::string, TensorEntry> pending_;  // announced, awaiting execution
+  std::unordered_map<std::string, TensorEntry> pending_;  // by PendingKey(): announced, awaiting execution
   std::deque<Response> to_execute_;
   std::unique_ptr<Timeline> timeline_;
   ScratchBuffer scratch_;
   ScratchBuffer fusion_;
   // Device tensors (execute_device.cc): this rank's device, opened at its first device
-  // response; how the ranks agreed to run device collectives, at that response; the device
-  // fusion buffer and the pinned host staging buffer. Declared in the order they go.
+  // response; the device fusion buffer and the pinned host staging buffer. Declared before
+  // sets_, whose NCCL communicators go first.
   std::shared_ptr<Device> device_;
-  enum class DevicePath { kUnknown, kCollectives, kStaging };
-  DevicePath device_path_ = DevicePath::kUnknown;
   DeviceBuffer device_fusion_;
   DeviceBuffer host_staging_{true};
-  std::unique_ptr<DeviceCollectives> device_collectives_;
-  size_t agreed_fusion_ = 0;   // sizes every rank has agreed it holds (execute.cc, step 2)
-  size_t agreed_scratch_ = 0;
+  // Process sets by id, 0 (every rank) included; ids are never reused, so a late message for a
+  // removed set cannot be taken for a newer one.
+  std::map<int32_t, std::unique_ptr<ProcessSetState>> sets_;
+  int32_t next_set_id_ = 1;  // rank 0
+  Comm* comm_ = nullptr;     // where the response being executed runs
   bool abandon_ = false;       // this rank failed alone inside the response being executed
   bool joined_ = false;
   bool shutdown_sent_ = false;

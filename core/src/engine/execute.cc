@@ -128,28 +128,30 @@ ReducescatterLayout LayOutReducescatter(const Response& r, int size, int rank) {
 }
 
 Status EngineImpl::AgreeOnMemory(const MemoryNeeds& need, const Status& local, size_t missing) {
-  const bool agree = options_.size > 1 &&
-                     ((need.fusion >= kAgreeBytes && need.fusion > agreed_fusion_) ||
-                      (need.scratch >= kAgreeBytes && need.scratch > agreed_scratch_) ||
+  Comm& c = *comm_;
+  const int n = c.size;
+  const bool agree = n > 1 &&
+                     ((need.fusion >= kAgreeBytes && need.fusion > c.agreed_fusion) ||
+                      (need.scratch >= kAgreeBytes && need.scratch > c.agreed_scratch) ||
                       need.output >= kAgreeBytes);
   if (!agree) {
-    if (!local.ok() && options_.size > 1) abandon_ = true;  // step 4
+    if (!local.ok() && n > 1) abandon_ = true;  // step 4
     return local;
   }
-  const int n = options_.size;
   uint64_t mine = local.ok() ? 0 : std::max<uint64_t>(missing, 1);
   std::vector<uint64_t> all(n, 0);
-  HVD_RETURN_IF_ERROR(Allgatherv(*transport_, &mine, all.data(),
+  HVD_RETURN_IF_ERROR(Allgatherv(*c.t, &mine, all.data(),
                                  std::vector<size_t>(n, sizeof(uint64_t)), CollectiveDeadline()));
   std::ostringstream os;
   int short_ranks = 0;
   for (int i = 0; i < n; ++i) {
     if (all[i] == 0) continue;
-    os << (short_ranks++ ? ", " : "") << "rank " << i << " could not allocate " << Bytes(all[i]);
+    const int world = c.view ? c.view->base_rank(i) : i;
+    os << (short_ranks++ ? ", " : "") << "rank " << world << " could not allocate " << Bytes(all[i]);
   }
   if (short_ranks == 0) {
-    agreed_fusion_ = std::max(agreed_fusion_, need.fusion);
-    agreed_scratch_ = std::max(agreed_scratch_, need.scratch);
+    c.agreed_fusion = std::max(c.agreed_fusion, need.fusion);
+    c.agreed_scratch = std::max(c.agreed_scratch, need.scratch);
     return Status::OK();
   }
   os << "; no data was exchanged and the engine goes on";
@@ -180,7 +182,7 @@ void EngineImpl::Abandon(const Status& why) {
                     " abandoned the communicator: " + why.message();
   HVD_LOG(kError) << msg;
   if (!abort_.ok()) return;
-  if (coordinator_) {
+  if (coordinator()) {
     BroadcastControl(static_cast<uint8_t>(MessageType::kAbort),
                      std::make_shared<const std::vector<uint8_t>>(msg.begin(), msg.end()));
   }
@@ -195,19 +197,26 @@ Deadline EngineImpl::CollectiveDeadline() const {
 void EngineImpl::CompleteEntry(TensorEntry& e, const Status& status) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    in_flight_.erase(e.request.name);
+    in_flight_.erase(PendingKey(e.request.process_set, e.request.name));
   }
   e.handle->Complete(status);
 }
 
 void EngineImpl::Execute(const Response& r) {
   responses_executed_.fetch_add(1);
+  ProcessSetState* ps = FindSet(r.process_set);
+  if (ps == nullptr || !ps->comm) {  // responses go to members only
+    HVD_LOG(kError) << "response for '" << r.names[0] << "' of process set " << r.process_set
+                    << ", which this rank is not a member of";
+    return;
+  }
+  comm_ = ps->comm.get();
   // This rank's entries, taken out of pending_; null where this rank has joined.
   std::vector<std::optional<TensorEntry>> owned(r.names.size());
   std::vector<TensorEntry*> entries(r.names.size(), nullptr);
   bool mine = false;
   for (size_t i = 0; i < r.names.size(); ++i) {
-    auto it = pending_.find(r.names[i]);
+    auto it = pending_.find(PendingKey(r.process_set, r.names[i]));
     if (it == pending_.end()) continue;
     owned[i] = std::move(it->second);
     pending_.erase(it);
@@ -228,7 +237,7 @@ void EngineImpl::Execute(const Response& r) {
   } catch (...) {
     s = Status::Internal("exception on the background thread: " +
                          ExceptionMessage(std::current_exception()));
-    abandon_ = options_.size > 1;
+    abandon_ = comm_->size > 1;
   }
   timeline_->End(s.ok() ? "ok" : StatusCodeName(s.code()));
   bool comm_gone = r.type != OpType::kError &&
@@ -273,7 +282,10 @@ Status EngineImpl::Run(const Response& r, std::vector<TensorEntry*>& entries) {
                      : Status::Internal("reducescatter '" + r.names[0] + "' without a local tensor");
       break;
     case OpType::kBarrier:
-      s = hvd::Barrier(*transport_, CollectiveDeadline());
+      s = hvd::Barrier(*comm_->t, CollectiveDeadline());
+      break;
+    case OpType::kProcessSet:
+      s = ExecuteProcessSet(r, entries);
       break;
     case OpType::kJoin:
       joined_ = false;
@@ -295,8 +307,9 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   bool fused = entries.size() > 1 || entries[0] == nullptr;
   MemoryNeeds need;
   need.fusion = total * esize;
-  const AllreducePlan plan = PlanAllreduce(total, r.dtype, plan_);
-  need.scratch = PlanScratchBytes(plan, total, r.dtype, plan_);
+  const Comm& c = *comm_;
+  const AllreducePlan plan = PlanAllreduce(total, r.dtype, c.plan);
+  need.scratch = PlanScratchBytes(plan, total, r.dtype, c.plan);
   void* fusion = nullptr;
   HVD_RETURN_IF_ERROR(Reserve(need, fused ? total * esize : 0, &fusion));
   uint8_t* buf;
@@ -320,14 +333,14 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   Scale(buf, total, r.dtype, r.prescale);
   ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
   if (plan.hierarchical) {
-    HVD_RETURN_IF_ERROR(HierarchicalAllreduce(*local_view_, *cross_view_, buf, total, r.dtype, op,
+    HVD_RETURN_IF_ERROR(HierarchicalAllreduce(*c.local, *c.cross, buf, total, r.dtype, op,
                                               scratch_, CollectiveDeadline(), plan.algorithm));
   } else {
-    HVD_RETURN_IF_ERROR(hvd::Allreduce(*transport_, buf, total, r.dtype, op, scratch_,
+    HVD_RETURN_IF_ERROR(hvd::Allreduce(*c.t, buf, total, r.dtype, op, scratch_,
                                        CollectiveDeadline(), plan.algorithm));
   }
   double post = r.postscale;
-  if (r.op == ReduceOp::kAverage) post /= options_.size;
+  if (r.op == ReduceOp::kAverage) post /= c.size;
   Scale(buf, total, r.dtype, post);
   if (fused) {
     size_t off = 0;
@@ -353,14 +366,15 @@ void* EngineImpl::AllocateOutput(TensorEntry* e, const std::vector<int64_t>& sha
 }
 
 Status EngineImpl::ExecuteAllgather(const Response& r, TensorEntry* e) {
-  const AllgatherLayout l = LayOutAllgather(r, options_.size, e ? e->request.shape : r.shapes[0]);
+  const Comm& c = *comm_;
+  const AllgatherLayout l = LayOutAllgather(r, c.size, e ? e->request.shape : r.shapes[0]);
   const std::vector<size_t>& bytes = l.bytes;
   const size_t total = l.total;
-  const size_t offset = std::accumulate(bytes.begin(), bytes.begin() + options_.rank, size_t{0});
-  const bool hierarchical = PlanHierarchicalAllgather(total, plan_);
+  const size_t offset = std::accumulate(bytes.begin(), bytes.begin() + c.rank, size_t{0});
+  const bool hierarchical = PlanHierarchicalAllgather(total, c.plan);
   MemoryNeeds need;
   need.output = total;
-  if (hierarchical) need.scratch = HierarchicalAllgatherScratchBytes(hosts_, bytes);
+  if (hierarchical) need.scratch = HierarchicalAllgatherScratchBytes(c.hosts, bytes);
   void* got = nullptr;
   Status local;
   if (e) {
@@ -371,11 +385,11 @@ Status EngineImpl::ExecuteAllgather(const Response& r, TensorEntry* e) {
   HVD_RETURN_IF_ERROR(Reserve(need, e ? 0 : total, e ? nullptr : &got, local, total));
   auto* out = static_cast<uint8_t*>(got);
   if (hierarchical) {
-    return HierarchicalAllgatherv(*local_view_, *cross_view_, hosts_, e ? e->input.data : out,
+    return HierarchicalAllgatherv(*c.local, *c.cross, c.hosts, e ? e->input.data : out,
                                   out, bytes, scratch_, CollectiveDeadline());
   }
-  if (e && bytes[options_.rank]) std::memcpy(out + offset, e->input.data, bytes[options_.rank]);
-  return Allgatherv(*transport_, out + offset, out, bytes, CollectiveDeadline());
+  if (e && bytes[c.rank]) std::memcpy(out + offset, e->input.data, bytes[c.rank]);
+  return Allgatherv(*c.t, out + offset, out, bytes, CollectiveDeadline());
 }
 
 Status EngineImpl::ExecuteBroadcast(const Response& r, TensorEntry* e) {
@@ -387,16 +401,16 @@ Status EngineImpl::ExecuteBroadcast(const Response& r, TensorEntry* e) {
   HVD_RETURN_IF_ERROR(Reserve(need, e ? 0 : bytes, &buf));
   if (e) {
     buf = e->output.data;
-    if (options_.rank == r.root && e->output.data != e->input.data && bytes) {
+    if (comm_->rank == r.root && e->output.data != e->input.data && bytes) {
       std::memcpy(buf, e->input.data, bytes);
     }
   }
-  return hvd::Broadcast(*transport_, buf, bytes, r.root, CollectiveDeadline());
+  return hvd::Broadcast(*comm_->t, buf, bytes, r.root, CollectiveDeadline());
 }
 
 Status EngineImpl::ExecuteAlltoall(const Response& r, TensorEntry* e) {
-  const int n = options_.size;
-  const AlltoallLayout l = LayOutAlltoall(r, n, options_.rank, e->request.shape);
+  const int n = comm_->size;
+  const AlltoallLayout l = LayOutAlltoall(r, n, comm_->rank, e->request.shape);
   e->handle->received_splits_ = l.received_splits;
   const size_t total = l.total;
   MemoryNeeds need;  // the largest output of any rank
@@ -409,17 +423,17 @@ Status EngineImpl::ExecuteAlltoall(const Response& r, TensorEntry* e) {
   Status local = TryAllocate(total, "the alltoall output",
                              [&] { return AllocateOutput(e, l.shape, total); }, &out);
   HVD_RETURN_IF_ERROR(Reserve(need, 0, nullptr, local, total));
-  return Alltoallv(*transport_, e->input.data, l.send, out, l.recv, CollectiveDeadline());
+  return Alltoallv(*comm_->t, e->input.data, l.send, out, l.recv, CollectiveDeadline());
 }
 
 Status EngineImpl::ExecuteReducescatter(const Response& r, TensorEntry* e) {
-  const int n = options_.size;
-  const ReducescatterLayout l = LayOutReducescatter(r, n, options_.rank);
+  const int n = comm_->size;
+  const ReducescatterLayout l = LayOutReducescatter(r, n, comm_->rank);
   const std::vector<size_t>& counts = l.counts;
   const size_t esize = DataTypeSize(r.dtype);
   const size_t total = l.total;
   const void* in = e->input.data;
-  const size_t out_count = counts[options_.rank];
+  const size_t out_count = counts[comm_->rank];
   MemoryNeeds need;
   need.output = counts[0] * esize;  // rank 0's part is the largest
   need.scratch = ReduceScatterScratchBytes(counts, r.dtype);
@@ -436,7 +450,7 @@ Status EngineImpl::ExecuteReducescatter(const Response& r, TensorEntry* e) {
     in = copy;
   }
   ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-  HVD_RETURN_IF_ERROR(ReduceScatter(*transport_, in, out, counts, r.dtype, op, scratch_,
+  HVD_RETURN_IF_ERROR(ReduceScatter(*comm_->t, in, out, counts, r.dtype, op, scratch_,
                                     CollectiveDeadline()));
   double post = r.postscale;
   if (r.op == ReduceOp::kAverage) post /= n;

@@ -57,14 +57,14 @@ Status EngineImpl::PollDuringDeviceWait() {
   if (io_.stopped()) io_.restart();
   io_.poll();
   Status s = abort_;
-  if (s.ok() && device_collectives_) s = device_collectives_->Check();
-  if (!s.ok() && device_collectives_) device_collectives_->Abort();
+  if (s.ok() && comm_->device_collectives) s = comm_->device_collectives->Check();
+  if (!s.ok() && comm_->device_collectives) comm_->device_collectives->Abort();
   return s;
 }
 
 Status EngineImpl::DeviceSynchronize() {
   Status s = device_->Synchronize(CollectiveDeadline(), [this] { return PollDuringDeviceWait(); });
-  if (!s.ok() && device_collectives_) device_collectives_->Abort();
+  if (!s.ok() && comm_->device_collectives) comm_->device_collectives->Abort();
   return s;
 }
 
@@ -115,8 +115,8 @@ Status EngineImpl::OpenDevice(const std::vector<TensorEntry*>& entries) {
   return Status::OK();
 }
 
-Status EngineImpl::ChooseDevicePath(const Status& opened) {
-  const int n = options_.size;
+Status EngineImpl::ChooseDevicePath(Comm& c, const Status& opened) {
+  const int n = c.size;
   DeviceRecord mine{};
   if (device_) std::snprintf(mine.uuid, sizeof(mine.uuid), "%s", device_->Uuid().c_str());
   mine.opened = opened.ok() ? 1 : 0;
@@ -124,15 +124,16 @@ Status EngineImpl::ChooseDevicePath(const Status& opened) {
                      options_.gpu_operations == Options::GpuOperations::kNccl;
   std::vector<DeviceRecord> all(n);
   if (n > 1) {
-    HVD_RETURN_IF_ERROR(Allgatherv(*transport_, &mine, all.data(),
+    HVD_RETURN_IF_ERROR(Allgatherv(*c.t, &mine, all.data(),
                                    std::vector<size_t>(n, sizeof(DeviceRecord)),
                                    CollectiveDeadline()));
   } else {
     all[0] = mine;
   }
+  auto world = [&c](int i) { return std::to_string(c.view ? c.view->base_rank(i) : i); };
   std::ostringstream failed;
   for (int i = 0; i < n; ++i) {
-    if (!all[i].opened) failed << (failed.tellp() > 0 ? ", " : "") << i;
+    if (!all[i].opened) failed << (failed.tellp() > 0 ? ", " : "") << world(i);
   }
   if (failed.tellp() > 0) {
     return Status::FailedPrecondition("ranks " + failed.str() + " could not open their CUDA device" +
@@ -141,28 +142,27 @@ Status EngineImpl::ChooseDevicePath(const Status& opened) {
   std::string why;
   for (int i = 0; i < n && why.empty(); ++i) {
     if (!all[i].collectives) {
-      why = "rank " + std::to_string(i) + " has no NCCL or set HVD_GPU_OPERATIONS=cpu";
+      why = "rank " + world(i) + " has no NCCL or set HVD_GPU_OPERATIONS=cpu";
     }
     for (int j = 0; j < i && why.empty(); ++j) {
       if (std::strncmp(all[i].uuid, all[j].uuid, sizeof(all[i].uuid)) == 0) {
-        why = "ranks " + std::to_string(j) + " and " + std::to_string(i) +
-              " share one GPU, which NCCL refuses";
+        why = "ranks " + world(j) + " and " + world(i) + " share one GPU, which NCCL refuses";
       }
     }
   }
   if (why.empty()) {
-    auto comm = CreateDeviceCollectives(*transport_, *device_, CollectiveDeadline(),
+    auto comm = CreateDeviceCollectives(*c.t, *device_, CollectiveDeadline(),
                                         [this] { return PollDuringDeviceWait(); });
     if (!comm.ok()) {
       abandon_ = n > 1;  // the others may be inside NCCL's set-up
       return comm.status().WithContext("setting up NCCL");
     }
-    device_collectives_ = std::move(*comm);
-    device_path_ = DevicePath::kCollectives;
+    c.device_collectives = std::move(*comm);
+    c.device_path = Comm::DevicePath::kCollectives;
     HVD_LOG(kInfo) << "device tensors on " << device_->Describe() << " go through "
-                   << device_collectives_->name();
+                   << c.device_collectives->name();
   } else {
-    device_path_ = DevicePath::kStaging;
+    c.device_path = Comm::DevicePath::kStaging;
     HVD_LOG(kInfo) << "device tensors on " << device_->Describe()
                    << " are staged through host memory: " << why;
   }
@@ -171,36 +171,36 @@ Status EngineImpl::ChooseDevicePath(const Status& opened) {
 
 Status EngineImpl::ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>& entries) {
   Status opened = OpenDevice(entries);
-  if (device_path_ == DevicePath::kUnknown) {
-    HVD_RETURN_IF_ERROR(ChooseDevicePath(opened));
+  if (comm_->device_path == Comm::DevicePath::kUnknown) {
+    HVD_RETURN_IF_ERROR(ChooseDevicePath(*comm_, opened));
   } else if (!opened.ok()) {
-    abandon_ = options_.size > 1;  // the others are already running it
+    abandon_ = comm_->size > 1;  // the others are already running it
     return opened;
   }
   for (auto* e : entries) {
     if (e && e->ready_event) {
       Status s = device_->WaitEvent(e->ready_event.get());
       if (!s.ok()) {
-        abandon_ = options_.size > 1;
+        abandon_ = comm_->size > 1;
         return s;
       }
       e->ready_event.reset();
     }
   }
   // Work queued before (async completion) may have failed since.
-  if (device_collectives_) {
-    Status s = device_collectives_->Check();
+  if (comm_->device_collectives) {
+    Status s = comm_->device_collectives->Check();
     if (!s.ok()) return s;
   }
-  const bool collectives = device_path_ == DevicePath::kCollectives &&
-                           (!IsReduction(r.type) || device_collectives_->Reduces(r.dtype, r.op));
+  const bool collectives = comm_->device_path == Comm::DevicePath::kCollectives &&
+                           (!IsReduction(r.type) || comm_->device_collectives->Reduces(r.dtype, r.op));
   bool host_failed = false;  // the host path's failures already say whether to abandon
   Status s = collectives ? RunDeviceCollective(r, entries) : RunStaged(r, entries, &host_failed);
   // A device call that failed here alone (an allocation, a copy, a launch) leaves the others
   // inside the collective.
   if (!s.ok() && !host_failed && s.code() != StatusCode::kPeerLost &&
       s.code() != StatusCode::kTimeout) {
-    abandon_ = abandon_ || options_.size > 1;
+    abandon_ = abandon_ || comm_->size > 1;
   }
   return s;
 }
@@ -248,11 +248,11 @@ Status EngineImpl::AllocateDeviceOutput(TensorEntry* e, const std::vector<int64_
 
 Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>& entries) {
   Device& d = *device_;
-  DeviceCollectives& c = *device_collectives_;
+  DeviceCollectives& c = *comm_->device_collectives;
   const size_t esize = DataTypeSize(r.dtype);
   const ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
   double post = r.postscale;
-  if (r.op == ReduceOp::kAverage) post /= options_.size;
+  if (r.op == ReduceOp::kAverage) post /= comm_->size;
   if (entries.size() == 1 && entries[0] != nullptr) {
     TensorEntry* e = entries[0];
     const size_t count = static_cast<size_t>(NumElements(r.shapes[0]));
@@ -293,14 +293,14 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
 }
 
 Status EngineImpl::DeviceAllgather(const Response& r, TensorEntry* e) {
-  const AllgatherLayout l = LayOutAllgather(r, options_.size, e ? e->request.shape : r.shapes[0]);
+  const AllgatherLayout l = LayOutAllgather(r, comm_->size, e ? e->request.shape : r.shapes[0]);
   void* out = nullptr;
   if (e) {
     HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, l.shape, l.total, &out));
   } else {
     HVD_RETURN_IF_ERROR(device_fusion_.Get(device_.get(), l.total, &out));
   }
-  HVD_RETURN_IF_ERROR(device_collectives_->Allgatherv(e ? e->input.data : nullptr, out, l.bytes));
+  HVD_RETURN_IF_ERROR(comm_->device_collectives->Allgatherv(e ? e->input.data : nullptr, out, l.bytes));
   return DeviceDone({e});
 }
 
@@ -309,31 +309,31 @@ Status EngineImpl::DeviceBroadcast(const Response& r, TensorEntry* e) {
   void* buf = nullptr;
   if (e) {
     buf = e->output.data;
-    if (options_.rank == r.root && e->output.data != e->input.data) {
+    if (comm_->rank == r.root && e->output.data != e->input.data) {
       HVD_RETURN_IF_ERROR(device_->Copy(buf, e->input.data, bytes));
     }
   } else {
     HVD_RETURN_IF_ERROR(device_fusion_.Get(device_.get(), bytes, &buf));
   }
-  HVD_RETURN_IF_ERROR(device_collectives_->Broadcast(buf, bytes, r.root));
+  HVD_RETURN_IF_ERROR(comm_->device_collectives->Broadcast(buf, bytes, r.root));
   return DeviceDone({e});
 }
 
 Status EngineImpl::DeviceAlltoall(const Response& r, TensorEntry* e) {
-  const AlltoallLayout l = LayOutAlltoall(r, options_.size, options_.rank, e->request.shape);
+  const AlltoallLayout l = LayOutAlltoall(r, comm_->size, comm_->rank, e->request.shape);
   e->handle->received_splits_ = l.received_splits;
   void* out = nullptr;
   HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, l.shape, l.total, &out));
-  HVD_RETURN_IF_ERROR(device_collectives_->Alltoallv(e->input.data, l.send, out, l.recv));
+  HVD_RETURN_IF_ERROR(comm_->device_collectives->Alltoallv(e->input.data, l.send, out, l.recv));
   return DeviceDone({e});
 }
 
 Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
   Device& d = *device_;
-  const int n = options_.size;
-  const ReducescatterLayout l = LayOutReducescatter(r, n, options_.rank);
+  const int n = comm_->size;
+  const ReducescatterLayout l = LayOutReducescatter(r, n, comm_->rank);
   const size_t esize = DataTypeSize(r.dtype);
-  const size_t total = l.total, out_count = l.counts[options_.rank];
+  const size_t total = l.total, out_count = l.counts[comm_->rank];
   void* out = nullptr;
   HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, l.shape, out_count * esize, &out));
   const void* in = e->input.data;
@@ -345,7 +345,7 @@ Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
     in = copy;
   }
   const ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-  HVD_RETURN_IF_ERROR(device_collectives_->ReduceScatter(in, out, l.counts, r.dtype, op));
+  HVD_RETURN_IF_ERROR(comm_->device_collectives->ReduceScatter(in, out, l.counts, r.dtype, op));
   double post = r.postscale;
   if (r.op == ReduceOp::kAverage) post /= n;
   HVD_RETURN_IF_ERROR(d.Scale(out, out_count, r.dtype, post));
