@@ -44,31 +44,158 @@ Product = _core.PRODUCT
 
 
 class ProcessSet:
-    """The set of ranks an operation runs on. Only the global set exists in this version."""
+    """A set of ranks that runs collectives among itself, as Horovod's ``ProcessSet``.
 
-    def __repr__(self):
-        return "hvd.global_process_set"
+    Make one from a list of world ranks and pass it to ``hvd.init(process_sets=[...])`` or
+    ``hvd.add_process_set``; then pass it as ``process_set=`` to any operation. Ranks, roots
+    and splits count in the set, except a broadcast's ``root_rank``, which is a world rank (as
+    in Horovod). Each set negotiates on its own: a set waiting for a slow member holds back no
+    other set.
+    """
+
+    process_set_id = None
+    ranks = None
+    mpi_comm = None
+
+    def __init__(self, ranks_or_comm):
+        try:
+            ranks = sorted(ranks_or_comm)
+        except TypeError:
+            raise ValueError("ProcessSet takes a list of ranks; hvd does not take MPI "
+                             "communicators") from None
+        if any(not isinstance(r, int) or isinstance(r, bool) for r in ranks):
+            raise ValueError("ProcessSet takes a list of integer ranks, got %r" % (ranks_or_comm,))
+        self.ranks = ranks
+
+    def _invalidate(self):
+        self.process_set_id = None
+        self.ranks = None
+
+    def size(self):
+        """The number of ranks in the set, or None before it is added."""
+        if self.process_set_id is None:
+            return None
+        return len(_core.process_set_ranks(self.process_set_id))
+
+    def rank(self):
+        """This rank's place in the set (0 for its lowest rank), or None before it is added.
+        Raises ValueError on a rank that is not a member."""
+        if self.process_set_id is None:
+            return None
+        ranks = _core.process_set_ranks(self.process_set_id)
+        if _core.rank() not in ranks:
+            raise ValueError("rank %d is not a member of process set %d (ranks %s)"
+                             % (_core.rank(), self.process_set_id, ranks))
+        return ranks.index(_core.rank())
+
+    def included(self):
+        """Whether this rank is a member, or None before the set is added."""
+        if self.process_set_id is None:
+            return None
+        return _core.rank() in _core.process_set_ranks(self.process_set_id)
+
+    def __str__(self):
+        return "ProcessSet(process_set_id=%s, ranks=%s, mpi_comm=None)" % (
+            self.process_set_id, self.ranks)
+
+    __repr__ = __str__
 
 
-global_process_set = ProcessSet()
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+_process_sets = {0: [global_process_set]}  # id -> the ProcessSet objects that name it
+
+
+def _process_set_id(process_set):
+    """The engine's id of an operation's process set (None: the global set)."""
+    if process_set is None:
+        return 0
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError("process_set must be an hvd.ProcessSet, got %r" % (process_set,))
+    if process_set.process_set_id is None:
+        raise ValueError("%s has not been added (hvd.init(process_sets=...) or "
+                         "hvd.add_process_set) or was removed" % (process_set,))
+    return process_set.process_set_id
+
+
+def _register(process_set, process_set_id):
+    process_set.process_set_id = process_set_id
+    process_set.ranks = list(_core.process_set_ranks(process_set_id))
+    known = _process_sets.setdefault(process_set_id, [])
+    if process_set not in known:
+        known.append(process_set)
 
 
 def init(comm=None, process_sets=None):
     """Starts the engine from the environment (HVD_* or HOROVOD_* variables, mpirun, Slurm).
 
     A process started without a launcher is a world of size 1. Calling it again is a no-op.
-    ``comm`` and ``process_sets`` exist for Horovod compatibility and must be None.
+    ``process_sets``: ProcessSets every rank adds as the engine starts (in the same order on
+    every rank), or ``"dynamic"`` to allow ``add_process_set`` and ``remove_process_set``
+    later, as HOROVOD_DYNAMIC_PROCESS_SETS=1 does. MPI communicators (``comm``) are not taken.
     """
     if comm is not None:
         raise ValueError("hvd.init(comm=...): MPI communicators are not supported")
-    if process_sets not in (None, "dynamic") and process_sets != [global_process_set]:
-        raise ValueError("hvd.init(process_sets=...): only the global process set exists")
-    _core.init()
+    dynamic = isinstance(process_sets, str)
+    if dynamic and process_sets != "dynamic":
+        raise ValueError("hvd.init(process_sets=...) takes a list of ProcessSets or 'dynamic', "
+                         "got %r" % (process_sets,))
+    sets = [] if dynamic or process_sets is None else list(process_sets)
+    for ps in sets:
+        if not isinstance(ps, ProcessSet):
+            raise ValueError("hvd.init(process_sets=...) takes ProcessSets, got %r" % (ps,))
+    if _core.is_initialized():
+        return
+    _core.init([ps.ranks for ps in sets if ps is not global_process_set], dynamic)
+    global_process_set.ranks = list(range(_core.size()))
+    ids = [i for i in _core.process_set_ids() if i != 0]
+    for ps, i in zip([ps for ps in sets if ps is not global_process_set], ids):
+        _register(ps, i)
+
+
+def add_process_set(process_set):
+    """Adds a process set (a ProcessSet or a list of ranks) and returns it. Collective: every
+    rank calls it, with the same ranks, in the same order. Needs HOROVOD_DYNAMIC_PROCESS_SETS=1
+    (or HVD_) or ``hvd.init(process_sets="dynamic")``."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if not _core.dynamic_process_sets():
+        raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 (or HVD_DYNAMIC_PROCESS_SETS=1) to "
+                         "allow adding process sets after hvd.init()")
+    _register(process_set, _core.add_process_set(process_set.ranks))
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Removes a process set; returns whether it did (never the global set). Collective, like
+    add_process_set. Operations of the set still in flight fail on every member. Every
+    ProcessSet object that named it is invalidated."""
+    if process_set.process_set_id is None or process_set.process_set_id == 0:
+        return False
+    if not _core.dynamic_process_sets():
+        raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 (or HVD_DYNAMIC_PROCESS_SETS=1) to "
+                         "allow removing process sets")
+    process_set_id = process_set.process_set_id
+    _core.remove_process_set(process_set_id)
+    for ps in _process_sets.pop(process_set_id, [process_set]):
+        ps._invalidate()
+    process_set._invalidate()
+    return True
+
+
+def process_sets():
+    """The known process sets, one object per id, in id order."""
+    return [_process_sets[i][0] for i in sorted(_process_sets)]
 
 
 def shutdown():
-    """Stops the engine. Pending operations fail with AbortedError. Idempotent."""
+    """Stops the engine. Pending operations fail with AbortedError. Idempotent. Process sets
+    are forgotten."""
     _core.shutdown()
+    for process_set_id in [i for i in _process_sets if i != 0]:
+        for ps in _process_sets.pop(process_set_id):
+            ps._invalidate()
 
 
 def is_initialized():

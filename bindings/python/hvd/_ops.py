@@ -12,10 +12,10 @@ address, the core's dtype code and its shape) and builds result tensors. Its int
 
 Every operation is named. Without a name, the next number of a per-process counter is used
 ("allreduce.noname.17"), as Horovod does, one counter per process set: the members of a set
-agree as long as they issue their unnamed operations on it in the same order.
+agree as long as they issue their unnamed operations on it in the same order. Given names get
+the operation as prefix ("allreduce.<name>"), so an allreduce and a broadcast may share a name.
 
-Every operation runs on a process set, given by id as ``ps`` (0: every rank; hvd.ProcessSet). Given names get the operation as prefix ("allreduce.<name>"), so
-an allreduce and a broadcast may share a name.
+Every operation runs on a process set, given by id as ``ps`` (0: every rank; hvd.ProcessSet).
 
 Memory handed to the core stays referenced by the core handle until the operation finishes.
 """

@@ -27,17 +27,22 @@ from hvd import (  # noqa: F401  (re-exported)
     ResourceExhaustedError,
     Product,
     Sum,
+    ProcessSet,
+    add_process_set,
     cross_rank,
     cross_size,
+    global_process_set,
     init,
     is_initialized,
     local_rank,
     local_size,
+    process_sets,
     rank,
+    remove_process_set,
     shutdown,
     size,
 )
-from hvd import _core, _ops
+from hvd import _core, _ops, _process_set_id
 
 _TO_CORE = {
     _np.dtype(_np.uint8): _core.UINT8,
@@ -102,81 +107,97 @@ def synchronize(handle):
     return handle.wait()
 
 
-def allreduce_async(array, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_async(array, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
     return _ops.allreduce_async(_A, array, name, _ops.check_op(op), prescale_factor,
-                                postscale_factor, inplace=False)
+                                postscale_factor, inplace=False,
+                                ps=_process_set_id(process_set))
 
 
-def allreduce(array, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    return allreduce_async(array, name, op, prescale_factor, postscale_factor).wait()
+def allreduce(array, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+              process_set=global_process_set):
+    return allreduce_async(array, name, op, prescale_factor, postscale_factor,
+                           process_set=process_set).wait()
 
 
-def allreduce_async_(array, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_async_(array, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
     return _ops.allreduce_async(_A, _writable(array), name, _ops.check_op(op), prescale_factor,
-                                postscale_factor, inplace=True)
+                                postscale_factor, inplace=True,
+                                ps=_process_set_id(process_set))
 
 
-def allreduce_(array, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    return allreduce_async_(array, name, op, prescale_factor, postscale_factor).wait()
+def allreduce_(array, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
+    return allreduce_async_(array, name, op, prescale_factor, postscale_factor,
+                            process_set=process_set).wait()
 
 
 def grouped_allreduce_async(arrays, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0):
+                            postscale_factor=1.0, process_set=global_process_set):
     return _ops.grouped_allreduce_async(_A, arrays, name, _ops.check_op(op), prescale_factor,
-                                        postscale_factor, inplace=False)
+                                        postscale_factor, inplace=False,
+                                ps=_process_set_id(process_set))
 
 
-def grouped_allreduce(arrays, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    return grouped_allreduce_async(arrays, name, op, prescale_factor, postscale_factor).wait()
+def grouped_allreduce(arrays, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set):
+    return grouped_allreduce_async(arrays, name, op, prescale_factor, postscale_factor,
+                                   process_set=process_set).wait()
 
 
 def grouped_allreduce_async_(arrays, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0):
+                             postscale_factor=1.0, process_set=global_process_set):
     arrays = [_writable(a) for a in arrays]
     return _ops.grouped_allreduce_async(_A, arrays, name, _ops.check_op(op), prescale_factor,
-                                        postscale_factor, inplace=True)
+                                        postscale_factor, inplace=True,
+                                ps=_process_set_id(process_set))
 
 
-def grouped_allreduce_(arrays, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    return grouped_allreduce_async_(arrays, name, op, prescale_factor, postscale_factor).wait()
+def grouped_allreduce_(arrays, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
+    return grouped_allreduce_async_(arrays, name, op, prescale_factor, postscale_factor,
+                                    process_set=process_set).wait()
 
 
-def allgather_async(array, name=None):
-    return _ops.allgather_async(_A, array, name)
+def allgather_async(array, name=None, process_set=global_process_set):
+    return _ops.allgather_async(_A, array, name, ps=_process_set_id(process_set))
 
 
-def allgather(array, name=None):
+def allgather(array, name=None, process_set=global_process_set):
     """Concatenates the ranks' arrays along the first dimension (which may differ)."""
-    return allgather_async(array, name).wait()
+    return allgather_async(array, name, process_set=process_set).wait()
 
 
-def grouped_allgather_async(arrays, name=None):
-    return _ops.grouped_allgather_async(_A, arrays, name)
+def grouped_allgather_async(arrays, name=None, process_set=global_process_set):
+    return _ops.grouped_allgather_async(_A, arrays, name, ps=_process_set_id(process_set))
 
 
-def grouped_allgather(arrays, name=None):
-    return grouped_allgather_async(arrays, name).wait()
+def grouped_allgather(arrays, name=None, process_set=global_process_set):
+    return grouped_allgather_async(arrays, name, process_set=process_set).wait()
 
 
-def broadcast_async(array, root_rank, name=None):
-    return _ops.broadcast_async(_A, array, root_rank, name, inplace=False)
+def broadcast_async(array, root_rank, name=None, process_set=global_process_set):
+    return _ops.broadcast_async(_A, array, root_rank, name, inplace=False,
+                                ps=_process_set_id(process_set))
 
 
-def broadcast(array, root_rank, name=None):
-    return broadcast_async(array, root_rank, name).wait()
+def broadcast(array, root_rank, name=None, process_set=global_process_set):
+    return broadcast_async(array, root_rank, name, process_set=process_set).wait()
 
 
-def broadcast_async_(array, root_rank, name=None):
-    return _ops.broadcast_async(_A, _writable(array), root_rank, name, inplace=True)
+def broadcast_async_(array, root_rank, name=None, process_set=global_process_set):
+    return _ops.broadcast_async(_A, _writable(array), root_rank, name, inplace=True,
+                                ps=_process_set_id(process_set))
 
 
-def broadcast_(array, root_rank, name=None):
-    return broadcast_async_(array, root_rank, name).wait()
+def broadcast_(array, root_rank, name=None, process_set=global_process_set):
+    return broadcast_async_(array, root_rank, name, process_set=process_set).wait()
 
 
-def alltoall_async(array, splits=None, name=None):
+def alltoall_async(array, splits=None, name=None, process_set=global_process_set):
     """Result of synchronize(): (output, received_splits) with received_splits an int32 array."""
-    h = _ops.alltoall_async(_A, array, splits, name)
+    h = _ops.alltoall_async(_A, array, splits, name, ps=_process_set_id(process_set))
     finish = h._finish
     h._finish = lambda parts: _with_splits_array(finish(parts))
     return h
@@ -187,39 +208,43 @@ def _with_splits_array(result):
     return output, _np.asarray(received, dtype=_np.int32)
 
 
-def alltoall(array, splits=None, name=None):
+def alltoall(array, splits=None, name=None, process_set=global_process_set):
     """Sends splits[j] rows of array to rank j (equal parts when splits is None).
 
     Returns (output, received_splits).
     """
-    return alltoall_async(array, splits, name).wait()
+    return alltoall_async(array, splits, name, process_set=process_set).wait()
 
 
-def reducescatter_async(array, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter_async(array, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                        process_set=global_process_set):
     return _ops.reducescatter_async(_A, array, name, _ops.check_op(op), prescale_factor,
-                                    postscale_factor)
+                                    postscale_factor, ps=_process_set_id(process_set))
 
 
-def reducescatter(array, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(array, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                  process_set=global_process_set):
     """Reduces across ranks; rank r gets its part of the first dimension (the first
     rows % size ranks get one extra row)."""
-    return reducescatter_async(array, name, op, prescale_factor, postscale_factor).wait()
+    return reducescatter_async(array, name, op, prescale_factor, postscale_factor,
+                               process_set=process_set).wait()
 
 
 def grouped_reducescatter_async(arrays, name=None, op=None, prescale_factor=1.0,
-                                postscale_factor=1.0):
+                                postscale_factor=1.0, process_set=global_process_set):
     return _ops.grouped_reducescatter_async(_A, arrays, name, _ops.check_op(op), prescale_factor,
-                                            postscale_factor)
+                                            postscale_factor, ps=_process_set_id(process_set))
 
 
-def grouped_reducescatter(arrays, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter(arrays, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                          process_set=global_process_set):
     """Reducescatters a list of arrays negotiated as one group; returns a list."""
     return grouped_reducescatter_async(arrays, name, op, prescale_factor,
-                                       postscale_factor).wait()
+                                       postscale_factor, process_set=process_set).wait()
 
 
-def barrier():
-    _ops.barrier()
+def barrier(process_set=global_process_set):
+    _ops.barrier(_process_set_id(process_set))
 
 
 def join():

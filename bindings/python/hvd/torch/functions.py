@@ -5,9 +5,8 @@ import pickle
 import numpy as np
 import torch
 
-from hvd import _core, _ops, global_process_set
+from hvd import _core, _ops, _process_set_id, global_process_set
 from hvd.torch.mpi_ops import (
-    _check_process_set,
     allgather,
     broadcast_,
     broadcast_async_,
@@ -19,9 +18,10 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """Copies root_rank's tensors into every rank's, in place.
 
     params: a state_dict (dict name -> tensor), model.named_parameters() (pairs) or a list of
-    tensors. All broadcasts are enqueued before any is waited on, so they fuse.
+    tensors. All broadcasts are enqueued before any is waited on, so they fuse. root_rank is a
+    world rank, as in Horovod, also with a process_set.
     """
-    _check_process_set(process_set)
+    _process_set_id(process_set)
     if isinstance(params, dict):
         items = sorted(params.items())
     else:
@@ -36,43 +36,42 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
             raise ValueError("broadcast_parameters: %s is a %s, not a tensor"
                              % (name, type(p).__name__))
         handles.append(broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p,
-                                        root_rank, "bp." + str(name)))
+                                        root_rank, "bp." + str(name), process_set))
     for h in handles:
         synchronize(h)
 
 
-def _object_op_name(name):
+def _object_op_name(name, process_set):
     # Not type(obj).__name__ as Horovod does: non-root ranks often pass None, and the names
-    # must agree across ranks. Unnamed calls take the next number of the shared counter.
-    return name if name is not None else _ops.op_name("object", None)
+    # must agree across ranks. Unnamed calls take the next number of the set's counter.
+    return name if name is not None else _ops.op_name("object", None, _process_set_id(process_set))
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns root_rank's obj (pickled) on every rank."""
-    _check_process_set(process_set)
-    name = _object_op_name(name)
+    """Returns root_rank's obj (pickled) on every rank of process_set (root_rank is a world
+    rank)."""
+    name = _object_op_name(name, process_set)
     if _core.rank() == root_rank:
         payload = torch.from_numpy(np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy())
         length = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, "bo.%s.size" % name)
+    broadcast_(length, root_rank, "bo.%s.size" % name, process_set)
     if _core.rank() != root_rank:
         payload = torch.empty(int(length[0]), dtype=torch.uint8)
-    broadcast_(payload, root_rank, "bo.%s.data" % name)
+    broadcast_(payload, root_rank, "bo.%s.data" % name, process_set)
     if _core.rank() == root_rank:
         return obj
     return pickle.loads(payload.numpy().tobytes())
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of every rank's obj (pickled), in rank order."""
-    _check_process_set(process_set)
-    name = _object_op_name(name)
+    """Returns the list of every rank's obj (pickled) in process_set, in rank order."""
+    name = _object_op_name(name, process_set)
     payload = torch.from_numpy(np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy())
     sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
-                      name="ao.%s.size" % name).tolist()
-    data = allgather(payload, name="ao.%s.data" % name).numpy()
+                      name="ao.%s.size" % name, process_set=process_set).tolist()
+    data = allgather(payload, name="ao.%s.data" % name, process_set=process_set).numpy()
     result, offset = [], 0
     for n in sizes:
         result.append(pickle.loads(data[offset:offset + n].tobytes()))
@@ -108,11 +107,11 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     state (a pickled broadcast), other ranks create missing tensors with the same shapes and
     drop state the root does not have, then every tensor is broadcast in place.
     """
-    _check_process_set(process_set)
+    _process_set_id(process_set)
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("broadcast_optimizer_state does not support LBFGS")
     layout = broadcast_object(_state_layout(optimizer) if _core.rank() == root_rank else None,
-                              root_rank, name="optimizer_state")
+                              root_rank, name="optimizer_state", process_set=process_set)
     if len(layout["groups"]) != len(optimizer.param_groups):
         raise ValueError("broadcast_optimizer_state: root has %d param groups, this rank %d"
                          % (len(layout["groups"]), len(optimizer.param_groups)))
@@ -138,4 +137,4 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
                         mine[key] = t = torch.zeros(shape, dtype=dtype)
                     tensors.append(("%d.%s" % (index, key), t))
             index += 1
-    broadcast_parameters(tensors, root_rank)
+    broadcast_parameters(tensors, root_rank, process_set)

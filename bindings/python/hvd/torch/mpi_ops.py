@@ -24,7 +24,7 @@ import warnings
 
 import torch
 
-from hvd import _core, _ops, global_process_set
+from hvd import _core, _ops, _process_set_id, global_process_set
 from hvd._ops import Handle  # noqa: F401  (the type of async results)
 from hvd.torch.compression import Compression
 
@@ -119,9 +119,12 @@ class _TorchAdapter:
 _A = _TorchAdapter
 
 
-def _check_process_set(process_set):
-    if process_set is not None and process_set is not global_process_set:
-        raise NotImplementedError("hvd supports only the global process set")
+def _set_rank_size(ps):
+    """This rank's place in process set ps and the set's size."""
+    if ps == 0:
+        return _core.rank(), _core.size()
+    ranks = _core.process_set_ranks(ps)
+    return ranks.index(_core.rank()), len(ranks)
 
 
 def _op(op, average):
@@ -150,16 +153,14 @@ def synchronize(handle):
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
-    _check_process_set(process_set)
     return _ops.allreduce_async(_A, tensor, name, _op(op, average), prescale_factor,
-                                postscale_factor, inplace=False)
+                                postscale_factor, inplace=False, ps=_process_set_id(process_set))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
-    _check_process_set(process_set)
     return _ops.allreduce_async(_A, tensor, name, _op(op, average), prescale_factor,
-                                postscale_factor, inplace=True)
+                                postscale_factor, inplace=True, ps=_process_set_id(process_set))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -170,44 +171,46 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 class HvdAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.prescale, ctx.postscale = op, prescale_factor, postscale_factor
+        ctx.process_set = process_set
         return _ops.allreduce_async(_A, tensor, name, op, prescale_factor, postscale_factor,
-                                    inplace=False).wait()
+                                    inplace=False, ps=_process_set_id(process_set)).wait()
 
     @staticmethod
     def backward(ctx, grad_output):
         grad = allreduce(grad_output, op=ctx.op, prescale_factor=ctx.prescale,
-                         postscale_factor=ctx.postscale)
-        return grad, None, None, None, None
+                         postscale_factor=ctx.postscale, process_set=ctx.process_set)
+        return grad, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    """Reduces tensor over all ranks (default op: Average) and returns a new tensor."""
-    _check_process_set(process_set)
+    """Reduces tensor over the ranks of process_set (default op: Average); a new tensor."""
+    ps = _process_set_id(process_set)
     compressed, cctx = compression.compress(tensor)
     op = _op(op, average)
     if _needs_grad(compressed):
-        reduced = HvdAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
+        reduced = HvdAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
+                                     process_set)
     else:
         reduced = _ops.allreduce_async(_A, compressed, name, op, prescale_factor,
-                                       postscale_factor, inplace=False).wait()
+                                       postscale_factor, inplace=False, ps=ps).wait()
     return compression.decompress(reduced, cctx)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
-    _check_process_set(process_set)
     return _ops.grouped_allreduce_async(_A, tensors, name, _op(op, average), prescale_factor,
-                                        postscale_factor, inplace=False)
+                                        postscale_factor, inplace=False,
+                                        ps=_process_set_id(process_set))
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
-    _check_process_set(process_set)
     return _ops.grouped_allreduce_async(_A, tensors, name, _op(op, average), prescale_factor,
-                                        postscale_factor, inplace=True)
+                                        postscale_factor, inplace=True,
+                                        ps=_process_set_id(process_set))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -218,65 +221,67 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 class HvdGroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
         ctx.op, ctx.prescale, ctx.postscale = op, prescale_factor, postscale_factor
+        ctx.process_set = process_set
         return tuple(_ops.grouped_allreduce_async(_A, tensors, name, op, prescale_factor,
-                                                  postscale_factor, inplace=False).wait())
+                                                  postscale_factor, inplace=False,
+                                                  ps=_process_set_id(process_set)).wait())
 
     @staticmethod
     def backward(ctx, *grads):
         reduced = grouped_allreduce(list(grads), op=ctx.op, prescale_factor=ctx.prescale,
-                                    postscale_factor=ctx.postscale)
-        return (None, None, None, None) + tuple(reduced)
+                                    postscale_factor=ctx.postscale, process_set=ctx.process_set)
+        return (None, None, None, None, None) + tuple(reduced)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0,
                       process_set=global_process_set):
     """Allreduces a list of tensors negotiated as one group; returns a list."""
-    _check_process_set(process_set)
+    _process_set_id(process_set)
     pairs = [compression.compress(t) for t in tensors]
     if not pairs:
         return []
     reduced = HvdGroupedAllreduce.apply(name, _op(op, average), prescale_factor,
-                                        postscale_factor, *[p[0] for p in pairs])
+                                        postscale_factor, process_set, *[p[0] for p in pairs])
     return [compression.decompress(t, p[1]) for t, p in zip(reduced, pairs)]
 
 
 # ---------------------------------------------------------------- allgather
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
-    return _ops.allgather_async(_A, tensor, name)
+    return _ops.allgather_async(_A, tensor, name, ps=_process_set_id(process_set))
 
 
 class HvdAllgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
+    def forward(ctx, tensor, name, process_set):
         ctx.rows = tensor.shape[0] if tensor.dim() > 0 else 1
         ctx.scalar = tensor.dim() == 0
-        return _ops.allgather_async(_A, tensor, name).wait()
+        ctx.process_set = process_set
+        return _ops.allgather_async(_A, tensor, name, ps=_process_set_id(process_set)).wait()
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output, op=_core.AVERAGE)
-        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64))
-        offset = int(rows[:_core.rank()].sum())
+        grad = allreduce(grad_output, op=_core.AVERAGE, process_set=ctx.process_set)
+        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64), process_set=ctx.process_set)
+        place, _ = _set_rank_size(_process_set_id(ctx.process_set))
+        offset = int(rows[:place].sum())
         mine = grad.narrow(0, offset, ctx.rows)
-        return (mine.reshape(()) if ctx.scalar else mine), None
+        return (mine.reshape(()) if ctx.scalar else mine), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
-    """Concatenates the ranks' tensors along dimension 0 (which may differ per rank)."""
-    _check_process_set(process_set)
+    """Concatenates the set's ranks' tensors along dimension 0 (which may differ per rank)."""
+    ps = _process_set_id(process_set)
     if _needs_grad(tensor):
-        return HvdAllgather.apply(tensor, name)
-    return _ops.allgather_async(_A, tensor, name).wait()
+        return HvdAllgather.apply(tensor, name, process_set)
+    return _ops.allgather_async(_A, tensor, name, ps=ps).wait()
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
-    return _ops.grouped_allgather_async(_A, tensors, name)
+    return _ops.grouped_allgather_async(_A, tensors, name, ps=_process_set_id(process_set))
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
@@ -287,13 +292,13 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 # ---------------------------------------------------------------- broadcast
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
-    return _ops.broadcast_async(_A, tensor, root_rank, name, inplace=False)
+    return _ops.broadcast_async(_A, tensor, root_rank, name, inplace=False,
+                                ps=_process_set_id(process_set))
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
-    return _ops.broadcast_async(_A, tensor, root_rank, name, inplace=True)
+    return _ops.broadcast_async(_A, tensor, root_rank, name, inplace=True,
+                                ps=_process_set_id(process_set))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
@@ -302,24 +307,27 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 
 class HvdBroadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
+    def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank = root_rank
-        return _ops.broadcast_async(_A, tensor, root_rank, name, inplace=False).wait()
+        ctx.process_set = process_set
+        return _ops.broadcast_async(_A, tensor, root_rank, name, inplace=False,
+                                    ps=_process_set_id(process_set)).wait()
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output, op=_core.AVERAGE)
+        grad = allreduce(grad_output, op=_core.AVERAGE, process_set=ctx.process_set)
         if _core.rank() != ctx.root_rank:
             grad = torch.zeros_like(grad)
-        return grad, None, None
+        return grad, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
-    """Returns root_rank's tensor on every rank (a new tensor; the input is unchanged)."""
-    _check_process_set(process_set)
+    """Returns root_rank's tensor on every rank of process_set (a new tensor; the input is
+    unchanged). root_rank is a world rank, as in Horovod."""
+    ps = _process_set_id(process_set)
     if _needs_grad(tensor):
-        return HvdBroadcast.apply(tensor, root_rank, name)
-    return _ops.broadcast_async(_A, tensor, root_rank, name, inplace=False).wait()
+        return HvdBroadcast.apply(tensor, root_rank, name, process_set)
+    return _ops.broadcast_async(_A, tensor, root_rank, name, inplace=False, ps=ps).wait()
 
 
 # ---------------------------------------------------------------- alltoall
@@ -334,8 +342,8 @@ def _splits_list(splits):
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """synchronize() returns (output, received_splits as an int32 tensor)."""
-    _check_process_set(process_set)
-    h = _ops.alltoall_async(_A, tensor, _splits_list(splits), name)
+    h = _ops.alltoall_async(_A, tensor, _splits_list(splits), name,
+                            ps=_process_set_id(process_set))
     finish = h._finish
 
     def with_tensor_splits(parts):
@@ -348,17 +356,19 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 class HvdAlltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        out, received = _ops.alltoall_async(_A, tensor, splits, name).wait()
+    def forward(ctx, tensor, splits, name, process_set):
+        out, received = _ops.alltoall_async(_A, tensor, splits, name,
+                                            ps=_process_set_id(process_set)).wait()
         ctx.received = received
+        ctx.process_set = process_set
         received_t = torch.tensor(received, dtype=torch.int32)
         ctx.mark_non_differentiable(received_t)
         return out, received_t
 
     @staticmethod
     def backward(ctx, grad_output, _unused):
-        grad, _ = alltoall(grad_output, splits=ctx.received)
-        return grad, None, None
+        grad, _ = alltoall(grad_output, splits=ctx.received, process_set=ctx.process_set)
+        return grad, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -367,9 +377,9 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     Returns the received rows in rank order; when splits is given, also the received splits
     (an int32 tensor), as horovod.torch does.
     """
-    _check_process_set(process_set)
+    _process_set_id(process_set)
     split_list = _splits_list(splits)
-    out, received = HvdAlltoall.apply(tensor, split_list, name)
+    out, received = HvdAlltoall.apply(tensor, split_list, name, process_set)
     return out if splits is None else (out, received)
 
 
@@ -377,79 +387,82 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def reducescatter_async(tensor, name=None, op=None, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
-    _check_process_set(process_set)
     return _ops.reducescatter_async(_A, tensor, name, _ops.check_op(op), prescale_factor,
-                                    postscale_factor)
+                                    postscale_factor, ps=_process_set_id(process_set))
 
 
 class HvdReducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ps = _process_set_id(process_set)
         ctx.scale = prescale_factor * postscale_factor
         if op == _core.AVERAGE:
-            ctx.scale /= _core.size()
+            ctx.scale /= _set_rank_size(ps)[1]
+        ctx.process_set = process_set
         return _ops.reducescatter_async(_A, tensor, name, op, prescale_factor,
-                                        postscale_factor).wait()
+                                        postscale_factor, ps=ps).wait()
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allgather(grad_output.contiguous())
+        grad = allgather(grad_output.contiguous(), process_set=ctx.process_set)
         if ctx.scale != 1.0:
             grad = grad * ctx.scale
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, op=None, process_set=global_process_set,
                   prescale_factor=1.0, postscale_factor=1.0):
     """Reduces over ranks (default op: Average); rank r gets its part of dimension 0 (parts
     differ by at most one row; the first rows % size ranks get the extra one)."""
-    _check_process_set(process_set)
+    _process_set_id(process_set)
     return HvdReducescatter.apply(tensor, name, _ops.check_op(op), prescale_factor,
-                                  postscale_factor)
+                                  postscale_factor, process_set)
 
 
 def grouped_reducescatter_async(tensors, name=None, op=None, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
-    _check_process_set(process_set)
     return _ops.grouped_reducescatter_async(_A, tensors, name, _ops.check_op(op),
-                                            prescale_factor, postscale_factor)
+                                            prescale_factor, postscale_factor,
+                                            ps=_process_set_id(process_set))
 
 
 class HvdGroupedReducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ps = _process_set_id(process_set)
         ctx.scale = prescale_factor * postscale_factor
         if op == _core.AVERAGE:
-            ctx.scale /= _core.size()
+            ctx.scale /= _set_rank_size(ps)[1]
+        ctx.ps = ps
         return tuple(_ops.grouped_reducescatter_async(_A, tensors, name, op, prescale_factor,
-                                                      postscale_factor).wait())
+                                                      postscale_factor, ps=ps).wait())
 
     @staticmethod
     def backward(ctx, *grads):
-        gathered = _ops.grouped_allgather_async(_A, [g.contiguous() for g in grads], None).wait()
+        gathered = _ops.grouped_allgather_async(_A, [g.contiguous() for g in grads], None,
+                                                ps=ctx.ps).wait()
         if ctx.scale != 1.0:
             gathered = [g * ctx.scale for g in gathered]
-        return (None, None, None, None) + tuple(gathered)
+        return (None, None, None, None, None) + tuple(gathered)
 
 
 def grouped_reducescatter(tensors, name=None, op=None, process_set=global_process_set,
                           prescale_factor=1.0, postscale_factor=1.0):
     """Reducescatters a list of tensors negotiated as one group; returns a list. A member
     that differs across ranks fails the whole group on every rank."""
-    _check_process_set(process_set)
+    _process_set_id(process_set)
     tensors = list(tensors)
     if not tensors:
         return []
     return list(HvdGroupedReducescatter.apply(name, _ops.check_op(op), prescale_factor,
-                                              postscale_factor, *tensors))
+                                              postscale_factor, process_set, *tensors))
 
 
 # ---------------------------------------------------------------- barrier, join
 
 def barrier(process_set=global_process_set):
-    """Returns once every rank has called barrier()."""
-    _check_process_set(process_set)
-    _ops.barrier()
+    """Returns once every rank of process_set has called barrier()."""
+    _ops.barrier(_process_set_id(process_set))
 
 
 def join(device=-1):

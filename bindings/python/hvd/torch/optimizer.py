@@ -17,15 +17,16 @@ import warnings
 
 import torch
 
-from hvd import _core
+from hvd import _core, _process_set_id, global_process_set
 from hvd.torch.compression import Compression
 from hvd.torch.mpi_ops import allreduce_async_, synchronize
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
-                 op=_core.AVERAGE, gradient_predivide_factor=1.0):
+                 op=_core.AVERAGE, gradient_predivide_factor=1.0, process_set=None):
         super(self.__class__, self).__init__(params)
+        self.process_set = process_set if process_set is not None else global_process_set
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
@@ -55,7 +56,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ordered = []        # the parameters that require grad, in param_groups order
         self._synchronized = False
         self._should_synchronize = True
-        if _core.size() > 1:
+        # Ranks outside the process set step on their own gradients, as in Horovod.
+        if self.process_set.included() and self.process_set.size() > 1:
             self._register_hooks()
 
     def _register_hooks(self):
@@ -94,7 +96,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             postscale = self.gradient_predivide_factor
         compressed, ctx = self._compression.compress(p.grad)
         handle = allreduce_async_(compressed, name=self._parameter_names[p], op=self.op,
-                                  prescale_factor=prescale, postscale_factor=postscale)
+                                  prescale_factor=prescale, postscale_factor=postscale,
+                                  process_set=self.process_set)
         return handle, ctx
 
     def synchronize(self):
@@ -146,7 +149,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=_core.AVERAGE,
                          gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
                          process_set=None):
-    """Wraps a torch optimizer so that step() uses gradients averaged (op) over all ranks.
+    """Wraps a torch optimizer so that step() uses gradients averaged (op) over the ranks of
+    process_set (all of them by default).
 
     Arguments as horovod.torch.DistributedOptimizer: named_parameters (names the allreduces;
     otherwise positions are used), compression (Compression.none / fp16),
@@ -155,17 +159,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     groups and sparse_as_dense are accepted for compatibility: the engine fuses ready
     gradients on its own and there are no sparse gradients on this path.
     """
-    if process_set is not None and process_set is not _global():
-        raise NotImplementedError("hvd supports only the global process set")
+    _process_set_id(process_set)
     if groups is not None:
         warnings.warn("DistributedOptimizer(groups=...) is ignored: the engine fuses gradients "
                       "that are ready together")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor)
-
-
-def _global():
-    from hvd import global_process_set
-    return global_process_set
+               op, gradient_predivide_factor, process_set)
