@@ -126,11 +126,15 @@ Status EngineImpl::SetUpViews(Comm& comm, const Topology& topo, const std::strin
   comm.plan.cross_size = comm.cross->size();
   comm.hosts.clear();
   for (int first : comm.cross->members()) comm.hosts.push_back(topo.LocalMembers(first));
-  if (world) {
-    HVD_LOG(kInfo) << "hierarchical collectives ready: this host's ranks "
-                   << RanksList(comm.local->members()) << ", across hosts "
-                   << RanksList(comm.cross->members());
-  }
+  // World ranks of the views' members, for the log.
+  auto world_ranks = [&comm](const GroupView& v) {
+    std::vector<int> out;
+    for (int m : v.members()) out.push_back(comm.view ? comm.view->base_rank(m) : m);
+    return RanksList(out);
+  };
+  HVD_LOG(kInfo) << (world ? std::string() : "process set: ")
+                 << "hierarchical collectives ready: this host's ranks "
+                 << world_ranks(*comm.local) << ", across hosts " << world_ranks(*comm.cross);
   return Status::OK();
 }
 
