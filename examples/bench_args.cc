@@ -52,7 +52,8 @@ bool ParseCollective(const std::string& s, hvd::RawCollective* out) {
 bool IsValueFlag(const std::string& f) {
   static const char* const kFlags[] = {"--coll", "-b", "--min-bytes", "-e", "--max-bytes", "-f",
                                        "--factor", "-n", "--iters", "-w", "--warmup", "-B",
-                                       "--budget-mb", "-d", "--dtype", "-o", "--op", "--tensors"};
+                                       "--budget-mb", "-d", "--dtype", "-o", "--op", "--tensors",
+                                       "--sets"};
   for (const char* k : kFlags)
     if (f == k) return true;
   return false;
@@ -89,6 +90,8 @@ std::string ApplyValueFlag(const std::string& flag, const std::string& v, BenchA
   } else if (flag == "--tensors") {
     if (!ParseInt(v, 1, &a->tensors) || a->tensors > 100000)
       return bad + "expected an integer from 1 to 100000";
+  } else if (flag == "--sets") {
+    if (!ParseInt(v, 1, &a->sets) || a->sets > 1024) return bad + "expected an integer from 1 to 1024";
   } else {
     return "unknown flag '" + flag + "'";
   }
@@ -141,6 +144,10 @@ bool ParseBenchArgs(int argc, char** argv, BenchArgs* out, std::string* error) {
     *error = "--tensors is for engine allreduces (--coll allreduce, without --raw)";
     return false;
   }
+  if (a.sets > 1 && a.raw) {
+    *error = "--sets is for engine collectives (without --raw)";
+    return false;
+  }
   if (a.min_bytes == 0) a.min_bytes = 1;
   if (a.max_bytes < a.min_bytes) {
     *error = "-e (max bytes) is smaller than -b (min bytes)";
@@ -174,6 +181,9 @@ std::string BenchUsage(const char* argv0) {
     << "  --tensors N        allreduce: N tensors of the size per step, under the same names\n"
     << "                     every step (a training step's gradients); time per step, GB/s over\n"
     << "                     all N (default 1)\n"
+    << "  --sets K           split the ranks into K process sets (rank % K; the world size must\n"
+    << "                     be a multiple of K) that run the sweep at the same time, each on its\n"
+    << "                     own; ranks and busbw count in a set, time is the slowest set's\n"
     << "  --csv              print only CSV: label,ranks,bytes,count,iters,median_us,min_us,\n"
     << "                     algbw_GBps,busbw_GBps,check\n"
     << "  --check/--no-check verify every element after each size (default on)\n"

@@ -23,6 +23,7 @@ struct BenchArgs {
   hvd::ReduceOp op = hvd::ReduceOp::kSum;
   bool raw = false;
   int tensors = 1;           // --tensors: allreduces per step
+  int sets = 1;              // --sets: process sets (rank % sets) that run the sweep at once
   bool csv = false;
   bool check = true;
   bool help = false;

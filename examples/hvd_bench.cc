@@ -14,6 +14,9 @@
 //      sample of an iteration is its slowest rank), the output of the last iteration is checked
 //      element by element against the formula (bench_check.h) and the wrong counts are summed.
 //   4. Rank 0 prints the median and min sample, algbw = data bytes / median and busbw.
+//   --sets K: the ranks form K process sets (rank % K); every set runs the collective at the
+//   same time after the global barrier, so the sample is the slowest set's; ranks and busbw
+//   count in a set.
 // Exit status: 0, or 1 if any element was wrong or an hvd call failed, 2 for bad flags.
 #include <algorithm>
 #include <chrono>
@@ -65,10 +68,11 @@ bool IsReducing(RawCollective c) {
 // Everything one sweep needs; one per process, used from the main thread only.
 class Bench {
  public:
-  Bench(hvd::Engine& engine, const BenchArgs& args)
-      : engine_(engine), a_(args), rank_(engine.rank()), size_(engine.size()),
-        esize_(hvd::DataTypeSize(args.dtype)),
-        checker_(args.coll, args.dtype, args.op, engine.rank(), engine.size()) {}
+  // set: the process set this rank runs in (0: the world), and its rank and size there.
+  Bench(hvd::Engine& engine, const BenchArgs& args, int32_t set, int set_rank, int set_size)
+      : engine_(engine), a_(args), set_(set), world_rank_(engine.rank()), rank_(set_rank),
+        size_(set_size), esize_(hvd::DataTypeSize(args.dtype)),
+        checker_(args.coll, args.dtype, args.op, set_rank, set_size) {}
 
   // Runs every size; returns the total number of wrong elements over all ranks and sizes.
   int64_t Run();
@@ -84,7 +88,9 @@ class Bench {
 
   hvd::Engine& engine_;
   const BenchArgs a_;
-  const int rank_, size_;
+  const int32_t set_;
+  const int world_rank_;  // prints
+  const int rank_, size_;  // in the set
   const size_t esize_;
   const Checker checker_;
   Buffer in_, out_;
@@ -113,7 +119,7 @@ hvd::Status Bench::RunOnce(const std::string& name, size_t count, double* second
     for (int k = 0; k < a_.tensors; ++k) {
       const size_t at = static_cast<size_t>(k) * count * esize_;
       hvd::TensorView in(in_.get() + at, a_.dtype, shape), out(out_.get() + at, a_.dtype, shape);
-      hs[k] = engine_.Allreduce(name + "." + std::to_string(k), in, out, a_.op);
+      hs[k] = engine_.Allreduce(name + "." + std::to_string(k), in, out, a_.op, 1.0, 1.0, set_);
     }
     hvd::Status first;
     for (auto& h : hs) {
@@ -132,12 +138,14 @@ hvd::Status Bench::RunOnce(const std::string& name, size_t count, double* second
   };
   hvd::HandlePtr h;
   switch (a_.coll) {
-    case RawCollective::kAllreduce: h = engine_.Allreduce(name, in, out, a_.op); break;
-    case RawCollective::kAllgather: h = engine_.Allgather(name, in, alloc); break;
-    case RawCollective::kBroadcast: h = engine_.Broadcast(name, in, out, 0); break;
-    case RawCollective::kAlltoall: h = engine_.Alltoall(name, in, {}, alloc); break;
+    case RawCollective::kAllreduce: h = engine_.Allreduce(name, in, out, a_.op, 1.0, 1.0, set_); break;
+    case RawCollective::kAllgather: h = engine_.Allgather(name, in, alloc, set_); break;
+    case RawCollective::kBroadcast:  // from the set's first rank (its world rank)
+      h = engine_.Broadcast(name, in, out, engine_.ProcessSetRanks(set_)[0], set_);
+      break;
+    case RawCollective::kAlltoall: h = engine_.Alltoall(name, in, {}, alloc, set_); break;
     case RawCollective::kReducescatter:
-      h = engine_.Reducescatter(name, in, a_.op, 1.0, 1.0, alloc);
+      h = engine_.Reducescatter(name, in, a_.op, 1.0, 1.0, alloc, set_);
       break;
   }
   return h->Wait();
@@ -176,12 +184,12 @@ int64_t Bench::RunSize(size_t count) {
   hvd::TensorView wv(&wrong, hvd::DataType::kInt64, {1});
   st = engine_.Allreduce(name + ".wrong", wv, wv, hvd::ReduceOp::kSum)->Wait();
   if (!st.ok()) Die(rank_, "allreduce sum of the wrong counts", st);
-  if (rank_ == 0) PrintRow(count, samples, wrong);
+  if (world_rank_ == 0) PrintRow(count, samples, wrong);
   return wrong;
 }
 
 void Bench::PrintHeader() const {
-  if (rank_ != 0) return;
+  if (world_rank_ != 0) return;
   if (a_.csv) {
     std::printf("label,ranks,bytes,count,iters,median_us,min_us,algbw_GBps,busbw_GBps,check\n");
   } else {
@@ -190,6 +198,10 @@ void Bench::PrintHeader() const {
                 hvd::DataTypeName(a_.dtype), op, size_,
                 a_.raw ? "raw (hvd::RunRawCollective: the bare collective after a transport barrier, timed on the background thread)"
                        : "engine (enqueue to Wait(): negotiation, fusion, collective)");
+    if (a_.sets > 1) {
+      std::printf("# %d process sets of %d ranks each (rank %% %d) at the same time; ranks and "
+                  "busbw count in a set, time is the slowest set's\n", a_.sets, size_, a_.sets);
+    }
     if (a_.tensors > 1) {
       std::printf("# %d tensors of each size per step, under the same names every step; time is per"
                   " step, data = size x %d\n", a_.tensors, a_.tensors);
@@ -271,12 +283,30 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hvd_bench: -o average is not defined for -d bool\n");
     return 2;
   }
-  auto engine = hvd::Engine::CreateFromEnvironment();
+  auto options = hvd::Options::FromEnvironment();
+  if (!options.ok()) {
+    std::fprintf(stderr, "hvd_bench: %s\n", options.status().ToString().c_str());
+    return 1;
+  }
+  const int k = args.sets, world = options->size;
+  if (k > 1 && (world % k != 0 || world == k)) {
+    std::fprintf(stderr, "hvd_bench: --sets %d needs a world size that is a multiple of %d, larger "
+                 "than it (the world has %d ranks)\n", k, k, world);
+    return 2;
+  }
+  for (int j = 0; k > 1 && j < k; ++j) {
+    std::vector<int> ranks;
+    for (int r = j; r < world; r += k) ranks.push_back(r);
+    options->process_sets.push_back(ranks);  // ids 1..k
+  }
+  auto engine = hvd::Engine::Create(*options);
   if (!engine.ok()) {
     std::fprintf(stderr, "hvd_bench: engine init failed: %s\n", engine.status().ToString().c_str());
     return 1;
   }
-  hvd_bench::Bench bench(**engine, args);
+  const int rank = (*engine)->rank();
+  hvd_bench::Bench bench(**engine, args, k > 1 ? rank % k + 1 : hvd::kGlobalProcessSet,
+                         k > 1 ? rank / k : rank, k > 1 ? world / k : world);
   const int64_t wrong = bench.Run();
   hvd::Status st = (*engine)->Shutdown();
   if (!st.ok()) std::fprintf(stderr, "hvd_bench: shutdown: %s\n", st.ToString().c_str());
