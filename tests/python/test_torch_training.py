@@ -219,3 +219,66 @@ def test_allgather_object():
 
 def test_barrier_after_training():
     hvd.barrier()
+
+
+JOIN_DTYPES = [torch.int32, torch.int64, torch.float32, torch.float64]
+
+
+@pytest.mark.parametrize("caching", [False, True])
+@pytest.mark.parametrize("first_join", [0, 1])
+def test_join_allreduce_as_horovod(first_join, caching):
+    """Horovod's join semantics: one rank joins first while the others allreduce two tensors
+    (fused) under names that may be cached already; the joined rank counts as zeros, Average
+    divides by the whole world, and every rank gets the same last-joined rank, which is not
+    the first to join."""
+    r, n = world()
+    if n < 2:
+        return
+    first_join = first_join % n
+    for dtype, dim in [(d, k) for d in JOIN_DTYPES for k in (1, 2, 3)]:
+        gen = torch.Generator().manual_seed(1234 + dim)
+        a = torch.randint(-100, 100, (5,) * dim, generator=gen).to(dtype)
+        b = torch.randint(-100, 100, (5,) * dim, generator=gen).to(dtype)
+        if caching:  # every rank, so that the names are in the response cache
+            hvd.synchronize(hvd.allreduce_async(a, name="join.a", op=hvd.Sum))
+            hvd.synchronize(hvd.allreduce_async(b, name="join.b", op=hvd.Sum))
+        if r == first_join:
+            ret = hvd.join()
+        else:
+            ha = hvd.allreduce_async(a, name="join.a", average=True)
+            hb = hvd.allreduce_async(b, name="join.b", average=True)
+            avg_a, avg_b = hvd.synchronize(ha), hvd.synchronize(hb)
+            ret = hvd.join()
+            # Every rank has the same a and b (same seed); the joined one adds zeros.
+            for got, x in ((avg_a, a), (avg_b, b)):
+                want = x.to(torch.float64) * (n - 1) / n
+                if dtype.is_floating_point:
+                    assert torch.allclose(got.to(torch.float64), want, atol=1e-5)
+                else:  # the integer average rounds as the engine documents: compare closely
+                    assert (got.to(torch.float64) - want).abs().max() <= 1
+        assert ret != first_join
+        assert hvd.allgather_object(ret) == [ret] * n
+
+
+@pytest.mark.parametrize("kind", ["allgather", "broadcast", "alltoall", "reducescatter"])
+def test_join_refuses_other_collectives_as_horovod(kind):
+    """While rank 0 has joined, allgather, broadcast, alltoall and reducescatter fail on the
+    others with Horovod's message, nothing hangs and nobody shuts the job down; join then
+    returns the same last rank everywhere."""
+    r, n = world()
+    if n < 2:
+        return
+    x = torch.ones(17, 3)
+    if r == 0:
+        ret = hvd.join()
+    else:
+        run = {"allgather": lambda: hvd.allgather(x, name="jr.ag"),
+               "broadcast": lambda: hvd.broadcast(x, 1, name="jr.bc"),
+               "alltoall": lambda: hvd.alltoall(torch.ones(n, 2), name="jr.a2a"),
+               "reducescatter": lambda: hvd.reducescatter(torch.ones(n, 2), name="jr.rs")}[kind]
+        with pytest.raises((RuntimeError, ValueError)) as err:
+            run()
+        assert "is not supported with Join at this time" in str(err.value)
+        ret = hvd.join()
+    assert ret != 0
+    assert hvd.allgather_object(ret) == [ret] * n

@@ -1,6 +1,7 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cctype>
 #include <sstream>
 
 #include "common/logging.h"
@@ -199,15 +200,18 @@ std::string Coordinator::Validate(const std::string& name, const Entry& e) const
   for (int r = 0; r < size_; ++r) {
     if (!e.per_rank[r]) joined.push_back(r);
   }
-  if (!joined.empty()) {
-    bool ok = a.type == OpType::kAllreduce || a.type == OpType::kAllgather ||
-              a.type == OpType::kBarrier ||
-              (a.type == OpType::kBroadcast && e.per_rank[a.root].has_value());
-    if (!ok) {
-      return std::string(OpTypeName(a.type)) + " '" + name + "' cannot run while ranks " +
-             RanksString(joined) + " have joined" +
-             (a.type == OpType::kBroadcast ? " (the root has joined)" : "");
-    }
+  // As in Horovod, with Horovod's words (scripts look for them): while ranks have joined, an
+  // allreduce takes zeros from them and a barrier waits for the others only; every other
+  // collective fails on the ranks that submitted it.
+  if (!joined.empty() && a.type != OpType::kAllreduce && a.type != OpType::kBarrier) {
+    std::string what = OpTypeName(a.type);
+    what[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(what[0])));
+    return std::string(OpTypeName(a.type)) + " '" + name + "': " + what +
+           " is not supported with Join at this time" +
+           (a.type == OpType::kAllgather
+                ? ". Specify sparse_to_dense=True if using DistributedOptimizer"
+                : "") +
+           " (ranks " + RanksString(joined) + " have joined)";
   }
   return "";
 }

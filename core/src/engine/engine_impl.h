@@ -227,6 +227,7 @@ class EngineImpl {
                  Status local = Status::OK(), size_t missing = 0);
   Status AgreeOnMemory(const MemoryNeeds& need, const Status& local, size_t missing);
   void Abandon(const Status& why);
+  void KeepBarrierCount(const Response& r);
   Status ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>& entries);
   Status ExecuteAllgather(const Response& r, TensorEntry* e);
   Status ExecuteBroadcast(const Response& r, TensorEntry* e);

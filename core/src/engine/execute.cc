@@ -18,6 +18,7 @@
 //   4. A failure that was not agreed on (a small allocation, one only this rank needed, an
 //      exception inside a collective) leaves the others in the collective without this rank:
 //      the communicator is abandoned and every rank fails fast naming this one (Abandon).
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <numeric>
@@ -282,6 +283,7 @@ Status EngineImpl::Run(const Response& r, std::vector<TensorEntry*>& entries) {
                      : Status::Internal("reducescatter '" + r.names[0] + "' without a local tensor");
       break;
     case OpType::kBarrier:
+      if (entries[0] == nullptr) KeepBarrierCount(r);
       s = hvd::Barrier(*comm_->t, CollectiveDeadline());
       break;
     case OpType::kProcessSet:
@@ -295,6 +297,18 @@ Status EngineImpl::Run(const Response& r, std::vector<TensorEntry*>& entries) {
       break;
   }
   return s;
+}
+
+// A rank that has joined takes part in the others' barrier without calling it: its count of
+// barriers moves past this one, so that its next barrier has the same name as theirs.
+void EngineImpl::KeepBarrierCount(const Response& r) {
+  const std::string& name = r.names[0];
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return;
+  const uint64_t next = std::strtoull(name.c_str() + dot + 1, nullptr, 10) + 1;
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = known_sets_.find(r.process_set);
+  if (it != known_sets_.end()) it->second.barriers = std::max(it->second.barriers, next);
 }
 
 Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>& entries) {
