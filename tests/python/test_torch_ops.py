@@ -348,3 +348,57 @@ def test_bad_root_rank_is_invalid_argument():
 def test_barrier():
     for _ in range(3):
         hvd.barrier()
+
+
+def _horovod_scaled(values, dtype, pre, post):
+    """Horovod's scaling, element for element: each rank's input times prescale, the sum over
+    ranks, times postscale. Integers in float64, truncated toward zero as the cast back does;
+    float32 in float32 with the factor rounded to float32; float16 in float32, rounded to half
+    after each step; float64 in float64."""
+    np_dtype = {torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
+                torch.uint8: np.uint8, torch.float16: np.float16, torch.float32: np.float32,
+                torch.float64: np.float64}[dtype]
+    if not dtype.is_floating_point:
+        scaled = [np.trunc(v.astype(np.float64) * pre).astype(np_dtype) for v in values]
+        total = np.sum(np.stack(scaled).astype(np.int64), axis=0)
+        return np.trunc(total.astype(np.float64) * post).astype(np_dtype)
+    if dtype == torch.float64:
+        return np.sum(np.stack([v * pre for v in values]), axis=0) * post
+    f = np.float32
+    scaled = [(v.astype(f) * f(pre)).astype(np_dtype) for v in values]
+    total = np.sum(np.stack(scaled).astype(f), axis=0).astype(np_dtype)  # exact for these values
+    return (total.astype(f) * f(post)).astype(np_dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.int64,
+                                   torch.float16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("op_name", ["sum", "average"])
+@pytest.mark.parametrize("kind", ["allreduce", "reducescatter", "grouped_reducescatter"])
+def test_scaling_matches_horovod_element_for_element(dtype, op_name, kind):
+    r, n = world()
+    pre, post = 0.5, 0.3
+    rows = 2 * n
+
+    def input_of(q):
+        base = np.arange(rows * 3, dtype=np.float64).reshape(rows, 3) % 7 + 3 + q
+        return base.astype({torch.uint8: np.uint8, torch.int16: np.int16,
+                            torch.int32: np.int32, torch.int64: np.int64,
+                            torch.float16: np.float16, torch.float32: np.float32,
+                            torch.float64: np.float64}[dtype])
+
+    post_eff = post / n if op_name == "average" else post
+    want = torch.from_numpy(np.ascontiguousarray(
+        _horovod_scaled([input_of(q) for q in range(n)], dtype, pre, post_eff)))
+    x = torch.from_numpy(input_of(r))
+    op = hvd.Average if op_name == "average" else hvd.Sum
+    if kind == "allreduce":
+        got = hvd.allreduce(x, op=op, prescale_factor=pre, postscale_factor=post)
+    elif kind == "reducescatter":
+        got = hvd.reducescatter(x, op=op, prescale_factor=pre, postscale_factor=post)
+        want = want[2 * r:2 * r + 2]
+    else:
+        got = hvd.grouped_reducescatter([x, x + 0], op=op, prescale_factor=pre,
+                                        postscale_factor=post)[1]
+        want = want[2 * r:2 * r + 2]
+    assert got.dtype == dtype
+    assert torch.equal(got, want), (got, want)

@@ -57,10 +57,10 @@ __global__ void ScaleIntegerKernel(T* p, size_t n, double factor) {
   }
 }
 
-__global__ void ScaleFloatKernel(float* p, size_t n, double factor) {
+__global__ void ScaleFloatKernel(float* p, size_t n, float factor) {  // as the CPU's
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    p[i] = static_cast<float>(static_cast<double>(p[i]) * factor);
+    p[i] *= factor;
   }
 }
 
@@ -114,7 +114,7 @@ cudaError_t LaunchScale(void* buf, size_t n, int dtype, double factor, cudaStrea
     case DataType::kInt32: ScaleInteger<int32_t>(buf, n, factor, s); break;
     case DataType::kInt64: ScaleInteger<int64_t>(buf, n, factor, s); break;
     case DataType::kFloat32:
-      ScaleFloatKernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<float*>(buf), n, factor);
+      ScaleFloatKernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<float*>(buf), n, static_cast<float>(factor));
       break;
     case DataType::kFloat64:
       ScaleDoubleKernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<double*>(buf), n, factor);

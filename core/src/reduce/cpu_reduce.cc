@@ -207,14 +207,16 @@ void Reduce16(void* dst_v, const void* src_v, size_t n, ReduceOp op, Codec16 cod
   }
 }
 
-// Integers: multiply in float64, round to nearest (ties to even), saturate to the type's range.
+// Integers: Horovod's rule (reduce/scale_rules.h): in float64, truncated toward zero.
 template <typename T>
 void ScaleInteger(T* __restrict p, size_t n, double factor) {
   for (size_t i = 0; i < n; ++i) p[i] = ScaleIntegerValue(p[i], factor);
 }
 
+// float32 in float32 with the factor rounded to float32, as Horovod scales it.
 void ScaleFloat(float* __restrict p, size_t n, double factor) {
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<float>(static_cast<double>(p[i]) * factor);
+  const float f = static_cast<float>(factor);
+  for (size_t i = 0; i < n; ++i) p[i] *= f;
 }
 
 void ScaleDouble(double* __restrict p, size_t n, double factor) {
