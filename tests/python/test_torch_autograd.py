@@ -95,3 +95,65 @@ def test_reducescatter_gradient():
         (y * weights((1, 2), r)).sum().backward()
         want = torch.cat([weights((1, 2), q) for q in range(n)]) * scale
         assert torch.allclose(x.grad, want)
+
+
+def test_grouped_allgather_gradient():
+    """Every rank's loss is the same function of the gathered tensors, so Horovod's backward
+    (the gradients averaged over ranks, then each rank's rows) gives each rank the loss's
+    gradient at its own rows."""
+    r, n = world()
+    xs = [torch.full((r + 1, 2), float(r), requires_grad=True),
+          torch.full((2, 3), float(r + 1), requires_grad=True)]
+    outs = hvd.grouped_allgather(xs, name="grad.grouped_allgather")
+    rows0 = n * (n + 1) // 2
+    w0 = torch.arange(rows0 * 2, dtype=torch.float32).reshape(rows0, 2)
+    w1 = torch.arange(2 * n * 3, dtype=torch.float32).reshape(2 * n, 3) * -1
+    ((outs[0] * w0).sum() + (outs[1] * w1).sum()).backward()
+    first = r * (r + 1) // 2
+    assert torch.equal(xs[0].grad, w0[first:first + r + 1])
+    assert torch.equal(xs[1].grad, w1[2 * r:2 * r + 2])
+
+
+def _batches(q, c):
+    """Rank q's batch for the SyncBatchNorm tests: q + 2 samples, values distinct per rank."""
+    g = torch.Generator().manual_seed(100 + q)
+    return torch.randn(q + 2, c, 3, generator=g, dtype=torch.float64) * (q + 1) + q
+
+
+def test_sync_batch_norm_matches_one_batch_norm_over_every_rank():
+    """Output, input gradient, parameter gradients and running statistics equal those of one
+    torch BatchNorm1d over the concatenation of every rank's batch (batches of unequal size)."""
+    r, n = world()
+    c = 4
+    sbn = hvd.SyncBatchNorm(c, momentum=0.3).double()
+    ref = torch.nn.BatchNorm1d(c, momentum=0.3).double()
+    with torch.no_grad():
+        for m in (sbn, ref):
+            m.weight.copy_(torch.arange(1.0, c + 1))
+            m.bias.copy_(torch.arange(c) * 0.5)
+    weights = [torch.linspace(-1, 1, (q + 2) * c * 3, dtype=torch.float64).reshape(q + 2, c, 3)
+               * (q + 1) for q in range(n)]
+    x = _batches(r, c).requires_grad_(True)
+    for _ in range(2):  # twice: the running statistics move twice
+        sbn.zero_grad()
+        x.grad = None
+        out = sbn(x)
+        (out * weights[r]).sum().backward()
+    xs = [_batches(q, c).requires_grad_(True) for q in range(n)]
+    for _ in range(2):
+        ref.zero_grad()
+        for t in xs:
+            t.grad = None
+        whole = ref(torch.cat(xs))
+        (whole * torch.cat(weights)).sum().backward()
+    first = sum(q + 2 for q in range(r))
+    assert torch.allclose(out, whole[first:first + r + 2].detach(), atol=1e-12)
+    assert torch.allclose(x.grad, xs[r].grad, atol=1e-12)
+    assert torch.allclose(sbn.running_mean, ref.running_mean, atol=1e-12)
+    assert torch.allclose(sbn.running_var, ref.running_var, atol=1e-12)
+    # Parameter gradients are each rank's share; their sum over ranks is the reference's.
+    total_w = hvd.allreduce(sbn.weight.grad, op=hvd.Sum, name="sbn.wgrad")
+    assert torch.allclose(total_w, ref.weight.grad, atol=1e-10)
+    sbn.eval()
+    ref.eval()
+    assert torch.allclose(sbn(x.detach()), ref(x.detach()), atol=1e-12)

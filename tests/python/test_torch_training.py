@@ -282,3 +282,24 @@ def test_join_refuses_other_collectives_as_horovod(kind):
         ret = hvd.join()
     assert ret != 0
     assert hvd.allgather_object(ret) == [ret] * n
+
+
+def test_step_after_synchronize_warns_with_horovods_words():
+    r, n = world()
+    model = torch.nn.Linear(2, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    opt.synchronize()
+    with pytest.warns(UserWarning) as record:
+        opt.step()
+    assert any(str(w.message) ==
+               "optimizer.step() called without optimizer.skip_synchronize() context after "
+               "optimizer.synchronize(). This can cause training slowdown. You may want to "
+               "consider using optimizer.skip_synchronize() context if you use "
+               "optimizer.synchronize() in your code." for w in record)
+    opt.zero_grad()
+    model(torch.ones(1, 2)).sum().backward()
+    opt.synchronize()
+    with opt.skip_synchronize():
+        opt.step()  # no warning here

@@ -90,3 +90,4 @@ from hvd.torch.mpi_ops import (  # noqa: F401
     synchronize,
 )
 from hvd.torch.optimizer import DistributedOptimizer  # noqa: F401
+from hvd.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401

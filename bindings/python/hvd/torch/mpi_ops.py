@@ -284,8 +284,37 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     return _ops.grouped_allgather_async(_A, tensors, name, ps=_process_set_id(process_set))
 
 
+class HvdGroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.rows = [t.shape[0] if t.dim() > 0 else 1 for t in tensors]
+        ctx.scalars = [t.dim() == 0 for t in tensors]
+        ctx.process_set = process_set
+        return tuple(_ops.grouped_allgather_async(_A, tensors, name,
+                                                  ps=_process_set_id(process_set)).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # As Horovod's: the gradients averaged over the set, each rank's rows cut out.
+        reduced = grouped_allreduce([g.contiguous() for g in grads], op=_core.AVERAGE,
+                                    process_set=ctx.process_set)
+        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64), process_set=ctx.process_set)
+        place, _ = _set_rank_size(_process_set_id(ctx.process_set))
+        offsets = rows[:place].sum(0).tolist() if place > 0 else [0] * len(ctx.rows)
+        mine = []
+        for g, offset, count, scalar in zip(reduced, offsets, ctx.rows, ctx.scalars):
+            part = g.narrow(0, offset, count)
+            mine.append(part.reshape(()) if scalar else part)
+        return (None, None) + tuple(mine)
+
+
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    """Allgathers a list of tensors negotiated as one group; returns a list (no gradient)."""
+    """Allgathers a list of tensors negotiated as one group; returns a list. Differentiable,
+    as allgather."""
+    tensors = list(tensors)
+    _process_set_id(process_set)
+    if any(_needs_grad(t) for t in tensors):
+        return list(HvdGroupedAllgather.apply(name, process_set, *tensors))
     return grouped_allgather_async(tensors, name, process_set).wait()
 
 

@@ -57,7 +57,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         # Ranks outside the process set step on their own gradients, as in Horovod.
-        if self.process_set.included() and self.process_set.size() > 1:
+        self._communicates = self.process_set.included() and self.process_set.size() > 1
+        if self._communicates:
             self._register_hooks()
 
     def _register_hooks(self):
@@ -102,7 +103,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Waits for every gradient's allreduce (enqueueing those not yet started)."""
-        if _core.size() == 1:
+        if not self._communicates:
             self._synchronized = True
             return
         for p in self._ordered:
@@ -132,8 +133,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
-                              "skip_synchronize(); the gradients were averaged only once")
+                # Horovod's words: scripts and tests look for them.
+                warnings.warn("optimizer.step() called without "
+                              "optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
