@@ -303,3 +303,55 @@ def test_step_after_synchronize_warns_with_horovods_words():
     opt.synchronize()
     with opt.skip_synchronize():
         opt.step()  # no warning here
+
+
+def _embedding_indices(q):
+    """Rank q's lookups: overlapping across ranks, with repeats."""
+    return torch.tensor([q % 5, (q + 2) % 5, 3, q % 5, 7 - q % 3])
+
+
+def _embedding_reference(n, lr, w0):
+    """SGD with the gradient averaged over ranks, from every rank's dense gradient."""
+    grads = []
+    for q in range(n):
+        w = w0.clone().requires_grad_(True)
+        out = torch.nn.functional.embedding(_embedding_indices(q), w)
+        (out * (q + 1)).sum().backward()
+        grads.append(w.grad)
+    return w0 - lr * torch.stack(grads).mean(0)
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_embedding_trains_as_horovod(sparse_as_dense):
+    """nn.Embedding(sparse=True) under DistributedOptimizer: sparse gradients are allgathered
+    (or made dense) and averaged, so one SGD step equals the dense reference."""
+    r, n = world()
+    w0 = torch.arange(24, dtype=torch.float64).reshape(8, 3) / 10
+    emb = torch.nn.Embedding(8, 3, sparse=True).double()
+    with torch.no_grad():
+        emb.weight.copy_(w0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5),
+                                   named_parameters=emb.named_parameters(),
+                                   sparse_as_dense=sparse_as_dense)
+    (emb(_embedding_indices(r)) * (r + 1)).sum().backward()
+    opt.step()
+    assert torch.allclose(emb.weight.detach(), _embedding_reference(n, 0.5, w0), atol=1e-12)
+
+
+@pytest.mark.parametrize("op_name", ["sum", "average"])
+def test_sparse_allreduce_async(op_name):
+    r, n = world()
+    dense = torch.zeros(6, 2)
+    dense[r % 6] = r + 1.0
+    dense[5] = 1.0
+    op = hvd.Sum if op_name == "sum" else hvd.Average
+    handle = hvd.sparse_allreduce_async(dense.to_sparse(), name="sparse.%s" % op_name, op=op)
+    got = hvd.synchronize(handle)
+    assert got.is_sparse
+    want = torch.zeros(6, 2)
+    for q in range(n):
+        want[q % 6] += q + 1.0
+        want[5] += 1.0
+    if op_name == "average":
+        want /= n
+    assert torch.allclose(got.to_dense(), want)

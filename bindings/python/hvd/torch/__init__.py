@@ -87,6 +87,7 @@ from hvd.torch.mpi_ops import (  # noqa: F401
     poll,
     reducescatter,
     reducescatter_async,
+    sparse_allreduce_async,
     synchronize,
 )
 from hvd.torch.optimizer import DistributedOptimizer  # noqa: F401

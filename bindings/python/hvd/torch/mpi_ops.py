@@ -318,6 +318,50 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
     return grouped_allgather_async(tensors, name, process_set).wait()
 
 
+# ---------------------------------------------------------------- sparse tensors
+
+class SparseHandle:
+    """A sparse allreduce in flight: two allgathers (indices and values). synchronize() (or
+    calling it, as Horovod's sparse handle is called) returns the reduced sparse tensor."""
+
+    def __init__(self, tensor, indices, values, divisor):
+        self._tensor, self._indices, self._values = tensor, indices, values
+        self._divisor = divisor
+        self._result = None
+
+    def poll(self):
+        return self._indices.poll() and self._values.poll()
+
+    def wait(self):
+        if self._result is None:
+            values = self._values.wait()
+            indices = self._indices.wait()
+            if self._divisor != 1:
+                values = values / self._divisor
+            t = self._tensor
+            self._result = torch.sparse_coo_tensor(indices.t(), values, t.size(),
+                                                   dtype=t.dtype)
+        return self._result
+
+    __call__ = wait
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Reduces a sparse COO tensor over the set as Horovod does: every rank's indices and
+    values are allgathered (duplicates add up when the result is coalesced), and Average
+    divides the values by the set's size. Returns a handle for synchronize()."""
+    ps = _process_set_id(process_set)
+    if op not in (_core.SUM, _core.AVERAGE):
+        raise ValueError("sparse_allreduce_async supports op=hvd.Sum and hvd.Average")
+    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    base = _ops.op_name("sparse_allreduce", name, ps)
+    # Allgather concatenates along the first dimension: the indices go transposed.
+    indices = _ops.allgather_async(_A, t._indices().t().contiguous(), base + ".indices", ps=ps)
+    values = _ops.allgather_async(_A, t._values().contiguous(), base + ".values", ps=ps)
+    return SparseHandle(t, indices, values,
+                        _set_rank_size(ps)[1] if op == _core.AVERAGE else 1)
+
+
 # ---------------------------------------------------------------- broadcast
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):

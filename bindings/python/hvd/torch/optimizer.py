@@ -5,6 +5,9 @@ node that writes p.grad) enqueues p.grad's allreduce the moment autograd has pro
 communication overlaps the rest of backward. step() (or synchronize()) waits for all of them,
 writes the averaged gradients back into p.grad and then runs the wrapped optimizer's step.
 
+Sparse gradients (nn.Embedding(sparse=True)) are allgathered as Horovod does
+(sparse_allreduce_async), or with sparse_as_dense=True made dense and allreduced.
+
 With backward_passes_per_step = k, gradients accumulate locally for k backward passes and the
 allreduce is enqueued on the k-th. Parameters that got no gradient in a step are allreduced in
 synchronize() (with zero gradients) so every rank submits the same names.
@@ -19,13 +22,15 @@ import torch
 
 from hvd import _core, _process_set_id, global_process_set
 from hvd.torch.compression import Compression
-from hvd.torch.mpi_ops import allreduce_async_, synchronize
+from hvd.torch.mpi_ops import allreduce_async_, sparse_allreduce_async, synchronize
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
-                 op=_core.AVERAGE, gradient_predivide_factor=1.0, process_set=None):
+                 op=_core.AVERAGE, gradient_predivide_factor=1.0, process_set=None,
+                 sparse_as_dense=False):
         super(self.__class__, self).__init__(params)
+        self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set if process_set is not None else global_process_set
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
@@ -91,6 +96,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _allreduce_grad_async(self, p):
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+        if p.grad.is_sparse:
+            if not self.sparse_as_dense:
+                handle = sparse_allreduce_async(p.grad, name=self._parameter_names[p],
+                                                op=self.op, process_set=self.process_set)
+                return handle, None
+            p.grad = p.grad.to_dense()
         prescale, postscale = 1.0, 1.0
         if self.op == _core.AVERAGE:
             prescale = 1.0 / self.gradient_predivide_factor
@@ -113,6 +124,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p, (handle, ctx) in self._handles.items():
                 output = synchronize(handle)
                 self._allreduce_delay[p] = self.backward_passes_per_step
+                if output.is_sparse:
+                    p.grad = output.coalesce()
+                    continue
                 result = self._compression.decompress(output, ctx)
                 if result is not p.grad:
                     p.grad.copy_(result)
@@ -162,8 +176,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     otherwise positions are used), compression (Compression.none / fp16),
     backward_passes_per_step (local accumulation), op (Average, Sum, ...),
     gradient_predivide_factor (divide by f before the sum and multiply by f/size after).
-    groups and sparse_as_dense are accepted for compatibility: the engine fuses ready
-    gradients on its own and there are no sparse gradients on this path.
+    sparse_as_dense: sparse gradients are made dense and allreduced (else allgathered as
+    sparse). groups is accepted for compatibility: the engine fuses ready gradients on its own.
     """
     _process_set_id(process_set)
     if groups is not None:
@@ -172,4 +186,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, process_set)
+               op, gradient_predivide_factor, process_set, sparse_as_dense)
