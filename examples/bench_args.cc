@@ -86,7 +86,8 @@ std::string ApplyValueFlag(const std::string& flag, const std::string& v, BenchA
     if (!hvd::ParseDataType(v, &a->dtype))
       return bad + "expected uint8|int8|int16|uint16|int32|int64|float16|bfloat16|float32|float64|bool";
   } else if (flag == "-o" || flag == "--op") {
-    if (!hvd::ParseReduceOp(v, &a->op)) return bad + "expected sum|average|min|max|product";
+    if (!hvd::ParseReduceOp(v, &a->op) || a->op == hvd::ReduceOp::kAdasum)
+      return bad + "expected sum|average|min|max|product";
   } else if (flag == "--tensors") {
     if (!ParseInt(v, 1, &a->tensors) || a->tensors > 100000)
       return bad + "expected an integer from 1 to 100000";

@@ -28,7 +28,7 @@ float BFloat16BitsToFloat(uint16_t b);
 void Put(hvd::DataType t, void* buf, size_t i, double v);
 double Get(hvd::DataType t, const void* buf, size_t i);
 
-// Every dtype, every op, in enum order.
+// Every dtype, every elementwise op (not Adasum), in enum order.
 std::vector<hvd::DataType> AllDataTypes();
 std::vector<hvd::ReduceOp> AllReduceOps();
 bool IsSigned(hvd::DataType t);  // uint8 and bool are not

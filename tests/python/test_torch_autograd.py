@@ -4,6 +4,7 @@ Each rank's loss is sum(y * w_r) with a rank-dependent weight w_r, so dloss/dy =
 expected input gradients follow from horovod.torch's backward rules (see hvd/torch/mpi_ops.py).
 """
 
+import pytest
 import torch
 
 import hvd.torch as hvd
@@ -157,3 +158,78 @@ def test_sync_batch_norm_matches_one_batch_norm_over_every_rank():
     sbn.eval()
     ref.eval()
     assert torch.allclose(sbn(x.detach()), ref(x.detach()), atol=1e-12)
+
+
+def _adasum_pair(a, b):
+    dot, aa, bb = float((a * b).sum()), float((a * a).sum()), float((b * b).sum())
+    ca = 1 - dot / (2 * aa) if aa >= 1e-8 else 1.0
+    cb = 1 - dot / (2 * bb) if bb >= 1e-8 else 1.0
+    return ca * a + cb * b
+
+
+def _adasum_tree(vectors):
+    """Adasum's formula over ranks in order: pairs (0, 1), (2, 3), ..., then pairs of pairs."""
+    while len(vectors) > 1:
+        vectors = [_adasum_pair(vectors[i], vectors[i + 1]) for i in range(0, len(vectors), 2)]
+    return vectors[0]
+
+
+def _power_of_two(n):
+    return n & (n - 1) == 0
+
+
+def test_adasum_allreduce_matches_its_formula():
+    r, n = world()
+
+    def vec(q):
+        return torch.sin(torch.arange(1.0, 12.0, dtype=torch.float64) * (q + 1)) * (q % 3 + 1)
+
+    if not _power_of_two(n):
+        with pytest.raises(ValueError, match="power of two"):
+            hvd.allreduce(vec(r), op=hvd.Adasum, name="adasum.refused")
+        hvd.barrier()  # refused at the call: meet before the next test
+        return
+    got = hvd.allreduce(vec(r), op=hvd.Adasum, name="adasum.f64")
+    assert torch.allclose(got, _adasum_tree([vec(q) for q in range(n)]), atol=1e-12)
+    got32 = hvd.allreduce(vec(r).float(), op=hvd.Adasum, name="adasum.f32")
+    assert torch.allclose(got32.double(), _adasum_tree([vec(q).float().double()
+                                                        for q in range(n)]), atol=1e-5)
+    with pytest.raises(ValueError, match="float32 and float64"):
+        hvd.allreduce(torch.ones(3, dtype=torch.int32), op=hvd.Adasum, name="adasum.int")
+
+
+def test_distributed_optimizer_with_adasum_combines_the_changes():
+    """op=hvd.Adasum: each rank's SGD change (-lr * its gradient) is combined by Adasum's
+    formula, tensor by tensor, and added to the parameters as they were."""
+    r, n = world()
+    if not _power_of_two(n):
+        hvd.barrier()
+        return
+    lr = 0.1
+    model = torch.nn.Linear(3, 2).double()
+    with torch.no_grad():
+        model.weight.copy_(torch.arange(6.0).reshape(2, 3) / 10)
+        model.bias.copy_(torch.tensor([0.5, -0.5]))
+    w0, b0 = model.weight.detach().clone(), model.bias.detach().clone()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
+                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+
+    def data(q):
+        return (torch.arange(12.0, dtype=torch.float64).reshape(4, 3) * (q + 1) % 5,
+                torch.full((4, 2), float(q), dtype=torch.float64))
+
+    x, t = data(r)
+    torch.nn.functional.mse_loss(model(x), t).backward()
+    opt.step()
+    deltas_w, deltas_b = [], []
+    for q in range(n):
+        ref = torch.nn.Linear(3, 2).double()
+        with torch.no_grad():
+            ref.weight.copy_(w0)
+            ref.bias.copy_(b0)
+        xq, tq = data(q)
+        torch.nn.functional.mse_loss(ref(xq), tq).backward()
+        deltas_w.append(-lr * ref.weight.grad)
+        deltas_b.append(-lr * ref.bias.grad)
+    assert torch.allclose(model.weight.detach(), w0 + _adasum_tree(deltas_w), atol=1e-12)
+    assert torch.allclose(model.bias.detach(), b0 + _adasum_tree(deltas_b), atol=1e-12)

@@ -227,6 +227,107 @@ TEST(Allreduce, RanksAgreeBitwiseOnRoundedFloatSums) {
   }
 }
 
+// ---- Adasum ----
+
+// The Adasum of two vectors, from its definition, in float64.
+std::vector<double> RefAdasumPair(const std::vector<double>& a, const std::vector<double>& b) {
+  double dot = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    dot += a[i] * b[i];
+    aa += a[i] * a[i];
+    bb += b[i] * b[i];
+  }
+  const double ca = aa >= 1e-8 ? 1 - dot / (2 * aa) : 1, cb = bb >= 1e-8 ? 1 - dot / (2 * bb) : 1;
+  std::vector<double> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = ca * a[i] + cb * b[i];
+  return out;
+}
+
+// The binary tree over ranks in order: pairs (0, 1), (2, 3), ..., then pairs of pairs.
+std::vector<double> RefAdasum(std::vector<std::vector<double>> level) {
+  while (level.size() > 1) {
+    std::vector<std::vector<double>> next;
+    for (size_t i = 0; i < level.size(); i += 2) next.push_back(RefAdasumPair(level[i], level[i + 1]));
+    level = std::move(next);
+  }
+  return level[0];
+}
+
+double AdasumInput(int r, size_t tensor, size_t i) {
+  return std::sin(0.37 * static_cast<double>(i + 1) * (r + 1) + 1.3 * tensor) * (1 + r % 3) +
+         (tensor == 1 ? 0.25 * r : 0);  // tensor 1: a part the ranks share
+}
+
+// Every rank ends with the tree of adasum combinations of the ranks' tensors, each tensor of a
+// fused buffer with its own dot products: sizes 1, 2, 4, 8; tensors of 0, 1, odd and large
+// counts; a rank of zeros (as a joined rank gives) takes coefficient 1; float32 and float64.
+TEST(Adasum, MatchesTheFormulaTensorByTensor) {
+  const std::vector<size_t> counts = {0, 1, 7, 1000, 3};
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  for (int size : {1, 2, 4, 8}) {
+    for (DataType dtype : {DataType::kFloat32, DataType::kFloat64}) {
+      const bool wide = dtype == DataType::kFloat64;
+      InProcWorld world(size);
+      std::vector<std::vector<double>> in(size, std::vector<double>(total));
+      std::vector<std::vector<uint8_t>> bufs(size, std::vector<uint8_t>(total * 8));
+      for (int r = 0; r < size; ++r) {
+        size_t at = 0;
+        for (size_t k = 0; k < counts.size(); ++k) {
+          for (size_t i = 0; i < counts[k]; ++i, ++at) {
+            double v = (size > 2 && r == size - 1) ? 0.0 : AdasumInput(r, k, i);
+            if (!wide) v = static_cast<float>(v);
+            in[r][at] = v;
+            if (wide) reinterpret_cast<double*>(bufs[r].data())[at] = v;
+            else reinterpret_cast<float*>(bufs[r].data())[at] = static_cast<float>(v);
+          }
+        }
+      }
+      ExpectAllOk(RunRanks(world,
+                           [&](Transport& t) {
+                             ScratchBuffer scratch;
+                             return AdasumAllreduce(t, bufs[t.rank()].data(), counts, dtype,
+                                                    scratch, Soon());
+                           }),
+                  "adasum");
+      size_t at = 0;
+      for (size_t k = 0; k < counts.size(); ++k) {
+        std::vector<std::vector<double>> per_rank(size);
+        for (int r = 0; r < size; ++r) per_rank[r].assign(in[r].begin() + at, in[r].begin() + at + counts[k]);
+        const std::vector<double> want = counts[k] ? RefAdasum(per_rank) : std::vector<double>();
+        for (size_t i = 0; i < counts[k]; ++i) {
+          for (int r = 0; r < size; ++r) {
+            const double got = wide ? reinterpret_cast<double*>(bufs[r].data())[at + i]
+                                    : reinterpret_cast<float*>(bufs[r].data())[at + i];
+            ASSERT_NEAR(got, want[i], (wide ? 1e-12 : 1e-5) * (1 + std::fabs(want[i])))
+                << "size " << size << " " << DataTypeName(dtype) << " tensor " << k
+                << " element " << i << " rank " << r;
+          }
+        }
+        at += counts[k];
+      }
+      for (int r = 1; r < size; ++r) EXPECT_EQ(bufs[r], bufs[0]) << "rank " << r << " differs";
+    }
+  }
+}
+
+TEST(Adasum, RefusesWorldsThatAreNotPowersOfTwoAndIntegerTypes) {
+  InProcWorld world(3);
+  auto st = RunRanks(world, [&](Transport& t) {
+    float x[4] = {1, 2, 3, 4};
+    ScratchBuffer scratch;
+    return AdasumAllreduce(t, x, {4}, DataType::kFloat32, scratch, Soon());
+  });
+  for (const auto& s : st) EXPECT_NE(s.message().find("power of two"), std::string::npos) << s.ToString();
+  InProcWorld two(2);
+  st = RunRanks(two, [&](Transport& t) {
+    int32_t x[4] = {1, 2, 3, 4};
+    ScratchBuffer scratch;
+    return AdasumAllreduce(t, x, {4}, DataType::kInt32, scratch, Soon());
+  });
+  for (const auto& s : st) EXPECT_NE(s.message().find("float32 and float64"), std::string::npos) << s.ToString();
+}
+
 // ---- Allgatherv ----
 
 uint8_t PatternByte(int r, size_t i) { return static_cast<uint8_t>(r * 31 + i * 7 + (i >> 8)); }

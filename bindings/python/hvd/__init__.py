@@ -41,6 +41,9 @@ Average = _core.AVERAGE
 Min = _core.MIN
 Max = _core.MAX
 Product = _core.PRODUCT
+# Horovod's adaptive summation (allreduce of float32/float64 tensors on a power-of-two number of
+# ranks; in DistributedOptimizer it combines each rank's parameter change).
+Adasum = _core.ADASUM
 
 
 class ProcessSet:

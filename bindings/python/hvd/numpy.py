@@ -14,6 +14,7 @@ import numpy as _np
 
 from hvd import (  # noqa: F401  (re-exported)
     AbortedError,
+    Adasum,
     Average,
     FailedPreconditionError,
     HorovodInternalError,

@@ -270,6 +270,7 @@ void BindConstants(py::module_& m) {
   m.attr("MIN") = static_cast<int>(hvd::ReduceOp::kMin);
   m.attr("MAX") = static_cast<int>(hvd::ReduceOp::kMax);
   m.attr("PRODUCT") = static_cast<int>(hvd::ReduceOp::kProduct);
+  m.attr("ADASUM") = static_cast<int>(hvd::ReduceOp::kAdasum);
   m.attr("HAVE_CUDA") = bool(HVD_HAVE_CUDA);
   m.attr("HAVE_NCCL") = bool(HVD_HAVE_NCCL);
   m.attr("HAVE_MPI") = bool(HVD_HAVE_MPI);

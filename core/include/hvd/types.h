@@ -29,8 +29,10 @@ constexpr int kNumDataTypes = 11;
 
 // Sum, Average (sum divided by the world size), Min, Max, Product. For bool, Sum and Max are
 // logical or, Min and Product logical and; Average is refused.
-enum class ReduceOp : uint8_t { kSum = 0, kAverage, kMin, kMax, kProduct };
-constexpr int kNumReduceOps = 5;
+// kAdasum: Horovod's adaptive summation (allreduce of float32/float64 only, on a power-of-two
+// number of ranks; collectives/adasum.cc).
+enum class ReduceOp : uint8_t { kSum = 0, kAverage, kMin, kMax, kProduct, kAdasum };
+constexpr int kNumReduceOps = 6;
 
 HVD_EXPORT size_t DataTypeSize(DataType t);
 HVD_EXPORT const char* DataTypeName(DataType t);   // "float32", "bfloat16", ...

@@ -100,6 +100,13 @@ Status ReduceScatter(Transport& t, const void* in, void* out, const std::vector<
 // Returns once every rank has entered.
 Status Barrier(Transport& t, Deadline deadline);
 
+// Adasum (adasum.cc) of a buffer holding tensors of `counts` elements one after the other, each
+// combined with its own dot products; float32 or float64, on a power-of-two number of ranks.
+// Every rank ends with the same result.
+Status AdasumAllreduce(Transport& t, void* buf, const std::vector<size_t>& counts, DataType dtype,
+                       ScratchBuffer& scratch, Deadline deadline);
+size_t AdasumScratchBytes(size_t count, DataType dtype);
+
 // The bytes of `scratch` that Allreduce (kAuto) and ReduceScatter use for these arguments on
 // `ranks` ranks. The engine reserves them before a collective starts, so that running out of
 // memory is found before any byte moves (engine/execute.cc). A collective whose scratch cannot

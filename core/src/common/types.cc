@@ -19,7 +19,7 @@ namespace {
 const char* const kTypeNames[kNumDataTypes] = {"uint8",   "int8",  "int32",  "int64",
                                                "float16", "bfloat16", "float32", "float64",
                                                "bool",    "int16", "uint16"};
-const char* const kOpNames[kNumReduceOps] = {"sum", "average", "min", "max", "product"};
+const char* const kOpNames[kNumReduceOps] = {"sum", "average", "min", "max", "product", "adasum"};
 }  // namespace
 
 const char* DataTypeName(DataType t) {

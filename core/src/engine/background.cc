@@ -538,7 +538,9 @@ std::unique_ptr<ProcessSetState> EngineImpl::NewSet(int32_t id, std::vector<int>
       Topology sub;  // where the members run, counted in the set
       for (int w : ps->ranks) sub.host_of.push_back(topology_.host_of[w]);
       Status s = SetUpViews(*comm, sub, id == kGlobalProcessSet ? layout_note_ : "");
-      if (!s.ok()) HVD_LOG(kWarning) << "process set " << id << " runs flat: " << s.message();
+      if (!s.ok()) {
+        HVD_LOG(kWarning) << "process set " << id << " runs flat: " << s.message();
+      }
     }
     ps->comm = std::move(comm);
   }

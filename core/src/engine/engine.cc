@@ -234,6 +234,10 @@ Status EngineImpl::CheckProcessSetLocked(Request& r, const std::string& what) co
     }
     r.root = place(r.root);
   }
+  if (r.op == ReduceOp::kAdasum && r.type == OpType::kAllreduce && (n & (n - 1)) != 0) {
+    return Status::InvalidArgument(what + ": Adasum needs a number of ranks that is a power of "
+                                   "two; " + in_set + " is " + std::to_string(n));
+  }
   if (r.type == OpType::kAlltoall) {
     const int64_t rows = r.shape[0];
     if (r.splits.empty()) {
@@ -403,6 +407,10 @@ Status CheckAllreduceArgs(const std::string& name, const TensorView& in, const T
   if (in.dtype == DataType::kBool && op == ReduceOp::kAverage) {
     return Status::InvalidArgument("allreduce '" + name + "': average is not defined for bool");
   }
+  if (op == ReduceOp::kAdasum && in.dtype != DataType::kFloat32 && in.dtype != DataType::kFloat64) {
+    return Status::InvalidArgument("allreduce '" + name + "': Adasum reduces float32 and float64 "
+                                   "tensors, not " + DataTypeName(in.dtype));
+  }
   return Status::OK();
 }
 
@@ -510,6 +518,9 @@ Status CheckReducescatterArgs(const std::string& name, const TensorView& input, 
   }
   if (input.dtype == DataType::kBool && op == ReduceOp::kAverage) {
     return Status::InvalidArgument("reducescatter '" + name + "': average is not defined for bool");
+  }
+  if (op == ReduceOp::kAdasum) {
+    return Status::InvalidArgument("reducescatter '" + name + "': Adasum is for allreduce only");
   }
   return Status::OK();
 }

@@ -322,8 +322,10 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   MemoryNeeds need;
   need.fusion = total * esize;
   const Comm& c = *comm_;
+  const bool adasum = r.op == ReduceOp::kAdasum;
   const AllreducePlan plan = PlanAllreduce(total, r.dtype, c.plan);
-  need.scratch = PlanScratchBytes(plan, total, r.dtype, c.plan);
+  need.scratch = adasum ? AdasumScratchBytes(total, r.dtype)
+                        : PlanScratchBytes(plan, total, r.dtype, c.plan);
   void* fusion = nullptr;
   HVD_RETURN_IF_ERROR(Reserve(need, fused ? total * esize : 0, &fusion));
   uint8_t* buf;
@@ -346,7 +348,9 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   }
   Scale(buf, total, r.dtype, r.prescale);
   ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-  if (plan.hierarchical) {
+  if (adasum) {  // flat, every tensor of the fused buffer with its own dot products
+    HVD_RETURN_IF_ERROR(AdasumAllreduce(*c.t, buf, counts, r.dtype, scratch_, CollectiveDeadline()));
+  } else if (plan.hierarchical) {
     HVD_RETURN_IF_ERROR(HierarchicalAllreduce(*c.local, *c.cross, buf, total, r.dtype, op,
                                               scratch_, CollectiveDeadline(), plan.algorithm));
   } else {

@@ -166,7 +166,10 @@ template <typename T>
 void ReduceNative(void* dst, const void* src, size_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAverage: CombineTyped<T>(dst, src, n, SumOp()); return;
+    case ReduceOp::kAverage:
+    case ReduceOp::kAdasum:  // not elementwise: the engine runs AdasumAllreduce, never this
+      CombineTyped<T>(dst, src, n, SumOp());
+      return;
     case ReduceOp::kMin: CombineTyped<T>(dst, src, n, MinOp()); return;
     case ReduceOp::kMax: CombineTyped<T>(dst, src, n, MaxOp()); return;
     case ReduceOp::kProduct: CombineTyped<T>(dst, src, n, ProductOp()); return;
@@ -200,7 +203,8 @@ void Reduce16(void* dst_v, const void* src_v, size_t n, ReduceOp op, Codec16 cod
   const auto* src = static_cast<const uint16_t*>(src_v);
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAverage: Combine16(dst, src, n, codec, SumOp()); return;
+    case ReduceOp::kAverage:
+    case ReduceOp::kAdasum: Combine16(dst, src, n, codec, SumOp()); return;  // see ReduceNative
     case ReduceOp::kMin: Combine16(dst, src, n, codec, MinOp()); return;
     case ReduceOp::kMax: Combine16(dst, src, n, codec, MaxOp()); return;
     case ReduceOp::kProduct: Combine16(dst, src, n, codec, ProductOp()); return;

@@ -13,6 +13,7 @@ the HOROVOD_* names as aliases of HVD_* ones (HOROVOD_FUSION_THRESHOLD, HOROVOD_
 
 from hvd import (  # noqa: F401  (re-exported)
     AbortedError,
+    Adasum,
     Average,
     FailedPreconditionError,
     HorovodInternalError,

@@ -5,6 +5,11 @@ node that writes p.grad) enqueues p.grad's allreduce the moment autograd has pro
 communication overlaps the rest of backward. step() (or synchronize()) waits for all of them,
 writes the averaged gradients back into p.grad and then runs the wrapped optimizer's step.
 
+With op=hvd.Adasum it is Horovod's delta optimizer: when a parameter's gradient is ready, the
+wrapped optimizer steps that parameter alone, on this rank's gradient, and the change it made is
+what the ranks combine with Adasum; step() then sets every parameter to its value before the
+local step plus the combined change.
+
 Sparse gradients (nn.Embedding(sparse=True)) are allgathered as Horovod does
 (sparse_allreduce_async), or with sparse_as_dense=True made dense and allreduced.
 
@@ -38,6 +43,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.gradient_predivide_factor = gradient_predivide_factor
         if gradient_predivide_factor != 1.0 and op != _core.AVERAGE:
             raise ValueError("gradient_predivide_factor needs op=hvd.Average")
+        self._adasum_starts = {}  # op=Adasum: each parameter's value before its local step
 
         all_params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
@@ -96,6 +102,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _allreduce_grad_async(self, p):
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+        if self.op == _core.ADASUM:
+            return self._adasum_delta_async(p)
         if p.grad.is_sparse:
             if not self.sparse_as_dense:
                 handle = sparse_allreduce_async(p.grad, name=self._parameter_names[p],
@@ -112,8 +120,47 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                   process_set=self.process_set)
         return handle, ctx
 
+    def _adasum_delta_async(self, p):
+        """Steps p alone on this rank's gradient and enqueues the Adasum of the change."""
+        start = self._adasum_starts.get(p)
+        if start is None:
+            start = self._adasum_starts[p] = torch.empty_like(p.data)
+        start.copy_(p.data)
+        stashed = [group["params"] for group in self.param_groups]
+        for group in self.param_groups:
+            group["params"] = [p] if any(p is q for q in group["params"]) else []
+        try:
+            super(self.__class__, self).step()
+        finally:
+            for group, params in zip(self.param_groups, stashed):
+                group["params"] = params
+        p.data.sub_(start)  # p holds this rank's change until step()
+        compressed, ctx = self._compression.compress(p.data)
+        handle = allreduce_async_(compressed, name=self._parameter_names[p], op=_core.ADASUM,
+                                  process_set=self.process_set)
+        return handle, ctx
+
+    def _adasum_step(self, closure):
+        loss = closure() if closure is not None else None
+        for p in self._ordered:
+            if p not in self._handles or self._handles[p][0] is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+        try:
+            for p, (handle, ctx) in self._handles.items():
+                delta = self._compression.decompress(synchronize(handle), ctx)
+                start = self._adasum_starts[p]
+                start.add_(delta)
+                p.data.copy_(start)
+                self._allreduce_delay[p] = self.backward_passes_per_step
+        finally:
+            self._handles.clear()
+        return loss
+
     def synchronize(self):
-        """Waits for every gradient's allreduce (enqueueing those not yet started)."""
+        """Waits for every gradient's allreduce (enqueueing those not yet started). With
+        op=hvd.Adasum there is nothing to wait for here: step() combines the changes."""
+        if self.op == _core.ADASUM and self._communicates:
+            return
         if not self._communicates:
             self._synchronized = True
             return
@@ -145,6 +192,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        if self.op == _core.ADASUM and self._communicates:
+            return self._adasum_step(closure)
         if self._should_synchronize:
             if self._synchronized:
                 # Horovod's words: scripts and tests look for them.
@@ -174,7 +223,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     Arguments as horovod.torch.DistributedOptimizer: named_parameters (names the allreduces;
     otherwise positions are used), compression (Compression.none / fp16),
-    backward_passes_per_step (local accumulation), op (Average, Sum, ...),
+    backward_passes_per_step (local accumulation), op (Average, Sum, Adasum, ...),
     gradient_predivide_factor (divide by f before the sum and multiply by f/size after).
     sparse_as_dense: sparse gradients are made dense and allreduced (else allgathered as
     sparse). groups is accepted for compatibility: the engine fuses ready gradients on its own.

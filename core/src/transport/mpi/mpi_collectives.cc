@@ -25,6 +25,7 @@ void CreateHalfOps(MPI_Op* ops) {
   MPI_Op_create(&HalfReduce<D, ReduceOp::kMin>, 1, &ops[static_cast<int>(ReduceOp::kMin)]);
   MPI_Op_create(&HalfReduce<D, ReduceOp::kMax>, 1, &ops[static_cast<int>(ReduceOp::kMax)]);
   MPI_Op_create(&HalfReduce<D, ReduceOp::kProduct>, 1, &ops[static_cast<int>(ReduceOp::kProduct)]);
+  ops[static_cast<int>(ReduceOp::kAdasum)] = MPI_OP_NULL;
 }
 
 MPI_Datatype TypeFor(DataType d) {
@@ -70,7 +71,9 @@ MpiCollectives::MpiCollectives(MpiContext& mpi) : mpi_(mpi) {
 MpiCollectives::~MpiCollectives() {
   if (!mpi_.broken().ok()) return;  // leave MPI alone after a failure (see MpiContext)
   for (auto& row : half_ops_) {
-    for (MPI_Op& op : row) MPI_Op_free(&op);
+    for (MPI_Op& op : row) {
+      if (op != MPI_OP_NULL) MPI_Op_free(&op);
+    }
   }
 }
 
@@ -86,6 +89,7 @@ MPI_Op MpiCollectives::OpFor(DataType dtype, ReduceOp op) const {
     case ReduceOp::kMin: return MPI_MIN;
     case ReduceOp::kMax: return MPI_MAX;
     case ReduceOp::kProduct: return MPI_PROD;
+    case ReduceOp::kAdasum: return MPI_OP_NULL;
   }
   return MPI_OP_NULL;
 }
@@ -110,6 +114,7 @@ const void* MpiCollectives::Unaliased(const void* in, size_t bytes, const void* 
 
 std::optional<Status> MpiCollectives::Allreduce(void* buf, size_t count, DataType dtype,
                                                 ReduceOp op, Deadline deadline) {
+  if (op == ReduceOp::kAdasum) return std::nullopt;  // not MPI's: hvd's algorithm runs it
   const size_t esize = DataTypeSize(dtype);
   const MPI_Datatype type = TypeFor(dtype);
   const MPI_Op mop = OpFor(dtype, op);

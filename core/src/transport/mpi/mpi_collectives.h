@@ -48,7 +48,8 @@ class MpiCollectives : public CollectiveOffload {
   const void* Unaliased(const void* in, size_t bytes, const void* out, size_t out_bytes);
 
   MpiContext& mpi_;
-  MPI_Op half_ops_[2][kNumReduceOps];  // [float16, bfloat16][op]
+  // [float16, bfloat16][op]; MPI_OP_NULL for Adasum, which MPI does not run.
+  MPI_Op half_ops_[2][kNumReduceOps];
   std::vector<uint8_t> copy_;          // input copies for aliased buffers
 };
 

@@ -60,6 +60,7 @@ ncclRedOp_t NcclOp(DataType t, ReduceOp op) {
     case ReduceOp::kMin: return ncclMin;
     case ReduceOp::kMax: return ncclMax;
     case ReduceOp::kProduct: return ncclProd;
+    case ReduceOp::kAdasum: break;  // never: Reduces() sends Adasum to the host path
   }
   return ncclSum;
 }
@@ -108,7 +109,7 @@ class NcclCollectives : public DeviceCollectives {
 
   bool Reduces(DataType dtype, ReduceOp op) const override {
     ncclDataType_t t;
-    return NcclType(dtype, &t);
+    return op != ReduceOp::kAdasum && NcclType(dtype, &t);  // Adasum is staged to the host's
   }
 
   Status Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) override {
