@@ -8,6 +8,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/messages.h"
 #include "coordinator/response_cache.h"
+#include "planner/autotune.h"
 #include "planner/fusion.h"
 
 namespace hvd {
@@ -405,6 +406,51 @@ TEST(ResponseCache, EncodeRebuildAndDisabled) {
   EXPECT_FALSE(off.enabled());
   EXPECT_EQ(off.Lookup(a), -1);
   EXPECT_FALSE(off.Encodable(fused, &bits));
+}
+
+// Autotune: warm-up samples keep the starting setting, then every candidate is sampled once
+// (its score the bytes after a sample's first list over the sample's time), and the best one
+// stays; the log has a line per scored sample and the choice.
+TEST(Autotune, SamplesEveryCandidateAndKeepsTheBest) {
+  const std::string log = ::testing::TempDir() + "/hvd_autotune_test.csv";
+  const Autotuner::Setting start{64u << 20, 0.0};
+  Autotuner tuner(start, /*warmup_samples=*/2, /*steps_per_sample=*/4, log);
+  const auto& cands = tuner.candidates();
+  ASSERT_GT(cands.size(), 3u);
+  EXPECT_EQ(cands[0].fusion_bytes, start.fusion_bytes);
+  // The throughput the "job" gives each setting: best at 16 MiB with a 1 ms cycle.
+  auto speed = [](const Autotuner::Setting& s) {
+    double v = 100.0;
+    if (s.fusion_bytes == (16u << 20)) v += 50;
+    if (s.cycle_ms == 1.0) v += 20;
+    return v;
+  };
+  Clock::time_point now = Clock::now();
+  size_t visited = 0;
+  for (int list = 0; list < 1000 && !tuner.done(); ++list) {
+    const Autotuner::Setting s = tuner.current();
+    if (list >= 2 * 4 && list % 4 == 0) ++visited;  // a scored sample starts
+    // 1000 bytes per list; a list takes 1000 / speed seconds.
+    now += std::chrono::microseconds(static_cast<int64_t>(1e6 * 1000 / speed(s)));
+    tuner.Record(1000, now);
+    if (list < 2 * 4) EXPECT_EQ(tuner.current().fusion_bytes, start.fusion_bytes);
+  }
+  ASSERT_TRUE(tuner.done());
+  EXPECT_EQ(visited, cands.size());
+  EXPECT_EQ(tuner.current().fusion_bytes, 16u << 20);
+  EXPECT_EQ(tuner.current().cycle_ms, 1.0);
+  std::FILE* f = std::fopen(log.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  int lines = 0;
+  char buf[256];
+  std::string last;
+  while (std::fgets(buf, sizeof(buf), f)) {
+    ++lines;
+    last = buf;
+  }
+  std::fclose(f);
+  EXPECT_EQ(lines, static_cast<int>(cands.size()) + 2);  // header, samples, choice
+  EXPECT_EQ(last.rfind("best,16777216,1,", 0), 0u) << last;
 }
 
 }  // namespace

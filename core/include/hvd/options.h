@@ -97,6 +97,14 @@ struct HVD_EXPORT Options {
   // may be added and removed after the engine started (Engine::AddProcessSet). Without it only
   // the sets in `process_sets` exist, added as the engine starts.
   bool dynamic_process_sets = false;
+
+  // HVD_AUTOTUNE (HOROVOD_AUTOTUNE), 1 or 0 (default): rank 0 tunes the fusion threshold and the
+  // cycle time while the job runs (planner/autotune.h); HVD_AUTOTUNE_LOG: a CSV file of its
+  // samples; HVD_AUTOTUNE_WARMUP_SAMPLES (3) and HVD_AUTOTUNE_STEPS_PER_SAMPLE (10).
+  bool autotune = false;
+  std::string autotune_log;
+  int autotune_warmup_samples = 3;
+  int autotune_steps_per_sample = 10;
   // Process sets every rank adds as the engine starts (ids 1, 2, ... in this order); each is a
   // list of distinct ranks. Set by the caller, not read from the environment.
   std::vector<std::vector<int>> process_sets;

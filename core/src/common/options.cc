@@ -236,6 +236,17 @@ Status ReadKnobs(Options* o) {
   if (const char* v = Knob("DYNAMIC_PROCESS_SETS", &var)) {
     HVD_RETURN_IF_ERROR(ParseBool(var, v, &o->dynamic_process_sets));
   }
+  if (const char* v = Knob("AUTOTUNE", &var)) HVD_RETURN_IF_ERROR(ParseBool(var, v, &o->autotune));
+  if (const char* v = Knob("AUTOTUNE_LOG", &var)) o->autotune_log = v;
+  long n = 0;
+  if (const char* v = Knob("AUTOTUNE_WARMUP_SAMPLES", &var)) {
+    HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, 1000, &n));
+    o->autotune_warmup_samples = static_cast<int>(n);
+  }
+  if (const char* v = Knob("AUTOTUNE_STEPS_PER_SAMPLE", &var)) {
+    HVD_RETURN_IF_ERROR(ParseInt(var, v, 2, 100000, &n));
+    o->autotune_steps_per_sample = static_cast<int>(n);
+  }
   if (const char* v = Knob("HIERARCHICAL_ALLREDUCE", &var)) {
     HVD_RETURN_IF_ERROR(ParseToggle(var, v, &o->hierarchical_allreduce));
   }

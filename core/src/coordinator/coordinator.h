@@ -46,6 +46,9 @@ class Coordinator {
   // its messages name world ranks and the set.
   void SetProcessSet(int32_t id, std::vector<int> world_ranks);
 
+  // The threshold ComputeResponses fuses up to from now on (autotune changes it).
+  void set_fusion_threshold(size_t bytes) { fusion_threshold_ = bytes; }
+
   // `rank` counts in the process set.
   void AddRequests(int rank, std::vector<Request> requests);
   // The responses that became ready since the last call, fused, in execution order.
@@ -85,7 +88,7 @@ class Coordinator {
   const int size_;
   int32_t set_id_ = 0;
   std::vector<int> world_;  // set rank -> world rank (empty: the same)
-  const size_t fusion_threshold_;
+  size_t fusion_threshold_;
   const double stall_seconds_;
   const double stall_shutdown_seconds_;
   Clock::time_point last_shutdown_check_;

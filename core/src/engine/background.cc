@@ -372,15 +372,23 @@ Status EngineImpl::OnResponses(ResponseList&& list) {
   return Status::OK();
 }
 
+size_t EngineImpl::FusionThreshold() const {
+  return autotune_ ? autotune_->current().fusion_bytes : options_.fusion_threshold_bytes;
+}
+
+double EngineImpl::CycleTimeMs() const {
+  return autotune_ ? autotune_->current().cycle_ms : options_.cycle_time_ms;
+}
+
 Clock::duration EngineImpl::CycleWindow() const {
   return std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double, std::milli>(options_.cycle_time_ms));
+      std::chrono::duration<double, std::milli>(CycleTimeMs()));
 }
 
 // When responses wait for HVD_CYCLE_TIME to gather more tensors to fuse, how long until the
 // coordinator's go (CoordinatorStep also sleeps no longer than that for agreed bits).
 Clock::duration EngineImpl::CycleRemaining() const {
-  if (!coordinator() || options_.cycle_time_ms <= 0) return Clock::duration::zero();
+  if (!coordinator() || CycleTimeMs() <= 0) return Clock::duration::zero();
   Clock::duration left = Clock::duration::max();
   const auto now = Clock::now();
   for (const auto& kv : sets_) {
@@ -410,6 +418,8 @@ void EngineImpl::CoordinatorStep() {
 // HVD_CYCLE_TIME), then the cached tensors every member has announced (at once).
 void EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
   Coordinator& coordinator = *ps.coordinator;
+  const size_t threshold = FusionThreshold();
+  coordinator.set_fusion_threshold(threshold);
   coordinator.CheckStalls(now);
   DemoteLateBits(ps, now);
   std::vector<Response> ready;
@@ -443,19 +453,28 @@ void EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
       wire.responses.push_back(std::move(w));
     }
     wire.ready_bits = agreed;
-    wire.fusion_threshold = options_.fusion_threshold_bytes;
+    wire.fusion_threshold = threshold;
     BroadcastControl(static_cast<uint8_t>(MessageType::kResponses), Payload(Encode(wire)),
                      &ps.ranks);
   }
   if (!agreed.empty()) {
     std::vector<Response> cached;
-    ps.cache->RebuildAll(agreed, options_.fusion_threshold_bytes, &cached);
+    ps.cache->RebuildAll(agreed, threshold, &cached);
     for (auto& r : cached) {
       r.process_set = ps.id;
       ready.push_back(std::move(r));
     }
   }
   ApplyOnRankZero(ps, ready);
+  if (autotune_) {
+    size_t bytes = 0;
+    for (const auto& r : ready) {
+      for (const auto& shape : r.shapes) {
+        bytes += static_cast<size_t>(NumElements(shape)) * DataTypeSize(r.dtype);
+      }
+    }
+    autotune_->Record(bytes, now);
+  }
   if (ps.rank < 0) return;  // rank 0 coordinates a set it is not a member of
   for (auto& r : ready) to_execute_.push_back(std::move(r));
 }

@@ -67,6 +67,12 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(const Options& options)
 
 Status EngineImpl::Connect() {
   timeline_ = std::make_unique<Timeline>(options_.timeline_path, options_.rank);
+  if (options_.autotune && options_.rank == 0 && options_.size > 1) {
+    autotune_ = std::make_unique<Autotuner>(
+        Autotuner::Setting{options_.fusion_threshold_bytes, options_.cycle_time_ms},
+        options_.autotune_warmup_samples, options_.autotune_steps_per_sample,
+        options_.autotune_log);
+  }
   std::vector<int> everyone(options_.size);
   for (int r = 0; r < options_.size; ++r) everyone[r] = r;
   known_sets_[kGlobalProcessSet].ranks = everyone;

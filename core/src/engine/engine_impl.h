@@ -35,6 +35,7 @@
 #include "device/device.h"
 #include "engine/timeline.h"
 #include "hvd/engine.h"
+#include "planner/autotune.h"
 #include "planner/plan.h"
 #include "transport/control.h"
 #include "transport/device_collectives.h"
@@ -302,6 +303,10 @@ class EngineImpl {
   // removed set cannot be taken for a newer one.
   std::map<int32_t, std::unique_ptr<ProcessSetState>> sets_;
   int32_t next_set_id_ = 1;  // rank 0
+  std::unique_ptr<Autotuner> autotune_;  // rank 0 with HVD_AUTOTUNE=1
+  // The fusion threshold and cycle time rank 0 runs with now: the options', or autotune's.
+  size_t FusionThreshold() const;
+  double CycleTimeMs() const;
   Comm* comm_ = nullptr;     // where the response being executed runs
   bool abandon_ = false;       // this rank failed alone inside the response being executed
   bool joined_ = false;

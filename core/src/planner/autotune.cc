@@ -1,0 +1,74 @@
+#include "planner/autotune.h"
+
+#include <chrono>
+
+namespace hvd {
+
+Autotuner::Autotuner(Setting start, int warmup_samples, int steps_per_sample,
+                     const std::string& log_path)
+    : current_(start),
+      warmup_samples_(warmup_samples < 0 ? 0 : warmup_samples),
+      steps_per_sample_(steps_per_sample < 2 ? 2 : steps_per_sample) {
+  candidates_.push_back(start);
+  for (size_t mib : {1, 4, 16, 64, 128}) {
+    for (double ms : {0.0, 1.0, 5.0}) {
+      Setting s{mib << 20, ms};
+      if (s.fusion_bytes != start.fusion_bytes || s.cycle_ms != start.cycle_ms) {
+        candidates_.push_back(s);
+      }
+    }
+  }
+  if (!log_path.empty()) {
+    log_ = std::fopen(log_path.c_str(), "w");
+    if (log_) std::fprintf(log_, "sample,fusion_threshold_bytes,cycle_time_ms,score_bytes_per_s\n");
+  }
+}
+
+Autotuner::~Autotuner() {
+  if (log_) std::fclose(log_);
+}
+
+void Autotuner::Record(size_t bytes, Clock::time_point now) {
+  if (done_) return;
+  if (steps_ == 0) {
+    first_ = now;
+    bytes_ = 0;
+  } else {
+    bytes_ += bytes;
+  }
+  if (++steps_ < steps_per_sample_) return;
+  const double seconds = std::chrono::duration<double>(now - first_).count();
+  steps_ = 0;
+  FinishSample(seconds > 0 ? static_cast<double>(bytes_) / seconds : 0.0);
+}
+
+void Autotuner::FinishSample(double score) {
+  const int scored = sample_ - warmup_samples_;  // the candidate this sample ran, if >= 0
+  ++sample_;
+  if (scored < 0) {
+    if (sample_ == warmup_samples_) current_ = candidates_[0];
+    return;
+  }
+  const Setting& ran = candidates_[static_cast<size_t>(scored)];
+  if (log_) {
+    std::fprintf(log_, "%d,%zu,%g,%.0f\n", scored, ran.fusion_bytes, ran.cycle_ms, score);
+    std::fflush(log_);
+  }
+  if (score > best_score_) {
+    best_score_ = score;
+    best_ = static_cast<size_t>(scored);
+  }
+  if (static_cast<size_t>(scored) + 1 < candidates_.size()) {
+    current_ = candidates_[static_cast<size_t>(scored) + 1];
+    return;
+  }
+  current_ = candidates_[best_];
+  done_ = true;
+  if (log_) {
+    std::fprintf(log_, "best,%zu,%g,%.0f\n", current_.fusion_bytes, current_.cycle_ms,
+                 best_score_);
+    std::fflush(log_);
+  }
+}
+
+}  // namespace hvd
