@@ -18,6 +18,7 @@ Autotuner::Autotuner(Setting start, int warmup_samples, int steps_per_sample,
       }
     }
   }
+  totals_.assign(candidates_.size(), 0.0);
   if (!log_path.empty()) {
     log_ = std::fopen(log_path.c_str(), "w");
     if (log_) std::fprintf(log_, "sample,fusion_threshold_bytes,cycle_time_ms,score_bytes_per_s\n");
@@ -43,30 +44,30 @@ void Autotuner::Record(size_t bytes, Clock::time_point now) {
 }
 
 void Autotuner::FinishSample(double score) {
-  const int scored = sample_ - warmup_samples_;  // the candidate this sample ran, if >= 0
+  const int scored = sample_ - warmup_samples_;  // scored samples before this one, if >= 0
   ++sample_;
-  if (scored < 0) {
-    if (sample_ == warmup_samples_) current_ = candidates_[0];
-    return;
-  }
-  const Setting& ran = candidates_[static_cast<size_t>(scored)];
+  if (scored < 0) return;  // warm-up: the starting setting (candidate 0) runs on
+  const size_t n = candidates_.size();
+  const size_t ran = static_cast<size_t>(scored) % n;
+  totals_[ran] += score;
   if (log_) {
-    std::fprintf(log_, "%d,%zu,%g,%.0f\n", scored, ran.fusion_bytes, ran.cycle_ms, score);
+    std::fprintf(log_, "%d,%zu,%g,%.0f\n", scored, candidates_[ran].fusion_bytes,
+                 candidates_[ran].cycle_ms, score);
     std::fflush(log_);
   }
-  if (score > best_score_) {
-    best_score_ = score;
-    best_ = static_cast<size_t>(scored);
-  }
-  if (static_cast<size_t>(scored) + 1 < candidates_.size()) {
-    current_ = candidates_[static_cast<size_t>(scored) + 1];
+  if (static_cast<size_t>(scored) + 1 < n * kRounds) {
+    current_ = candidates_[(ran + 1) % n];
     return;
   }
-  current_ = candidates_[best_];
+  size_t best = 0;
+  for (size_t i = 1; i < n; ++i) {
+    if (totals_[i] > totals_[best]) best = i;
+  }
+  current_ = candidates_[best];
   done_ = true;
   if (log_) {
     std::fprintf(log_, "best,%zu,%g,%.0f\n", current_.fusion_bytes, current_.cycle_ms,
-                 best_score_);
+                 totals_[best] / kRounds);
     std::fflush(log_);
   }
 }

@@ -6,7 +6,8 @@
 // to the last (bytes per second: the training step's compute between lists counts in, the same
 // for every setting). The first `warmup_samples` samples run the starting setting and are not
 // scored. Then every candidate of a grid (fusion threshold x cycle time, the starting setting
-// included) is sampled once, in order, and the best-scoring one is kept for the rest of the job.
+// included) is sampled in turn, the whole grid kRounds times (a shared machine is noisy), and
+// the candidate with the best mean score is kept for the rest of the job.
 // Every sample, and the choice, go to the log file when one is given (CSV).
 //
 // Both settings take effect on rank 0 alone: it fuses the responses and waits the cycle time,
@@ -45,7 +46,10 @@ class Autotuner {
  private:
   void FinishSample(double score);
 
+  static constexpr int kRounds = 2;
+
   std::vector<Setting> candidates_;
+  std::vector<double> totals_;  // per candidate: the sum of its scores
   Setting current_;
   const int warmup_samples_;
   const int steps_per_sample_;
@@ -53,8 +57,6 @@ class Autotuner {
   int steps_ = 0;        // lists in the current sample
   size_t bytes_ = 0;     // after its first list
   Clock::time_point first_;
-  size_t best_ = 0;
-  double best_score_ = -1;
   bool done_ = false;
   std::FILE* log_ = nullptr;
 };
