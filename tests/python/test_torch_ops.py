@@ -402,3 +402,13 @@ def test_scaling_matches_horovod_element_for_element(dtype, op_name, kind):
         want = want[2 * r:2 * r + 2]
     assert got.dtype == dtype
     assert torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("splits", [torch.tensor([1.0]), torch.tensor([1], dtype=torch.int64),
+                                    [1.5]], ids=["float32", "int64", "float list"])
+def test_alltoall_splits_must_be_int32(splits):
+    """As Horovod: splits that are not int32 raise at the call, catchable as ValueError."""
+    _, n = world()
+    with pytest.raises((torch.FatalError, ValueError)):
+        hvd.alltoall(torch.ones(n, 2), splits=splits * n if isinstance(splits, list)
+                     else splits.repeat(n))

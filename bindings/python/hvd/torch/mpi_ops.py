@@ -406,11 +406,17 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 # ---------------------------------------------------------------- alltoall
 
 def _splits_list(splits):
+    """Horovod's rule: splits are an int32 tensor (or a list of ints); anything else raises
+    ValueError at the call."""
     if splits is None:
         return None
     if isinstance(splits, torch.Tensor):
+        if splits.dtype != torch.int32:
+            raise ValueError("alltoall splits must be an int32 tensor, got %s" % splits.dtype)
         return [int(s) for s in splits.tolist()]
-    return [int(s) for s in splits]
+    if any(not isinstance(s, int) or isinstance(s, bool) for s in splits):
+        raise ValueError("alltoall splits must be integers, got %r" % (list(splits),))
+    return list(splits)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
