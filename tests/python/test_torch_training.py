@@ -355,3 +355,26 @@ def test_sparse_allreduce_async(op_name):
     if op_name == "average":
         want /= n
     assert torch.allclose(got.to_dense(), want)
+
+
+def test_broadcasts_take_parameters_without_gradients():
+    """broadcast_parameters and broadcast_optimizer_state with a frozen parameter
+    (requires_grad=False) in the model and in the optimizer, before and after a step."""
+    r, n = world()
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            p.fill_(float(r + i))
+    model[0].weight.requires_grad_(False)
+    hvd.broadcast_parameters(model.named_parameters(), root_rank=n - 1)
+    for i, p in enumerate(model.parameters()):
+        assert torch.equal(p.detach(), torch.full_like(p, float(n - 1 + i)))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (r + 1))
+    hvd.broadcast_optimizer_state(opt, root_rank=n - 1)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01 * n)
+    model(torch.ones(2, 3)).sum().backward()  # the frozen weight gets no gradient
+    opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert model[0].weight not in opt.state or not opt.state[model[0].weight]
+    step = opt.state[model[1].weight]["step"]
+    assert float(step) == 1.0
