@@ -171,6 +171,7 @@ double RefOp(double a, double b, ReduceOp op) {
     case ReduceOp::kMin: return std::min(a, b);
     case ReduceOp::kMax: return std::max(a, b);
     case ReduceOp::kProduct: return a * b;
+    case ReduceOp::kAdasum: break;  // not elementwise: collectives_test's Adasum tests
   }
   return 0;
 }
@@ -220,6 +221,7 @@ void CheckIntegerType(DataType dtype) {
         case ReduceOp::kMin: r = uint64_t(a < b ? a : b); break;
         case ReduceOp::kMax: r = uint64_t(a > b ? a : b); break;
         case ReduceOp::kProduct: r = uint64_t(a) * uint64_t(b); break;
+        case ReduceOp::kAdasum: break;  // not elementwise
       }
       want[i] = static_cast<T>(r);
     }
