@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <set>
+#include <utility>
 #include <sstream>
 
 #include <cxxopts.hpp>
@@ -21,12 +22,26 @@ const std::set<std::string>& ValueFlags() {
       "n", "np", "H", "hosts", "hostfile", "fusion-threshold-mb", "cycle-time-ms",
       "cache-capacity", "timeout", "stall-check-seconds", "log-level", "timeline",
       "start-timeout", "grace-seconds", "kill-after-seconds",
-      "p", "ssh-port", "i", "ssh-identity-file", "ssh-config", "network-interface"};
+      "p", "ssh-port", "i", "ssh-identity-file", "ssh-config", "network-interface",
+      // horovodrun's spellings
+      "num-proc", "timeline-filename", "output-filename", "mpi-args", "binding-args",
+      "autotune-log-file", "autotune-warmup-samples", "autotune-steps-per-sample",
+      "autotune-bayes-opt-max-samples", "autotune-gaussian-process-noise",
+      "stall-check-warning-time-seconds", "stall-check-shutdown-time-seconds",
+      "num-nccl-streams", "thread-affinity", "gloo-timeout-seconds", "config-file",
+      "min-np", "max-np", "slots-per-host", "elastic-timeout", "reset-limit",
+      "blacklist-cooldown-range", "host-discovery-script"};
   return flags;
 }
 
 const std::set<std::string>& BoolFlags() {
-  static const std::set<std::string> flags = {"h", "help", "v", "verbose", "no-prefix", "mpi"};
+  static const std::set<std::string> flags = {
+      "h", "help", "v", "verbose", "no-prefix", "mpi",
+      // horovodrun's spellings
+      "check-build", "version", "disable-cache", "hierarchical-allreduce",
+      "no-hierarchical-allreduce", "hierarchical-allgather", "no-hierarchical-allgather",
+      "autotune", "gloo", "tcp", "no-stall-check", "timeline-mark-cycles",
+      "mpi-threads-disable", "log-without-timestamp", "log-hide-timestamp", "jsrun"};
   return flags;
 }
 
@@ -68,6 +83,47 @@ cxxopts::Options BuildOptions() {
                               "-> HVD_STALL_CHECK_TIME_SECONDS; 0 disables", s(), "SEC")
       ("log-level", "trace|debug|info|warning|error|fatal -> HVD_LOG_LEVEL", s(), "LEVEL")
       ("timeline", "Write a timeline to FILE -> HVD_TIMELINE", s(), "FILE");
+  o.add_options("horovodrun's spellings (a launch line works unchanged)")
+      ("num-proc", "As -np", s(), "N")
+      ("timeline-filename", "As --timeline", s(), "FILE")
+      ("output-filename", "Also write each rank's output to DIR/rank.N/stdout and stderr "
+                          "(N zero-padded)", s(), "DIR")
+      ("check-build", "Print what this build has and exit (also -cb)")
+      ("version", "Print hvd's version and exit")
+      ("disable-cache", "-> HVD_CACHE_CAPACITY=0")
+      ("hierarchical-allreduce", "-> HVD_HIERARCHICAL_ALLREDUCE=1")
+      ("no-hierarchical-allreduce", "-> HVD_HIERARCHICAL_ALLREDUCE=0")
+      ("hierarchical-allgather", "-> HVD_HIERARCHICAL_ALLGATHER=1")
+      ("no-hierarchical-allgather", "-> HVD_HIERARCHICAL_ALLGATHER=0")
+      ("autotune", "-> HVD_AUTOTUNE=1")
+      ("autotune-log-file", "-> HVD_AUTOTUNE_LOG", s(), "FILE")
+      ("autotune-warmup-samples", "-> HVD_AUTOTUNE_WARMUP_SAMPLES", s(), "N")
+      ("autotune-steps-per-sample", "-> HVD_AUTOTUNE_STEPS_PER_SAMPLE", s(), "N")
+      ("autotune-bayes-opt-max-samples", "Accepted; hvd's autotune samples a fixed grid", s(), "N")
+      ("autotune-gaussian-process-noise", "Accepted; hvd's autotune samples a fixed grid", s(), "X")
+      ("no-stall-check", "-> HVD_STALL_CHECK_TIME_SECONDS=0")
+      ("stall-check-warning-time-seconds", "As --stall-check-seconds", s(), "SEC")
+      ("stall-check-shutdown-time-seconds", "-> HVD_STALL_SHUTDOWN_TIME_SECONDS", s(), "SEC")
+      ("gloo", "hvd's own controller over TCP and shared memory (the default)")
+      ("tcp", "TCP only: -> HVD_SHM=off")
+      ("mpi-args", "Words for mpirun (implies --mpi)", s(), "ARGS")
+      ("binding-args", "As --mpi-args", s(), "ARGS")
+      ("timeline-mark-cycles", "Accepted; hvd's timeline has no cycle marks")
+      ("mpi-threads-disable", "Accepted; hvd does not call MPI from several threads")
+      ("num-nccl-streams", "Accepted; hvd runs one NCCL stream per rank", s(), "N")
+      ("thread-affinity", "Accepted; hvd does not pin its background thread", s(), "CPU")
+      ("gloo-timeout-seconds", "As --timeout", s(), "SEC")
+      ("log-without-timestamp", "Accepted; hvd's log lines have no timestamps")
+      ("log-hide-timestamp", "As --log-without-timestamp")
+      ("config-file", "Refused: pass the flags on the command line", s(), "FILE")
+      ("jsrun", "Refused: hvd starts ranks itself, over ssh or mpirun")
+      ("min-np", "Refused: elastic training is not in hvd yet", s(), "N")
+      ("max-np", "Refused: elastic training is not in hvd yet", s(), "N")
+      ("slots-per-host", "Refused: elastic training is not in hvd yet", s(), "N")
+      ("elastic-timeout", "Refused: elastic training is not in hvd yet", s(), "SEC")
+      ("reset-limit", "Refused: elastic training is not in hvd yet", s(), "N")
+      ("blacklist-cooldown-range", "Refused: elastic training is not in hvd yet", s(), "RANGE")
+      ("host-discovery-script", "Refused: elastic training is not in hvd yet", s(), "FILE");
   return o;
 }
 
@@ -76,6 +132,10 @@ std::string FlagName(const std::string& arg, bool* inline_value) {
   if (arg.rfind("--", 0) == 0) {
     *inline_value = eq != std::string::npos;
     return arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+  }
+  if (arg == "-cb") {
+    *inline_value = false;
+    return "check-build";
   }
   if (arg == "-np" || arg.rfind("-np=", 0) == 0) {
     *inline_value = eq != std::string::npos;
@@ -100,6 +160,7 @@ void SplitArgs(int argc, const char* const* argv, std::vector<std::string>* flag
     bool inline_value = false;
     std::string name = FlagName(a, &inline_value);
     if (a.rfind("-np", 0) == 0) a = "-" + a;  // cxxopts spells it --np
+    if (a == "-cb") a = "--check-build";
     bool takes_value = ValueFlags().count(name) > 0;
     if (!takes_value && BoolFlags().count(name) == 0) {
       throw LaunchError("unknown flag '" + std::string(argv[i]) + "' (see hvdrun --help)");
@@ -145,8 +206,9 @@ void ParseHosts(const cxxopts::ParseResult& r, LaunchOptions* out) {
     if (!in) throw LaunchError("cannot read hostfile '" + path + "'");
     out->hosts = ParseHostfile(in, path);
   }
-  if (r.count("np")) {
-    out->np = ParseCount("-np", r["np"].as<std::string>());
+  if (r.count("np") || r.count("num-proc")) {
+    const char* flag = r.count("np") ? "np" : "num-proc";
+    out->np = ParseCount(r.count("np") ? "-np" : "--num-proc", r[flag].as<std::string>());
   } else if (!out->hosts.empty()) {
     out->np = TotalSlots(out->hosts);
   } else {
@@ -257,6 +319,125 @@ void ParseSshFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
   }
 }
 
+// Splits an --mpi-args value into words (spaces and tabs separate; quotes group).
+std::vector<std::string> Words(const std::string& flag, const std::string& text) {
+  std::vector<std::string> words;
+  std::string word;
+  char quote = 0;
+  bool any = false;
+  for (char c : text) {
+    if (quote) {
+      if (c == quote) {
+        quote = 0;
+      } else {
+        word.push_back(c);
+      }
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+      any = true;
+    } else if (c == ' ' || c == '\t') {
+      if (any || !word.empty()) words.push_back(word);
+      word.clear();
+      any = false;
+    } else {
+      word.push_back(c);
+    }
+  }
+  if (quote) throw LaunchError("unbalanced quote in " + flag + " '" + text + "'");
+  if (any || !word.empty()) words.push_back(word);
+  return words;
+}
+
+// horovodrun's flags: each maps to hvd's own, is accepted with a warning saying why it has no
+// effect, or is refused saying what hvd does instead.
+void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
+  auto has = [&](const char* f) { return r.count(f) > 0; };
+  auto get = [&](const char* f) { return r[f].as<std::string>(); };
+  for (const char* f : {"min-np", "max-np", "slots-per-host", "elastic-timeout", "reset-limit",
+                        "blacklist-cooldown-range", "host-discovery-script"}) {
+    if (has(f)) {
+      throw LaunchError(std::string("--") + f + ": elastic training is not in hvd yet; a job "
+                        "with a lost rank fails on every rank within HVD_TIMEOUT_SECONDS, "
+                        "naming the rank");
+    }
+  }
+  if (has("config-file")) {
+    throw LaunchError("--config-file: hvdrun reads no configuration file; pass its settings "
+                      "as flags (hvdrun --help lists them)");
+  }
+  if (has("jsrun")) {
+    throw LaunchError("--jsrun: hvdrun starts the ranks itself (locally, over ssh) or through "
+                      "mpirun (--mpi); it does not use jsrun");
+  }
+  if (has("gloo") && out->mpi) throw LaunchError("give either --gloo or --mpi, not both");
+  if (has("timeline-filename")) {
+    if (has("timeline")) throw LaunchError("give either --timeline or --timeline-filename");
+    if (get("timeline-filename").empty()) throw LaunchError("--timeline-filename needs a file name");
+    out->knobs["HVD_TIMELINE"] = get("timeline-filename");
+  }
+  if (has("output-filename")) {
+    out->output_dir = get("output-filename");
+    if (out->output_dir.empty()) throw LaunchError("--output-filename needs a directory");
+  }
+  if (has("disable-cache")) out->knobs["HVD_CACHE_CAPACITY"] = "0";
+  for (const auto& [on, var] : {std::pair<std::string, std::string>{"hierarchical-allreduce",
+                                                                     "HVD_HIERARCHICAL_ALLREDUCE"},
+                                 {"hierarchical-allgather", "HVD_HIERARCHICAL_ALLGATHER"}}) {
+    const std::string off = "no-" + on;
+    if (has(on.c_str()) && has(off.c_str())) {
+      throw LaunchError("give either --" + on + " or --" + off + ", not both");
+    }
+    if (has(on.c_str())) out->knobs[var] = "1";
+    if (has(off.c_str())) out->knobs[var] = "0";
+  }
+  if (has("autotune")) out->knobs["HVD_AUTOTUNE"] = "1";
+  if (has("autotune-log-file")) out->knobs["HVD_AUTOTUNE_LOG"] = get("autotune-log-file");
+  if (has("autotune-warmup-samples")) {
+    double n = ParseNonNegative("--autotune-warmup-samples", get("autotune-warmup-samples"));
+    out->knobs["HVD_AUTOTUNE_WARMUP_SAMPLES"] = std::to_string(std::llround(n));
+  }
+  if (has("autotune-steps-per-sample")) {
+    out->knobs["HVD_AUTOTUNE_STEPS_PER_SAMPLE"] =
+        std::to_string(ParseCount("--autotune-steps-per-sample", get("autotune-steps-per-sample")));
+  }
+  if (has("no-stall-check")) out->knobs["HVD_STALL_CHECK_TIME_SECONDS"] = "0";
+  if (has("stall-check-warning-time-seconds")) {
+    out->knobs["HVD_STALL_CHECK_TIME_SECONDS"] = Str(ParseNonNegative(
+        "--stall-check-warning-time-seconds", get("stall-check-warning-time-seconds")));
+  }
+  if (has("stall-check-shutdown-time-seconds")) {
+    out->knobs["HVD_STALL_SHUTDOWN_TIME_SECONDS"] = Str(ParseNonNegative(
+        "--stall-check-shutdown-time-seconds", get("stall-check-shutdown-time-seconds")));
+  }
+  if (has("gloo-timeout-seconds") && !has("timeout")) {
+    out->knobs["HVD_TIMEOUT_SECONDS"] =
+        Str(ParsePositive("--gloo-timeout-seconds", get("gloo-timeout-seconds")));
+  }
+  if (has("tcp")) out->knobs["HVD_SHM"] = "off";
+  for (const char* f : {"mpi-args", "binding-args"}) {
+    if (!has(f)) continue;
+    if (has("gloo")) throw LaunchError(std::string("--") + f + " runs the job through mpirun; drop --gloo");
+    for (auto& w : Words(std::string("--") + f, get(f))) out->mpi_args.push_back(w);
+    out->mpi = true;
+  }
+  const struct {
+    const char* flag;
+    const char* why;
+  } no_effect[] = {
+      {"autotune-bayes-opt-max-samples", "hvd's autotune samples a fixed grid of settings"},
+      {"autotune-gaussian-process-noise", "hvd's autotune samples a fixed grid of settings"},
+      {"timeline-mark-cycles", "hvd's timeline has no cycle marks"},
+      {"mpi-threads-disable", "hvd does not call MPI from several threads"},
+      {"num-nccl-streams", "hvd runs one NCCL stream per rank"},
+      {"thread-affinity", "hvd does not pin its background thread"},
+      {"log-without-timestamp", "hvd's log lines have no timestamps"},
+      {"log-hide-timestamp", "hvd's log lines have no timestamps"},
+  };
+  for (const auto& n : no_effect) {
+    if (has(n.flag)) out->warnings.push_back(std::string("--") + n.flag + " has no effect: " + n.why);
+  }
+}
+
 }  // namespace
 
 double ParseNonNegative(const std::string& flag, const std::string& text) {
@@ -292,11 +473,20 @@ LaunchOptions ParseArgs(int argc, const char* const* argv) {
       out.help = true;
       return out;
     }
+    if (r.count("check-build") || r.count("version")) {
+      out.check_build = r.count("check-build") > 0;
+      out.version = r.count("version") > 0;
+      return out;
+    }
+    if (r.count("num-proc")) {
+      if (r.count("np")) throw LaunchError("give either -np or --num-proc, not both");
+    }
     if (out.command.empty()) {
       throw LaunchError("missing COMMAND (usage: hvdrun -np N [options] COMMAND [ARGS...]; see hvdrun --help)");
     }
-    ParseHosts(r, &out);
     ParseJobFlags(r, &out);
+    ParseHorovodFlags(r, &out);  // first: its refusals say more than a missing -np would
+    ParseHosts(r, &out);
     ParseSshFlags(r, &out);
     ParseKnobs(r, &out);
   } catch (const cxxopts::exceptions::exception& e) {
@@ -306,7 +496,8 @@ LaunchOptions ParseArgs(int argc, const char* const* argv) {
 }
 
 std::string HelpText() {
-  std::string text = BuildOptions().help({"Job", "Engine knobs (exported to every rank)"});
+  std::string text = BuildOptions().help({"Job", "Engine knobs (exported to every rank)",
+                                           "horovodrun's spellings (a launch line works unchanged)"});
   text +=
       "\nHosts: localhost, 127.0.0.1 and this machine's name start ranks here; every other host\n"
       "is reached with ssh (BatchMode: keys or an agent, never a password prompt). Before any\n"

@@ -30,6 +30,12 @@ struct LaunchOptions {
   std::string ssh_identity_file;  // -i/--ssh-identity-file
   std::string ssh_config_file;    // --ssh-config (ssh -F)
   std::string network_interface;  // --network-interface: addresses to publish come from it
+  // horovodrun's spellings (see HelpText):
+  std::string output_dir;              // --output-filename: DIR/rank.N/{stdout,stderr}
+  bool check_build = false;            // --check-build / -cb: print the build and exit
+  bool version = false;                // --version
+  std::vector<std::string> mpi_args;   // --mpi-args / --binding-args: words for mpirun
+  std::vector<std::string> warnings;   // flags accepted that have no effect in hvd, and why
 };
 
 // Parses argv (argv[0] is the program). Flags end at the first word that is not a flag or a

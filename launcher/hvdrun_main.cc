@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "args.h"
+#include "hvd/config.h"
 #include "mpi_launch.h"
 #include "bootstrap/store.h"
 #include "common/logging.h"
@@ -24,6 +25,27 @@ namespace {
 constexpr int kUsageError = 2;
 constexpr int kStartError = 1;
 constexpr int kCommandNotFound = 127;
+
+// --check-build, in horovodrun's layout: what this build of hvd can run.
+std::string CheckBuildText() {
+  auto box = [](bool on) { return on ? "[X] " : "[ ] "; };
+  std::string t = std::string("hvd v") + HVD_VERSION_STRING + ":\n\n";
+  t += "Available Frameworks:\n";
+  t += std::string("    ") + box(true) + "C++ (hvd::Engine) and C (hvd_c.h)\n";
+  t += std::string("    ") + box(true) + "PyTorch and NumPy (hvd.torch, hvd.numpy, when the Python "
+       "package is built)\n";
+  t += "\nAvailable Controllers:\n";
+  t += std::string("    ") + box(true) + "TCP and shared memory (hvd's own; horovodrun's --gloo)\n";
+  t += std::string("    ") + box(HVD_HAVE_MPI) + "MPI\n";
+  t += "\nAvailable Tensor Operations:\n";
+  t += std::string("    ") + box(HVD_HAVE_NCCL) + "NCCL\n";
+  t += std::string("    ") + box(HVD_HAVE_CUDA) + "CUDA (device fusion, host staging)\n";
+  t += std::string("    ") + box(false) + "DDL\n";
+  t += std::string("    ") + box(false) + "CCL\n";
+  t += std::string("    ") + box(HVD_HAVE_MPI) + "MPI\n";
+  t += std::string("    ") + box(true) + "TCP and shared memory\n";
+  return t;
+}
 
 std::string Join(const std::vector<std::string>& words) {
   std::string out;
@@ -157,6 +179,8 @@ int RunJob(const LaunchOptions& opts) {
   sopts.grace_seconds = opts.grace_seconds;
   sopts.kill_after_seconds = opts.kill_after_seconds;
   sopts.prefix_output = opts.prefix_output;
+  sopts.output_dir = opts.output_dir;
+  sopts.ranks = opts.np;
   sopts.verbose = opts.verbose;
   Supervisor supervisor(sopts, signal_fd);
   if (opts.verbose) {
@@ -197,6 +221,11 @@ int Main(int argc, char** argv) {
     std::cout << HelpText();
     return 0;
   }
+  if (opts.version || opts.check_build) {
+    std::cout << (opts.check_build ? CheckBuildText() : std::string("hvd ") + HVD_VERSION_STRING + "\n");
+    return 0;
+  }
+  for (const std::string& w : opts.warnings) std::cerr << "hvdrun: " << w << "\n";
   try {
     if (opts.mpi) return ExecMpirun(opts);
     return RunJob(opts);

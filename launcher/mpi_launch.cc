@@ -27,6 +27,8 @@ std::vector<std::string> MpirunCommand(const LaunchOptions& opts,
   if (hosts.empty()) hosts = "localhost:" + std::to_string(opts.np);
   cmd.insert(cmd.end(), {"-H", hosts});
   if (opts.prefix_output) cmd.push_back("--tag-output");
+  if (!opts.output_dir.empty()) cmd.insert(cmd.end(), {"--output-filename", opts.output_dir});
+  cmd.insert(cmd.end(), opts.mpi_args.begin(), opts.mpi_args.end());
   std::string rsh;
   if (opts.ssh_port) rsh += "-p " + std::to_string(opts.ssh_port);
   if (!opts.ssh_identity_file.empty()) rsh += (rsh.empty() ? "" : " ") + std::string("-i ") + opts.ssh_identity_file;

@@ -28,9 +28,13 @@ void WriteAll(int fd, const std::string& s) {
   }
 }
 
-LinePump::LinePump(int rank, const char* stream_name, int out_fd, bool prefix)
-    : out_fd_(out_fd) {
+LinePump::LinePump(int rank, const char* stream_name, int out_fd, bool prefix, int file_fd)
+    : out_fd_(out_fd), file_fd_(file_fd) {
   if (prefix) prefix_ = "[" + std::to_string(rank) + "]<" + stream_name + ">:";
+}
+
+LinePump::~LinePump() {
+  if (file_fd_ >= 0) ::close(file_fd_);
 }
 
 void LinePump::Emit(const char* data, size_t len) {
@@ -40,6 +44,7 @@ void LinePump::Emit(const char* data, size_t len) {
   line.append(data, len);
   line.push_back('\n');
   WriteAll(out_fd_, line);
+  if (file_fd_ >= 0) WriteAll(file_fd_, line.substr(prefix_.size()));
 }
 
 bool LinePump::Pump(int in_fd) {

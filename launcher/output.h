@@ -1,5 +1,5 @@
 // Line-prefixed forwarding of one rank stream (stdout or stderr) to hvdrun's own stream:
-// "[3]<stdout>:text". Each complete line goes out in one write, so lines of different ranks
+// "[3]<stdout>:text", and, with --output-filename, the lines unprefixed to a file as well. Each complete line goes out in one write, so lines of different ranks
 // never interleave inside a line. A line longer than kMaxLine is cut into kMaxLine pieces.
 //
 // Thread-safety: one thread (hvdrun's supervisor loop).
@@ -14,8 +14,12 @@ class LinePump {
  public:
   static constexpr size_t kMaxLine = 64 << 10;
 
-  // Reads from `in_fd` (non-blocking, not owned) and writes to `out_fd`.
-  LinePump(int rank, const char* stream_name, int out_fd, bool prefix);
+  // Reads from `in_fd` (non-blocking, not owned) and writes to `out_fd`, and to `file_fd`
+  // (owned; -1: none).
+  LinePump(int rank, const char* stream_name, int out_fd, bool prefix, int file_fd = -1);
+  ~LinePump();
+  LinePump(const LinePump&) = delete;
+  LinePump& operator=(const LinePump&) = delete;
 
   // Reads what is available; returns false once the stream reached EOF (or failed).
   bool Pump(int in_fd);
@@ -27,6 +31,7 @@ class LinePump {
 
   std::string prefix_;
   int out_fd_;
+  int file_fd_;
   std::string partial_;
 };
 

@@ -3,7 +3,9 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,10 +47,27 @@ void Supervisor::Verbose(const std::string& line) const {
   if (options_.verbose) Say(line);
 }
 
+// DIR/rank.N/<stream>, created (with DIR) as needed; -1 with a message when it cannot be.
+int Supervisor::OutputFile(int rank, const char* stream) const {
+  if (options_.output_dir.empty()) return -1;
+  std::string n = std::to_string(rank);
+  const size_t width = std::to_string(std::max(0, options_.ranks - 1)).size();
+  if (n.size() < width) n.insert(0, width - n.size(), '0');
+  const std::string dir = options_.output_dir + "/rank." + n;
+  ::mkdir(options_.output_dir.c_str(), 0755);
+  ::mkdir(dir.c_str(), 0755);
+  const std::string path = dir + "/" + stream;
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) Say("cannot write " + path + ": " + strerror(errno) + "; rank output goes to the console only");
+  return fd;
+}
+
 void Supervisor::Add(RankProcess rank) {
   int r = rank.placement.rank;
-  out_pumps_.push_back(std::make_unique<LinePump>(r, "stdout", STDOUT_FILENO, options_.prefix_output));
-  err_pumps_.push_back(std::make_unique<LinePump>(r, "stderr", STDERR_FILENO, options_.prefix_output));
+  out_pumps_.push_back(std::make_unique<LinePump>(r, "stdout", STDOUT_FILENO, options_.prefix_output,
+                                                  OutputFile(r, "stdout")));
+  err_pumps_.push_back(std::make_unique<LinePump>(r, "stderr", STDERR_FILENO, options_.prefix_output,
+                                                  OutputFile(r, "stderr")));
   ranks_.push_back(rank);
 }
 

@@ -34,6 +34,10 @@ struct SupervisorOptions {
   double kill_after_seconds = 5.0;
   bool prefix_output = true;
   bool verbose = false;
+  // --output-filename: each rank's output also goes to DIR/rank.N/{stdout,stderr}, N padded
+  // with zeros to the width of the largest rank (`ranks`).
+  std::string output_dir;
+  int ranks = 1;
 };
 
 class Supervisor {
@@ -66,6 +70,7 @@ class Supervisor {
   void ClosePipes();
   void StopLeftoverGroups();
   void Say(const std::string& line) const;
+  int OutputFile(int rank, const char* stream) const;
   void Verbose(const std::string& line) const;
 
   SupervisorOptions options_;

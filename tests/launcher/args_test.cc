@@ -261,3 +261,80 @@ TEST(Args, Errors) {
 }  // namespace
 }  // namespace launcher
 }  // namespace hvd
+
+namespace hvd {
+namespace launcher {
+namespace {
+
+std::string Refusal(std::vector<std::string> args) {
+  std::vector<const char*> argv = {"hvdrun"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  try {
+    ParseArgs(static_cast<int>(argv.size()), argv.data());
+  } catch (const LaunchError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// horovodrun's launch line: each flag maps to hvd's own setting, or is accepted with a warning
+// saying why it does nothing, or is refused saying what hvd does instead.
+TEST(Args, HorovodrunSpellingsMap) {
+  std::vector<std::string> line = {
+      "--num-proc", "4", "--timeline-filename", "/tmp/t.json", "--output-filename", "/tmp/out",
+      "--disable-cache", "--hierarchical-allreduce", "--no-hierarchical-allgather", "--autotune",
+      "--autotune-log-file", "/tmp/a.csv", "--autotune-warmup-samples", "2",
+      "--autotune-steps-per-sample", "5", "--autotune-bayes-opt-max-samples", "20",
+      "--stall-check-warning-time-seconds", "30", "--stall-check-shutdown-time-seconds", "90",
+      "--gloo", "--tcp", "--gloo-timeout-seconds", "15", "--num-nccl-streams", "2",
+      "--log-hide-timestamp", "python", "train.py"};
+  std::vector<const char*> argv = {"hvdrun"};
+  for (const auto& a : line) argv.push_back(a.c_str());
+  LaunchOptions o = ParseArgs(static_cast<int>(argv.size()), argv.data());
+  EXPECT_EQ(4, o.np);
+  EXPECT_EQ("/tmp/t.json", o.knobs["HVD_TIMELINE"]);
+  EXPECT_EQ("/tmp/out", o.output_dir);
+  EXPECT_EQ("0", o.knobs["HVD_CACHE_CAPACITY"]);
+  EXPECT_EQ("1", o.knobs["HVD_HIERARCHICAL_ALLREDUCE"]);
+  EXPECT_EQ("0", o.knobs["HVD_HIERARCHICAL_ALLGATHER"]);
+  EXPECT_EQ("1", o.knobs["HVD_AUTOTUNE"]);
+  EXPECT_EQ("/tmp/a.csv", o.knobs["HVD_AUTOTUNE_LOG"]);
+  EXPECT_EQ("2", o.knobs["HVD_AUTOTUNE_WARMUP_SAMPLES"]);
+  EXPECT_EQ("5", o.knobs["HVD_AUTOTUNE_STEPS_PER_SAMPLE"]);
+  EXPECT_EQ("30", o.knobs["HVD_STALL_CHECK_TIME_SECONDS"]);
+  EXPECT_EQ("90", o.knobs["HVD_STALL_SHUTDOWN_TIME_SECONDS"]);
+  EXPECT_EQ("off", o.knobs["HVD_SHM"]);
+  EXPECT_EQ("15", o.knobs["HVD_TIMEOUT_SECONDS"]);
+  EXPECT_FALSE(o.mpi);
+  ASSERT_EQ(3u, o.warnings.size());  // bayes-opt samples, NCCL streams, timestamps
+  EXPECT_EQ((std::vector<std::string>{"python", "train.py"}), o.command);
+}
+
+TEST(Args, HorovodrunMpiArgsAndCheckBuild) {
+  std::vector<const char*> argv = {"hvdrun", "-np", "2", "--mpi-args", "--bind-to none -x 'A=b c'",
+                                   "x"};
+  LaunchOptions o = ParseArgs(static_cast<int>(argv.size()), argv.data());
+  EXPECT_TRUE(o.mpi);
+  EXPECT_EQ((std::vector<std::string>{"--bind-to", "none", "-x", "A=b c"}), o.mpi_args);
+  const char* cb[] = {"hvdrun", "-cb"};
+  EXPECT_TRUE(ParseArgs(2, cb).check_build);
+  const char* version[] = {"hvdrun", "--version"};
+  EXPECT_TRUE(ParseArgs(2, version).version);
+}
+
+TEST(Args, HorovodrunFlagsHvdRefusesSayWhat) {
+  EXPECT_NE(std::string::npos, Refusal({"-np", "2", "--min-np", "1", "x"}).find("elastic"));
+  EXPECT_NE(std::string::npos,
+            Refusal({"--host-discovery-script", "h.sh", "x"}).find("elastic training is not in hvd"));
+  EXPECT_NE(std::string::npos, Refusal({"-np", "1", "--config-file", "c.yaml", "x"}).find("flags"));
+  EXPECT_NE(std::string::npos, Refusal({"-np", "1", "--jsrun", "x"}).find("jsrun"));
+  EXPECT_NE(std::string::npos, Refusal({"-np", "1", "--gloo", "--mpi", "x"}).find("not both"));
+  EXPECT_NE(std::string::npos,
+            Refusal({"-np", "1", "--hierarchical-allreduce", "--no-hierarchical-allreduce", "x"})
+                .find("not both"));
+  EXPECT_NE(std::string::npos, Refusal({"-np", "1", "--num-proc", "2", "x"}).find("not both"));
+}
+
+}  // namespace
+}  // namespace launcher
+}  // namespace hvd

@@ -431,3 +431,34 @@ TEST(Hvdrun, CommandNotFound) {
 }
 
 }  // namespace
+
+namespace {
+
+// horovodrun's --output-filename: each rank's lines also land in DIR/rank.N/{stdout,stderr},
+// unprefixed, N padded to the width of the largest rank; the console keeps its copy.
+TEST(Hvdrun, OutputFilenameWritesAFolderPerRank) {
+  char tmpl[] = "/tmp/hvdrun_out_XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(tmpl));
+  const std::string dir = std::string(tmpl) + "/logs";
+  Result r = RunHvdrun({"-np", "11", "--output-filename", dir, "sh", "-c",
+                        "echo out$HVD_RANK; echo err$HVD_RANK >&2"});
+  ASSERT_EQ(0, r.code) << r.err;
+  EXPECT_TRUE(Contains(r.out, "[10]<stdout>:out10\n")) << r.out;
+  for (int k = 0; k < 11; ++k) {
+    const std::string n = (k < 10 ? "0" : "") + std::to_string(k);
+    EXPECT_EQ("out" + std::to_string(k) + "\n", ReadFile(dir + "/rank." + n + "/stdout")) << k;
+    EXPECT_EQ("err" + std::to_string(k) + "\n", ReadFile(dir + "/rank." + n + "/stderr")) << k;
+  }
+  std::string cleanup = "rm -rf " + std::string(tmpl);
+  EXPECT_EQ(0, std::system(cleanup.c_str()));
+}
+
+TEST(Hvdrun, CheckBuildListsWhatThisBuildHas) {
+  Result r = RunHvdrun({"--check-build"});
+  ASSERT_EQ(0, r.code) << r.err;
+  EXPECT_TRUE(Contains(r.out, "Available Controllers:")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "Available Tensor Operations:")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "[X] TCP and shared memory")) << r.out;
+}
+
+}  // namespace
