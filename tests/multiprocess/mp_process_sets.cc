@@ -10,7 +10,6 @@
 // exist and that adding one later fails.
 #include <algorithm>
 #include <memory>
-#include <thread>
 
 #include "mp_checks.h"
 
@@ -209,8 +208,9 @@ void CheckSameName(hvd::Engine& e, Checker& ck, const std::vector<Set>& sets) {
   }
 }
 
-// Set a = {0, 1} waits for rank 1, which submits 1.5 s late; meanwhile set b = {0, 2} runs ten
-// allreduces one after another, each finishing while a's is still pending.
+// Set a = {0, 1} waits for rank 1, which submits only after a global barrier that ranks 0 and
+// 2 reach once set b = {0, 2} has run ten allreduces one after another: each of them finishes
+// while a's is still pending (no timing involved).
 void CheckIndependence(hvd::Engine& e, Checker& ck) {
   if (e.size() < 3) return;
   Set a = AddSet(e, ck, {0, 1});
@@ -229,10 +229,8 @@ void CheckIndependence(hvd::Engine& e, Checker& ck) {
     }
     if (e.rank() == 0) ck.Expect(!slow->Poll(), "set a's allreduce still waits for rank 1");
   }
-  if (e.rank() == 1) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    slow = e.Allreduce("ps.slow", v, v, ReduceOp::kSum, 1.0, 1.0, a.id);
-  }
+  ck.ExpectOk(WaitDone(e.Barrier(), 60.0), "the barrier after set b");
+  if (e.rank() == 1) slow = e.Allreduce("ps.slow", v, v, ReduceOp::kSum, 1.0, 1.0, a.id);
   if (slow) ck.ExpectOk(WaitDone(slow), "set a's allreduce once rank 1 submits");
   ck.ExpectOk(e.RemoveProcessSet(a.id), "remove set a");
   ck.ExpectOk(e.RemoveProcessSet(b.id), "remove set b");
@@ -376,6 +374,8 @@ int RunStaticProcessSetChecks(hvd::Engine& e, Checker& ck) {
                 id.status().message().find("HVD_DYNAMIC_PROCESS_SETS") != std::string::npos,
             "adding later needs HVD_DYNAMIC_PROCESS_SETS: got " + id.status().ToString());
   ck.Expect(!e.RemoveProcessSet(1).ok(), "removing needs it too");
+  // Every rank gets here before any shuts the job down (rank 1 is in no set but the world).
+  ck.ExpectOk(WaitDone(e.Barrier(), 60.0), "the last barrier");
   return ck.End();
 }
 
