@@ -84,7 +84,8 @@ def test_movement_in_a_set(halves):
     m = len(ranks)
     # Allgather: member i gives i + 1 rows of its world rank.
     g = hvd.allgather(torch.full((k + 1, 2), float(r)), process_set=mine)
-    assert torch.equal(g, torch.cat([torch.full((i + 1, 2), float(q)) for i, q in enumerate(ranks)]))
+    want = [torch.full((i + 1, 2), float(q)) for i, q in enumerate(ranks)]
+    assert torch.equal(g, torch.cat(want))
     # Broadcast from every member; root_rank is a world rank.
     for root in ranks:
         b = hvd.broadcast(torch.full((4,), float(r)), root_rank=root, process_set=mine)
