@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
-#include <set>
 #include <utility>
 #include <sstream>
 
@@ -16,34 +15,6 @@
 namespace hvd {
 namespace launcher {
 namespace {
-
-const std::set<std::string>& ValueFlags() {
-  static const std::set<std::string> flags = {
-      "n", "np", "H", "hosts", "hostfile", "fusion-threshold-mb", "cycle-time-ms",
-      "cache-capacity", "timeout", "stall-check-seconds", "log-level", "timeline",
-      "start-timeout", "grace-seconds", "kill-after-seconds",
-      "p", "ssh-port", "i", "ssh-identity-file", "ssh-config", "network-interface",
-      // horovodrun's spellings
-      "num-proc", "timeline-filename", "output-filename", "mpi-args", "binding-args",
-      "autotune-log-file", "autotune-warmup-samples", "autotune-steps-per-sample",
-      "autotune-bayes-opt-max-samples", "autotune-gaussian-process-noise",
-      "stall-check-warning-time-seconds", "stall-check-shutdown-time-seconds",
-      "num-nccl-streams", "thread-affinity", "gloo-timeout-seconds", "config-file",
-      "min-np", "max-np", "slots-per-host", "elastic-timeout", "reset-limit",
-      "blacklist-cooldown-range", "host-discovery-script"};
-  return flags;
-}
-
-const std::set<std::string>& BoolFlags() {
-  static const std::set<std::string> flags = {
-      "h", "help", "v", "verbose", "no-prefix", "mpi",
-      // horovodrun's spellings
-      "check-build", "version", "disable-cache", "hierarchical-allreduce",
-      "no-hierarchical-allreduce", "hierarchical-allgather", "no-hierarchical-allgather",
-      "autotune", "gloo", "tcp", "no-stall-check", "timeline-mark-cycles",
-      "mpi-threads-disable", "log-without-timestamp", "log-hide-timestamp", "jsrun"};
-  return flags;
-}
 
 cxxopts::Options BuildOptions() {
   cxxopts::Options o("hvdrun", "Starts the ranks of an hvd job and supervises them.");
@@ -127,6 +98,23 @@ cxxopts::Options BuildOptions() {
   return o;
 }
 
+// Every flag name (short and long) and whether it takes a value, read from the option table
+// itself, so that the table is the one list of flags.
+const std::map<std::string, bool>& FlagTakesValue() {
+  static const std::map<std::string, bool> flags = [] {
+    std::map<std::string, bool> m;
+    const cxxopts::Options o = BuildOptions();
+    for (const std::string& group : o.groups()) {
+      for (const cxxopts::HelpOptionDetails& d : o.group_help(group).options) {
+        if (!d.s.empty()) m[d.s] = !d.is_boolean;
+        for (const std::string& name : d.l) m[name] = !d.is_boolean;
+      }
+    }
+    return m;
+  }();
+  return flags;
+}
+
 std::string FlagName(const std::string& arg, bool* inline_value) {
   size_t eq = arg.find('=');
   if (arg.rfind("--", 0) == 0) {
@@ -161,10 +149,11 @@ void SplitArgs(int argc, const char* const* argv, std::vector<std::string>* flag
     std::string name = FlagName(a, &inline_value);
     if (a.rfind("-np", 0) == 0) a = "-" + a;  // cxxopts spells it --np
     if (a == "-cb") a = "--check-build";
-    bool takes_value = ValueFlags().count(name) > 0;
-    if (!takes_value && BoolFlags().count(name) == 0) {
+    auto known = FlagTakesValue().find(name);
+    if (known == FlagTakesValue().end()) {
       throw LaunchError("unknown flag '" + std::string(argv[i]) + "' (see hvdrun --help)");
     }
+    const bool takes_value = known->second;
     if (!takes_value && inline_value) {
       throw LaunchError("flag '" + std::string(argv[i]) + "' takes no value");
     }

@@ -8,6 +8,7 @@
 
 #include "common/logging.h"
 #include "engine/engine_impl.h"
+#include "planner/fusion.h"
 
 namespace hvd {
 
@@ -468,11 +469,7 @@ void EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
   ApplyOnRankZero(ps, ready);
   if (autotune_) {
     size_t bytes = 0;
-    for (const auto& r : ready) {
-      for (const auto& shape : r.shapes) {
-        bytes += static_cast<size_t>(NumElements(shape)) * DataTypeSize(r.dtype);
-      }
-    }
+    for (const auto& r : ready) bytes += ResponseBytes(r);
     autotune_->Record(bytes, now);
   }
   if (ps.rank < 0) return;  // rank 0 coordinates a set it is not a member of

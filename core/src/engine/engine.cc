@@ -135,7 +135,7 @@ Status EngineImpl::SetUpViews(Comm& comm, const Topology& topo, const std::strin
   // World ranks of the views' members, for the log.
   auto world_ranks = [&comm](const GroupView& v) {
     std::vector<int> out;
-    for (int m : v.members()) out.push_back(comm.view ? comm.view->base_rank(m) : m);
+    for (int m : v.members()) out.push_back(comm.WorldRank(m));
     return RanksList(out);
   };
   HVD_LOG(kInfo) << (world ? std::string() : "process set: ")

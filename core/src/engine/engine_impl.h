@@ -100,6 +100,8 @@ struct Comm {
   std::unique_ptr<GroupView> view;   // a process set: its members' view of the transport
   int rank = 0;
   int size = 1;
+  // The world rank of member i (for messages).
+  int WorldRank(int i) const { return view ? view->base_rank(i) : i; }
   // This host's members and the members with this one's local index across hosts, when their
   // layout allows hierarchical collectives (plan.hierarchical); with them the members of each
   // host, hosts in cross's order, members in local's (the hierarchical allgather's layout).

@@ -147,8 +147,8 @@ Status EngineImpl::AgreeOnMemory(const MemoryNeeds& need, const Status& local, s
   int short_ranks = 0;
   for (int i = 0; i < n; ++i) {
     if (all[i] == 0) continue;
-    const int world = c.view ? c.view->base_rank(i) : i;
-    os << (short_ranks++ ? ", " : "") << "rank " << world << " could not allocate " << Bytes(all[i]);
+    os << (short_ranks++ ? ", " : "") << "rank " << c.WorldRank(i) << " could not allocate "
+       << Bytes(all[i]);
   }
   if (short_ranks == 0) {
     c.agreed_fusion = std::max(c.agreed_fusion, need.fusion);

@@ -130,7 +130,7 @@ Status EngineImpl::ChooseDevicePath(Comm& c, const Status& opened) {
   } else {
     all[0] = mine;
   }
-  auto world = [&c](int i) { return std::to_string(c.view ? c.view->base_rank(i) : i); };
+  auto world = [&c](int i) { return std::to_string(c.WorldRank(i)); };
   std::ostringstream failed;
   for (int i = 0; i < n; ++i) {
     if (!all[i].opened) failed << (failed.tellp() > 0 ? ", " : "") << world(i);
