@@ -88,13 +88,18 @@ cxxopts::Options BuildOptions() {
       ("log-hide-timestamp", "As --log-without-timestamp")
       ("config-file", "Refused: pass the flags on the command line", s(), "FILE")
       ("jsrun", "Refused: hvd starts ranks itself, over ssh or mpirun")
-      ("min-np", "Refused: elastic training is not in hvd yet", s(), "N")
-      ("max-np", "Refused: elastic training is not in hvd yet", s(), "N")
-      ("slots-per-host", "Refused: elastic training is not in hvd yet", s(), "N")
-      ("elastic-timeout", "Refused: elastic training is not in hvd yet", s(), "SEC")
-      ("reset-limit", "Refused: elastic training is not in hvd yet", s(), "N")
-      ("blacklist-cooldown-range", "Refused: elastic training is not in hvd yet", s(), "RANGE")
-      ("host-discovery-script", "Refused: elastic training is not in hvd yet", s(), "FILE");
+      ("min-np", "Elastic: fewest ranks the job goes on with (default: -np)", s(), "N")
+      ("max-np", "Elastic: most ranks the job grows to (default: every slot)", s(), "N")
+      ("slots-per-host", "Elastic: slots of a discovered host printed without ':slots' "
+                         "(default 1)", s(), "N")
+      ("elastic-timeout", "Elastic: seconds to wait for --min-np slots before the job fails "
+                          "(default 600, or HOROVOD_ELASTIC_TIMEOUT)", s(), "SEC")
+      ("reset-limit", "Elastic: most new worlds the job forms after the first", s(), "N")
+      ("blacklist-cooldown-range", "Elastic: 'MIN MAX' seconds a failing host stays "
+                                   "blacklisted, doubling per failure (default: for good)", s(),
+       "RANGE")
+      ("host-discovery-script", "Elastic: a script printing the usable 'host:slots', run every "
+                                "second", s(), "FILE");
   return o;
 }
 
@@ -160,7 +165,13 @@ void SplitArgs(int argc, const char* const* argv, std::vector<std::string>* flag
     flags->push_back(a);
     if (takes_value && !inline_value) {
       if (i + 1 >= argc) throw LaunchError("flag '" + a + "' needs a value");
-      flags->push_back(argv[++i]);
+      std::string value = argv[++i];
+      // horovodrun's spelling takes two words: --blacklist-cooldown-range MIN MAX.
+      if (name == "blacklist-cooldown-range" && i + 1 < argc &&
+          std::string(argv[i + 1]).find_first_not_of("0123456789.") == std::string::npos) {
+        value += std::string(" ") + argv[++i];
+      }
+      flags->push_back(value);
     }
   }
   for (; i < argc; ++i) command->push_back(argv[i]);
@@ -200,6 +211,8 @@ void ParseHosts(const cxxopts::ParseResult& r, LaunchOptions* out) {
     out->np = ParseCount(r.count("np") ? "-np" : "--num-proc", r[flag].as<std::string>());
   } else if (!out->hosts.empty()) {
     out->np = TotalSlots(out->hosts);
+  } else if (r.count("min-np")) {  // an elastic job starts with its minimum
+    out->np = ParseCount("--min-np", r["min-np"].as<std::string>());
   } else {
     throw LaunchError("missing -np (or -H/--hostfile to take the number of ranks from)");
   }
@@ -275,6 +288,60 @@ void ParseJobFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
   out->knobs["HVD_START_TIMEOUT"] = Str(out->start_timeout_seconds);
 }
 
+std::vector<std::string> Words(const std::string& flag, const std::string& text);
+
+// Elastic flags (launcher/elastic.h), after ParseHosts: -np is known.
+void ParseElasticFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
+  auto has = [&](const char* f) { return r.count(f) > 0; };
+  auto get = [&](const char* f) { return r[f].as<std::string>(); };
+  out->elastic = has("min-np") || has("max-np") || has("host-discovery-script");
+  for (const char* f : {"slots-per-host", "elastic-timeout", "reset-limit",
+                        "blacklist-cooldown-range"}) {
+    if (has(f) && !out->elastic) {
+      throw LaunchError(std::string("--") + f + " applies to elastic jobs only: give --min-np, "
+                        "--max-np or --host-discovery-script too");
+    }
+  }
+  if (!out->elastic) return;
+  if (out->mpi) throw LaunchError("elastic jobs are started by hvdrun itself; drop --mpi");
+  out->min_np = has("min-np") ? ParseCount("--min-np", get("min-np")) : out->np;
+  if (has("max-np")) out->max_np = ParseCount("--max-np", get("max-np"));
+  if (out->min_np > out->np) {
+    throw LaunchError("--min-np " + std::to_string(out->min_np) + " is larger than -np " +
+                      std::to_string(out->np));
+  }
+  if (out->max_np > 0 && out->max_np < out->np) {
+    throw LaunchError("--max-np " + std::to_string(out->max_np) + " is smaller than -np " +
+                      std::to_string(out->np));
+  }
+  if (has("host-discovery-script")) {
+    out->discovery_script = get("host-discovery-script");
+    if (out->discovery_script.empty()) throw LaunchError("--host-discovery-script needs a file");
+  }
+  if (has("slots-per-host")) out->slots_per_host = ParseCount("--slots-per-host", get("slots-per-host"));
+  if (const char* v = std::getenv("HOROVOD_ELASTIC_TIMEOUT")) {
+    out->elastic_timeout_seconds = ParseSeconds("HOROVOD_ELASTIC_TIMEOUT", v, false);
+  }
+  if (has("elastic-timeout")) {
+    out->elastic_timeout_seconds = ParseSeconds("--elastic-timeout", get("elastic-timeout"), false);
+  }
+  if (has("reset-limit")) out->reset_limit = ParseCount("--reset-limit", get("reset-limit"));
+  if (has("blacklist-cooldown-range")) {
+    std::vector<std::string> w = Words("--blacklist-cooldown-range", get("blacklist-cooldown-range"));
+    if (w.size() == 1 && w[0].find(',') != std::string::npos) {
+      w = {w[0].substr(0, w[0].find(',')), w[0].substr(w[0].find(',') + 1)};
+    }
+    if (w.size() != 2) {
+      throw LaunchError("--blacklist-cooldown-range takes two numbers of seconds, MIN MAX");
+    }
+    out->cooldown_min_seconds = ParseSeconds("--blacklist-cooldown-range", w[0], false);
+    out->cooldown_max_seconds = ParseSeconds("--blacklist-cooldown-range", w[1], false);
+    if (out->cooldown_max_seconds < out->cooldown_min_seconds) {
+      throw LaunchError("--blacklist-cooldown-range: MAX is smaller than MIN");
+    }
+  }
+}
+
 void RequireReadable(const std::string& flag, const std::string& path) {
   std::ifstream in(path);
   if (path.empty() || !in) throw LaunchError("cannot read '" + path + "' given to " + flag);
@@ -342,14 +409,6 @@ std::vector<std::string> Words(const std::string& flag, const std::string& text)
 void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
   auto has = [&](const char* f) { return r.count(f) > 0; };
   auto get = [&](const char* f) { return r[f].as<std::string>(); };
-  for (const char* f : {"min-np", "max-np", "slots-per-host", "elastic-timeout", "reset-limit",
-                        "blacklist-cooldown-range", "host-discovery-script"}) {
-    if (has(f)) {
-      throw LaunchError(std::string("--") + f + ": elastic training is not in hvd yet; a job "
-                        "with a lost rank fails on every rank within HVD_TIMEOUT_SECONDS, "
-                        "naming the rank");
-    }
-  }
   if (has("config-file")) {
     throw LaunchError("--config-file: hvdrun reads no configuration file; pass its settings "
                       "as flags (hvdrun --help lists them)");
@@ -476,6 +535,7 @@ LaunchOptions ParseArgs(int argc, const char* const* argv) {
     ParseJobFlags(r, &out);
     ParseHorovodFlags(r, &out);  // first: its refusals say more than a missing -np would
     ParseHosts(r, &out);
+    ParseElasticFlags(r, &out);
     ParseSshFlags(r, &out);
     ParseKnobs(r, &out);
   } catch (const cxxopts::exceptions::exception& e) {

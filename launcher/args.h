@@ -36,6 +36,16 @@ struct LaunchOptions {
   bool version = false;                // --version
   std::vector<std::string> mpi_args;   // --mpi-args / --binding-args: words for mpirun
   std::vector<std::string> warnings;   // flags accepted that have no effect in hvd, and why
+  // Elastic mode (launcher/elastic.h): on with --min-np, --max-np or --host-discovery-script.
+  bool elastic = false;
+  int min_np = 0;                      // default: -np
+  int max_np = 0;                      // 0: no bound
+  std::string discovery_script;        // --host-discovery-script
+  int slots_per_host = 1;              // --slots-per-host
+  double elastic_timeout_seconds = 600;  // --elastic-timeout (HOROVOD_ELASTIC_TIMEOUT)
+  int reset_limit = 0;                 // --reset-limit; 0: no bound
+  double cooldown_min_seconds = 0;     // --blacklist-cooldown-range MIN MAX; 0: for good
+  double cooldown_max_seconds = 0;
 };
 
 // Parses argv (argv[0] is the program). Flags end at the first word that is not a flag or a

@@ -7,9 +7,11 @@
 #include <map>
 #include <exception>
 #include <iostream>
+#include <sstream>
 #include <memory>
 
 #include "args.h"
+#include "elastic.h"
 #include "hvd/config.h"
 #include "mpi_launch.h"
 #include "bootstrap/store.h"
@@ -207,6 +209,104 @@ int RunJob(const LaunchOptions& opts) {
   return code;
 }
 
+// Elastic mode (launcher/elastic.h). Workers on hosts other than this machine are probed
+// with ssh when they are first used; the store then has to listen where hosts that come later
+// can reach it: the --network-interface's address.
+int RunElasticJob(const LaunchOptions& opts) {
+  std::vector<std::string> command = opts.command;
+  command[0] = ResolveProgram(command[0]);
+  auto level = opts.knobs.find("HVD_LOG_LEVEL");
+  LogLevel parsed;
+  if (level != opts.knobs.end() && ParseLogLevel(level->second, &parsed)) SetLogLevel(parsed);
+
+  Addresses addrs;
+  if (!opts.network_interface.empty()) {
+    addrs.local_addr = LocalInterfaceAddress(opts.network_interface);
+    if (addrs.local_addr.empty()) {
+      throw std::runtime_error("no IPv4 address on interface " + opts.network_interface +
+                               " on this host (--network-interface)");
+    }
+    addrs.store_bind = addrs.local_addr;
+  }
+  int signal_fd = SetUpSignals();
+  const std::string secret = RandomSecret();
+  auto server = StoreServer::Start(addrs.store_bind, 0, secret, opts.start_timeout_seconds);
+  if (!server.ok()) {
+    std::cerr << "hvdrun: cannot start the rendezvous store: " << server.status().ToString() << "\n";
+    return kStartError;
+  }
+  auto store = StoreClient::Connect(addrs.local_addr, (*server)->port(),
+                                    DeadlineAfterSeconds(opts.start_timeout_seconds), secret);
+  if (!store.ok()) {
+    std::cerr << "hvdrun: cannot reach its own rendezvous store: " << store.status().ToString()
+              << "\n";
+    return kStartError;
+  }
+  JobEnvironment job;
+  job.rendezvous_addr = addrs.local_addr;
+  job.rendezvous_port = (*server)->port();
+  job.secret = secret;
+  job.knobs = opts.knobs;
+  job.knobs["HVD_ELASTIC"] = "1";
+  job.knobs["HOROVOD_ELASTIC"] = "1";
+  std::ostringstream timeout;
+  timeout << opts.elastic_timeout_seconds;
+  job.knobs["HVD_ELASTIC_TIMEOUT"] = timeout.str();
+
+  SupervisorOptions sopts;
+  sopts.grace_seconds = opts.grace_seconds;
+  sopts.kill_after_seconds = opts.kill_after_seconds;
+  sopts.prefix_output = opts.prefix_output;
+  sopts.output_dir = opts.output_dir;
+  sopts.ranks = std::max(opts.np, opts.max_np);
+  sopts.verbose = opts.verbose;
+  Supervisor supervisor(sopts, signal_fd);
+
+  auto start = [&](const Placement& p, const std::string& id, int label) {
+    if (!IsLocalHost(p.host) && addrs.bind.count(p.host) == 0) {
+      if (opts.network_interface.empty()) {
+        throw std::runtime_error("host " + p.host + " is not this machine: an elastic job with "
+                                 "other hosts needs --network-interface, so that hosts that "
+                                 "come later reach the rendezvous store");
+      }
+      std::vector<HostProbe> probe = ProbeHosts({p.host}, SshOptionsOf(opts),
+                                                opts.network_interface, opts.start_timeout_seconds);
+      if (!probe[0].ok) throw std::runtime_error("host " + p.host + " failed the ssh check: " + probe[0].error);
+      addrs.multi_host = true;
+      addrs.rendezvous[p.host] = addrs.local_addr;
+      addrs.bind[p.host] = probe[0].host_addr;
+    }
+    JobEnvironment mine = job;
+    mine.knobs["HVD_ELASTIC_ID"] = id;
+    RankProcess r = StartRank(opts, p, command, mine, addrs);
+    r.label = label;
+    if (opts.verbose) {
+      std::cerr << "hvdrun: started worker " << id << (r.remote ? " over ssh" : "") << " (pid "
+                << r.pid << "): " << Join(opts.command) << "\n";
+    }
+    return r;
+  };
+  ElasticOptions eo;
+  eo.np = opts.np;
+  eo.min_np = opts.min_np;
+  eo.max_np = opts.max_np;
+  eo.hosts = opts.hosts;
+  eo.discovery_script = opts.discovery_script;
+  eo.slots_per_host = opts.slots_per_host;
+  eo.elastic_timeout_seconds = opts.elastic_timeout_seconds;
+  eo.reset_limit = opts.reset_limit;
+  eo.cooldown_min_seconds = opts.cooldown_min_seconds;
+  eo.cooldown_max_seconds = opts.cooldown_max_seconds;
+  eo.verbose = opts.verbose;
+  ElasticDriver driver(eo, &supervisor, std::move(*store), start);
+  supervisor.SetEvents(&driver);
+  if (!driver.Start()) supervisor.Abort(kStartError);
+  int code = supervisor.Run();
+  (*server)->Stop();
+  ::close(signal_fd);
+  return code;
+}
+
 }  // namespace
 
 int Main(int argc, char** argv) {
@@ -228,6 +328,7 @@ int Main(int argc, char** argv) {
   for (const std::string& w : opts.warnings) std::cerr << "hvdrun: " << w << "\n";
   try {
     if (opts.mpi) return ExecMpirun(opts);
+    if (opts.elastic) return RunElasticJob(opts);
     return RunJob(opts);
   } catch (const LaunchError& e) {
     std::cerr << "hvdrun: " << e.what() << "\n";

@@ -34,6 +34,7 @@ struct RankProcess {
   int err_fd = -1;  // read end of the rank's stderr pipe (non-blocking), -1 once closed
   bool running = false;
   int wait_status = 0;  // from waitpid, valid once !running
+  int label = -1;       // the [N] of its output lines; -1: placement.rank
 };
 
 // 32 random bytes from /dev/urandom as 64 hex digits. Throws std::runtime_error.

@@ -63,7 +63,7 @@ int Supervisor::OutputFile(int rank, const char* stream) const {
 }
 
 void Supervisor::Add(RankProcess rank) {
-  int r = rank.placement.rank;
+  int r = rank.label >= 0 ? rank.label : rank.placement.rank;
   out_pumps_.push_back(std::make_unique<LinePump>(r, "stdout", STDOUT_FILENO, options_.prefix_output,
                                                   OutputFile(r, "stdout")));
   err_pumps_.push_back(std::make_unique<LinePump>(r, "stderr", STDERR_FILENO, options_.prefix_output,
@@ -95,6 +95,7 @@ int Supervisor::Run() {
     }
     PollOnce();
     AdvancePhase();
+    if (events_ != nullptr && phase_ == Phase::kRunning) events_->Tick();
   }
   ClosePipes();
   StopLeftoverGroups();
@@ -169,7 +170,8 @@ void Supervisor::OnRankExit(size_t index, int status) {
   r.running = false;
   r.wait_status = status;
   CloseInput(&r);
-  std::string who = "rank " + std::to_string(r.placement.rank) +
+  std::string who = (r.label >= 0 ? "worker " + std::to_string(r.label)
+                                   : "rank " + std::to_string(r.placement.rank)) +
                     (r.remote ? " on host " + r.placement.host + " (ssh pid "
                               : " (pid ") + std::to_string(r.pid) + ")";
   bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -197,6 +199,10 @@ void Supervisor::OnRankExit(size_t index, int status) {
     first_failed_by_signal_ = true;
     exit_code_ = code;
     Say(what + ", just before the failure above: the likely cause");
+    return;
+  }
+  if (events_ != nullptr && phase_ == Phase::kRunning && !exit_code_set_ &&
+      events_->OnRankExit(r, ok, what)) {
     return;
   }
   if (ok || exit_code_set_ || phase_ != Phase::kRunning) {
@@ -232,6 +238,17 @@ void Supervisor::OnHvdrunSignal(int sig) {
     SignalLiveGroups(SIGKILL);
     phase_ = Phase::kKilled;
     phase_deadline_ = Clock::now() + kGiveUpAfterKill;
+  }
+}
+
+void Supervisor::Stop(pid_t pid) {
+  for (auto& r : ranks_) {
+    if (r.pid != pid || !r.running) continue;
+    if (r.remote && r.in_fd >= 0) {
+      CloseInput(&r);
+    } else if (::killpg(r.pid, SIGTERM) != 0) {
+      ::kill(r.pid, SIGTERM);
+    }
   }
 }
 

@@ -29,6 +29,17 @@
 namespace hvd {
 namespace launcher {
 
+// What an elastic job does with rank exits (launcher/elastic.h); null for a plain job.
+class RankEvents {
+ public:
+  virtual ~RankEvents() = default;
+  // A rank exited while the job runs (`what` says how). Returning true takes the exit: the
+  // supervisor neither counts it as the job's failure nor stops the other ranks.
+  virtual bool OnRankExit(const RankProcess& r, bool ok, const std::string& what) = 0;
+  // Called every round of the loop (at least once a second); may Add or Stop ranks, or Abort.
+  virtual void Tick() = 0;
+};
+
 struct SupervisorOptions {
   double grace_seconds = 3.0;
   double kill_after_seconds = 5.0;
@@ -46,6 +57,11 @@ class Supervisor {
   Supervisor(const SupervisorOptions& options, int signal_fd);
 
   void Add(RankProcess rank);
+  // Elastic jobs: exits go to `events` first, and its Tick runs every round (not owned).
+  void SetEvents(RankEvents* events) { events_ = events; }
+  // Stops one rank (SIGTERM to its group; a remote rank's ssh input is closed), as step 3 does
+  // for every rank.
+  void Stop(pid_t pid);
   // Stops the ranks started so far (a later rank could not be started) with `exit_code`.
   void Abort(int exit_code);
   // Runs until every rank has exited; returns hvdrun's exit code.
@@ -75,6 +91,7 @@ class Supervisor {
 
   SupervisorOptions options_;
   int signal_fd_;
+  RankEvents* events_ = nullptr;
   std::vector<RankProcess> ranks_;
   std::vector<std::unique_ptr<LinePump>> out_pumps_;
   std::vector<std::unique_ptr<LinePump>> err_pumps_;

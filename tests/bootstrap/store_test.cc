@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "bootstrap/auth.h"
+#include "bootstrap/elastic.h"
 #include "bootstrap/store.h"
 #include "bootstrap/store_wire.h"
 
@@ -275,6 +276,100 @@ TEST(Store, StopWithManyWaitersIsPrompt) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(8, failed.load());
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+}
+
+}  // namespace
+}  // namespace hvd
+
+namespace hvd {
+namespace {
+
+TEST(Store, TryGetAnswersAtOnce) {
+  auto server = StartServer();
+  auto c = Connect(server->port());
+  std::string v = "untouched";
+  auto t0 = Clock::now();
+  auto found = c->TryGet("missing", &v, DeadlineAfterSeconds(5));
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_FALSE(*found);
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2));
+  ASSERT_TRUE(c->Set("k", "value", DeadlineAfterSeconds(5)).ok());
+  found = c->TryGet("k", &v, DeadlineAfterSeconds(5));
+  ASSERT_TRUE(found.ok());
+  EXPECT_TRUE(*found);
+  EXPECT_EQ("value", v);
+  // The connection stays usable after an absent answer.
+  EXPECT_EQ("value", *c->Get("k", DeadlineAfterSeconds(5)));
+}
+
+// Rank, local and cross places of "<id> <host>" lines, against the definitions: local rank
+// counts earlier lines of the host; cross rank counts the hosts (first-appearance order) that
+// have that local rank.
+TEST(Elastic, PlaceInWorldFollowsTheLines) {
+  const std::string world = "w0 a\nw1 b\nw2 a\nw3 c\nw4 a\n";
+  struct Want { const char* id; int rank, local_rank, local_size, cross_rank, cross_size; };
+  const Want want[] = {{"w0", 0, 0, 3, 0, 3}, {"w1", 1, 0, 1, 1, 3}, {"w2", 2, 1, 3, 0, 1},
+                       {"w3", 3, 0, 1, 2, 3}, {"w4", 4, 2, 3, 0, 1}};
+  for (const Want& w : want) {
+    Options o;
+    ASSERT_TRUE(PlaceInWorld(world, w.id, 7, &o).ok()) << w.id;
+    EXPECT_EQ(w.rank, o.rank) << w.id;
+    EXPECT_EQ(5, o.size);
+    EXPECT_EQ(w.local_rank, o.local_rank) << w.id;
+    EXPECT_EQ(w.local_size, o.local_size) << w.id;
+    EXPECT_EQ(w.cross_rank, o.cross_rank) << w.id;
+    EXPECT_EQ(w.cross_size, o.cross_size) << w.id;
+    EXPECT_EQ(7, o.elastic_generation);
+    EXPECT_EQ("g7/", o.store_prefix);
+  }
+  Options o;
+  Status s = PlaceInWorld(world, "gone", 7, &o);
+  EXPECT_EQ(StatusCode::kFailedPrecondition, s.code());
+  EXPECT_NE(std::string::npos, s.message().find("gone")) << s.message();
+  EXPECT_EQ(StatusCode::kInvalidArgument, PlaceInWorld("w0 a extra\n", "w0", 1, &o).code());
+  EXPECT_EQ(StatusCode::kInvalidArgument, PlaceInWorld("w0 a\nw0 b\n", "w0", 1, &o).code());
+  EXPECT_EQ(StatusCode::kInvalidArgument, PlaceInWorld("", "w0", 1, &o).code());
+}
+
+// Two workers join: world 1 names a third worker that never comes; world 2 (published while
+// they wait) leaves it out, and both join world 2 with their places in it.
+TEST(Elastic, JoinWorldTakesTheNewerWorldWhenOneNeverFills) {
+  auto server = StartServer();
+  auto driver = Connect(server->port());
+  ASSERT_TRUE(driver->Set(ElasticWorldKey(1), "x a\ny a\nz b\n", DeadlineAfterSeconds(5)).ok());
+  ASSERT_TRUE(driver->Set(kElasticLatestKey, "1", DeadlineAfterSeconds(5)).ok());
+  std::vector<Options> got(2);
+  std::vector<Status> st(2);
+  std::vector<std::thread> workers;
+  const char* ids[] = {"y", "x"};
+  for (int i = 0; i < 2; ++i) {
+    workers.emplace_back([&, i] {
+      auto c = Connect(server->port());
+      got[i].elastic_id = ids[i];
+      st[i] = JoinWorld(*c, &got[i], DeadlineAfterSeconds(20));
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both wait for "z"
+  ASSERT_TRUE(driver->Set(ElasticWorldKey(2), "y a\nx c\n", DeadlineAfterSeconds(5)).ok());
+  ASSERT_TRUE(driver->Set(kElasticLatestKey, "2", DeadlineAfterSeconds(5)).ok());
+  for (auto& t : workers) t.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(st[i].ok()) << st[i].ToString();
+    EXPECT_EQ(2, got[i].elastic_generation);
+    EXPECT_EQ(2, got[i].size);
+  }
+  EXPECT_EQ(0, got[0].rank);
+  EXPECT_EQ(1, got[1].rank);
+  EXPECT_EQ("c", got[1].hostname);
+  EXPECT_EQ(1, got[1].cross_rank);
+  // A worker that already ran world 2 waits for a newer one, and times out naming why.
+  Options late;
+  late.elastic_id = "x";
+  late.elastic_after_generation = 2;
+  auto c = Connect(server->port());
+  Status s = JoinWorld(*c, &late, DeadlineAfterSeconds(0.3));
+  EXPECT_EQ(StatusCode::kTimeout, s.code());
+  EXPECT_NE(std::string::npos, s.message().find("generation 2")) << s.message();
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 // Unit tests of hvdrun's flag, host-list and hostfile parsing and of rank placement.
+#include <chrono>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -6,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "args.h"
+#include "elastic.h"
 #include "hosts.h"
 
 namespace hvd {
@@ -322,10 +324,54 @@ TEST(Args, HorovodrunMpiArgsAndCheckBuild) {
   EXPECT_TRUE(ParseArgs(2, version).version);
 }
 
-TEST(Args, HorovodrunFlagsHvdRefusesSayWhat) {
-  EXPECT_NE(std::string::npos, Refusal({"-np", "2", "--min-np", "1", "x"}).find("elastic"));
+TEST(Args, ElasticFlags) {
+  std::vector<const char*> argv = {"hvdrun", "-np", "4", "--min-np", "2", "--max-np", "6",
+                                   "--host-discovery-script", "./hosts.sh", "--slots-per-host",
+                                   "2", "--elastic-timeout", "30", "--reset-limit", "5",
+                                   "--blacklist-cooldown-range", "10", "100", "python", "t.py"};
+  LaunchOptions o = ParseArgs(static_cast<int>(argv.size()), argv.data());
+  EXPECT_TRUE(o.elastic);
+  EXPECT_EQ(4, o.np);
+  EXPECT_EQ(2, o.min_np);
+  EXPECT_EQ(6, o.max_np);
+  EXPECT_EQ("./hosts.sh", o.discovery_script);
+  EXPECT_EQ(2, o.slots_per_host);
+  EXPECT_DOUBLE_EQ(30, o.elastic_timeout_seconds);
+  EXPECT_EQ(5, o.reset_limit);
+  EXPECT_DOUBLE_EQ(10, o.cooldown_min_seconds);
+  EXPECT_DOUBLE_EQ(100, o.cooldown_max_seconds);
+  EXPECT_EQ((std::vector<std::string>{"python", "t.py"}), o.command);
+  // -np defaults to --min-np; --min-np to -np; the comma spelling of the range.
+  const char* min_only[] = {"hvdrun", "--min-np", "3", "--host-discovery-script", "h", "x"};
+  LaunchOptions m = ParseArgs(6, min_only);
+  EXPECT_EQ(3, m.np);
+  EXPECT_EQ(3, m.min_np);
+  EXPECT_EQ(0, m.max_np);
+  const char* comma[] = {"hvdrun", "-np", "2", "--max-np", "3", "--blacklist-cooldown-range=1,2",
+                         "x"};
+  LaunchOptions c = ParseArgs(7, comma);
+  EXPECT_EQ(2, c.min_np);
+  EXPECT_DOUBLE_EQ(2, c.cooldown_max_seconds);
+  const char* plain[] = {"hvdrun", "-np", "2", "x"};
+  EXPECT_FALSE(ParseArgs(4, plain).elastic);
+}
+
+TEST(Args, ElasticFlagErrorsSayWhat) {
+  EXPECT_NE(std::string::npos, Refusal({"-np", "2", "--min-np", "3", "x"}).find("larger than -np"));
+  EXPECT_NE(std::string::npos, Refusal({"-np", "4", "--max-np", "3", "x"}).find("smaller than -np"));
+  EXPECT_NE(std::string::npos, Refusal({"-np", "2", "--min-np", "0", "x"}).find("positive"));
   EXPECT_NE(std::string::npos,
-            Refusal({"--host-discovery-script", "h.sh", "x"}).find("elastic training is not in hvd"));
+            Refusal({"-np", "2", "--reset-limit", "3", "x"}).find("elastic jobs only"));
+  EXPECT_NE(std::string::npos,
+            Refusal({"-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "5", "x"})
+                .find("MIN MAX"));
+  EXPECT_NE(std::string::npos,
+            Refusal({"-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "5", "1", "x"})
+                .find("MAX is smaller"));
+  EXPECT_NE(std::string::npos, Refusal({"-np", "2", "--min-np", "1", "--mpi", "x"}).find("--mpi"));
+}
+
+TEST(Args, HorovodrunFlagsHvdRefusesSayWhat) {
   EXPECT_NE(std::string::npos, Refusal({"-np", "1", "--config-file", "c.yaml", "x"}).find("flags"));
   EXPECT_NE(std::string::npos, Refusal({"-np", "1", "--jsrun", "x"}).find("jsrun"));
   EXPECT_NE(std::string::npos, Refusal({"-np", "1", "--gloo", "--mpi", "x"}).find("not both"));
@@ -333,6 +379,58 @@ TEST(Args, HorovodrunFlagsHvdRefusesSayWhat) {
             Refusal({"-np", "1", "--hierarchical-allreduce", "--no-hierarchical-allreduce", "x"})
                 .find("not both"));
   EXPECT_NE(std::string::npos, Refusal({"-np", "1", "--num-proc", "2", "x"}).find("not both"));
+}
+
+}  // namespace
+}  // namespace launcher
+}  // namespace hvd
+
+namespace hvd {
+namespace launcher {
+namespace {
+
+TEST(Elastic, DiscoveredHostsParse) {
+  auto hosts = ParseDiscoveredHosts("# comment\nnode1:4\n\n  node2  \nnode3:1 # tail\nnode1:2\n", 3);
+  ASSERT_EQ(3u, hosts.size());
+  EXPECT_EQ("node1", hosts[0].host);
+  EXPECT_EQ(2, hosts[0].slots);  // the last line for a host wins
+  EXPECT_EQ("node2", hosts[1].host);
+  EXPECT_EQ(3, hosts[1].slots);  // --slots-per-host
+  EXPECT_EQ(1, hosts[2].slots);
+  EXPECT_TRUE(ParseDiscoveredHosts("", 1).empty());
+  for (const char* bad : {"node:0\n", "node:x\n", ":3\n", "a b:2\n"}) {
+    EXPECT_THROW(ParseDiscoveredHosts(bad, 1), LaunchError) << bad;
+  }
+}
+
+TEST(Elastic, DiscoveryScriptRunsBounded) {
+  EXPECT_EQ("a:2\nb\n", RunDiscoveryScript("printf 'a:2\\nb\\n'", 5));
+  try {
+    RunDiscoveryScript("exit 3", 5);
+    ADD_FAILURE() << "no error";
+  } catch (const LaunchError& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("exit code 3")) << e.what();
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    RunDiscoveryScript("sleep 30", 0.3);
+    ADD_FAILURE() << "no error";
+  } catch (const LaunchError& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("did not finish")) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(Elastic, WorldTextIsOneLinePerRank) {
+  EXPECT_EQ("h:0#0 h\nk:1#3 k\n", WorldText({{"h:0#0", "h"}, {"k:1#3", "k"}}));
+}
+
+TEST(Hosts, LoopbackNetworkIsLocal) {
+  EXPECT_TRUE(IsLocalHost("127.0.0.1"));
+  EXPECT_TRUE(IsLocalHost("127.0.0.2"));
+  EXPECT_TRUE(IsLocalHost("127.1.2.3"));
+  EXPECT_FALSE(IsLocalHost("127.example.com"));
+  EXPECT_FALSE(IsLocalHost("10.0.0.1"));
 }
 
 }  // namespace

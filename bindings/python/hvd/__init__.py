@@ -15,6 +15,9 @@ Errors from the engine raise :class:`HvdError` (a ``RuntimeError``, also exporte
 * ``ResourceExhaustedError``: a rank could not allocate the memory an operation needs. The
   operation fails on every rank, naming the rank; the next operation works.
 * ``AbortedError``: the engine was shut down. ``InternalError``: a bug or a failed system call.
+
+Elastic training (``hvd.elastic``: State, ObjectState, run) retries after these errors; its
+``HostsUpdatedInterrupt`` is exported here too.
 """
 
 import atexit as _atexit
@@ -277,3 +280,7 @@ def ccl_built():
 
 
 _atexit.register(_core.shutdown)
+
+# Elastic training uses the names above, so it is imported last.
+from hvd import elastic  # noqa: E402,F401
+from hvd.elastic import HostsUpdatedInterrupt  # noqa: E402,F401

@@ -39,6 +39,7 @@ namespace py = pybind11;
 namespace {
 
 std::unique_ptr<hvd::Engine> g_engine;  // guarded by the GIL
+int64_t g_elastic_generation = 0;  // the world this process last ran (elastic jobs); GIL
 
 // A failed Status on its way to Python; translated into the exception class of its code.
 struct StatusError : std::exception {
@@ -202,6 +203,8 @@ void Init(std::vector<std::vector<int>> process_sets, bool dynamic) {
     if (o.ok()) {
       o->process_sets = std::move(process_sets);
       o->dynamic_process_sets = o->dynamic_process_sets || dynamic;
+      // An elastic worker's init after a shutdown joins the next world (hvd.elastic.run).
+      o->elastic_after_generation = g_elastic_generation;
       e = hvd::Engine::Create(*o);
     } else {
       e = o.status();
@@ -209,6 +212,7 @@ void Init(std::vector<std::vector<int>> process_sets, bool dynamic) {
   }
   if (!e.ok()) throw StatusError(e.status());
   g_engine = std::move(*e);
+  g_elastic_generation = g_engine->elastic_generation();
 }
 
 void Shutdown() {
@@ -304,6 +308,17 @@ void BindEngine(py::module_& m) {
   m.def("process_set_ids", [] { return Eng().ProcessSetIds(); });
   m.def("shutdown", &Shutdown, "Stops the engine; pending operations fail with AbortedError.");
   m.def("is_initialized", [] { return static_cast<bool>(g_engine); });
+  m.def("hosts_updated", [] {
+    hvd::StatusOr<bool> updated = false;
+    hvd::Engine& e = Eng();
+    {
+      py::gil_scoped_release release;
+      updated = e.HostsUpdated();
+    }
+    if (!updated.ok()) throw StatusError(updated.status());
+    return *updated;
+  }, "Collective: whether hvdrun has published a newer world than this engine's (elastic).");
+  m.def("elastic_generation", [] { return Eng().elastic_generation(); });
   m.def("rank", [] { return Eng().rank(); });
   m.def("size", [] { return Eng().size(); });
   m.def("local_rank", [] { return Eng().local_rank(); });

@@ -124,6 +124,27 @@ class HVD_EXPORT Engine {
   static StatusOr<std::unique_ptr<Engine>> Create(const Options& options);
   static StatusOr<std::unique_ptr<Engine>> CreateFromEnvironment();
 
+  // Elastic training (hvdrun --min-np/--max-np/--host-discovery-script; docs/ELASTIC.md).
+  // With Options::elastic, Create waits (up to HVD_ELASTIC_TIMEOUT) for the newest world hvdrun
+  // publishes and forms it: rank, size and peers come from that world.
+  //
+  // A native trainer's loop: commit its state every few steps; an operation that fails with
+  // PeerLost or Timeout (a rank died), or HostsUpdated() returning true (hvdrun added or
+  // removed hosts), means roll back to the last commit (PeerLost) or keep the state (hosts
+  // updated), then `engine = Engine::Reset(std::move(engine))`, broadcast the state from the
+  // new rank 0 and go on.
+  //
+  // Reset shuts `engine` down (its operations still in flight fail with Aborted) and creates
+  // the engine of the next world from the same options: in an elastic job one newer than
+  // engine's, otherwise the same world again.
+  static StatusOr<std::unique_ptr<Engine>> Reset(std::unique_ptr<Engine> engine);
+  // Collective over every rank: true on every rank when hvdrun has published a newer world
+  // than this engine's (rank 0 reads the store and broadcasts what it read). Always false,
+  // without communicating, outside an elastic job.
+  StatusOr<bool> HostsUpdated();
+  // The generation of this engine's world (1, 2, ...); 0 outside an elastic job.
+  int64_t elastic_generation() const;
+
   ~Engine();  // Shutdown()
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -109,6 +109,21 @@ struct HVD_EXPORT Options {
   // list of distinct ranks. Set by the caller, not read from the environment.
   std::vector<std::vector<int>> process_sets;
 
+  // Elastic jobs (hvdrun --min-np / --max-np / --host-discovery-script; docs/ELASTIC.md).
+  // HVD_ELASTIC (HOROVOD_ELASTIC), 1 or 0 (default): the identity above is only a first guess;
+  // Engine::Create reads this process's place in the newest world hvdrun published in the
+  // rendezvous store, waiting for it, and forms that world.
+  bool elastic = false;
+  std::string elastic_id;                // HVD_ELASTIC_ID: this worker's name in hvdrun's worlds
+  double elastic_timeout_seconds = 600;  // HVD_ELASTIC_TIMEOUT: longest wait for a new world
+  // Set by the caller, not read from the environment: join only a world newer than this
+  // generation (the one this process last ran; Engine::Reset passes it on).
+  int64_t elastic_after_generation = 0;
+  // Set by Engine::Create for an elastic job: the generation of the world this engine formed,
+  // and the store prefix its keys live under.
+  int64_t elastic_generation = 0;
+  std::string store_prefix;
+
   // HVD_SHM: ranks on the same host move their bytes through shared memory.
   //   auto (default): where it can be set up, TCP elsewhere. on: a rank that cannot set it up
   //   fails the job's start. off: TCP only.

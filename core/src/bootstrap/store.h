@@ -7,7 +7,10 @@
 //   request  = u8 op, u32 key_length, key, value       op 'S' set (value = rest of payload)
 //                                                      op 'G' get (value empty): the server
 //                                                      answers once the key exists
-//   response = u8 code, value                          code 0 ok (value for 'G', empty for 'S')
+//                                                      op 'T' try-get (value empty): answered
+//                                                      at once, code 1 when the key is absent
+//   response = u8 code, value                          code 0 ok (value for 'G' and 'T', empty
+//                                                      for 'S'); code 1 absent ('T' only)
 // A frame that is too long, an unknown op or a key longer than 4 KiB is answered by closing
 // the connection; the server logs it and goes on serving the others.
 //
@@ -38,6 +41,9 @@ class StoreClient {
   virtual bool collective() const { return false; }
   // Blocks until the key exists or the deadline passes (Timeout naming the key).
   virtual StatusOr<std::string> Get(const std::string& key, Deadline deadline) = 0;
+  // Answers at once: true with *value when the key exists, false when it does not. A store
+  // that cannot (the MPI bootstrap's) fails with FailedPrecondition.
+  virtual StatusOr<bool> TryGet(const std::string& key, std::string* value, Deadline deadline);
 };
 
 class StoreServer {

@@ -49,12 +49,14 @@ class StoreClientImpl : public StoreClient {
   Status ConnectLoop(Deadline deadline);
   Status Set(const std::string& key, const std::string& value, Deadline deadline) override;
   StatusOr<std::string> Get(const std::string& key, Deadline deadline) override;
+  StatusOr<bool> TryGet(const std::string& key, std::string* value, Deadline deadline) override;
 
  private:
   bool RunUntil(Deadline deadline, const bool* done);
   asio::error_code ConnectOnce(Deadline deadline, bool* timed_out);
+  // *absent (when given) is set for a TryGet's "no such key" answer instead of an error.
   Status RoundTrip(const std::string& payload, Deadline deadline, const std::string& what,
-                   std::string* value);
+                   std::string* value, bool* absent = nullptr);
   Status IoError(const asio::error_code& ec, const std::string& what);
   void Disconnect() {
     asio::error_code ec;
@@ -168,7 +170,7 @@ Status StoreClientImpl::IoError(const asio::error_code& ec, const std::string& w
 
 // Sends one request frame and reads one response frame into *value (code byte stripped).
 Status StoreClientImpl::RoundTrip(const std::string& payload, Deadline deadline,
-                                  const std::string& what, std::string* value) {
+                                  const std::string& what, std::string* value, bool* absent) {
   if (!connected_) {
     Status st = ConnectLoop(deadline);
     if (!st.ok()) return st.WithContext(what);
@@ -211,6 +213,8 @@ Status StoreClientImpl::RoundTrip(const std::string& payload, Deadline deadline,
     Disconnect();
     return Status::Internal("rendezvous store at " + where_ + " sent a malformed frame for " + what);
   }
+  if (absent != nullptr) *absent = static_cast<uint8_t>(body[0]) == store_wire::kCodeAbsent;
+  if (absent != nullptr && *absent) return Status::OK();
   if (static_cast<uint8_t>(body[0]) != store_wire::kCodeOk) {
     return Status::Internal("rendezvous store at " + where_ + " answered " + what + " with code " +
                             std::to_string(static_cast<uint8_t>(body[0])) + ": " +
@@ -248,7 +252,22 @@ StatusOr<std::string> StoreClientImpl::Get(const std::string& key, Deadline dead
   return value;
 }
 
+StatusOr<bool> StoreClientImpl::TryGet(const std::string& key, std::string* value,
+                                       Deadline deadline) {
+  HVD_RETURN_IF_ERROR(CheckSizes(key, 0));
+  bool absent = false;
+  Status st = RoundTrip(store_wire::RequestPayload(store_wire::kOpTryGet, key, std::string()),
+                        deadline, "looking up key '" + Printable(key) + "'", value, &absent);
+  if (!st.ok()) return st;
+  return !absent;
+}
+
 }  // namespace
+
+StatusOr<bool> StoreClient::TryGet(const std::string& key, std::string*, Deadline) {
+  return Status::FailedPrecondition("this rendezvous store cannot look up key '" + key +
+                                    "' without waiting");
+}
 
 StatusOr<std::unique_ptr<StoreClient>> StoreClient::Connect(const std::string& host, int port,
                                                             Deadline deadline,

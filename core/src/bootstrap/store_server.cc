@@ -64,7 +64,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void ReadPayload(uint32_t len);
   void Handle();
   void Watch();
-  void Reply(const std::string& value);
+  void Reply(const std::string& value, uint8_t code = store_wire::kCodeOk);
   void Reject(const std::string& why);
 
   tcp::socket socket_;
@@ -195,6 +195,10 @@ void Session::Handle() {
     Reply(*v);
     return;
   }
+  if (req.op == store_wire::kOpTryGet) {
+    Reply(std::string(), store_wire::kCodeAbsent);
+    return;
+  }
   waiting_ = true;
   waiting_key_ = req.key;
   server_->AddWaiter(req.key, shared_from_this());
@@ -224,10 +228,10 @@ void Session::Deliver(const std::string& value) {
   Reply(value);
 }
 
-void Session::Reply(const std::string& value) {
+void Session::Reply(const std::string& value, uint8_t code) {
   std::string payload;
   payload.reserve(1 + value.size());
-  payload.push_back(static_cast<char>(store_wire::kCodeOk));
+  payload.push_back(static_cast<char>(code));
   payload += value;
   out_ = store_wire::Frame(payload);
   auto self = shared_from_this();

@@ -16,7 +16,9 @@ constexpr uint32_t kMaxKey = 4u << 10;       // 4 KiB
 constexpr size_t kHeaderBytes = 4;
 constexpr char kOpSet = 'S';
 constexpr char kOpGet = 'G';
+constexpr char kOpTryGet = 'T';
 constexpr uint8_t kCodeOk = 0;
+constexpr uint8_t kCodeAbsent = 1;  // answer to a TryGet of a key that does not exist
 
 inline void PutU32(std::string* out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -61,7 +63,7 @@ inline bool ParseRequest(const std::string& payload, Request* req, std::string* 
     return false;
   }
   req->op = payload[0];
-  if (req->op != kOpSet && req->op != kOpGet) {
+  if (req->op != kOpSet && req->op != kOpGet && req->op != kOpTryGet) {
     *why = "unknown op byte " + std::to_string(static_cast<unsigned char>(req->op));
     return false;
   }
@@ -76,7 +78,7 @@ inline bool ParseRequest(const std::string& payload, Request* req, std::string* 
   }
   req->key.assign(payload, 5, key_len);
   req->value.assign(payload, 5 + key_len, std::string::npos);
-  if (req->op == kOpGet && !req->value.empty()) {
+  if (req->op != kOpSet && !req->value.empty()) {
     *why = "get request carries a value";
     return false;
   }

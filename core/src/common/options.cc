@@ -257,6 +257,11 @@ Status ReadKnobs(Options* o) {
     HVD_RETURN_IF_ERROR(ParseToggle("HVD_SHM", v, &o->shm));
   }
   if (const char* v = Knob("TIMELINE", &var)) o->timeline_path = v;
+  if (const char* v = Knob("ELASTIC", &var)) HVD_RETURN_IF_ERROR(ParseBool(var, v, &o->elastic));
+  if (const char* v = Knob("ELASTIC_ID", &var)) o->elastic_id = v;
+  if (const char* v = Knob("ELASTIC_TIMEOUT", &var)) {
+    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.001, &o->elastic_timeout_seconds));
+  }
   if (const char* v = Knob("LOG_LEVEL", &var)) {
     if (!ParseLogLevel(v, &o->log_level)) {
       return BadValue(var, v, "one of trace, debug, info, warning, error, fatal");
@@ -295,6 +300,13 @@ Status Options::Validate() const {
         "size is " + std::to_string(size) +
         " but HVD_RENDEZVOUS_ADDR / HVD_RENDEZVOUS_PORT are not set: start the job with hvdrun, "
         "mpirun or srun (or set them to the address of a running rendezvous store)");
+  }
+  if (elastic && (bootstrap != Bootstrap::kStore || rendezvous_addr.empty() ||
+                  rendezvous_port == 0 || elastic_id.empty())) {
+    return Status::InvalidArgument(
+        "HVD_ELASTIC=1 needs the rendezvous store of hvdrun's elastic mode (HVD_RENDEZVOUS_ADDR, "
+        "HVD_RENDEZVOUS_PORT and HVD_ELASTIC_ID, which hvdrun --min-np/--max-np/"
+        "--host-discovery-script sets): start the job with those flags");
   }
   if (size > 1 && bootstrap == Bootstrap::kSlurm && rendezvous_addr.empty()) {
     return Status::InvalidArgument(

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "bootstrap/elastic.h"
 #include "bootstrap/store.h"
 #include "common/logging.h"
 #include "transport/transport_factory.h"
@@ -374,11 +375,82 @@ std::vector<int32_t> EngineImpl::ProcessSetIds() const {
 Engine::Engine(std::unique_ptr<EngineImpl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
+StatusOr<int64_t> EngineImpl::LatestGeneration() {
+  std::lock_guard<std::mutex> l(elastic_mu_);
+  if (!elastic_store_) return options_.elastic_generation;
+  std::string v;
+  auto found = elastic_store_->TryGet(kElasticLatestKey, &v,
+                                      DeadlineAfterSeconds(options_.timeout_seconds));
+  if (!found.ok()) return found.status().WithContext("reading hvdrun's newest world");
+  if (!*found) return options_.elastic_generation;
+  return static_cast<int64_t>(std::strtoll(v.c_str(), nullptr, 10));
+}
+
+namespace {
+
+// Engine::Create in an elastic job (bootstrap/elastic.h): join the newest world and form it;
+// a world that cannot form because a worker died meanwhile gives way to the next one.
+StatusOr<std::unique_ptr<EngineImpl>> CreateElastic(const Options& options) {
+  HVD_RETURN_IF_ERROR(options.Validate());
+  SetLogLevel(options.log_level);
+  const Deadline deadline = DeadlineAfterSeconds(options.elastic_timeout_seconds);
+  auto store = StoreClient::Connect(options.rendezvous_addr, options.rendezvous_port, deadline,
+                                    options.secret);
+  if (!store.ok()) {
+    return store.status().WithContext("elastic worker " + options.elastic_id +
+                                      ": hvdrun's rendezvous store");
+  }
+  int64_t after = options.elastic_after_generation;
+  while (true) {
+    Options o = options;
+    o.elastic_after_generation = after;
+    HVD_RETURN_IF_ERROR(JoinWorld(**store, &o, deadline));
+    auto impl = EngineImpl::Create(o);
+    if (impl.ok()) {
+      (*impl)->set_elastic_store(std::move(*store));
+      return impl;
+    }
+    const StatusCode code = impl.status().code();
+    if (code != StatusCode::kPeerLost && code != StatusCode::kTimeout) return impl.status();
+    HVD_LOG(kWarning) << "world " << o.elastic_generation << " did not form ("
+                      << impl.status().ToString() << "); waiting for hvdrun's next world";
+    after = o.elastic_generation;
+  }
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options) {
-  auto impl = EngineImpl::Create(options);
+  auto impl = options.elastic ? CreateElastic(options) : EngineImpl::Create(options);
   if (!impl.ok()) return impl.status();
   return std::unique_ptr<Engine>(new Engine(std::move(*impl)));
 }
+
+StatusOr<std::unique_ptr<Engine>> Engine::Reset(std::unique_ptr<Engine> engine) {
+  Options o = engine->options();
+  o.elastic_after_generation = o.elastic_generation;
+  engine->Shutdown();
+  engine.reset();
+  return Create(o);
+}
+
+StatusOr<bool> Engine::HostsUpdated() {
+  const Options& o = impl_->options();
+  if (!o.elastic) return false;
+  int64_t latest = o.elastic_generation;
+  if (o.rank == 0) {
+    auto g = impl_->LatestGeneration();
+    if (!g.ok()) return g.status();
+    latest = *g;
+  }
+  // Every rank takes rank 0's answer, so that every rank resets, or none.
+  TensorView t(&latest, DataType::kInt64, {1});
+  Status s = Broadcast("hvd.elastic.hosts_updated", t, t, 0)->Wait();
+  if (!s.ok()) return s;
+  return latest > o.elastic_generation;
+}
+
+int64_t Engine::elastic_generation() const { return impl_->options().elastic_generation; }
 
 StatusOr<std::unique_ptr<Engine>> Engine::CreateFromEnvironment() {
   auto o = Options::FromEnvironment();

@@ -33,6 +33,7 @@
 #include "coordinator/messages.h"
 #include "coordinator/response_cache.h"
 #include "device/device.h"
+#include "bootstrap/store.h"
 #include "engine/timeline.h"
 #include "hvd/engine.h"
 #include "planner/autotune.h"
@@ -157,6 +158,10 @@ class EngineImpl {
   // The ranks of a set this rank knows (empty: none with that id).
   std::vector<int> ProcessSetRanks(int32_t id) const;
   std::vector<int32_t> ProcessSetIds() const;
+  // Elastic jobs (engine.cc): the store hvdrun publishes its worlds in, and the newest
+  // generation it names (read by rank 0 for Engine::HostsUpdated).
+  void set_elastic_store(std::unique_ptr<StoreClient> store) { elastic_store_ = std::move(store); }
+  StatusOr<int64_t> LatestGeneration();
   // Counters for tests and the benchmark.
   uint64_t responses_executed() const { return responses_executed_.load(); }
   uint64_t cache_hits() const { return cache_hits_.load(); }
@@ -276,6 +281,9 @@ class EngineImpl {
   std::atomic<bool> wake_posted_{false};
   std::atomic<bool> queued_{false};    // the queue may hold entries the background has not seen
   std::atomic<bool> sleeping_{false};  // the background thread sleeps in io_ (or is about to)
+
+  std::mutex elastic_mu_;  // serialises callers' use of elastic_store_
+  std::unique_ptr<StoreClient> elastic_store_;  // guarded by elastic_mu_; null unless elastic
 
   // Background side.
   asio::io_context io_;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "bootstrap/elastic.h"
 #include "bootstrap/store.h"
 #include "common/logging.h"
 #include "hvd/config.h"
@@ -86,6 +87,9 @@ StatusOr<std::unique_ptr<StoreClient>> MeetingPlace(Options* o, JobBackendsImpl*
   if (!store.ok()) {
     return store.status().WithContext("rendezvous store at " + o->rendezvous_addr + ":" +
                                       std::to_string(o->rendezvous_port));
+  }
+  if (!o->store_prefix.empty()) {  // one generation of an elastic job (bootstrap/elastic.h)
+    return std::unique_ptr<StoreClient>(new PrefixStore(std::move(*store), o->store_prefix));
   }
   return std::move(*store);
 }

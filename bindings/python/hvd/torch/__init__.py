@@ -17,6 +17,7 @@ from hvd import (  # noqa: F401  (re-exported)
     Average,
     FailedPreconditionError,
     HorovodInternalError,
+    HostsUpdatedInterrupt,
     HvdError,
     HvdTimeoutError,
     InternalError,
@@ -93,3 +94,6 @@ from hvd.torch.mpi_ops import (  # noqa: F401
 )
 from hvd.torch.optimizer import DistributedOptimizer  # noqa: F401
 from hvd.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
+
+# hvd.torch.elastic (run, TorchState, ElasticSampler) builds on the modules above.
+from hvd.torch import elastic  # noqa: E402,F401

@@ -1,0 +1,416 @@
+#include "elastic.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <sstream>
+
+#include "bootstrap/elastic.h"
+#include "output.h"
+
+namespace hvd {
+namespace launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::duration Seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+std::string Trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
+}
+
+std::string HostList(const std::vector<HostSlots>& hosts) {
+  std::string out;
+  for (const HostSlots& h : hosts) {
+    out += (out.empty() ? "" : ",") + h.host + ":" + std::to_string(h.slots);
+  }
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+std::vector<HostSlots> ParseDiscoveredHosts(const std::string& text, int slots_per_host) {
+  std::vector<HostSlots> hosts;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    line = Trim(line.substr(0, line.find('#')));
+    if (line.empty()) continue;
+    HostSlots h;
+    h.slots = slots_per_host;
+    size_t colon = line.rfind(':');
+    h.host = line.substr(0, colon);
+    if (colon != std::string::npos) {
+      const std::string n = line.substr(colon + 1);
+      if (n.empty() || n.size() > 6 || n.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoi(n) < 1) {
+        throw LaunchError("the host discovery script printed '" + line +
+                          "': expected 'host' or 'host:slots' with slots >= 1");
+      }
+      h.slots = std::stoi(n);
+    }
+    if (h.host.empty() || h.host.find_first_of(" \t") != std::string::npos) {
+      throw LaunchError("the host discovery script printed '" + line + "': expected a host name");
+    }
+    auto same = std::find_if(hosts.begin(), hosts.end(),
+                             [&](const HostSlots& o) { return o.host == h.host; });
+    if (same != hosts.end()) {
+      same->slots = h.slots;  // the last line for a host wins
+    } else {
+      hosts.push_back(h);
+    }
+  }
+  return hosts;
+}
+
+std::string RunDiscoveryScript(const std::string& script, double timeout_seconds) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw LaunchError("pipe: " + std::string(strerror(errno)));
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw LaunchError("fork: " + std::string(strerror(errno)));
+  }
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    sigset_t all;
+    sigemptyset(&all);
+    ::sigprocmask(SIG_SETMASK, &all, nullptr);
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  const auto deadline = Clock::now() + Seconds(timeout_seconds);
+  bool timed_out = false;
+  char buf[4096];
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    int ready = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) continue;  // the deadline is checked above
+    ssize_t n = ::read(fds[0], buf, sizeof(buf));
+    if (n > 0) out.append(buf, static_cast<size_t>(n));
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) break;
+    if (out.size() > (1u << 20)) break;
+  }
+  ::close(fds[0]);
+  if (timed_out) ::killpg(pid, SIGKILL);
+  int status = 0;
+  // Bounded: the script's group was killed if it outlived the deadline.
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    throw LaunchError("the host discovery script did not finish within " +
+                      std::to_string(static_cast<int>(timeout_seconds)) + " s");
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    throw LaunchError("the host discovery script '" + script + "' failed (" +
+                      (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
+                                         : "killed by signal " + std::to_string(WTERMSIG(status))) +
+                      ")");
+  }
+  return out;
+}
+
+std::string WorldText(const std::vector<std::pair<std::string, std::string>>& ids_and_hosts) {
+  std::string text;
+  for (const auto& [id, host] : ids_and_hosts) text += id + " " + host + "\n";
+  return text;
+}
+
+ElasticDriver::ElasticDriver(const ElasticOptions& options, Supervisor* supervisor,
+                             std::unique_ptr<StoreClient> store, StartFn start)
+    : options_(options), supervisor_(supervisor), store_(std::move(store)),
+      start_(std::move(start)), next_discovery_(Clock::now()) {}
+
+void ElasticDriver::Say(const std::string& line) const {
+  WriteAll(STDERR_FILENO, "hvdrun: elastic: " + line + "\n");
+}
+
+void ElasticDriver::Fail(const std::string& why) {
+  if (failed_) return;
+  failed_ = true;
+  Say(why + "; stopping the job");
+  supervisor_->Abort(1);
+}
+
+// Runs the discovery script (when there is one). Returns whether the host list changed. A
+// script that fails at the first run ends the job; later failures keep the last list.
+bool ElasticDriver::Discover(bool first) {
+  if (options_.discovery_script.empty()) {
+    if (!first) return false;
+    hosts_ = options_.hosts;
+    return true;
+  }
+  next_discovery_ = Clock::now() + Seconds(options_.discovery_interval_seconds);
+  std::vector<HostSlots> found;
+  try {
+    found = ParseDiscoveredHosts(
+        RunDiscoveryScript(options_.discovery_script,
+                           std::min(10.0, options_.elastic_timeout_seconds)),
+        options_.slots_per_host);
+  } catch (const LaunchError& e) {
+    if (first) {
+      Fail(e.what());
+    } else {
+      Say(std::string(e.what()) + "; keeping the last host list");
+    }
+    return false;
+  }
+  auto key = [](const std::vector<HostSlots>& v) { return HostList(v); };
+  if (!first && key(found) == key(hosts_)) return false;
+  Say("hosts: " + HostList(found));
+  hosts_ = std::move(found);
+  return true;
+}
+
+bool ElasticDriver::Usable(const std::string& host) const {
+  auto b = blacklist_.find(host);
+  return b == blacklist_.end() || Clock::now() >= b->second.until;
+}
+
+int ElasticDriver::SlotsOf(const std::string& host) const {
+  for (const HostSlots& h : hosts_) {
+    if (h.host == host) return Usable(host) ? h.slots : 0;
+  }
+  return 0;
+}
+
+// Slots of usable hosts that no live worker holds, in host order.
+std::vector<std::pair<std::string, int>> ElasticDriver::FreeSlots() const {
+  std::vector<std::pair<std::string, int>> free;
+  for (const HostSlots& h : hosts_) {
+    if (!Usable(h.host)) continue;
+    for (int s = 0; s < h.slots; ++s) {
+      bool taken = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
+        return w.alive && w.host == h.host && w.slot == s;
+      });
+      if (!taken) free.emplace_back(h.host, s);
+    }
+  }
+  return free;
+}
+
+void ElasticDriver::Retire(Worker& w, const std::string& why) {
+  if (!w.alive || w.retired) return;
+  w.retired = true;
+  Say("stopping worker " + w.id + " (" + why + ")");
+  supervisor_->Stop(w.pid);
+}
+
+void ElasticDriver::Blacklist(const std::string& host) {
+  Blacklisted& b = blacklist_[host];
+  ++b.failures;
+  b.back = false;
+  if (options_.cooldown_min_seconds <= 0) {
+    b.until = TimePoint::max();
+    Say("host " + host + " is blacklisted for the rest of the job");
+    return;
+  }
+  double cooldown = std::min(options_.cooldown_max_seconds,
+                             options_.cooldown_min_seconds * std::ldexp(1.0, b.failures - 1));
+  b.until = Clock::now() + Seconds(cooldown);
+  std::ostringstream os;
+  os << "host " << host << " is blacklisted for " << cooldown << " s (failure " << b.failures
+     << " on it)";
+  Say(os.str());
+}
+
+bool ElasticDriver::Start() {
+  if (!Discover(true) || failed_) return false;
+  const auto deadline = Clock::now() + Seconds(options_.elastic_timeout_seconds);
+  while (static_cast<int>(FreeSlots().size()) < options_.np) {
+    if (Clock::now() >= deadline || options_.discovery_script.empty()) {
+      Say("the hosts (" + HostList(hosts_) + ") have fewer than -np " +
+          std::to_string(options_.np) + " slots" +
+          (options_.discovery_script.empty() ? "" : " after --elastic-timeout"));
+      return false;
+    }
+    usleep(static_cast<useconds_t>(options_.discovery_interval_seconds * 1e6));
+    Discover(false);
+    if (failed_) return false;
+  }
+  Reform("start");
+  return !failed_;
+}
+
+// Step 4 (and step 1's first world).
+void ElasticDriver::Reform(const std::string& why) {
+  if (failed_ || finishing_) return;
+  std::vector<int> keep;
+  for (int w : world_) {
+    if (workers_[w].alive && !workers_[w].retired) keep.push_back(w);
+  }
+  if (keep.empty() && generation_ > 0) {
+    Fail("every worker of world " + std::to_string(generation_) +
+         " is gone, so none holds the committed state");
+    return;
+  }
+  std::vector<std::pair<std::string, int>> free = FreeSlots();
+  int room = static_cast<int>(free.size());
+  if (options_.max_np > 0) room = std::min(room, options_.max_np - static_cast<int>(keep.size()));
+  room = std::max(room, 0);
+  const bool lost = keep.size() < world_.size();
+  if (!lost && room == 0 && generation_ > 0) return;  // nothing would change
+  const int total = static_cast<int>(keep.size()) + room;
+  if (total < options_.min_np) {
+    if (waiting_since_ == TimePoint::max()) {
+      waiting_since_ = Clock::now();
+      Say(std::to_string(total) + " worker(s) possible, fewer than --min-np " +
+          std::to_string(options_.min_np) + "; waiting up to " +
+          std::to_string(static_cast<int>(options_.elastic_timeout_seconds)) +
+          " s (--elastic-timeout) for hosts");
+    }
+    return;
+  }
+  waiting_since_ = TimePoint::max();
+  if (generation_ > 0 && options_.reset_limit > 0 && ++resets_ > options_.reset_limit) {
+    Fail("a new world is needed (" + why + ") but --reset-limit " +
+         std::to_string(options_.reset_limit) + " is reached");
+    return;
+  }
+  // The new order: hosts in the order their first survivor had; survivors first on each host,
+  // then the new workers; hosts with only new workers last, in host-list order.
+  std::vector<std::string> host_order;
+  for (int w : keep) {
+    if (std::find(host_order.begin(), host_order.end(), workers_[w].host) == host_order.end()) {
+      host_order.push_back(workers_[w].host);
+    }
+  }
+  for (int i = 0; i < room; ++i) {
+    if (std::find(host_order.begin(), host_order.end(), free[i].first) == host_order.end()) {
+      host_order.push_back(free[i].first);
+    }
+  }
+  std::vector<int> added;
+  for (int i = 0; i < room; ++i) {
+    Worker w;
+    w.host = free[i].first;
+    w.slot = free[i].second;
+    w.id = w.host + ":" + std::to_string(w.slot) + "#" + std::to_string(workers_.size());
+    w.alive = false;  // until started
+    added.push_back(static_cast<int>(workers_.size()));
+    workers_.push_back(w);
+  }
+  std::vector<int> world;
+  for (const std::string& h : host_order) {
+    for (int w : keep) if (workers_[w].host == h) world.push_back(w);
+    for (int w : added) if (workers_[w].host == h) world.push_back(w);
+  }
+  if (!Publish(world)) return;
+  for (int w : added) {
+    Placement p;  // its place in the new world: only a first guess, the store has the truth
+    p.rank = static_cast<int>(std::find(world.begin(), world.end(), w) - world.begin());
+    p.size = static_cast<int>(world.size());
+    p.host = workers_[w].host;
+    p.local_rank = 0;
+    p.local_size = 1;
+    try {
+      RankProcess r = start_(p, workers_[w].id, w);
+      workers_[w].pid = r.pid;
+      workers_[w].alive = true;
+      supervisor_->Add(r);
+    } catch (const std::exception& e) {
+      Fail("cannot start worker " + workers_[w].id + ": " + e.what());
+      return;
+    }
+  }
+  std::ostringstream os;
+  os << "world " << generation_ << ": " << world.size() << " rank(s) (" << why << ")";
+  if (!added.empty()) os << ", " << added.size() << " new worker(s)";
+  Say(os.str());
+}
+
+bool ElasticDriver::Publish(const std::vector<int>& world) {
+  std::vector<std::pair<std::string, std::string>> lines;
+  for (int w : world) lines.emplace_back(workers_[w].id, workers_[w].host);
+  const int64_t g = generation_ + 1;
+  const Deadline deadline = Clock::now() + std::chrono::seconds(10);
+  Status s = store_->Set(ElasticWorldKey(g), WorldText(lines), deadline);
+  if (s.ok()) s = store_->Set(kElasticLatestKey, std::to_string(g), deadline);
+  if (!s.ok()) {
+    Fail("cannot publish world " + std::to_string(g) + ": " + s.ToString());
+    return false;
+  }
+  generation_ = g;
+  world_ = world;
+  return true;
+}
+
+bool ElasticDriver::OnRankExit(const RankProcess& r, bool ok, const std::string& what) {
+  auto it = std::find_if(workers_.begin(), workers_.end(),
+                         [&](const Worker& w) { return w.pid == r.pid && w.alive; });
+  if (it == workers_.end()) return false;
+  it->alive = false;
+  if (it->retired) return true;
+  if (ok) {
+    finishing_ = true;  // step 5: the others are expected to finish too
+    return false;
+  }
+  if (finishing_ || failed_) return false;
+  Say(what + "; forming a new world without it");
+  const std::string host = it->host;
+  const std::string id = it->id;  // `it` does not survive Reform, which adds workers
+  Blacklist(host);
+  for (Worker& w : workers_) {
+    if (w.host == host) Retire(w, "its host is blacklisted");
+  }
+  Reform("worker " + id + " failed");
+  return true;
+}
+
+void ElasticDriver::Tick() {
+  if (failed_ || finishing_) return;
+  const auto now = Clock::now();
+  bool changed = false;
+  for (auto& [host, b] : blacklist_) {
+    if (!b.back && now >= b.until) {
+      b.back = true;
+      Say("host " + host + " is back from its cool-down");
+      changed = true;
+    }
+  }
+  if (!options_.discovery_script.empty() && now >= next_discovery_ && Discover(false)) {
+    changed = true;
+    for (Worker& w : workers_) {
+      if (w.alive && !w.retired && SlotsOf(w.host) <= w.slot) {
+        Retire(w, "the discovery script no longer lists its slot");
+      }
+    }
+  }
+  if (failed_) return;
+  if (waiting_since_ != TimePoint::max() &&
+      now - waiting_since_ >= Seconds(options_.elastic_timeout_seconds)) {
+    int alive = 0;
+    for (int w : world_) alive += workers_[w].alive && !workers_[w].retired;
+    Fail("only " + std::to_string(alive) + " worker(s) left, fewer than --min-np " +
+         std::to_string(options_.min_np) + ", for " +
+         std::to_string(static_cast<int>(options_.elastic_timeout_seconds)) +
+         " s (--elastic-timeout)");
+    return;
+  }
+  if (changed || waiting_since_ != TimePoint::max()) Reform("hosts changed");
+}
+
+}  // namespace launcher
+}  // namespace hvd

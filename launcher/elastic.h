@@ -1,0 +1,123 @@
+// hvdrun's elastic mode (--min-np, --max-np, --host-discovery-script), as Horovod Elastic's
+// driver: a rank that fails no longer ends the job while at least min-np ranks can go on.
+// The workers' side is core/src/bootstrap/elastic.h; docs/ELASTIC.md has the whole picture.
+//
+//   1. Start: wait (up to --elastic-timeout) until the usable hosts have -np slots, then start a
+//      worker on every usable slot up to --max-np and publish world 1.
+//   2. A worker that fails (exits non-zero or is killed): its host is blacklisted: for good,
+//      or with --blacklist-cooldown-range MIN MAX for MIN s, doubling with each failure up to
+//      MAX s. The other workers on that host are stopped. Then step 4.
+//   3. Every second the discovery script is run (its output, "host" or "host:slots" lines, is
+//      the set of usable hosts). A removed host's workers are stopped, then step 4. New slots
+//      (an added host, a host back from the blacklist) go to step 4 when the world may grow.
+//   4. A new world: the surviving workers keep their order (so rank 0 is a worker that holds
+//      the committed state), new workers are started on free slots up to --max-np, and the
+//      world is published under the next generation. Survivors learn of it from a failed
+//      operation (PeerLost) or from the commit's check for host updates, reset, and join it.
+//      With fewer than --min-np workers possible, no world is published; the job fails once
+//      that lasts --elastic-timeout seconds. --reset-limit bounds the number of new worlds.
+//   5. A worker that exits 0 ends the elastic phase: from then on the job ends as a plain one.
+//
+// Thread-safety: one thread (hvdrun's supervisor loop).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/store.h"
+#include "hosts.h"
+#include "spawn.h"
+#include "supervisor.h"
+
+namespace hvd {
+namespace launcher {
+
+struct ElasticOptions {
+  int np = 1;
+  int min_np = 1;
+  int max_np = 0;  // 0: no bound
+  std::vector<HostSlots> hosts;       // -H / --hostfile, used when there is no script
+  std::string discovery_script;       // --host-discovery-script
+  int slots_per_host = 1;             // for discovered hosts printed without ":slots"
+  double elastic_timeout_seconds = 600;
+  int reset_limit = 0;                // 0: no bound
+  double cooldown_min_seconds = 0;    // 0: a failing host stays blacklisted
+  double cooldown_max_seconds = 0;
+  double discovery_interval_seconds = 1.0;
+  bool verbose = false;
+};
+
+// Parses the discovery script's output: one "host" or "host:slots" per line; blank lines and
+// '#' comments are skipped. Throws LaunchError naming the line.
+std::vector<HostSlots> ParseDiscoveredHosts(const std::string& text, int slots_per_host);
+
+// Runs `script` with /bin/sh, waiting at most `timeout_seconds`. Returns its output, or throws
+// LaunchError with its exit status or "timed out" (the script is killed then).
+std::string RunDiscoveryScript(const std::string& script, double timeout_seconds);
+
+// The world of a generation as published in the store: lines "<id> <host>" in rank order.
+std::string WorldText(const std::vector<std::pair<std::string, std::string>>& ids_and_hosts);
+
+class ElasticDriver : public RankEvents {
+ public:
+  // Starts one worker: its first placement, its id (HVD_ELASTIC_ID) and its output label.
+  using StartFn = std::function<RankProcess(const Placement&, const std::string& id, int label)>;
+
+  ElasticDriver(const ElasticOptions& options, Supervisor* supervisor,
+                std::unique_ptr<StoreClient> store, StartFn start);
+
+  // Step 1. Returns false, after saying why, when the job cannot start.
+  bool Start();
+
+  bool OnRankExit(const RankProcess& r, bool ok, const std::string& what) override;
+  void Tick() override;
+
+ private:
+  using TimePoint = std::chrono::steady_clock::time_point;
+  struct Worker {
+    std::string id;
+    std::string host;
+    int slot = 0;
+    pid_t pid = -1;
+    bool alive = true;
+    bool retired = false;  // stopped by hvdrun (host blacklisted or removed): its exit is no failure
+  };
+  struct Blacklisted {
+    int failures = 0;
+    TimePoint until = TimePoint::max();
+    bool back = false;  // its cool-down is over, and that was acted on
+  };
+
+  bool Discover(bool first);
+  bool Usable(const std::string& host) const;
+  int SlotsOf(const std::string& host) const;
+  std::vector<std::pair<std::string, int>> FreeSlots() const;
+  void Retire(Worker& w, const std::string& why);
+  void Blacklist(const std::string& host);
+  void Reform(const std::string& why);
+  bool Publish(const std::vector<int>& world);
+  void Fail(const std::string& why);
+  void Say(const std::string& line) const;
+
+  ElasticOptions options_;
+  Supervisor* supervisor_;  // not owned; outlives the driver
+  std::unique_ptr<StoreClient> store_;
+  StartFn start_;
+  std::vector<HostSlots> hosts_;  // usable hosts before the blacklist, in discovery order
+  std::map<std::string, Blacklisted> blacklist_;
+  std::vector<Worker> workers_;   // every worker ever started, by label
+  std::vector<int> world_;        // labels of the current world, in rank order
+  int64_t generation_ = 0;
+  int resets_ = 0;
+  bool finishing_ = false;  // a worker exited 0
+  bool failed_ = false;
+  TimePoint waiting_since_ = TimePoint::max();  // fewer than min-np possible since then
+  TimePoint next_discovery_;
+};
+
+}  // namespace launcher
+}  // namespace hvd
