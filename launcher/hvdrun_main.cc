@@ -250,7 +250,7 @@ int RunElasticJob(const LaunchOptions& opts) {
   job.knobs["HVD_ELASTIC"] = "1";
   job.knobs["HOROVOD_ELASTIC"] = "1";
   std::ostringstream timeout;
-  timeout << opts.elastic_timeout_seconds;
+  timeout << opts.elastic_timeout_seconds + 5;  // so that hvdrun, not a worker, says why it ends
   job.knobs["HVD_ELASTIC_TIMEOUT"] = timeout.str();
 
   SupervisorOptions sopts;

@@ -197,8 +197,12 @@ def process_sets():
 
 def shutdown():
     """Stops the engine. Pending operations fail with AbortedError. Idempotent. Process sets
-    are forgotten."""
+    and the numbering of unnamed operations are forgotten."""
     _core.shutdown()
+    # Unnamed operations are numbered per engine: a worker that joins an elastic job's next
+    # world starts at 0 as the others do after their reset.
+    from hvd import _ops
+    _ops._counters.clear()
     for process_set_id in [i for i in _process_sets if i != 0]:
         for ps in _process_sets.pop(process_set_id):
             ps._invalidate()

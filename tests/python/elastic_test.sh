@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The elastic tests: tests/python/elastic_job.py under hvdrun's elastic mode, on "hosts" that
+# are names of this machine (127.0.0.1, 127.0.0.2, ...: hvdrun treats 127.0.0.0/8 as local).
+#
+#   elastic_test.sh HVDRUN PYTHON CASE
+#     kill        4 ranks on 2 hosts; a rank is SIGKILLed mid-epoch; its host is blacklisted and
+#                 the job ends on the other host's 2 ranks, with the same final model as a
+#                 2-rank job started from the commit the survivors went on from; no sample lost
+#     add         2 ranks; the discovery script gains a host mid-run; the job grows to 3 ranks
+#     below-min   2 ranks, --min-np 2; one dies; hvdrun fails the job after --elastic-timeout,
+#                 saying why
+#     blacklist   a host whose ranks die again and again is blacklisted each time, with a
+#                 cool-down that doubles; the job still finishes
+set -uo pipefail
+HVDRUN=$1
+PY=$2
+CASE=$3
+JOB="$(cd "$(dirname "$0")" && pwd)/elastic_job.py"
+DIR=$(mktemp -d /tmp/hvd_elastic.XXXXXX)
+trap 'rm -rf "$DIR"' EXIT
+export OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
+
+fail() { echo "FAIL ($CASE): $*"; exit 1; }
+# run LOG ARGS...: hvdrun with a bound on its time; output to LOG and to ours.
+run() {
+  local log=$1
+  shift
+  timeout -k 5 150 "$HVDRUN" "$@" >"$log" 2>&1
+  local rc=$?
+  cat "$log"
+  return $rc
+}
+same_params() {  # same_params A.json B.json: the final parameters agree to 1e-12
+  "$PY" - "$1" "$2" <<'EOF'
+import json, sys
+import numpy as np
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+pa, pb = np.array(a["params"]), np.array(b["params"])
+diff = float(np.max(np.abs(pa - pb)))
+print("final parameters: max |elastic - reference| = %g over %d values" % (diff, pa.size))
+sys.exit(0 if pa.shape == pb.shape and diff <= 1e-12 else 1)
+EOF
+}
+
+case "$CASE" in
+  kill)
+    run "$DIR/a.log" -np 4 --min-np 2 -H 127.0.0.1:2,127.0.0.2:2 "$PY" "$JOB" --epochs 2 \
+      --die-worker 3 --die-at-step 17 --save-at-reset "$DIR/commit.pt" --out "$DIR/a.json" \
+      || fail "the elastic job failed"
+    grep -q "host 127.0.0.2 is blacklisted" "$DIR/a.log" || fail "no blacklisting"
+    grep -q "ELASTIC-DONE size 2 .* sizes \[4, 2\] lost 0 repeated 0 resets 1" "$DIR/a.log" \
+      || fail "the job did not end on 2 ranks with every sample once"
+    [ -f "$DIR/commit.pt" ] || fail "no commit saved at the reset"
+    run "$DIR/b.log" -np 2 --min-np 2 -H 127.0.0.1:2 "$PY" "$JOB" --epochs 2 \
+      --resume "$DIR/commit.pt" --out "$DIR/b.json" || fail "the reference job failed"
+    same_params "$DIR/a.json" "$DIR/b.json" || fail "final models differ"
+    die=$(sed -n 's/.*ELASTIC-DIE worker 3 at step 17 t=\([0-9.]*\).*/\1/p' "$DIR/a.log")
+    first=$(sed -n 's/.*ELASTIC-FIRST-STEP size 2 t=\([0-9.]*\).*/\1/p' "$DIR/a.log" | head -1)
+    "$PY" -c "print('death to first step of the new world: %.3f s' % ($first - $die))"
+    ;;
+  add)
+    echo "127.0.0.1:2" >"$DIR/hosts"
+    printf '#!/bin/sh\ncat "%s"\n' "$DIR/hosts" >"$DIR/discover.sh"
+    chmod +x "$DIR/discover.sh"
+    HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 2 --max-np 3 \
+      --host-discovery-script "$DIR/discover.sh" "$PY" "$JOB" --epochs 3 --step-sleep 0.1 \
+      --add-host 127.0.0.2:2 --add-at-step 5 || fail "the elastic job failed"
+    grep -q "world 2: 3 rank(s) (hosts changed), 1 new worker(s)" "$DIR/a.log" \
+      || fail "the added host did not join (--max-np 3 allows one of its slots)"
+    grep -q "ELASTIC-DONE size 3 .* sizes \[2, 3\] lost 0 " "$DIR/a.log" \
+      || fail "the job did not grow to 3 ranks without losing a sample"
+    ;;
+  below-min)
+    start=$(date +%s)
+    run "$DIR/a.log" -np 2 --min-np 2 --elastic-timeout 3 -H 127.0.0.1:1,127.0.0.2:1 \
+      "$PY" "$JOB" --epochs 3 --die-worker 1 --die-at-step 4
+    rc=$?
+    [ $rc -ne 0 ] || fail "hvdrun exited 0"
+    grep -q "only 1 worker(s) left, fewer than --min-np 2, for 3 s (--elastic-timeout)" \
+      "$DIR/a.log" || fail "hvdrun did not say why the job ended"
+    [ $(($(date +%s) - start)) -lt 60 ] || fail "the job took too long to fail"
+    ;;
+  blacklist)
+    run "$DIR/a.log" -np 2 --min-np 1 -H 127.0.0.1:1,127.0.0.2:1 \
+      --blacklist-cooldown-range 1 4 "$PY" "$JOB" --epochs 5 --step-sleep 0.05 \
+      --die-on-host 127.0.0.2 --die-after 3 || fail "the elastic job failed"
+    grep -q "host 127.0.0.2 is blacklisted for 1 s (failure 1 on it)" "$DIR/a.log" \
+      || fail "no first blacklisting"
+    grep -q "host 127.0.0.2 is blacklisted for 2 s (failure 2 on it)" "$DIR/a.log" \
+      || fail "the cool-down did not double"
+    grep -q "ELASTIC-DONE size 1 .* lost 0 " "$DIR/a.log" \
+      || fail "the job did not finish on the healthy host"
+    ;;
+  *)
+    fail "unknown case"
+    ;;
+esac
+echo "ELASTIC-TEST-OK $CASE"
