@@ -354,6 +354,7 @@ bool ElasticDriver::Publish(const std::vector<int>& world) {
   }
   generation_ = g;
   world_ = world;
+  first_left_ = TimePoint::max();
   return true;
 }
 
@@ -379,9 +380,43 @@ bool ElasticDriver::OnRankExit(const RankProcess& r, bool ok, const std::string&
   return true;
 }
 
+void ElasticDriver::CheckHung(TimePoint now) {
+  if (now < next_hang_check_ || generation_ == 0) return;
+  next_hang_check_ = now + std::chrono::milliseconds(500);
+  std::vector<Worker*> stayed;
+  std::string left_id, why;
+  for (int w : world_) {
+    Worker& worker = workers_[w];
+    if (!worker.alive || worker.retired) continue;
+    std::string v;
+    auto left = store_->TryGet(ElasticLeftKey(generation_, worker.id), &v,
+                               Clock::now() + std::chrono::seconds(2));
+    if (!left.ok()) return;  // the store is ours: only a closing job gets here
+    if (!*left) {
+      stayed.push_back(&worker);
+    } else if (left_id.empty()) {
+      left_id = worker.id;
+      why = v;
+    }
+  }
+  if (left_id.empty() || stayed.empty()) return;
+  if (first_left_ == TimePoint::max()) first_left_ = now;
+  if (now - first_left_ < Seconds(options_.hang_seconds)) return;
+  for (Worker* w : stayed) {
+    std::ostringstream os;
+    os << "worker " << w->id << " has not left world " << generation_ << " "
+       << options_.hang_seconds << " s after worker " << left_id << " did (" << why
+       << "): it is hung (stopped or cut off); killing it";
+    Say(os.str());
+    supervisor_->Kill(w->pid);
+  }
+  first_left_ = TimePoint::max();
+}
+
 void ElasticDriver::Tick() {
   if (failed_ || finishing_) return;
   const auto now = Clock::now();
+  CheckHung(now);
   bool changed = false;
   for (auto& [host, b] : blacklist_) {
     if (!b.back && now >= b.until) {

@@ -17,6 +17,9 @@
 //      With fewer than --min-np workers possible, no world is published; the job fails once
 //      that lasts --elastic-timeout seconds. --reset-limit bounds the number of new worlds.
 //   5. A worker that exits 0 ends the elastic phase: from then on the job ends as a plain one.
+//   6. A worker whose world broke says so in the store (elastic/left/<g>/<id>). A worker of the
+//      current world that has not, hang_seconds after another has, is hung (SIGSTOPped, cut
+//      off, deadlocked): it is killed and handled as in step 2.
 //
 // Thread-safety: one thread (hvdrun's supervisor loop).
 #pragma once
@@ -48,6 +51,9 @@ struct ElasticOptions {
   double cooldown_min_seconds = 0;    // 0: a failing host stays blacklisted
   double cooldown_max_seconds = 0;
   double discovery_interval_seconds = 1.0;
+  // A worker that has not left its world this long after another worker did is hung (stopped,
+  // cut off): it is killed, and fails as in step 2. The ranks' HVD_TIMEOUT_SECONDS + 5.
+  double hang_seconds = 35;
   bool verbose = false;
 };
 
@@ -101,6 +107,7 @@ class ElasticDriver : public RankEvents {
   void Reform(const std::string& why);
   bool Publish(const std::vector<int>& world);
   void Fail(const std::string& why);
+  void CheckHung(TimePoint now);
   void Say(const std::string& line) const;
 
   ElasticOptions options_;
@@ -117,6 +124,8 @@ class ElasticDriver : public RankEvents {
   bool failed_ = false;
   TimePoint waiting_since_ = TimePoint::max();  // fewer than min-np possible since then
   TimePoint next_discovery_;
+  TimePoint next_hang_check_;
+  TimePoint first_left_ = TimePoint::max();  // when a worker of world_ first left it
 };
 
 }  // namespace launcher

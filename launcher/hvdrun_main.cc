@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <exception>
@@ -298,6 +299,16 @@ int RunElasticJob(const LaunchOptions& opts) {
   eo.cooldown_min_seconds = opts.cooldown_min_seconds;
   eo.cooldown_max_seconds = opts.cooldown_max_seconds;
   eo.verbose = opts.verbose;
+  double peer_timeout = 30;  // the ranks' HVD_TIMEOUT_SECONDS
+  auto knob = opts.knobs.find("HVD_TIMEOUT_SECONDS");
+  const char* env = std::getenv("HVD_TIMEOUT_SECONDS");
+  if (!env) env = std::getenv("HOROVOD_TIMEOUT_SECONDS");
+  if (knob != opts.knobs.end()) {
+    peer_timeout = std::atof(knob->second.c_str());
+  } else if (env && std::atof(env) > 0) {
+    peer_timeout = std::atof(env);
+  }
+  eo.hang_seconds = peer_timeout + 5;
   ElasticDriver driver(eo, &supervisor, std::move(*store), start);
   supervisor.SetEvents(&driver);
   if (!driver.Start()) supervisor.Abort(kStartError);

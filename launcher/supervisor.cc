@@ -252,6 +252,12 @@ void Supervisor::Stop(pid_t pid) {
   }
 }
 
+void Supervisor::Kill(pid_t pid) {
+  for (auto& r : ranks_) {
+    if (r.pid == pid && r.running && ::killpg(r.pid, SIGKILL) != 0) ::kill(r.pid, SIGKILL);
+  }
+}
+
 void Supervisor::CloseInput(RankProcess* r) {
   if (r->in_fd < 0) return;
   ::close(r->in_fd);

@@ -62,6 +62,8 @@ class Supervisor {
   // Stops one rank (SIGTERM to its group; a remote rank's ssh input is closed), as step 3 does
   // for every rank.
   void Stop(pid_t pid);
+  // SIGKILL to one rank's group (a remote rank: to its local ssh client).
+  void Kill(pid_t pid);
   // Stops the ranks started so far (a later rank could not be started) with `exit_code`.
   void Abort(int exit_code);
   // Runs until every rank has exited; returns hvdrun's exit code.

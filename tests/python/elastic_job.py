@@ -5,6 +5,8 @@ The test hooks (all off by default):
   --die-worker N --die-at-step S   the worker started as number N kills itself (SIGKILL) at
                                    global step S of its first world
   --die-on-host H --die-after K    every worker on host H kills itself after K steps in a world
+  --stop-worker N --stop-at-step S the worker started as number N stops itself (SIGSTOP) at
+                                   global step S of its first world
   --add-host LINE --add-at-step S  rank 0 appends LINE to the file in $HOSTS_FILE at step S
   --save-at-reset FILE             rank 0 saves the state every rank synced to after the first
                                    reset (the commit the survivors go on from)
@@ -36,6 +38,8 @@ def parse():
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--die-worker", type=int, default=-1)
     p.add_argument("--die-at-step", type=int, default=-1)
+    p.add_argument("--stop-worker", type=int, default=-1)
+    p.add_argument("--stop-at-step", type=int, default=-1)
     p.add_argument("--die-on-host", default="")
     p.add_argument("--die-after", type=int, default=-1)
     p.add_argument("--add-host", default="")
@@ -103,6 +107,10 @@ def main():
                     print("ELASTIC-DIE worker %d at step %d t=%.6f" % (number, state.step,
                                                                        time.time()), flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
+                if number == args.stop_worker and world["resets"] == 0 and \
+                        state.step == args.stop_at_step:
+                    print("ELASTIC-STOP worker %d at step %d" % (number, state.step), flush=True)
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 if host == args.die_on_host and world["steps_here"] == args.die_after:
                     print("ELASTIC-DIE worker %d on %s" % (number, host), flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)

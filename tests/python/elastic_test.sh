@@ -11,6 +11,8 @@
 #                 saying why
 #     blacklist   a host whose ranks die again and again is blacklisted each time, with a
 #                 cool-down that doubles; the job still finishes
+#     hung        a rank is SIGSTOPped: the others leave its world; hvdrun kills it once it has
+#                 not left HVD_TIMEOUT_SECONDS + 5 s after them, and the job goes on without it
 set -uo pipefail
 HVDRUN=$1
 PY=$2
@@ -90,6 +92,14 @@ case "$CASE" in
       || fail "the cool-down did not double"
     grep -q "ELASTIC-DONE size 1 .* lost 0 " "$DIR/a.log" \
       || fail "the job did not finish on the healthy host"
+    ;;
+  hung)
+    run "$DIR/a.log" -np 3 --min-np 2 --timeout 3 -H 127.0.0.1:2,127.0.0.2:1 "$PY" "$JOB" \
+      --stop-worker 2 --stop-at-step 10 || fail "the elastic job failed"
+    grep -q "worker 127.0.0.2:0#2 has not left world 1 8 s after" "$DIR/a.log" \
+      || fail "hvdrun did not find the stopped worker"
+    grep -q "ELASTIC-DONE size 2 .* sizes \[3, 2\] lost 0 " "$DIR/a.log" \
+      || fail "the job did not go on without the stopped worker"
     ;;
   *)
     fail "unknown case"

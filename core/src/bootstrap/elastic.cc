@@ -106,6 +106,10 @@ std::string ElasticWorldKey(int64_t generation) {
   return "elastic/world/" + std::to_string(generation);
 }
 
+std::string ElasticLeftKey(int64_t generation, const std::string& id) {
+  return "elastic/left/" + std::to_string(generation) + "/" + id;
+}
+
 Status PlaceInWorld(const std::string& world, const std::string& id, int64_t generation,
                     Options* o) {
   std::vector<Line> lines;

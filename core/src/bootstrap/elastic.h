@@ -6,6 +6,9 @@
 //   elastic/world/<g>        the world of generation g: one line per rank, in rank order,
 //                            "<worker id> <host>"
 //   elastic/ready/<g>/<id>   written by worker <id> once it has read world g
+//   elastic/left/<g>/<id>    written by worker <id>'s engine when world g broke under it (a
+//                            peer lost or silent): hvdrun stops a worker of the current world
+//                            that has not written it long after another has (it is hung)
 //   g<g>/...                 the keys of the engine that forms world g (addresses, gave-up
 //                            notes): PrefixStore keeps the generations apart
 //
@@ -35,6 +38,7 @@ namespace hvd {
 
 // The store key of a generation's world, and of the newest generation.
 std::string ElasticWorldKey(int64_t generation);
+std::string ElasticLeftKey(int64_t generation, const std::string& id);
 constexpr const char* kElasticLatestKey = "elastic/latest";
 
 // Step 2 of the protocol: sets o->rank, size, local and cross rank and size and hostname from

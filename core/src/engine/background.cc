@@ -54,6 +54,7 @@ void EngineImpl::RunLoop() {
     bool worked = DrainQueue();
     if (!abort_.ok()) {
       FailAll(abort_);
+      ReportLeftWorld(abort_);
       break;
     }
     if (coordinator()) CoordinatorStep();

@@ -386,6 +386,16 @@ StatusOr<int64_t> EngineImpl::LatestGeneration() {
   return static_cast<int64_t>(std::strtoll(v.c_str(), nullptr, 10));
 }
 
+void EngineImpl::ReportLeftWorld(const Status& why) {
+  std::lock_guard<std::mutex> l(elastic_mu_);
+  if (!elastic_store_) return;
+  Status s = elastic_store_->Set(ElasticLeftKey(options_.elastic_generation, options_.elastic_id),
+                                 why.message(), DeadlineAfterSeconds(2));
+  if (!s.ok()) {
+    HVD_LOG(kWarning) << "could not tell hvdrun this worker left its world: " << s.ToString();
+  }
+}
+
 namespace {
 
 // Engine::Create in an elastic job (bootstrap/elastic.h): join the newest world and form it;

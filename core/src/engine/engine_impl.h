@@ -162,6 +162,9 @@ class EngineImpl {
   // generation it names (read by rank 0 for Engine::HostsUpdated).
   void set_elastic_store(std::unique_ptr<StoreClient> store) { elastic_store_ = std::move(store); }
   StatusOr<int64_t> LatestGeneration();
+  // Tells hvdrun that this worker left its world (the world broke under it), so that hvdrun
+  // can tell a worker that never does (stopped, cut off) from a slow one (bootstrap/elastic.h).
+  void ReportLeftWorld(const Status& why);
   // Counters for tests and the benchmark.
   uint64_t responses_executed() const { return responses_executed_.load(); }
   uint64_t cache_hits() const { return cache_hits_.load(); }
