@@ -5,7 +5,8 @@
 // S steps it is S in any world, provided rollback and state sync are right; every step also
 // checks that the sum of the ranks' 1.0 equals the world's size. The state is committed every
 // two steps. The worker started as number --die-worker kills itself at step --die-at-step of
-// its first world. Rank 0 prints ELASTIC-NATIVE-OK with the final world size.
+// its first world; --step-ms sleeps after each step. Rank 0 prints ELASTIC-NATIVE-OK with the
+// final world size.
 #include <signal.h>
 #include <unistd.h>
 
@@ -40,11 +41,12 @@ hvd::Status Sync(hvd::Engine& e, State* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 20, die_worker = -1, die_at = -1;
+  int steps = 20, die_worker = -1, die_at = -1, step_ms = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--die-worker")) die_worker = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--die-at-step")) die_at = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--step-ms")) step_ms = std::atoi(argv[i + 1]);
   }
   const char* id = std::getenv("HVD_ELASTIC_ID");
   const int number = id && std::strchr(id, '#') ? std::atoi(std::strchr(id, '#') + 1) : -1;
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
       if (sum != e->size()) return Fail("step sum " + std::to_string(sum) + " in a world of " + std::to_string(e->size()));
       state.model += sum / e->size();
       ++state.step;
+      if (step_ms > 0) ::usleep(static_cast<useconds_t>(step_ms) * 1000);
       if (state.step % 2 == 0) {
         committed = state;
         auto updated = e->HostsUpdated();

@@ -23,6 +23,10 @@
 #                5 + 5 s naming a rank on the other side, hvdrun exits non-zero
 #   reboot       host 2 lost at once (port down, its processes killed, namespace deleted)
 #                mid-allreduce: the same for the ranks on host 1
+#   elastic_kill --min-np 2, 4 ranks over 2 hosts (mp_elastic_worker beside WORKER): a rank on
+#                host 2 is killed; host 2 is blacklisted and the job ends on host 1's 2 ranks
+#   elastic_add  a discovery script that lists host 1, then host 2 as well: the job grows from
+#                2 to 4 ranks over ssh
 # After every job no process but sshd's listener is left in the host namespaces (after a
 # partition: no process of hvd's; sshd's own sessions wait for the link to come back).
 # Exit 0: pass; 77: skipped (no namespaces here); anything else: fail.
@@ -343,6 +347,36 @@ case_reboot() {
   local left="$(netns_leftovers 1) $(ip netns pids "$NETNS_L")"
   [ -z "${left// /}" ] || { fail "processes left:"; ps -o pid,args -p "${left// /,}"; }
   [ "$FAILED" = 0 ] || show
+}
+
+case_elastic_kill() {
+  start_job "${SSH_FLAGS[@]}" --network-interface eth0 -np 4 --min-np 2 -H "$H1:2,$H2:2" \
+    "$(dirname "$WORKER")/mp_elastic_worker" --steps 40 --die-worker 3 --die-at-step 7
+  wait_job 90
+  [ "$RC" = 0 ] || fail "hvdrun exited $RC"
+  has "$ERR" "host $H2 is blacklisted" || fail "host 2 was not blacklisted"
+  has "$OUT" "ELASTIC-NATIVE-OK size 2 generation 2 resets 1" || fail "no world of 2 finished"
+  ! has "$OUT" "FAIL " || fail "a worker failed its checks"
+  [ "$FAILED" = 0 ] || show
+  no_leftovers
+}
+
+case_elastic_add() {
+  echo "$H1:2" > "$NETNS_DIR/hosts"
+  printf '#!/bin/sh\ncat "%s"\n' "$NETNS_DIR/hosts" > "$NETNS_DIR/discover.sh"
+  chmod +x "$NETNS_DIR/discover.sh"
+  start_job "${SSH_FLAGS[@]}" --network-interface eth0 -np 2 \
+    --host-discovery-script "$NETNS_DIR/discover.sh" \
+    "$(dirname "$WORKER")/mp_elastic_worker" --steps 400 --step-ms 20
+  sleep 2
+  echo "$H2:2" >> "$NETNS_DIR/hosts"
+  wait_job 90
+  [ "$RC" = 0 ] || fail "hvdrun exited $RC"
+  has "$ERR" "world 2: 4 rank\(s\) \(hosts changed\), 2 new worker\(s\)" || fail "host 2 did not join"
+  has "$OUT" "ELASTIC-NATIVE-OK size 4 generation 2 resets 1" || fail "no world of 4 finished"
+  ! has "$OUT" "FAIL " || fail "a worker failed its checks"
+  [ "$FAILED" = 0 ] || show
+  no_leftovers
 }
 
 "case_$CASE"
