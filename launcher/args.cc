@@ -556,7 +556,15 @@ std::string HelpText() {
       "login there) and the variables below; they travel over ssh's stdin, never argv.\n"
       "Ranks listen on (HVD_BIND_ADDR) and publish the address the --network-interface has\n"
       "on their host, or by default the address hvdrun's ssh reached that host on.\n"
-      "Several local names (e.g. -H localhost:2,127.0.0.1:2) act as separate hosts.\n"
+      "Several local names (e.g. -H localhost:2,127.0.0.2:2; any 127.x.y.z is this machine)\n"
+      "act as separate hosts.\n"
+      "\nElastic mode (--min-np, --max-np or --host-discovery-script; docs/ELASTIC.md): a rank\n"
+      "that fails blacklists its host and the others go on in a new world (they roll back to\n"
+      "their last commit with hvd.elastic.run); hosts the discovery script adds join at the\n"
+      "next commit; the job fails when fewer than --min-np ranks are possible for\n"
+      "--elastic-timeout seconds. Ranks get HVD_ELASTIC=1, HVD_ELASTIC_ID and\n"
+      "HVD_ELASTIC_TIMEOUT; their rank and size come from the world they join. Output lines\n"
+      "carry the worker's number ([N]: its order of start), not its rank.\n"
       "\nEnvironment of every rank (besides hvdrun's own environment):\n"
       "  HVD_RANK, HVD_SIZE               this rank and the number of ranks\n"
       "  HVD_LOCAL_RANK, HVD_LOCAL_SIZE   rank and rank count on this host\n"
@@ -574,7 +582,8 @@ std::string HelpText() {
       "  hvdrun -np 4 python3 train.py --lr 0.1\n"
       "  hvdrun -H localhost:2 --fusion-threshold-mb 32 --log-level info ./bench\n"
       "  hvdrun -np 8 -H node1:4,node2:4 -p 2222 -i ~/.ssh/id_ed25519 python3 train.py\n"
-      "  hvdrun --hostfile hosts.txt --network-interface eth0 ./train\n";
+      "  hvdrun --hostfile hosts.txt --network-interface eth0 ./train\n"
+      "  hvdrun -np 4 --min-np 2 --host-discovery-script ./hosts.sh python3 train.py\n";
   return text;
 }
 
