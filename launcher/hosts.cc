@@ -118,13 +118,7 @@ int TotalSlots(const std::vector<HostSlots>& hosts) {
 }
 
 bool IsLocalHost(const std::string& host) {
-  if (host == "localhost" || host == "::1" || host == "[::1]") return true;
-  // The whole loopback network 127.0.0.0/8 is this machine (distinct names act as distinct
-  // hosts, which lets one machine stand in for several).
-  if (host.rfind("127.", 0) == 0 &&
-      host.find_first_not_of("0123456789.") == std::string::npos) {
-    return true;
-  }
+  if (host == "localhost" || host == "127.0.0.1" || host == "::1" || host == "[::1]") return true;
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return false;
   std::string own(name);

@@ -201,8 +201,10 @@ void Supervisor::OnRankExit(size_t index, int status) {
     Say(what + ", just before the failure above: the likely cause");
     return;
   }
+  // A copy: the events may start ranks, which moves ranks_ (and `r` with it).
+  const RankProcess ended = r;
   if (events_ != nullptr && phase_ == Phase::kRunning && !exit_code_set_ &&
-      events_->OnRankExit(r, ok, what)) {
+      events_->OnRankExit(ended, ok, what)) {
     return;
   }
   if (ok || exit_code_set_ || phase_ != Phase::kRunning) {

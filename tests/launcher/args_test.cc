@@ -425,13 +425,6 @@ TEST(Elastic, WorldTextIsOneLinePerRank) {
   EXPECT_EQ("h:0#0 h\nk:1#3 k\n", WorldText({{"h:0#0", "h"}, {"k:1#3", "k"}}));
 }
 
-TEST(Hosts, LoopbackNetworkIsLocal) {
-  EXPECT_TRUE(IsLocalHost("127.0.0.1"));
-  EXPECT_TRUE(IsLocalHost("127.0.0.2"));
-  EXPECT_TRUE(IsLocalHost("127.1.2.3"));
-  EXPECT_FALSE(IsLocalHost("127.example.com"));
-  EXPECT_FALSE(IsLocalHost("10.0.0.1"));
-}
 
 }  // namespace
 }  // namespace launcher

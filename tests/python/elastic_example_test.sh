@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # examples/python/elastic_train.py under hvdrun's elastic mode, disturbed from outside as a
 # cluster would: 4 ranks on two names of this machine; once training is under way a rank on
-# 127.0.0.2 is SIGKILLed (the job goes on with the 2 ranks of 127.0.0.1); then the discovery
-# script lists 127.0.0.3 too (the job grows to 4 ranks at its next commit). The example must
+# localhost is SIGKILLed (the job goes on with the 2 ranks of 127.0.0.1); then the discovery
+# script lists [::1] too (the job grows to 4 ranks at its next commit). The example must
 # reach its usual accuracy.
 #
 #   elastic_example_test.sh HVDRUN PYTHON EXAMPLE
@@ -11,7 +11,7 @@ HVDRUN=$1 PY=$2 EXAMPLE=$3
 DIR=$(mktemp -d /tmp/hvd_elastic_example.XXXXXX)
 export OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
 echo "127.0.0.1:2" >"$DIR/hosts"
-echo "127.0.0.2:2" >>"$DIR/hosts"
+echo "localhost:2" >>"$DIR/hosts"
 printf '#!/bin/sh\ncat "%s"\n' "$DIR/hosts" >"$DIR/discover.sh"
 chmod +x "$DIR/discover.sh"
 timeout -k 5 240 "$HVDRUN" -v -np 4 --min-np 2 --max-np 4 \
@@ -32,11 +32,11 @@ wait_for() {
   return 1
 }
 wait_for "epoch  2  ranks 4" 120 || fail "training did not start on 4 ranks"
-victim=$(sed -n 's/^hvdrun: started worker 127\.0\.0\.2:1#[0-9]* (pid \([0-9]*\)).*/\1/p' "$DIR/out")
-[ -n "$victim" ] || fail "no worker on 127.0.0.2"
+victim=$(sed -n 's/^hvdrun: started worker localhost:1#[0-9]* (pid \([0-9]*\)).*/\1/p' "$DIR/out")
+[ -n "$victim" ] || fail "no worker on localhost"
 kill -9 "$victim"
 wait_for "ranks 2  test" 60 || fail "the job did not go on with 2 ranks"
-echo "127.0.0.3:2" >>"$DIR/hosts"
+echo "[::1]:2" >>"$DIR/hosts"
 wait_for "ranks 4  test" 90 || fail "the added host did not join"
 wait "$JOB"
 rc=$?

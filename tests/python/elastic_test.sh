@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The elastic tests: tests/python/elastic_job.py under hvdrun's elastic mode, on "hosts" that
-# are names of this machine (127.0.0.1, 127.0.0.2, ...: hvdrun treats 127.0.0.0/8 as local).
+# are names of this machine (127.0.0.1 and localhost: hvdrun treats each local name as a host).
 #
 #   elastic_test.sh HVDRUN PYTHON CASE
 #     kill        4 ranks on 2 hosts; a rank is SIGKILLed mid-epoch; its host is blacklisted and
@@ -46,10 +46,10 @@ EOF
 
 case "$CASE" in
   kill)
-    run "$DIR/a.log" -np 4 --min-np 2 -H 127.0.0.1:2,127.0.0.2:2 "$PY" "$JOB" --epochs 2 \
+    run "$DIR/a.log" -np 4 --min-np 2 -H 127.0.0.1:2,localhost:2 "$PY" "$JOB" --epochs 2 \
       --die-worker 3 --die-at-step 17 --save-at-reset "$DIR/commit.pt" --out "$DIR/a.json" \
       || fail "the elastic job failed"
-    grep -q "host 127.0.0.2 is blacklisted" "$DIR/a.log" || fail "no blacklisting"
+    grep -q "host localhost is blacklisted" "$DIR/a.log" || fail "no blacklisting"
     grep -q "ELASTIC-DONE size 2 .* sizes \[4, 2\] lost 0 repeated 0 resets 1" "$DIR/a.log" \
       || fail "the job did not end on 2 ranks with every sample once"
     [ -f "$DIR/commit.pt" ] || fail "no commit saved at the reset"
@@ -66,7 +66,7 @@ case "$CASE" in
     chmod +x "$DIR/discover.sh"
     HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 2 --max-np 3 \
       --host-discovery-script "$DIR/discover.sh" "$PY" "$JOB" --epochs 3 --step-sleep 0.1 \
-      --add-host 127.0.0.2:2 --add-at-step 5 || fail "the elastic job failed"
+      --add-host localhost:2 --add-at-step 5 || fail "the elastic job failed"
     grep -q "world 2: 3 rank(s) (hosts changed), 1 new worker(s)" "$DIR/a.log" \
       || fail "the added host did not join (--max-np 3 allows one of its slots)"
     grep -q "ELASTIC-DONE size 3 .* sizes \[2, 3\] lost 0 " "$DIR/a.log" \
@@ -74,7 +74,7 @@ case "$CASE" in
     ;;
   below-min)
     start=$(date +%s)
-    run "$DIR/a.log" -np 2 --min-np 2 --elastic-timeout 3 -H 127.0.0.1:1,127.0.0.2:1 \
+    run "$DIR/a.log" -np 2 --min-np 2 --elastic-timeout 3 -H 127.0.0.1:1,localhost:1 \
       "$PY" "$JOB" --epochs 3 --die-worker 1 --die-at-step 4
     rc=$?
     [ $rc -ne 0 ] || fail "hvdrun exited 0"
@@ -83,20 +83,20 @@ case "$CASE" in
     [ $(($(date +%s) - start)) -lt 60 ] || fail "the job took too long to fail"
     ;;
   blacklist)
-    run "$DIR/a.log" -np 2 --min-np 1 -H 127.0.0.1:1,127.0.0.2:1 \
+    run "$DIR/a.log" -np 2 --min-np 1 -H 127.0.0.1:1,localhost:1 \
       --blacklist-cooldown-range 1 4 "$PY" "$JOB" --epochs 5 --step-sleep 0.05 \
-      --die-on-host 127.0.0.2 --die-after 3 || fail "the elastic job failed"
-    grep -q "host 127.0.0.2 is blacklisted for 1 s (failure 1 on it)" "$DIR/a.log" \
+      --die-on-host localhost --die-after 3 || fail "the elastic job failed"
+    grep -q "host localhost is blacklisted for 1 s (failure 1 on it)" "$DIR/a.log" \
       || fail "no first blacklisting"
-    grep -q "host 127.0.0.2 is blacklisted for 2 s (failure 2 on it)" "$DIR/a.log" \
+    grep -q "host localhost is blacklisted for 2 s (failure 2 on it)" "$DIR/a.log" \
       || fail "the cool-down did not double"
     grep -q "ELASTIC-DONE size 1 .* lost 0 " "$DIR/a.log" \
       || fail "the job did not finish on the healthy host"
     ;;
   hung)
-    run "$DIR/a.log" -np 3 --min-np 2 --timeout 3 -H 127.0.0.1:2,127.0.0.2:1 "$PY" "$JOB" \
+    run "$DIR/a.log" -np 3 --min-np 2 --timeout 3 -H 127.0.0.1:2,localhost:1 "$PY" "$JOB" \
       --stop-worker 2 --stop-at-step 10 || fail "the elastic job failed"
-    grep -q "worker 127.0.0.2:0#2 has not left world 1 8 s after" "$DIR/a.log" \
+    grep -q "worker localhost:0#2 has not left world 1 8 s after" "$DIR/a.log" \
       || fail "hvdrun did not find the stopped worker"
     grep -q "ELASTIC-DONE size 2 .* sizes \[3, 2\] lost 0 " "$DIR/a.log" \
       || fail "the job did not go on without the stopped worker"

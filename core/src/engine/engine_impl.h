@@ -28,12 +28,12 @@
 #include <unordered_set>
 #include <vector>
 
+#include "bootstrap/store.h"
 #include "collectives/collectives.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/messages.h"
 #include "coordinator/response_cache.h"
 #include "device/device.h"
-#include "bootstrap/store.h"
 #include "engine/timeline.h"
 #include "hvd/engine.h"
 #include "planner/autotune.h"
@@ -160,7 +160,10 @@ class EngineImpl {
   std::vector<int32_t> ProcessSetIds() const;
   // Elastic jobs (engine.cc): the store hvdrun publishes its worlds in, and the newest
   // generation it names (read by rank 0 for Engine::HostsUpdated).
-  void set_elastic_store(std::unique_ptr<StoreClient> store) { elastic_store_ = std::move(store); }
+  void set_elastic_store(std::unique_ptr<StoreClient> store) {
+    std::lock_guard<std::mutex> l(elastic_mu_);
+    elastic_store_ = std::move(store);
+  }
   StatusOr<int64_t> LatestGeneration();
   // Tells hvdrun that this worker left its world (the world broke under it), so that hvdrun
   // can tell a worker that never does (stopped, cut off) from a slow one (bootstrap/elastic.h).
