@@ -31,12 +31,15 @@ int ResponseCache::SlotOf(const std::string& name) const {
 bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,
                                std::vector<Response>* out) const {
   std::vector<Response> list;
+  size_t n = 0;
+  for (uint64_t word : bits) n += static_cast<size_t>(__builtin_popcountll(word));
+  list.reserve(n);
   for (size_t w = 0; w < bits.size(); ++w) {
     for (uint64_t word = bits[w]; word; word &= word - 1) {
       const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
-      Response r;
-      if (!Rebuild({bit}, &r)) return false;
-      list.push_back(std::move(r));
+      if (bit >= slots_.size() || !slots_[bit].live) return false;
+      list.emplace_back();
+      Fill(slots_[bit].request, &list.back());
     }
   }
   *out = FuseResponses(std::move(list), fusion_threshold);
@@ -87,24 +90,39 @@ bool ResponseCache::Encodable(const Response& r, std::vector<uint32_t>* bits) co
   return true;
 }
 
+void ResponseCache::Fill(const Request& q, Response* out) {
+  out->type = q.type;
+  out->dtype = q.dtype;
+  out->op = q.op;
+  out->root = q.root;
+  out->prescale = q.prescale;
+  out->postscale = q.postscale;
+  out->device = q.device;
+  out->names.push_back(q.name);
+  out->shapes.push_back(q.shape);
+}
+
 bool ResponseCache::Rebuild(const std::vector<uint32_t>& bits, Response* out) const {
   for (size_t i = 0; i < bits.size(); ++i) {
     if (bits[i] >= slots_.size() || !slots_[bits[i]].live) return false;
     const Request& q = slots_[bits[i]].request;
     if (i == 0) {
       *out = Response();
-      out->type = q.type;
-      out->dtype = q.dtype;
-      out->op = q.op;
-      out->root = q.root;
-      out->prescale = q.prescale;
-      out->postscale = q.postscale;
-      out->device = q.device;
+      Fill(q, out);
+    } else {
+      out->names.push_back(q.name);
+      out->shapes.push_back(q.shape);
     }
-    out->names.push_back(q.name);
-    out->shapes.push_back(q.shape);
   }
   return !bits.empty();
+}
+
+// Whether the cached request q is what FromResponse(r, i) would give, without building it.
+bool ResponseCache::SameAsResponse(const Request& q, const Response& r, size_t i) {
+  return q.type == r.type && q.name == r.names[i] && q.dtype == r.dtype && q.op == r.op &&
+         q.root == r.root && (q.device == kCpuDevice) == (r.device == kCpuDevice) &&
+         q.prescale == r.prescale && q.postscale == r.postscale && q.shape == r.shapes[i] &&
+         q.splits.empty() && q.group.empty() && q.group_size == 0;
 }
 
 void ResponseCache::Touch(const Request& req) {
@@ -146,7 +164,15 @@ void ResponseCache::Apply(const std::vector<Response>& list) {
   if (enabled()) {
     for (const auto& r : list) {
       if (!Cacheable(r)) continue;
-      for (size_t i = 0; i < r.names.size(); ++i) Touch(FromResponse(r, i));
+      for (size_t i = 0; i < r.names.size(); ++i) {
+        // The steady state (a tensor seen before, unchanged) only marks its use.
+        auto it = by_name_.find(r.names[i]);
+        if (it != by_name_.end() && SameAsResponse(slots_[it->second].request, r, i)) {
+          slots_[it->second].last_used = ++clock_;
+          continue;
+        }
+        Touch(FromResponse(r, i));
+      }
     }
     BoundHistory();
   }

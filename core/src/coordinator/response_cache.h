@@ -73,6 +73,8 @@ class ResponseCache {
     Request request;
   };
   static Request FromResponse(const Response& r, size_t i);
+  static bool SameAsResponse(const Request& q, const Response& r, size_t i);
+  static void Fill(const Request& q, Response* out);  // out's fields and first tensor from q
   static bool Cacheable(const Response& r);
   void Touch(const Request& req);
 

@@ -169,37 +169,42 @@ Status EngineImpl::Shutdown() {
 
 // ---------------------------------------------------------------- EngineImpl: enqueue
 
+std::string EngineImpl::Describe(const Request& r) const {
+  return std::string(OpTypeName(r.type)) + " '" + r.name + "' on rank " +
+         std::to_string(options_.rank);
+}
+
 Status EngineImpl::ValidateLocked(TensorEntry& e) const {
   Request& r = e.request;
-  const std::string what = std::string(OpTypeName(r.type)) + " '" + r.name + "' on rank " +
-                           std::to_string(options_.rank);
-  HVD_RETURN_IF_ERROR(CheckProcessSetLocked(r, what));
+  HVD_RETURN_IF_ERROR(CheckProcessSetLocked(r));
+  // Built only for an error: this runs for every tensor a caller hands in.
+  auto what = [&] { return Describe(r); };
   if (r.type != OpType::kBarrier && r.type != OpType::kJoin && r.type != OpType::kProcessSet) {
-    if (r.name.empty()) return Status::InvalidArgument(what + ": the name is empty");
+    if (r.name.empty()) return Status::InvalidArgument(what() + ": the name is empty");
     if (e.input.device != kCpuDevice) {
       if (e.input.device < 0) {
-        return Status::InvalidArgument(what + ": device " + std::to_string(e.input.device) +
+        return Status::InvalidArgument(what() + ": device " + std::to_string(e.input.device) +
                                        " is neither the CPU (-1) nor a CUDA device ordinal");
       }
       if (GetDeviceRuntime() == nullptr) {
-        return Status::FailedPrecondition(what + ": device " + std::to_string(e.input.device) +
+        return Status::FailedPrecondition(what() + ": device " + std::to_string(e.input.device) +
                                           " tensors need a build with CUDA; this build has CPU only");
       }
     }
     if (e.output.data != nullptr && e.output.device != e.input.device) {
-      return Status::InvalidArgument(what + ": the output is on device " +
+      return Status::InvalidArgument(what() + ": the output is on device " +
                                      std::to_string(e.output.device) + ", the input on " +
                                      std::to_string(e.input.device) + "; they must be on the same");
     }
     if (e.input.data == nullptr && e.input.num_bytes() > 0) {
-      return Status::InvalidArgument(what + ": input data is null");
+      return Status::InvalidArgument(what() + ": input data is null");
     }
     for (int64_t d : e.input.shape) {
-      if (d < 0) return Status::InvalidArgument(what + ": negative dimension in " + e.input.ShapeString());
+      if (d < 0) return Status::InvalidArgument(what() + ": negative dimension in " + e.input.ShapeString());
     }
   }
   if (in_flight_.count(PendingKey(r.process_set, r.name))) {
-    return Status::InvalidArgument(what + ": a tensor with this name is already in flight on this "
+    return Status::InvalidArgument(what() + ": a tensor with this name is already in flight on this "
                                    "rank; wait for it before reusing the name");
   }
   return Status::OK();
@@ -207,14 +212,15 @@ Status EngineImpl::ValidateLocked(TensorEntry& e) const {
 
 // The operation's process set exists here and has this rank; its root and splits fit the set,
 // and the root is turned into the set's rank.
-Status EngineImpl::CheckProcessSetLocked(Request& r, const std::string& what) const {
+Status EngineImpl::CheckProcessSetLocked(Request& r) const {
+  auto what = [&] { return Describe(r); };
   const int32_t id = r.process_set;
   if (r.type == OpType::kJoin && id != kGlobalProcessSet) {
-    return Status::InvalidArgument(what + ": join is of the global process set only");
+    return Status::InvalidArgument(what() + ": join is of the global process set only");
   }
   auto it = known_sets_.find(id);
   if (it == known_sets_.end()) {
-    return Status::InvalidArgument(what + ": process set " + std::to_string(id) +
+    return Status::InvalidArgument(what() + ": process set " + std::to_string(id) +
                                    " does not exist (it was removed, or never added)");
   }
   const std::vector<int>& ranks = it->second.ranks;
@@ -224,37 +230,37 @@ Status EngineImpl::CheckProcessSetLocked(Request& r, const std::string& what) co
     return p != ranks.end() && *p == world ? static_cast<int>(p - ranks.begin()) : -1;
   };
   if (place(options_.rank) < 0) {
-    return Status::InvalidArgument(what + ": this rank is not a member of process set " +
+    return Status::InvalidArgument(what() + ": this rank is not a member of process set " +
                                    std::to_string(id) + " (ranks " + RanksList(ranks) + ")");
   }
   const std::string in_set = id == kGlobalProcessSet ? "the world size"
                                                      : "the size of process set " + std::to_string(id);
   if (r.type == OpType::kBroadcast) {
     if (r.root < 0 || r.root >= options_.size) {
-      return Status::InvalidArgument(what + ": root rank " + std::to_string(r.root) +
+      return Status::InvalidArgument(what() + ": root rank " + std::to_string(r.root) +
                                      " is outside [0, " + std::to_string(options_.size) + ")");
     }
     if (place(r.root) < 0) {
-      return Status::InvalidArgument(what + ": root rank " + std::to_string(r.root) +
+      return Status::InvalidArgument(what() + ": root rank " + std::to_string(r.root) +
                                      " is not a member of process set " + std::to_string(id) +
                                      " (ranks " + RanksList(ranks) + ")");
     }
     r.root = place(r.root);
   }
   if (r.op == ReduceOp::kAdasum && r.type == OpType::kAllreduce && (n & (n - 1)) != 0) {
-    return Status::InvalidArgument(what + ": Adasum needs a number of ranks that is a power of "
+    return Status::InvalidArgument(what() + ": Adasum needs a number of ranks that is a power of "
                                    "two; " + in_set + " is " + std::to_string(n));
   }
   if (r.type == OpType::kAlltoall) {
     const int64_t rows = r.shape[0];
     if (r.splits.empty()) {
       if (rows % n != 0) {
-        return Status::InvalidArgument(what + ": first dimension " + std::to_string(rows) +
+        return Status::InvalidArgument(what() + ": first dimension " + std::to_string(rows) +
                                        " is not divisible by " + in_set + " " +
                                        std::to_string(n) + "; pass splits");
       }
     } else if (static_cast<int>(r.splits.size()) != n) {
-      return Status::InvalidArgument(what + ": splits must be " + std::to_string(n) +
+      return Status::InvalidArgument(what() + ": splits must be " + std::to_string(n) +
                                      " row counts (" + in_set + "); got " +
                                      ShapeToString(r.splits));
     }
@@ -263,25 +269,33 @@ Status EngineImpl::CheckProcessSetLocked(Request& r, const std::string& what) co
 }
 
 HandlePtr EngineImpl::Enqueue(TensorEntry entry) {
-  std::vector<TensorEntry> one;
-  one.push_back(std::move(entry));
-  return EnqueueGroup(std::move(one))[0];
+  HandlePtr handle = entry.handle;
+  Submit(&entry, 1);
+  return handle;
 }
 
 std::vector<HandlePtr> EngineImpl::EnqueueGroup(std::vector<TensorEntry> entries) {
   std::vector<HandlePtr> handles;
   for (auto& e : entries) handles.push_back(e.handle);
+  Submit(entries.data(), entries.size());
+  return handles;
+}
+
+// Validates and queues n entries (a group when n > 1), or fails every one of them.
+void EngineImpl::Submit(TensorEntry* entries, size_t n) {
+  TensorEntry* const end = entries + n;
   {
     std::lock_guard<std::mutex> l(mu_);
     Status s = dead_;
     if (s.ok() && shutdown_requested_) s = Status::Aborted("hvd has been shut down");
-    std::unordered_set<std::string> names;
-    for (auto& e : entries) {
+    std::unordered_set<std::string> names;  // of a group (one tensor needs no check)
+    for (TensorEntry* p = entries; p != end; ++p) {
+      TensorEntry& e = *p;
       if (!s.ok()) break;
       if (e.request.type == OpType::kBarrier) {
         auto it = known_sets_.find(e.request.process_set);
-        uint64_t n = it == known_sets_.end() ? 0 : it->second.barriers++;
-        e.request.name = "barrier." + std::to_string(n);
+        uint64_t count = it == known_sets_.end() ? 0 : it->second.barriers++;
+        e.request.name = "barrier." + std::to_string(count);
       }
       if (e.request.type == OpType::kJoin) e.request.name = "join";
       if (e.request.type == OpType::kProcessSet) {
@@ -289,31 +303,31 @@ std::vector<HandlePtr> EngineImpl::EnqueueGroup(std::vector<TensorEntry> entries
       }
       s = ValidateLocked(e);
       if (s.ok() && e.input.device != kCpuDevice) s = RecordReady(e);
-      if (s.ok() && !names.insert(e.request.name).second) {
+      if (s.ok() && n > 1 && !names.insert(e.request.name).second) {
         s = Status::InvalidArgument("group has the name '" + e.request.name + "' twice");
       }
     }
     if (!s.ok()) {
-      for (auto& e : entries) {
-        e.handle->refused_ = true;
-        e.handle->Complete(s);
+      for (TensorEntry* p = entries; p != end; ++p) {
+        p->handle->refused_ = true;
+        p->handle->Complete(s);
       }
-      return handles;
+      return;
     }
-    if (entries.size() > 1) {
-      for (auto& e : entries) {
-        e.request.group = entries[0].request.name + "#group";
-        e.request.group_size = static_cast<int32_t>(entries.size());
+    if (n > 1) {
+      for (TensorEntry* p = entries; p != end; ++p) {
+        p->request.group = entries[0].request.name + "#group";
+        p->request.group_size = static_cast<int32_t>(n);
       }
     }
-    for (auto& e : entries) {
+    for (TensorEntry* p = entries; p != end; ++p) {
+      TensorEntry& e = *p;
       in_flight_.insert(PendingKey(e.request.process_set, e.request.name));
       e.handle->spin_ = wait_spin_;
       queue_.push_back(std::move(e));
     }
   }
   Wake();
-  return handles;
 }
 
 // ---------------------------------------------------------------- EngineImpl: process sets
@@ -507,7 +521,13 @@ Status CheckAllreduceArgs(const std::string& name, const TensorView& in, const T
 HandlePtr Engine::Allreduce(const std::string& name, const TensorView& input,
                             const TensorView& output, ReduceOp op, double prescale,
                             double postscale, int32_t process_set) {
-  return GroupedAllreduce({name}, {input}, {output}, op, prescale, postscale, process_set)[0];
+  Status s = CheckAllreduceArgs(name, input, output, op);
+  if (!s.ok()) return Failed(s);
+  TensorEntry e = MakeEntry(OpType::kAllreduce, name, input, output, process_set);
+  e.request.op = op;
+  e.request.prescale = prescale;
+  e.request.postscale = postscale;
+  return impl_->Enqueue(std::move(e));
 }
 
 std::vector<HandlePtr> Engine::GroupedAllreduce(const std::vector<std::string>& names,

@@ -150,6 +150,7 @@ class EngineImpl {
   const Options& options() const { return options_; }
   HandlePtr Enqueue(TensorEntry entry);
   std::vector<HandlePtr> EnqueueGroup(std::vector<TensorEntry> entries);
+  void Submit(TensorEntry* entries, size_t n);
   Status Shutdown();
   // Process sets (collective: every rank calls them in the same order). Add returns the new
   // set's id; `at_init` allows it without HVD_DYNAMIC_PROCESS_SETS.
@@ -189,7 +190,8 @@ class EngineImpl {
   // Caller side.
   // Need mu_ (they read in_flight_ and known_sets_); they may rewrite the request's root.
   Status ValidateLocked(TensorEntry& e) const;
-  Status CheckProcessSetLocked(Request& r, const std::string& what) const;
+  Status CheckProcessSetLocked(Request& r) const;
+  std::string Describe(const Request& r) const;  // "allreduce 'x' on rank 3", for errors
 
   // Background thread (background.cc).
   void Loop();
@@ -224,6 +226,7 @@ class EngineImpl {
                         const std::vector<int>* members = nullptr);
   void FailAll(const Status& status, bool notify = true);
   void CompleteEntry(TensorEntry& e, const Status& status);
+  void CompleteEntries(TensorEntry* const* entries, size_t n, const Status& status);
   void FinishShutdown(int requested_by);
   void FlushControl(Deadline deadline);
 

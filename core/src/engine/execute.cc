@@ -196,11 +196,24 @@ Deadline EngineImpl::CollectiveDeadline() const {
 }
 
 void EngineImpl::CompleteEntry(TensorEntry& e, const Status& status) {
+  TensorEntry* one = &e;
+  CompleteEntries(&one, 1, status);
+}
+
+// One lock for all of a response's tensors; the global set's keys are the names themselves.
+void EngineImpl::CompleteEntries(TensorEntry* const* entries, size_t n, const Status& status) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    in_flight_.erase(PendingKey(e.request.process_set, e.request.name));
+    for (size_t i = 0; i < n; ++i) {
+      const Request& r = entries[i]->request;
+      if (r.process_set == kGlobalProcessSet) {
+        in_flight_.erase(r.name);
+      } else {
+        in_flight_.erase(PendingKey(r.process_set, r.name));
+      }
+    }
   }
-  e.handle->Complete(status);
+  for (size_t i = 0; i < n; ++i) entries[i]->handle->Complete(status);
 }
 
 void EngineImpl::Execute(const Response& r) {
@@ -217,7 +230,8 @@ void EngineImpl::Execute(const Response& r) {
   std::vector<TensorEntry*> entries(r.names.size(), nullptr);
   bool mine = false;
   for (size_t i = 0; i < r.names.size(); ++i) {
-    auto it = pending_.find(PendingKey(r.process_set, r.names[i]));
+    auto it = r.process_set == kGlobalProcessSet ? pending_.find(r.names[i])
+                                                 : pending_.find(PendingKey(r.process_set, r.names[i]));
     if (it == pending_.end()) continue;
     owned[i] = std::move(it->second);
     pending_.erase(it);
@@ -252,9 +266,12 @@ void EngineImpl::Execute(const Response& r) {
     Abandon(s);
     if (!abort_.ok()) s = abort_;  // names this rank, as the others' errors do
   }
+  std::vector<TensorEntry*> done;
+  done.reserve(entries.size());
   for (auto* e : entries) {
-    if (e) CompleteEntry(*e, s);
+    if (e) done.push_back(e);
   }
+  CompleteEntries(done.data(), done.size(), s);
   if (comm_gone && abort_.ok()) abort_ = s;
 }
 

@@ -1,5 +1,7 @@
 #include "planner/fusion.h"
 
+#include <iterator>
+
 namespace hvd {
 
 namespace {
@@ -29,8 +31,10 @@ std::vector<Response> FuseResponses(std::vector<Response> responses, size_t thre
       // Join the most recent compatible fused response that still has room.
       for (size_t i = out.size(); i-- > 0;) {
         if (Fusable(out[i], r) && out_bytes[i] + bytes <= threshold_bytes) {
-          out[i].names.insert(out[i].names.end(), r.names.begin(), r.names.end());
-          out[i].shapes.insert(out[i].shapes.end(), r.shapes.begin(), r.shapes.end());
+          out[i].names.insert(out[i].names.end(), std::make_move_iterator(r.names.begin()),
+                              std::make_move_iterator(r.names.end()));
+          out[i].shapes.insert(out[i].shapes.end(), std::make_move_iterator(r.shapes.begin()),
+                               std::make_move_iterator(r.shapes.end()));
           out_bytes[i] += bytes;
           merged = true;
           break;
