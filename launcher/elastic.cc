@@ -289,19 +289,6 @@ void ElasticDriver::Reform(const std::string& why) {
          std::to_string(options_.reset_limit) + " is reached");
     return;
   }
-  // The new order: hosts in the order their first survivor had; survivors first on each host,
-  // then the new workers; hosts with only new workers last, in host-list order.
-  std::vector<std::string> host_order;
-  for (int w : keep) {
-    if (std::find(host_order.begin(), host_order.end(), workers_[w].host) == host_order.end()) {
-      host_order.push_back(workers_[w].host);
-    }
-  }
-  for (int i = 0; i < room; ++i) {
-    if (std::find(host_order.begin(), host_order.end(), free[i].first) == host_order.end()) {
-      host_order.push_back(free[i].first);
-    }
-  }
   std::vector<int> added;
   for (int i = 0; i < room; ++i) {
     Worker w;
@@ -312,19 +299,44 @@ void ElasticDriver::Reform(const std::string& why) {
     added.push_back(static_cast<int>(workers_.size()));
     workers_.push_back(w);
   }
+  std::vector<int> world = Order(keep, added);
+  if (!Publish(world) || !StartWorkers(added, world)) return;
+  std::ostringstream os;
+  os << "world " << generation_ << ": " << world.size() << " rank(s) (" << why << ")";
+  if (!added.empty()) os << ", " << added.size() << " new worker(s)";
+  Say(os.str());
+}
+
+// The new world's order: hosts in the order their first survivor had; survivors first on each
+// host, then the new workers; hosts with only new workers last, in host-list order.
+std::vector<int> ElasticDriver::Order(const std::vector<int>& keep,
+                                      const std::vector<int>& added) const {
+  std::vector<std::string> host_order;
+  for (const std::vector<int>* group : {&keep, &added}) {
+    for (int w : *group) {
+      const std::string& h = workers_[w].host;
+      if (std::find(host_order.begin(), host_order.end(), h) == host_order.end()) {
+        host_order.push_back(h);
+      }
+    }
+  }
   std::vector<int> world;
   for (const std::string& h : host_order) {
-    for (int w : keep) if (workers_[w].host == h) world.push_back(w);
-    for (int w : added) if (workers_[w].host == h) world.push_back(w);
+    for (const std::vector<int>* group : {&keep, &added}) {
+      for (int w : *group) {
+        if (workers_[w].host == h) world.push_back(w);
+      }
+    }
   }
-  if (!Publish(world)) return;
+  return world;
+}
+
+bool ElasticDriver::StartWorkers(const std::vector<int>& added, const std::vector<int>& world) {
   for (int w : added) {
     Placement p;  // its place in the new world: only a first guess, the store has the truth
     p.rank = static_cast<int>(std::find(world.begin(), world.end(), w) - world.begin());
     p.size = static_cast<int>(world.size());
     p.host = workers_[w].host;
-    p.local_rank = 0;
-    p.local_size = 1;
     try {
       RankProcess r = start_(p, workers_[w].id, w);
       workers_[w].pid = r.pid;
@@ -332,13 +344,10 @@ void ElasticDriver::Reform(const std::string& why) {
       supervisor_->Add(r);
     } catch (const std::exception& e) {
       Fail("cannot start worker " + workers_[w].id + ": " + e.what());
-      return;
+      return false;
     }
   }
-  std::ostringstream os;
-  os << "world " << generation_ << ": " << world.size() << " rank(s) (" << why << ")";
-  if (!added.empty()) os << ", " << added.size() << " new worker(s)";
-  Say(os.str());
+  return true;
 }
 
 bool ElasticDriver::Publish(const std::vector<int>& world) {

@@ -105,7 +105,9 @@ class ElasticDriver : public RankEvents {
   void Retire(Worker& w, const std::string& why);
   void Blacklist(const std::string& host);
   void Reform(const std::string& why);
+  std::vector<int> Order(const std::vector<int>& keep, const std::vector<int>& added) const;
   bool Publish(const std::vector<int>& world);
+  bool StartWorkers(const std::vector<int>& added, const std::vector<int>& world);
   void Fail(const std::string& why);
   void CheckHung(TimePoint now);
   void Say(const std::string& line) const;

@@ -149,6 +149,17 @@ RankProcess StartRank(const LaunchOptions& opts, const Placement& p,
                          opts.kill_after_seconds, opts.start_timeout_seconds);
 }
 
+SupervisorOptions SupervisorOptionsOf(const LaunchOptions& opts, int ranks) {
+  SupervisorOptions sopts;
+  sopts.grace_seconds = opts.grace_seconds;
+  sopts.kill_after_seconds = opts.kill_after_seconds;
+  sopts.prefix_output = opts.prefix_output;
+  sopts.output_dir = opts.output_dir;
+  sopts.ranks = ranks;
+  sopts.verbose = opts.verbose;
+  return sopts;
+}
+
 int RunJob(const LaunchOptions& opts) {
   std::vector<Placement> placements = PlaceRanks(opts.hosts, opts.np);
   Addresses addrs;
@@ -178,14 +189,7 @@ int RunJob(const LaunchOptions& opts) {
   job.secret = secret;
   job.knobs = opts.knobs;
 
-  SupervisorOptions sopts;
-  sopts.grace_seconds = opts.grace_seconds;
-  sopts.kill_after_seconds = opts.kill_after_seconds;
-  sopts.prefix_output = opts.prefix_output;
-  sopts.output_dir = opts.output_dir;
-  sopts.ranks = opts.np;
-  sopts.verbose = opts.verbose;
-  Supervisor supervisor(sopts, signal_fd);
+  Supervisor supervisor(SupervisorOptionsOf(opts, opts.np), signal_fd);
   if (opts.verbose) {
     std::cerr << "hvdrun: rendezvous store on " << addrs.store_bind << ":" << job.rendezvous_port
               << "\n";
@@ -210,9 +214,65 @@ int RunJob(const LaunchOptions& opts) {
   return code;
 }
 
-// Elastic mode (launcher/elastic.h). Workers on hosts other than this machine are probed
-// with ssh when they are first used; the store then has to listen where hosts that come later
-// can reach it: the --network-interface's address.
+ElasticOptions ElasticOptionsOf(const LaunchOptions& opts) {
+  ElasticOptions eo;
+  eo.np = opts.np;
+  eo.min_np = opts.min_np;
+  eo.max_np = opts.max_np;
+  eo.hosts = opts.hosts;
+  eo.discovery_script = opts.discovery_script;
+  eo.slots_per_host = opts.slots_per_host;
+  eo.elastic_timeout_seconds = opts.elastic_timeout_seconds;
+  eo.reset_limit = opts.reset_limit;
+  eo.cooldown_min_seconds = opts.cooldown_min_seconds;
+  eo.cooldown_max_seconds = opts.cooldown_max_seconds;
+  eo.verbose = opts.verbose;
+  double peer_timeout = 30;  // the ranks' HVD_TIMEOUT_SECONDS
+  auto knob = opts.knobs.find("HVD_TIMEOUT_SECONDS");
+  const char* env = std::getenv("HVD_TIMEOUT_SECONDS");
+  if (!env) env = std::getenv("HOROVOD_TIMEOUT_SECONDS");
+  if (knob != opts.knobs.end()) {
+    peer_timeout = std::atof(knob->second.c_str());
+  } else if (env && std::atof(env) > 0) {
+    peer_timeout = std::atof(env);
+  }
+  eo.hang_seconds = peer_timeout + 5;
+  return eo;
+}
+
+// Starts one elastic worker. A host other than this machine is probed with ssh when it is first
+// used; the store then has to listen where hosts that come later can reach it: the
+// --network-interface's address.
+RankProcess StartWorker(const LaunchOptions& opts, const Placement& p, const std::string& id,
+                        int label, const std::vector<std::string>& command,
+                        const JobEnvironment& job, Addresses* addrs) {
+  if (!IsLocalHost(p.host) && addrs->bind.count(p.host) == 0) {
+    if (opts.network_interface.empty()) {
+      throw std::runtime_error("host " + p.host + " is not this machine: an elastic job with "
+                               "other hosts needs --network-interface, so that hosts that come "
+                               "later reach the rendezvous store");
+    }
+    std::vector<HostProbe> probe = ProbeHosts({p.host}, SshOptionsOf(opts),
+                                              opts.network_interface, opts.start_timeout_seconds);
+    if (!probe[0].ok) {
+      throw std::runtime_error("host " + p.host + " failed the ssh check: " + probe[0].error);
+    }
+    addrs->multi_host = true;
+    addrs->rendezvous[p.host] = addrs->local_addr;
+    addrs->bind[p.host] = probe[0].host_addr;
+  }
+  JobEnvironment mine = job;
+  mine.knobs["HVD_ELASTIC_ID"] = id;
+  RankProcess r = StartRank(opts, p, command, mine, *addrs);
+  r.label = label;
+  if (opts.verbose) {
+    std::cerr << "hvdrun: started worker " << id << (r.remote ? " over ssh" : "") << " (pid "
+              << r.pid << "): " << Join(opts.command) << "\n";
+  }
+  return r;
+}
+
+// Elastic mode (launcher/elastic.h): hvdrun's store and supervisor with the elastic driver.
 int RunElasticJob(const LaunchOptions& opts) {
   std::vector<std::string> command = opts.command;
   command[0] = ResolveProgram(command[0]);
@@ -254,62 +314,12 @@ int RunElasticJob(const LaunchOptions& opts) {
   timeout << opts.elastic_timeout_seconds + 5;  // so that hvdrun, not a worker, says why it ends
   job.knobs["HVD_ELASTIC_TIMEOUT"] = timeout.str();
 
-  SupervisorOptions sopts;
-  sopts.grace_seconds = opts.grace_seconds;
-  sopts.kill_after_seconds = opts.kill_after_seconds;
-  sopts.prefix_output = opts.prefix_output;
-  sopts.output_dir = opts.output_dir;
-  sopts.ranks = std::max(opts.np, opts.max_np);
-  sopts.verbose = opts.verbose;
-  Supervisor supervisor(sopts, signal_fd);
+  Supervisor supervisor(SupervisorOptionsOf(opts, std::max(opts.np, opts.max_np)), signal_fd);
 
   auto start = [&](const Placement& p, const std::string& id, int label) {
-    if (!IsLocalHost(p.host) && addrs.bind.count(p.host) == 0) {
-      if (opts.network_interface.empty()) {
-        throw std::runtime_error("host " + p.host + " is not this machine: an elastic job with "
-                                 "other hosts needs --network-interface, so that hosts that "
-                                 "come later reach the rendezvous store");
-      }
-      std::vector<HostProbe> probe = ProbeHosts({p.host}, SshOptionsOf(opts),
-                                                opts.network_interface, opts.start_timeout_seconds);
-      if (!probe[0].ok) throw std::runtime_error("host " + p.host + " failed the ssh check: " + probe[0].error);
-      addrs.multi_host = true;
-      addrs.rendezvous[p.host] = addrs.local_addr;
-      addrs.bind[p.host] = probe[0].host_addr;
-    }
-    JobEnvironment mine = job;
-    mine.knobs["HVD_ELASTIC_ID"] = id;
-    RankProcess r = StartRank(opts, p, command, mine, addrs);
-    r.label = label;
-    if (opts.verbose) {
-      std::cerr << "hvdrun: started worker " << id << (r.remote ? " over ssh" : "") << " (pid "
-                << r.pid << "): " << Join(opts.command) << "\n";
-    }
-    return r;
+    return StartWorker(opts, p, id, label, command, job, &addrs);
   };
-  ElasticOptions eo;
-  eo.np = opts.np;
-  eo.min_np = opts.min_np;
-  eo.max_np = opts.max_np;
-  eo.hosts = opts.hosts;
-  eo.discovery_script = opts.discovery_script;
-  eo.slots_per_host = opts.slots_per_host;
-  eo.elastic_timeout_seconds = opts.elastic_timeout_seconds;
-  eo.reset_limit = opts.reset_limit;
-  eo.cooldown_min_seconds = opts.cooldown_min_seconds;
-  eo.cooldown_max_seconds = opts.cooldown_max_seconds;
-  eo.verbose = opts.verbose;
-  double peer_timeout = 30;  // the ranks' HVD_TIMEOUT_SECONDS
-  auto knob = opts.knobs.find("HVD_TIMEOUT_SECONDS");
-  const char* env = std::getenv("HVD_TIMEOUT_SECONDS");
-  if (!env) env = std::getenv("HOROVOD_TIMEOUT_SECONDS");
-  if (knob != opts.knobs.end()) {
-    peer_timeout = std::atof(knob->second.c_str());
-  } else if (env && std::atof(env) > 0) {
-    peer_timeout = std::atof(env);
-  }
-  eo.hang_seconds = peer_timeout + 5;
-  ElasticDriver driver(eo, &supervisor, std::move(*store), start);
+  ElasticDriver driver(ElasticOptionsOf(opts), &supervisor, std::move(*store), start);
   supervisor.SetEvents(&driver);
   if (!driver.Start()) supervisor.Abort(kStartError);
   int code = supervisor.Run();

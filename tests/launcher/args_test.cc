@@ -381,14 +381,6 @@ TEST(Args, HorovodrunFlagsHvdRefusesSayWhat) {
   EXPECT_NE(std::string::npos, Refusal({"-np", "1", "--num-proc", "2", "x"}).find("not both"));
 }
 
-}  // namespace
-}  // namespace launcher
-}  // namespace hvd
-
-namespace hvd {
-namespace launcher {
-namespace {
-
 TEST(Elastic, DiscoveredHostsParse) {
   auto hosts = ParseDiscoveredHosts("# comment\nnode1:4\n\n  node2  \nnode3:1 # tail\nnode1:2\n", 3);
   ASSERT_EQ(3u, hosts.size());
