@@ -12,6 +12,9 @@ The test hooks (all off by default):
                                    reset (the commit the survivors go on from)
   --resume FILE                    start from such a file instead of from scratch
   --out FILE                       rank 0 writes the final parameters and the run's record
+  --min-resets R --max-epochs E    train past --epochs (up to E) until the job has reset R
+                                   times, so that a test of repeated failures does not depend on
+                                   how fast the machine is
 
 Every global batch's sample indices are counted in the committed state, so the record shows
 each sample's number of updates: a lost sample has fewer than --epochs, a repeated one more.
@@ -32,6 +35,8 @@ import hvd.torch as hvd
 def parse():
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--min-resets", type=int, default=0)
+    p.add_argument("--max-epochs", type=int, default=0)
     p.add_argument("--samples", type=int, default=384)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--batches-per-commit", type=int, default=2)
@@ -100,7 +105,15 @@ def main():
                             "sampler": sampler.state_dict(), "epoch": state.epoch,
                             "step": state.step, "counts": list(state.counts),
                             "sizes": list(state.sizes)}, args.save_at_reset)
-        while state.epoch < args.epochs:
+        def more():
+            if state.epoch < args.epochs:
+                return True
+            if state.epoch >= args.max_epochs:
+                return False
+            # Rank 0's count of resets (a survivor's), so that every rank decides alike.
+            return hvd.broadcast_object(world["resets"], root_rank=0) < args.min_resets
+
+        while more():
             for idx, (x, y) in enumerate(loader):
                 if number == args.die_worker and world["resets"] == 0 and \
                         state.step == args.die_at_step:
@@ -144,8 +157,9 @@ def main():
     counts = np.array(state.counts)
     params = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
     if hvd.rank() == 0:
-        lost = int(np.sum(np.maximum(args.epochs - counts, 0)))
-        repeated = int(np.sum(np.maximum(counts - args.epochs, 0)))
+        epochs = state.epoch  # --epochs, or more with --min-resets
+        lost = int(np.sum(np.maximum(epochs - counts, 0)))
+        repeated = int(np.sum(np.maximum(counts - epochs, 0)))
         print("ELASTIC-DONE size %d steps %d sizes %s lost %d repeated %d resets %d" % (
             hvd.size(), state.step, state.sizes, lost, repeated, world["resets"]), flush=True)
         if args.out:

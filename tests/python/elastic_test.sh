@@ -84,7 +84,8 @@ case "$CASE" in
     ;;
   blacklist)
     run "$DIR/a.log" -np 2 --min-np 1 -H 127.0.0.1:1,localhost:1 \
-      --blacklist-cooldown-range 1 4 "$PY" "$JOB" --epochs 5 --step-sleep 0.05 \
+      --blacklist-cooldown-range 1 4 "$PY" "$JOB" --epochs 2 --min-resets 3 --max-epochs 60 \
+      --step-sleep 0.05 \
       --die-on-host localhost --die-after 3 || fail "the elastic job failed"
     grep -q "host localhost is blacklisted for 1 s (failure 1 on it)" "$DIR/a.log" \
       || fail "no first blacklisting"
