@@ -27,6 +27,9 @@
 #                host 2 is killed; host 2 is blacklisted and the job ends on host 1's 2 ranks
 #   elastic_add  a discovery script that lists host 1, then host 2 as well: the job grows from
 #                2 to 4 ranks over ssh
+#   elastic_partition  host 2 cut off mid-job (HVD_TIMEOUT_SECONDS=3): host 1's ranks give up on
+#                it; hvdrun kills host 2's ranks once they have not left their world 3 + 5 s
+#                later, blacklists host 2, and the job ends on host 1's 2 ranks
 # After every job no process but sshd's listener is left in the host namespaces (after a
 # partition: no process of hvd's; sshd's own sessions wait for the link to come back).
 # Exit 0: pass; 77: skipped (no namespaces here); anything else: fail.
@@ -376,6 +379,21 @@ case_elastic_add() {
   has "$OUT" "ELASTIC-NATIVE-OK size 4 generation 2 resets 1" || fail "no world of 4 finished"
   ! has "$OUT" "FAIL " || fail "a worker failed its checks"
   [ "$FAILED" = 0 ] || show
+  no_leftovers
+}
+
+case_elastic_partition() {
+  start_job "${SSH_FLAGS[@]}" --network-interface eth0 --timeout 3 -np 4 --min-np 2 \
+    -H "$H1:2,$H2:2" "$(dirname "$WORKER")/mp_elastic_worker" --steps 800 --step-ms 20
+  sleep 3
+  netns_cut 2
+  wait_job 120
+  [ "$RC" = 0 ] || fail "hvdrun exited $RC"
+  has "$ERR" "has not left world 1 8 s after" || fail "hvdrun did not find the cut-off ranks"
+  has "$ERR" "host $H2 is blacklisted" || fail "host 2 was not blacklisted"
+  has "$OUT" "ELASTIC-NATIVE-OK size 2 generation 2 resets 1" || fail "no world of 2 finished"
+  [ "$FAILED" = 0 ] || show
+  netns_heal 2
   no_leftovers
 }
 
