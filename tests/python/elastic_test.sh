@@ -11,6 +11,8 @@
 #                 saying why
 #     blacklist   a host whose ranks die again and again is blacklisted each time, with a
 #                 cool-down that doubles; the job still finishes
+#     reset-limit --reset-limit 1: the first death gives a new world, the second ends the job,
+#                 saying why
 #     hung        a rank is SIGSTOPped: the others leave its world; hvdrun kills it once it has
 #                 not left HVD_TIMEOUT_SECONDS + 5 s after them, and the job goes on without it
 set -uo pipefail
@@ -93,6 +95,15 @@ case "$CASE" in
       || fail "the cool-down did not double"
     grep -q "ELASTIC-DONE size 1 .* lost 0 " "$DIR/a.log" \
       || fail "the job did not finish on the healthy host"
+    ;;
+  reset-limit)
+    run "$DIR/a.log" -np 3 --min-np 1 --reset-limit 1 -H "127.0.0.1:1,localhost:1,[::1]:1" \
+      "$PY" "$JOB" --epochs 4 --die-worker 2 --die-at-step 4 --die-on-host localhost --die-after 8
+    rc=$?
+    [ $rc -ne 0 ] || fail "hvdrun exited 0"
+    grep -q "world 2: 2 rank(s)" "$DIR/a.log" || fail "the first death did not give a new world"
+    grep -q "but --reset-limit 1 is reached; stopping the job" "$DIR/a.log" \
+      || fail "hvdrun did not say the reset limit ended the job"
     ;;
   hung)
     run "$DIR/a.log" -np 3 --min-np 2 --timeout 3 -H 127.0.0.1:2,localhost:1 "$PY" "$JOB" \
