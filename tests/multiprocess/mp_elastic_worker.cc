@@ -87,6 +87,10 @@ int main(int argc, char** argv) {
       state = committed;  // roll back
     }
     auto next = hvd::Engine::Reset(std::move(e));
+    if (!next.ok() && next.status().code() == hvd::StatusCode::kFailedPrecondition) {
+      std::printf("LEFT-OUT %s\n", next.status().message().c_str());  // hvdrun is stopping it
+      return 0;
+    }
     if (!next.ok()) return Fail("reset: " + next.status().ToString());
     e = std::move(*next);
     ++resets;

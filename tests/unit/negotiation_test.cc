@@ -408,16 +408,16 @@ TEST(ResponseCache, EncodeRebuildAndDisabled) {
   EXPECT_FALSE(off.Encodable(fused, &bits));
 }
 
-// Autotune: warm-up samples keep the starting setting, then every candidate is sampled twice
-// (its score the bytes after a sample's first list over the sample's time), and the best one
-// stays; the log has a line per scored sample and the choice.
-TEST(Autotune, SamplesEveryCandidateAndKeepsTheBest) {
+// Autotune: warm-up samples keep the starting setting; then the cycle times are sampled twice
+// each at the starting threshold, then the thresholds twice each at the best cycle (a sample's
+// score: the bytes after its first list over its time); the best stays. The log has a line per
+// scored sample and the choice.
+TEST(Autotune, SearchesCycleThenThresholdAndKeepsTheBest) {
   const std::string log = ::testing::TempDir() + "/hvd_autotune_test.csv";
   const Autotuner::Setting start{64u << 20, 0.0};
   Autotuner tuner(start, /*warmup_samples=*/2, /*steps_per_sample=*/4, log);
-  const auto& cands = tuner.candidates();
-  ASSERT_GT(cands.size(), 3u);
-  EXPECT_EQ(cands[0].fusion_bytes, start.fusion_bytes);
+  ASSERT_EQ(3u, tuner.candidates().size());  // cycles 0 (the start's), 1 and 5 ms
+  EXPECT_EQ(tuner.candidates()[0].fusion_bytes, start.fusion_bytes);
   // The throughput the "job" gives each setting: best at 16 MiB with a 1 ms cycle.
   auto speed = [](const Autotuner::Setting& s) {
     double v = 100.0;
@@ -426,17 +426,20 @@ TEST(Autotune, SamplesEveryCandidateAndKeepsTheBest) {
     return v;
   };
   Clock::time_point now = Clock::now();
-  size_t visited = 0;
+  int scored_samples = 0;
   for (int list = 0; list < 1000 && !tuner.done(); ++list) {
     const Autotuner::Setting s = tuner.current();
-    if (list >= 2 * 4 && list % 4 == 0) ++visited;  // a scored sample starts
+    if (list >= 2 * 4 && list % 4 == 0) ++scored_samples;
+    if (list < 2 * 4) EXPECT_EQ(s.fusion_bytes, start.fusion_bytes);
+    if (tuner.phase() == 0) EXPECT_EQ(s.fusion_bytes, start.fusion_bytes) << list;
+    if (tuner.phase() == 1) EXPECT_EQ(s.cycle_ms, 1.0) << list;  // phase 1's winner
     // 1000 bytes per list; a list takes 1000 / speed seconds.
     now += std::chrono::microseconds(static_cast<int64_t>(1e6 * 1000 / speed(s)));
     tuner.Record(1000, now);
-    if (list < 2 * 4) EXPECT_EQ(tuner.current().fusion_bytes, start.fusion_bytes);
   }
   ASSERT_TRUE(tuner.done());
-  EXPECT_EQ(visited, 2 * cands.size());  // the grid twice
+  EXPECT_EQ(5u, tuner.candidates().size());  // 64 MiB (the start's), 1, 4, 16, 128 MiB
+  EXPECT_EQ(scored_samples, 2 * (3 + 5));
   EXPECT_EQ(tuner.current().fusion_bytes, 16u << 20);
   EXPECT_EQ(tuner.current().cycle_ms, 1.0);
   std::FILE* f = std::fopen(log.c_str(), "r");
@@ -449,7 +452,7 @@ TEST(Autotune, SamplesEveryCandidateAndKeepsTheBest) {
     last = buf;
   }
   std::fclose(f);
-  EXPECT_EQ(lines, 2 * static_cast<int>(cands.size()) + 2);  // header, samples, choice
+  EXPECT_EQ(lines, 2 * (3 + 5) + 2);  // header, samples, choice
   EXPECT_EQ(last.rfind("best,16777216,1,", 0), 0u) << last;
 }
 

@@ -9,7 +9,8 @@ A training function wrapped by :func:`run` is retried after a failure instead of
    back to its last ``state.commit()`` with ``state.restore()``.
    On ``HostsUpdatedInterrupt`` (raised by ``state.commit()`` when the launcher published a new
    world) the state is kept as it is.
-4. ``reset()`` restarts the engine in the new world, ``state.on_reset()`` runs ``state.reset()``
+4. ``reset()`` restarts the engine in the new world (a worker hvdrun left out of it exits
+   quietly), ``state.on_reset()`` runs ``state.reset()``
    and the registered callbacks, and the loop goes back to 1.
 
 The number of resets is bounded by the launcher, not here. Thread-safety: a State belongs to
@@ -18,8 +19,9 @@ the training thread; nothing here is safe to call from two threads at once.
 
 import copy
 import functools
+import sys
 
-from hvd import HvdError, _core, init, shutdown
+from hvd import FailedPreconditionError, HvdError, _core, init, shutdown
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -131,7 +133,15 @@ def run_fn(func, reset):
                 skip_sync = False
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync
-            reset()
+            try:
+                reset()
+            except FailedPreconditionError as e:
+                if "has no place in world" not in str(e):
+                    raise
+                # hvdrun left this worker out of the new world (its host was blacklisted or
+                # removed) and is stopping it: leave quietly.
+                print("hvd.elastic: %s; this worker exits" % e, file=sys.stderr, flush=True)
+                raise SystemExit(0) from None
             state.on_reset()
 
     return wrapper

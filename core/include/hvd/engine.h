@@ -136,7 +136,8 @@ class HVD_EXPORT Engine {
   //
   // Reset shuts `engine` down (its operations still in flight fail with Aborted) and creates
   // the engine of the next world from the same options: in an elastic job one newer than
-  // engine's, otherwise the same world again.
+  // engine's, otherwise the same world again. FailedPrecondition ("has no place in world"):
+  // hvdrun left this worker out (its host was blacklisted or removed) and is stopping it.
   static StatusOr<std::unique_ptr<Engine>> Reset(std::unique_ptr<Engine> engine);
   // Collective over every rank: true on every rank when hvdrun has published a newer world
   // than this engine's (rank 0 reads the store and broadcasts what it read). Always false,

@@ -6,23 +6,24 @@ namespace hvd {
 
 Autotuner::Autotuner(Setting start, int warmup_samples, int steps_per_sample,
                      const std::string& log_path)
-    : current_(start),
+    : start_(start),
+      current_(start),
       warmup_samples_(warmup_samples < 0 ? 0 : warmup_samples),
       steps_per_sample_(steps_per_sample < 2 ? 2 : steps_per_sample) {
-  candidates_.push_back(start);
-  for (size_t mib : {1, 4, 16, 64, 128}) {
-    for (double ms : {0.0, 1.0, 5.0}) {
-      Setting s{mib << 20, ms};
-      if (s.fusion_bytes != start.fusion_bytes || s.cycle_ms != start.cycle_ms) {
-        candidates_.push_back(s);
-      }
-    }
-  }
+  // Phase 1: the cycle times, at the starting threshold.
+  for (double ms : {start.cycle_ms, 0.0, 1.0, 5.0}) Add(Setting{start.fusion_bytes, ms});
   totals_.assign(candidates_.size(), 0.0);
   if (!log_path.empty()) {
     log_ = std::fopen(log_path.c_str(), "w");
     if (log_) std::fprintf(log_, "sample,fusion_threshold_bytes,cycle_time_ms,score_bytes_per_s\n");
   }
+}
+
+void Autotuner::Add(Setting s) {
+  for (const Setting& c : candidates_) {
+    if (c.fusion_bytes == s.fusion_bytes && c.cycle_ms == s.cycle_ms) return;
+  }
+  candidates_.push_back(s);
 }
 
 Autotuner::~Autotuner() {
@@ -48,20 +49,32 @@ void Autotuner::FinishSample(double score) {
   ++sample_;
   if (scored < 0) return;  // warm-up: the starting setting (candidate 0) runs on
   const size_t n = candidates_.size();
-  const size_t ran = static_cast<size_t>(scored) % n;
+  const size_t ran = index_ % n;
   totals_[ran] += score;
   if (log_) {
     std::fprintf(log_, "%d,%zu,%g,%.0f\n", scored, candidates_[ran].fusion_bytes,
                  candidates_[ran].cycle_ms, score);
     std::fflush(log_);
   }
-  if (static_cast<size_t>(scored) + 1 < n * kRounds) {
-    current_ = candidates_[(ran + 1) % n];
+  if (++index_ < n * kRounds) {
+    current_ = candidates_[index_ % n];
     return;
   }
   size_t best = 0;
   for (size_t i = 1; i < n; ++i) {
     if (totals_[i] > totals_[best]) best = i;
+  }
+  if (phase_ == 0) {
+    // Phase 2: the fusion thresholds, at the best cycle time.
+    const double cycle = candidates_[best].cycle_ms;
+    candidates_.clear();
+    Add(Setting{start_.fusion_bytes, cycle});
+    for (size_t mib : {1, 4, 16, 64, 128}) Add(Setting{mib << 20, cycle});
+    totals_.assign(candidates_.size(), 0.0);
+    index_ = 0;
+    phase_ = 1;
+    current_ = candidates_[0];
+    return;
   }
   current_ = candidates_[best];
   done_ = true;
