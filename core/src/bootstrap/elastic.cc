@@ -50,19 +50,10 @@ StatusOr<int64_t> ParseGeneration(const std::string& text) {
   return static_cast<int64_t>(g);
 }
 
-// The newest generation, or 0 when hvdrun has published none yet.
-StatusOr<int64_t> Latest(StoreClient& store, Deadline deadline) {
-  std::string v;
-  auto found = store.TryGet(kElasticLatestKey, &v, deadline);
-  if (!found.ok()) return found.status();
-  if (!*found) return int64_t{0};
-  return ParseGeneration(v);
-}
-
 // Step 1: polls until a generation newer than `after` is published.
 StatusOr<int64_t> WaitNewer(StoreClient& store, int64_t after, Deadline deadline) {
   while (true) {
-    auto g = Latest(store, deadline);
+    auto g = LatestGeneration(store, deadline);
     if (!g.ok() || *g > after) return g;
     if (Clock::now() + kPollEvery >= deadline) {
       return Status::Timeout(
@@ -89,7 +80,7 @@ StatusOr<int64_t> WaitReady(StoreClient& store, const std::vector<Line>& lines, 
       ++next;
     }
     if (next == lines.size()) return g;
-    auto latest = Latest(store, deadline);
+    auto latest = LatestGeneration(store, deadline);
     if (!latest.ok() || *latest > g) return latest;
     if (Clock::now() + kPollEvery >= deadline) {
       return Status::Timeout("worker " + lines[next].id + " on host " + lines[next].host +
@@ -100,20 +91,8 @@ StatusOr<int64_t> WaitReady(StoreClient& store, const std::vector<Line>& lines, 
   }
 }
 
-}  // namespace
-
-std::string ElasticWorldKey(int64_t generation) {
-  return "elastic/world/" + std::to_string(generation);
-}
-
-std::string ElasticLeftKey(int64_t generation, const std::string& id) {
-  return "elastic/left/" + std::to_string(generation) + "/" + id;
-}
-
-Status PlaceInWorld(const std::string& world, const std::string& id, int64_t generation,
+Status PlaceInLines(const std::vector<Line>& lines, const std::string& id, int64_t generation,
                     Options* o) {
-  std::vector<Line> lines;
-  HVD_RETURN_IF_ERROR(ParseWorld(world, generation, &lines));
   int me = -1;
   std::map<std::string, int> per_host;   // ranks seen so far on each host
   std::vector<int> local_rank(lines.size());
@@ -153,15 +132,40 @@ Status PlaceInWorld(const std::string& world, const std::string& id, int64_t gen
   return Status::OK();
 }
 
+}  // namespace
+
+std::string ElasticWorldKey(int64_t generation) {
+  return "elastic/world/" + std::to_string(generation);
+}
+
+std::string ElasticLeftKey(int64_t generation, const std::string& id) {
+  return "elastic/left/" + std::to_string(generation) + "/" + id;
+}
+
+StatusOr<int64_t> LatestGeneration(StoreClient& store, Deadline deadline) {
+  std::string v;
+  auto found = store.TryGet(kElasticLatestKey, &v, deadline);
+  if (!found.ok()) return found.status();
+  if (!*found) return int64_t{0};
+  return ParseGeneration(v);
+}
+
+Status PlaceInWorld(const std::string& world, const std::string& id, int64_t generation,
+                    Options* o) {
+  std::vector<Line> lines;
+  HVD_RETURN_IF_ERROR(ParseWorld(world, generation, &lines));
+  return PlaceInLines(lines, id, generation, o);
+}
+
 Status JoinWorld(StoreClient& store, Options* o, Deadline deadline) {
   auto g = WaitNewer(store, o->elastic_after_generation, deadline);
   while (true) {
     if (!g.ok()) return g.status().WithContext("worker " + o->elastic_id + " joining a world");
     auto world = store.Get(ElasticWorldKey(*g), deadline);
     if (!world.ok()) return world.status();
-    HVD_RETURN_IF_ERROR(PlaceInWorld(*world, o->elastic_id, *g, o));
     std::vector<Line> lines;
     HVD_RETURN_IF_ERROR(ParseWorld(*world, *g, &lines));
+    HVD_RETURN_IF_ERROR(PlaceInLines(lines, o->elastic_id, *g, o));
     HVD_RETURN_IF_ERROR(store.Set("elastic/ready/" + std::to_string(*g) + "/" + o->elastic_id,
                                   "", deadline));
     auto ready = WaitReady(store, lines, *g, deadline);

@@ -41,6 +41,9 @@ std::string ElasticWorldKey(int64_t generation);
 std::string ElasticLeftKey(int64_t generation, const std::string& id);
 constexpr const char* kElasticLatestKey = "elastic/latest";
 
+// The newest generation hvdrun has published; 0 when none yet.
+StatusOr<int64_t> LatestGeneration(StoreClient& store, Deadline deadline);
+
 // Step 2 of the protocol: sets o->rank, size, local and cross rank and size and hostname from
 // the world's text. NotFound is FailedPrecondition naming the worker; a malformed text is
 // InvalidArgument.

@@ -392,12 +392,9 @@ Engine::~Engine() = default;
 StatusOr<int64_t> EngineImpl::LatestGeneration() {
   std::lock_guard<std::mutex> l(elastic_mu_);
   if (!elastic_store_) return options_.elastic_generation;
-  std::string v;
-  auto found = elastic_store_->TryGet(kElasticLatestKey, &v,
-                                      DeadlineAfterSeconds(options_.timeout_seconds));
-  if (!found.ok()) return found.status().WithContext("reading hvdrun's newest world");
-  if (!*found) return options_.elastic_generation;
-  return static_cast<int64_t>(std::strtoll(v.c_str(), nullptr, 10));
+  auto g = hvd::LatestGeneration(*elastic_store_, DeadlineAfterSeconds(options_.timeout_seconds));
+  if (!g.ok()) return g.status().WithContext("reading hvdrun's newest world");
+  return std::max(*g, options_.elastic_generation);
 }
 
 void EngineImpl::ReportLeftWorld(const Status& why) {
