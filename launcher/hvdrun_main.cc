@@ -149,6 +149,17 @@ RankProcess StartRank(const LaunchOptions& opts, const Placement& p,
                          opts.kill_after_seconds, opts.start_timeout_seconds);
 }
 
+// What every rank of the job shares: hvdrun's store and secret, and the knobs.
+JobEnvironment JobOf(const LaunchOptions& opts, const Addresses& addrs, int store_port,
+                     const std::string& secret) {
+  JobEnvironment job;
+  job.rendezvous_addr = addrs.local_addr;
+  job.rendezvous_port = store_port;
+  job.secret = secret;
+  job.knobs = opts.knobs;
+  return job;
+}
+
 SupervisorOptions SupervisorOptionsOf(const LaunchOptions& opts, int ranks) {
   SupervisorOptions sopts;
   sopts.grace_seconds = opts.grace_seconds;
@@ -183,11 +194,7 @@ int RunJob(const LaunchOptions& opts) {
               << (addrs.multi_host ? " (try --network-interface)" : "") << "\n";
     return kStartError;
   }
-  JobEnvironment job;
-  job.rendezvous_addr = addrs.local_addr;
-  job.rendezvous_port = (*server)->port();
-  job.secret = secret;
-  job.knobs = opts.knobs;
+  JobEnvironment job = JobOf(opts, addrs, (*server)->port(), secret);
 
   Supervisor supervisor(SupervisorOptionsOf(opts, opts.np), signal_fd);
   if (opts.verbose) {
@@ -303,11 +310,7 @@ int RunElasticJob(const LaunchOptions& opts) {
               << "\n";
     return kStartError;
   }
-  JobEnvironment job;
-  job.rendezvous_addr = addrs.local_addr;
-  job.rendezvous_port = (*server)->port();
-  job.secret = secret;
-  job.knobs = opts.knobs;
+  JobEnvironment job = JobOf(opts, addrs, (*server)->port(), secret);
   job.knobs["HVD_ELASTIC"] = "1";
   job.knobs["HOROVOD_ELASTIC"] = "1";
   std::ostringstream timeout;
