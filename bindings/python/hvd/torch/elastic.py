@@ -144,39 +144,28 @@ class _Handler:
         self.value = value
         self.save()
 
+    # Every handled value has a state_dict: a deep copy of it is the commit.
+    def save(self):
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self):
+        self.value.load_state_dict(self._saved)
+
     def reset(self):
         pass
 
 
 class _ModelHandler(_Handler):
-    def save(self):
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self):
-        self.value.load_state_dict(self._saved)
-
     def sync(self):
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
 class _OptimizerHandler(_Handler):
-    def save(self):
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self):
-        self.value.load_state_dict(self._saved)
-
     def sync(self):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
 class _SamplerHandler(_Handler):
-    def save(self):
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self):
-        self.value.load_state_dict(self._saved)
-
     def sync(self):
         # Every rank's progress, then rank 0's epoch with it, so all ranks partition alike.
         processed = set().union(*allgather_object(self.value.processed_indices))
