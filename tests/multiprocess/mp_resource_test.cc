@@ -2,6 +2,8 @@
 // allocate what an allgather's output or a fused allreduce's buffer needs, and its output
 // allocator throws. Each such operation fails on every rank with ResourceExhausted naming rank 1,
 // no process dies, and the operations after it work with the right values, large ones included.
+// Over shared memory between every rank a fused allreduce needs no fusion buffer (the tensors
+// are read and written where they lie), so there it succeeds with the right values.
 // A failure too small to be agreed on before the collective abandons the communicator instead:
 // every rank fails fast, naming rank 1, and no process dies.
 #include <sys/resource.h>
@@ -54,9 +56,10 @@ void Say(const Reporter& out, const std::string& key, const Status& s) {
   out.Say(key + ".message", s.message());
 }
 
-int RunRank(int r, const hvd::Options& base, const Reporter& out) {
+int RunRank(int r, const hvd::Options& base, const Reporter& out, hvd::Options::Toggle shm) {
   hvd::Options o = base;
   o.fusion_threshold_bytes = 256u << 20;
+  o.shm = shm;
   auto created = hvd::Engine::Create(o);
   if (!created.ok()) {
     out.Say("create", created.status().ToString());
@@ -84,6 +87,9 @@ int RunRank(int r, const hvd::Options& base, const Reporter& out) {
   auto hs = e.GroupedAllreduce({"fused.a", "fused.b"}, {av, bv}, {av, bv}, ReduceOp::kSum);
   Say(out, "fused.a", Wait(hs[0]));
   Say(out, "fused.b", Wait(hs[1]));
+  bool fused_ok = true;  // where it succeeds: (1 + 2) and 2 (1 + 2) summed in place
+  for (int64_t i = 0; i < kFusedElems; i += 4099) fused_ok = fused_ok && a[i] == 3.0f && b[i] == 6.0f;
+  out.Say("fused.values", fused_ok ? "ok" : "wrong");
   // 3. An allgather whose framework allocator throws on rank 1 (as torch's does when full).
   TensorView mv(mid.data(), DataType::kFloat32, {kMidElems});
   std::vector<float> keep(2 * kMidElems);
@@ -106,13 +112,16 @@ int RunRank(int r, const hvd::Options& base, const Reporter& out) {
   return 0;
 }
 
-TEST(OutOfMemory, OneRankShortFailsTheOperationEverywhereAndTheEngineGoesOn) {
+void CheckOneRankShort(hvd::Options::Toggle shm) {
 #ifdef HVD_SANITIZED
   GTEST_SKIP() << "RLIMIT_AS cannot limit a sanitized process (its shadow memory is reserved)";
 #endif
+  const bool fusion_buffer = shm == hvd::Options::Toggle::kOff;
   ForkedWorld w(2, 30);
   ASSERT_TRUE(w.store_ok());
-  ASSERT_TRUE(w.Start(RunRank));
+  ASSERT_TRUE(w.Start([shm](int r, const hvd::Options& o, const Reporter& out) {
+    return RunRank(r, o, out, shm);
+  }));
   ASSERT_TRUE(w.WaitAll(120)) << "a rank is still running";
   for (int r = 0; r < 2; ++r) {
     const ChildResult& c = w.result(r);
@@ -121,10 +130,18 @@ TEST(OutOfMemory, OneRankShortFailsTheOperationEverywhereAndTheEngineGoesOn) {
     auto value = [&c](const std::string& k) { return Value(c, k); };
     std::printf("[mp] rank %d: %s: %s\n", r, value("gather.code").c_str(),
                 value("gather.message").c_str());
-    for (const char* op : {"gather", "fused.a", "fused.b", "throwing"}) {
-      EXPECT_EQ(value(std::string(op) + ".code"), "ResourceExhausted") << op;
-      EXPECT_NE(value(std::string(op) + ".message").find("rank 1 could not allocate"),
-                std::string::npos)
+    std::vector<std::string> short_ops = {"gather", "throwing"};
+    if (fusion_buffer) {
+      short_ops.push_back("fused.a");
+      short_ops.push_back("fused.b");
+    } else {
+      EXPECT_EQ(value("fused.a.code"), "OK");
+      EXPECT_EQ(value("fused.b.code"), "OK");
+      EXPECT_EQ(value("fused.values"), "ok");
+    }
+    for (const std::string& op : short_ops) {
+      EXPECT_EQ(value(op + ".code"), "ResourceExhausted") << op;
+      EXPECT_NE(value(op + ".message").find("rank 1 could not allocate"), std::string::npos)
           << op;
     }
     EXPECT_EQ(value("after.code"), "OK");
@@ -135,6 +152,16 @@ TEST(OutOfMemory, OneRankShortFailsTheOperationEverywhereAndTheEngineGoesOn) {
   }
   // The rank that ran out says what it could not get.
   EXPECT_NE(w.result(1).values.at("gather.message").find("allgather output"), std::string::npos);
+}
+
+// Over TCP the fused tensors go through the fusion buffer.
+TEST(OutOfMemory, OneRankShortFailsTheOperationEverywhereAndTheEngineGoesOn) {
+  CheckOneRankShort(hvd::Options::Toggle::kOff);
+}
+
+// Over shared memory the fused allreduce needs no buffer of its own and succeeds.
+TEST(OutOfMemory, OneRankShortOverSharedMemoryFusesWithoutABuffer) {
+  CheckOneRankShort(hvd::Options::Toggle::kOn);
 }
 
 // A small allgather (8 KB out) whose allocator throws on rank 1: too small to be agreed on, so

@@ -37,4 +37,15 @@ Status Allreduce(Transport& t, void* buf, size_t count, DataType dtype, ReduceOp
   return RingAllreduce(t, buf, count, dtype, op, scratch, deadline);
 }
 
+std::optional<Status> AllreducePieces(Transport& t, const std::vector<AllreducePiece>& pieces,
+                                      DataType dtype, ReduceOp op, double prescale,
+                                      Deadline deadline) {
+  CollectiveOffload* o = t.offload();
+  if (o == nullptr || t.size() == 1 || DataTypeSize(dtype) == 0 ||
+      static_cast<int>(op) >= kNumReduceOps) {
+    return std::nullopt;
+  }
+  return o->AllreducePieces(pieces, dtype, op, prescale, deadline);
+}
+
 }  // namespace hvd

@@ -76,6 +76,9 @@ struct Response {
   // The process set (0: every rank); ranks, roots, sizes and joins are counted in it. Not on
   // the wire: a ResponseList is for one set.
   int32_t process_set = 0;
+  // Not on the wire: built by this rank from agreed cache bits (ResponseCache::RebuildAll),
+  // which has marked its tensors used already.
+  bool from_cache = false;
 };
 
 // Control-channel message kinds.

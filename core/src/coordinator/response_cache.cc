@@ -29,20 +29,44 @@ int ResponseCache::SlotOf(const std::string& name) const {
 }
 
 bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,
-                               std::vector<Response>* out) const {
-  std::vector<Response> list;
-  size_t n = 0;
-  for (uint64_t word : bits) n += static_cast<size_t>(__builtin_popcountll(word));
-  list.reserve(n);
+                               std::vector<Response>* out) {
   for (size_t w = 0; w < bits.size(); ++w) {
     for (uint64_t word = bits[w]; word; word &= word - 1) {
       const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
       if (bit >= slots_.size() || !slots_[bit].live) return false;
-      list.emplace_back();
-      Fill(slots_[bit].request, &list.back());
     }
   }
-  *out = FuseResponses(std::move(list), fusion_threshold);
+  // Fused as they are built: no response per tensor. Each tensor is marked used here, in bit
+  // order (Apply leaves these responses alone).
+  ResponseFuser fuser(fusion_threshold);
+  Response like;  // the fields fusion compares
+  for (size_t w = 0; w < bits.size(); ++w) {
+    for (uint64_t word = bits[w]; word; word &= word - 1) {
+      Slot& slot = slots_[w * 64 + __builtin_ctzll(word)];
+      slot.last_used = ++clock_;
+      const Request& q = slot.request;
+      like.type = q.type;
+      like.dtype = q.dtype;
+      like.op = q.op;
+      like.prescale = q.prescale;
+      like.postscale = q.postscale;
+      like.device = q.device;
+      const size_t bytes = q.type == OpType::kAllreduce
+                               ? static_cast<size_t>(NumElements(q.shape)) * DataTypeSize(q.dtype)
+                               : 0;
+      Response* into = fuser.Join(like, bytes);
+      if (into == nullptr) {
+        Response r;
+        Fill(q, &r);
+        r.from_cache = true;
+        into = &fuser.Start(std::move(r), bytes);
+      } else {
+        into->names.push_back(q.name);
+        into->shapes.push_back(q.shape);
+      }
+    }
+  }
+  *out = fuser.Take();
   return true;
 }
 
@@ -163,7 +187,7 @@ void ResponseCache::Touch(const Request& req) {
 void ResponseCache::Apply(const std::vector<Response>& list) {
   if (enabled()) {
     for (const auto& r : list) {
-      if (!Cacheable(r)) continue;
+      if (!Cacheable(r) || r.from_cache) continue;
       for (size_t i = 0; i < r.names.size(); ++i) {
         // The steady state (a tensor seen before, unchanged) only marks its use.
         auto it = by_name_.find(r.names[i]);

@@ -8,7 +8,8 @@
 //   2. Applying a list: every single-rank-independent response (allreduce, broadcast,
 //      reducescatter; not an error, no joined ranks) marks its names used; a name not cached
 //      yet is inserted at the lowest free bit, or, when full, at the bit of the least recently
-//      used entry, which is evicted.
+//      used entry, which is evicted. The list's agreed bits (the fast path) are marked used
+//      first, in bit order, as every rank rebuilds their responses (RebuildAll).
 //   3. A worker announces a tensor whose request equals the cached one as its bit, and sends
 //      the epoch its cache is at. Rank 0 may be at a later epoch; it keeps the entries evicted
 //      since the oldest epoch a worker may still use (History), and decodes a bit as it was at
@@ -46,10 +47,11 @@ class ResponseCache {
   const Request* At(uint32_t bit) const {
     return bit < slots_.size() && slots_[bit].live ? &slots_[bit].request : nullptr;
   }
-  // The responses of the tensors whose bits are set (at this epoch), one per bit in bit order,
-  // then fused with `fusion_threshold` (planner/fusion.h); false if a bit is empty.
+  // The responses of the tensors whose bits are set (at this epoch), in bit order, fused with
+  // `fusion_threshold` as FuseResponses would (planner/fusion.h); false if a bit is empty.
+  // Marks each tensor used, in bit order, and the responses `from_cache`: Apply skips them.
   bool RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,
-                  std::vector<Response>* out) const;
+                  std::vector<Response>* out);
   // The request a bit meant at `epoch` (<= this cache's epoch); false if unknown.
   bool Decode(uint32_t bit, uint64_t epoch, Request* out) const;
   // The bits of r's names if r can travel as bits, else false.

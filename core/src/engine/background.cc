@@ -138,7 +138,8 @@ bool EngineImpl::DrainQueue() {
     batch.swap(queue_);
     shutdown = shutdown_requested_;
   }
-  std::map<int32_t, std::vector<Request>> requests;  // by process set
+  // By process set: the requests of the entries moved into pending_ (whose nodes stay put).
+  std::map<int32_t, std::vector<const Request*>> requests;
   for (auto& e : batch) {
     if (e.raw) {
       StopPolling();
@@ -157,12 +158,12 @@ bool EngineImpl::DrainQueue() {
       continue;
     }
     if (e.request.type == OpType::kJoin) joined_ = true;
-    requests[set].push_back(e.request);
     timeline_->Negotiate(e.request.name);
     std::string key = PendingKey(set, e.request.name);
-    pending_.emplace(std::move(key), std::move(e));
+    auto placed = pending_.emplace(std::move(key), std::move(e));
+    requests[set].push_back(&placed.first->second.request);
   }
-  for (auto& [set, list] : requests) Announce(*sets_.at(set), std::move(list));
+  for (auto& [set, list] : requests) Announce(*sets_.at(set), list);
   if (shutdown && !shutdown_sent_) {
     shutdown_sent_ = true;
     shutdown_deadline_ = DeadlineAfterSeconds(options_.timeout_seconds);
@@ -178,16 +179,16 @@ bool EngineImpl::DrainQueue() {
   return !batch.empty();
 }
 
-void EngineImpl::Announce(ProcessSetState& ps, std::vector<Request> requests) {
+void EngineImpl::Announce(ProcessSetState& ps, const std::vector<const Request*>& requests) {
   if (coordinator()) {
     std::vector<Request> full;
-    for (auto& r : requests) {
-      const int bit = ps.cache->Lookup(r);
+    for (const Request* r : requests) {
+      const int bit = ps.cache->Lookup(*r);
       if (bit >= 0) {
         cache_hits_.fetch_add(1);
         OfferBit(ps, ps.rank, static_cast<uint32_t>(bit));
       } else {
-        full.push_back(std::move(r));
+        full.push_back(*r);
       }
     }
     if (!full.empty()) AddFull(ps, ps.rank, std::move(full));
@@ -197,10 +198,10 @@ void EngineImpl::Announce(ProcessSetState& ps, std::vector<Request> requests) {
   RequestList list;
   list.process_set = ps.id;
   list.cache_epoch = ps.cache->epoch();
-  for (auto& r : requests) {
-    int bit = ps.cache->Lookup(r);
+  for (const Request* r : requests) {
+    int bit = ps.cache->Lookup(*r);
     if (bit < 0) {
-      list.requests.push_back(std::move(r));
+      list.requests.push_back(*r);
       continue;
     }
     size_t word = static_cast<size_t>(bit) / 64;

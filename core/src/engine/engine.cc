@@ -203,7 +203,8 @@ Status EngineImpl::ValidateLocked(TensorEntry& e) const {
       if (d < 0) return Status::InvalidArgument(what() + ": negative dimension in " + e.input.ShapeString());
     }
   }
-  if (in_flight_.count(PendingKey(r.process_set, r.name))) {
+  if (r.process_set == kGlobalProcessSet ? in_flight_.count(r.name) > 0
+                                          : in_flight_.count(PendingKey(r.process_set, r.name)) > 0) {
     return Status::InvalidArgument(what() + ": a tensor with this name is already in flight on this "
                                    "rank; wait for it before reusing the name");
   }

@@ -198,7 +198,7 @@ class EngineImpl {
   void RunLoop();
   bool DrainQueue();
   void StopPolling();  // lowers the poller's flag before a wait that does not poll it
-  void Announce(ProcessSetState& ps, std::vector<Request> requests);
+  void Announce(ProcessSetState& ps, const std::vector<const Request*>& requests);
   void OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&& payload);
   void OnControlError(int peer, const std::string& what,
                       StatusCode code = StatusCode::kPeerLost);

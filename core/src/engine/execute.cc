@@ -225,17 +225,18 @@ void EngineImpl::Execute(const Response& r) {
     return;
   }
   comm_ = ps->comm.get();
-  // This rank's entries, taken out of pending_; null where this rank has joined.
-  std::vector<std::optional<TensorEntry>> owned(r.names.size());
+  // This rank's entries, taken out of pending_ (the nodes, not moved); null where this rank
+  // has joined.
+  std::vector<decltype(pending_)::node_type> owned;
+  owned.reserve(r.names.size());
   std::vector<TensorEntry*> entries(r.names.size(), nullptr);
   bool mine = false;
   for (size_t i = 0; i < r.names.size(); ++i) {
     auto it = r.process_set == kGlobalProcessSet ? pending_.find(r.names[i])
                                                  : pending_.find(PendingKey(r.process_set, r.names[i]));
     if (it == pending_.end()) continue;
-    owned[i] = std::move(it->second);
-    pending_.erase(it);
-    entries[i] = &*owned[i];
+    owned.push_back(pending_.extract(it));
+    entries[i] = &owned.back().mapped();
     mine = true;
   }
   if (!mine && !joined_ && r.type != OpType::kJoin && r.type != OpType::kError) {
@@ -343,6 +344,32 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   const AllreducePlan plan = PlanAllreduce(total, r.dtype, c.plan);
   need.scratch = adasum ? AdasumScratchBytes(total, r.dtype)
                         : PlanScratchBytes(plan, total, r.dtype, c.plan);
+  // A backend that reads and writes the tensors where they lie (shared memory between every
+  // rank) takes them without the fusion buffer. Whether it does depends on the backend and the
+  // response alone, so every rank reserves alike.
+  if (!adasum && !plan.hierarchical && c.t->offload() != nullptr && total > 0) {
+    MemoryNeeds direct = need;
+    direct.fusion = 0;
+    HVD_RETURN_IF_ERROR(Reserve(direct, 0, nullptr));
+    std::vector<AllreducePiece> pieces(entries.size());
+    for (size_t i = 0; i < entries.size(); ++i) {
+      pieces[i].count = counts[i];
+      if (entries[i]) {  // a joined rank's stand-in is zeros, and its result is dropped
+        pieces[i].in = entries[i]->input.data;
+        pieces[i].out = entries[i]->output.data;
+      }
+    }
+    const ReduceOp sum_op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
+    if (std::optional<Status> s = AllreducePieces(*c.t, pieces, r.dtype, sum_op, r.prescale,
+                                                  CollectiveDeadline())) {
+      HVD_RETURN_IF_ERROR(*s);
+      const double post = r.op == ReduceOp::kAverage ? r.postscale / c.size : r.postscale;
+      for (const auto& q : pieces) {
+        if (q.out) Scale(q.out, q.count, r.dtype, post);
+      }
+      return Status::OK();
+    }
+  }
   void* fusion = nullptr;
   HVD_RETURN_IF_ERROR(Reserve(need, fused ? total * esize : 0, &fusion));
   uint8_t* buf;

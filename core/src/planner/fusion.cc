@@ -20,33 +20,39 @@ size_t ResponseBytes(const Response& r) {
   return n * DataTypeSize(r.dtype);
 }
 
-std::vector<Response> FuseResponses(std::vector<Response> responses, size_t threshold_bytes) {
-  if (threshold_bytes == 0) return responses;
-  std::vector<Response> out;
-  std::vector<size_t> out_bytes;
-  for (auto& r : responses) {
-    size_t bytes = r.type == OpType::kAllreduce ? ResponseBytes(r) : 0;
-    bool merged = false;
-    if (r.type == OpType::kAllreduce && bytes < threshold_bytes) {
-      // Join the most recent compatible fused response that still has room.
-      for (size_t i = out.size(); i-- > 0;) {
-        if (Fusable(out[i], r) && out_bytes[i] + bytes <= threshold_bytes) {
-          out[i].names.insert(out[i].names.end(), std::make_move_iterator(r.names.begin()),
-                              std::make_move_iterator(r.names.end()));
-          out[i].shapes.insert(out[i].shapes.end(), std::make_move_iterator(r.shapes.begin()),
-                               std::make_move_iterator(r.shapes.end()));
-          out_bytes[i] += bytes;
-          merged = true;
-          break;
-        }
-      }
-    }
-    if (!merged) {
-      out_bytes.push_back(bytes);
-      out.push_back(std::move(r));
+Response* ResponseFuser::Join(const Response& like, size_t bytes) {
+  if (threshold_ == 0 || like.type != OpType::kAllreduce || bytes >= threshold_) return nullptr;
+  // The most recent compatible fused response that still has room.
+  for (size_t i = out_.size(); i-- > 0;) {
+    if (Fusable(out_[i], like) && bytes_[i] + bytes <= threshold_) {
+      bytes_[i] += bytes;
+      return &out_[i];
     }
   }
-  return out;
+  return nullptr;
+}
+
+Response& ResponseFuser::Start(Response r, size_t bytes) {
+  bytes_.push_back(bytes);
+  out_.push_back(std::move(r));
+  return out_.back();
+}
+
+std::vector<Response> FuseResponses(std::vector<Response> responses, size_t threshold_bytes) {
+  if (threshold_bytes == 0) return responses;
+  ResponseFuser fuser(threshold_bytes);
+  for (auto& r : responses) {
+    const size_t bytes = r.type == OpType::kAllreduce ? ResponseBytes(r) : 0;
+    if (Response* into = fuser.Join(r, bytes)) {
+      into->names.insert(into->names.end(), std::make_move_iterator(r.names.begin()),
+                         std::make_move_iterator(r.names.end()));
+      into->shapes.insert(into->shapes.end(), std::make_move_iterator(r.shapes.begin()),
+                          std::make_move_iterator(r.shapes.end()));
+    } else {
+      fuser.Start(std::move(r), bytes);
+    }
+  }
+  return fuser.Take();
 }
 
 }  // namespace hvd

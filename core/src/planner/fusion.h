@@ -15,6 +15,25 @@ namespace hvd {
 
 std::vector<Response> FuseResponses(std::vector<Response> responses, size_t threshold_bytes);
 
+// Builds the same fused responses one tensor at a time, for callers that have the tensors'
+// fields without a response each (the response cache's fast path).
+class ResponseFuser {
+ public:
+  explicit ResponseFuser(size_t threshold_bytes) : threshold_(threshold_bytes) {}
+  // The fused response that a tensor with `like`'s fields and `bytes` bytes joins (its name
+  // and shape are for the caller to append), or null: the caller then appends a response of
+  // its own with Start().
+  Response* Join(const Response& like, size_t bytes);
+  // Appends `r` (its tensors counted as `bytes`) as a response of its own.
+  Response& Start(Response r, size_t bytes);
+  std::vector<Response> Take() { return std::move(out_); }
+
+ private:
+  size_t threshold_;
+  std::vector<Response> out_;
+  std::vector<size_t> bytes_;
+};
+
 // Bytes the tensors of an allreduce response occupy.
 size_t ResponseBytes(const Response& r);
 

@@ -21,9 +21,29 @@
 
 namespace hvd {
 
+// One tensor of a fused allreduce handed over in place (AllreducePieces): `count` elements
+// read from `in` (null: this rank contributes zeros) and the result written to `out` (null:
+// dropped; may equal `in`).
+struct AllreducePiece {
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;
+};
+
 class CollectiveOffload {
  public:
   virtual ~CollectiveOffload() = default;
+
+  // Allreduce of the pieces' concatenation, each input read where it lies (times `prescale`)
+  // and each output written there, with no fusion buffer between. nullopt when not offered:
+  // the caller then fuses into a buffer and calls Allreduce. Every rank must call it with the
+  // same counts; whether it is offered depends on the backend alone, the same on every rank.
+  virtual std::optional<Status> AllreducePieces(const std::vector<AllreducePiece>& pieces,
+                                                DataType dtype, ReduceOp op, double prescale,
+                                                Deadline deadline) {
+    (void)pieces, (void)dtype, (void)op, (void)prescale, (void)deadline;
+    return std::nullopt;
+  }
 
   // In place; kAverage reduces like kSum (the caller scales).
   virtual std::optional<Status> Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,

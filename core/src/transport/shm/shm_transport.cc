@@ -382,6 +382,39 @@ std::shared_ptr<ControlLink> ShmControl::Link(int peer, ControlLink::MessageFn o
 
 // ---------------------------------------------------------------- the router
 
+// The pieces of a fused allreduce (AllreducePiece) as one logical buffer, found by element
+// offset.
+class PieceLayout {
+ public:
+  explicit PieceLayout(const std::vector<AllreducePiece>& pieces) : pieces_(pieces) {
+    starts_.reserve(pieces.size());
+    for (const auto& q : pieces) {
+      starts_.push_back(total_);
+      total_ += q.count;
+    }
+  }
+  size_t total() const { return total_; }
+  // Calls f(piece, offset in the piece, offset in the range, elements) for each part of
+  // [lo, lo + len) in order (len <= total() - lo).
+  template <typename F>
+  void ForEach(size_t lo, size_t len, F f) const {
+    if (len == 0) return;
+    size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), lo) -
+                                   starts_.begin()) - 1;
+    for (size_t done = 0; done < len; ++i) {
+      const size_t off = lo + done - starts_[i];
+      const size_t take = std::min(pieces_[i].count - off, len - done);
+      if (take > 0) f(pieces_[i], off, done, take);
+      done += take;
+    }
+  }
+
+ private:
+  const std::vector<AllreducePiece>& pieces_;
+  std::vector<size_t> starts_;
+  size_t total_ = 0;
+};
+
 class ShmRouter;
 
 // Whole collectives over the segments when every rank of the job shares this host: allreduce
@@ -392,6 +425,9 @@ class ShmCollectives : public CollectiveOffload {
   explicit ShmCollectives(ShmRouter* router) : router_(router) {}
   std::optional<Status> Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                   Deadline deadline) override;
+  std::optional<Status> AllreducePieces(const std::vector<AllreducePiece>& pieces,
+                                        DataType dtype, ReduceOp op, double prescale,
+                                        Deadline deadline) override;
   std::optional<Status> Allgatherv(const void*, void*, const std::vector<size_t>&,
                                    Deadline) override {
     return std::nullopt;
@@ -510,37 +546,53 @@ class ShmRouter : public Transport {
     return Take(r);
   }
 
-  // Allreduce of `count` elements in place, every rank of the job on this host. Per chunk s of
-  // up to kChunkBytes (buffers s % 2 of each segment):
+  // Allreduce of the pieces' concatenation (AllreducePiece: in place for one piece whose in
+  // and out are the same), every rank of the job on this host. Per chunk s of up to
+  // kChunkBytes of it (buffers s % 2 of each segment):
   //   1. wait until every rank finished chunk s - 2 (it no longer reads this rank's buffers);
-  //   2. copy the input into in[b] and publish s;
+  //   2. copy the chunk's inputs, from wherever the pieces lie, into in[b] (times the
+  //      prescale), and publish s;
   //   3. once every rank published s: a small chunk is reduced whole by every rank, in rank
-  //      order, straight from the peers' in[b] into the output (one step). A larger one is
-  //      split into one share per rank: this rank reduces its share from every in[b] into its
-  //      out[b] and publishes `reduced`; once every rank has, it copies each out[b] share into
-  //      the output;
+  //      order, straight from the peers' in[b] into the pieces' outputs (one step). A larger
+  //      one is split into one share per rank: this rank reduces its share from every in[b]
+  //      into its out[b] and publishes `reduced`; once every rank has, it copies each out[b]
+  //      share into the outputs;
   //   4. publish `finished`.
-  // Every input is read once from where its owner put it and every output written once; the
-  // reduction order is the same on every rank, so results agree bitwise.
-  Status ShmAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op, Deadline deadline) {
+  // Every input is read once from where its owner put it and every output written once, with
+  // no fusion buffer between the tensors and the segments; the reduction order is the same on
+  // every rank, so results agree bitwise.
+  Status ShmAllreduce(const std::vector<AllreducePiece>& pieces, DataType dtype, ReduceOp op,
+                      double prescale, Deadline deadline) {
     const size_t es = DataTypeSize(dtype);
     if (op == ReduceOp::kAverage) op = ReduceOp::kSum;
     const int p = size(), me = rank();
     const Segment& mine = segments_[my_slot_];
-    auto* data = static_cast<uint8_t*>(buf);
+    const PieceLayout layout(pieces);
+    const size_t count = layout.total();
     const size_t chunk_elems = kChunkBytes / es;
     for (size_t first = 0; first < count; first += chunk_elems) {
       const size_t n = std::min(chunk_elems, count - first);
-      uint8_t* dst = data + first * es;
       const uint64_t s = ++chunks_;
       const int b = static_cast<int>(s % 2);
       if (s > 2) HVD_RETURN_IF_ERROR(WaitCounters(&Doorbell::finished, s - 2, deadline));
-      std::memcpy(mine.in(b), dst, n * es);
+      uint8_t* staged = mine.in(b);
+      layout.ForEach(first, n, [&](const AllreducePiece& q, size_t off, size_t at, size_t len) {
+        if (q.in) {
+          std::memcpy(staged + at * es, static_cast<const uint8_t*>(q.in) + off * es, len * es);
+        } else {
+          std::memset(staged + at * es, 0, len * es);
+        }
+      });
+      if (prescale != 1.0) Scale(staged, n, dtype, prescale);
       Publish(&Doorbell::published, s);
       HVD_RETURN_IF_ERROR(WaitCounters(&Doorbell::published, s, deadline));
       if (n * es <= kOneStepBytes) {
-        std::memcpy(dst, segments_[0].in(b), n * es);
-        for (int q = 1; q < p; ++q) ReduceInto(dst, segments_[q].in(b), n, dtype, op);
+        layout.ForEach(first, n, [&](const AllreducePiece& q, size_t off, size_t at, size_t len) {
+          if (q.out == nullptr) return;
+          uint8_t* dst = static_cast<uint8_t*>(q.out) + off * es;
+          std::memcpy(dst, segments_[0].in(b) + at * es, len * es);
+          for (int r = 1; r < p; ++r) ReduceInto(dst, segments_[r].in(b) + at * es, len, dtype, op);
+        });
       } else {
         auto share = [n, p](int q, size_t* lo) {
           const size_t base = n / p, extra = n % p;
@@ -557,7 +609,13 @@ class ShmRouter : public Transport {
         for (int q = 0; q < p; ++q) {
           size_t qlo;
           const size_t qlen = share(q, &qlo);
-          std::memcpy(dst + qlo * es, segments_[q].out(b), qlen * es);
+          const uint8_t* reduced = segments_[q].out(b);
+          layout.ForEach(first + qlo, qlen,
+                         [&](const AllreducePiece& t, size_t off, size_t at, size_t part) {
+                           if (t.out == nullptr) return;
+                           std::memcpy(static_cast<uint8_t*>(t.out) + off * es,
+                                       reduced + at * es, part * es);
+                         });
         }
       }
       Publish(&Doorbell::finished, s);
@@ -878,10 +936,20 @@ class ShmRouter : public Transport {
   Status broken_;
 };
 
+std::optional<Status> ShmCollectives::AllreducePieces(const std::vector<AllreducePiece>& pieces,
+                                                      DataType dtype, ReduceOp op,
+                                                      double prescale, Deadline deadline) {
+  return router_->ShmAllreduce(pieces, dtype, op, prescale, deadline);
+}
+
 std::optional<Status> ShmCollectives::Allreduce(void* buf, size_t count, DataType dtype,
                                                 ReduceOp op, Deadline deadline) {
   if (DataTypeSize(dtype) == 0) return std::nullopt;
-  return router_->ShmAllreduce(buf, count, dtype, op, deadline);
+  AllreducePiece whole;
+  whole.in = buf;
+  whole.out = buf;
+  whole.count = count;
+  return router_->ShmAllreduce({whole}, dtype, op, 1.0, deadline);
 }
 
 // ---------------------------------------------------------------- set-up
