@@ -30,8 +30,9 @@ int ResponseCache::SlotOf(const std::string& name) const {
 
 bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,
                                std::vector<Response>* out) {
+  size_t n = 0;
   for (size_t w = 0; w < bits.size(); ++w) {
-    for (uint64_t word = bits[w]; word; word &= word - 1) {
+    for (uint64_t word = bits[w]; word; word &= word - 1, ++n) {
       const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
       if (bit >= slots_.size() || !slots_[bit].live) return false;
     }
@@ -57,6 +58,11 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
       Response* into = fuser.Join(like, bytes);
       if (into == nullptr) {
         Response r;
+        if (n > 1) {  // usually one response takes them all
+          r.names.reserve(n);
+          r.shapes.reserve(n);
+          n = 0;
+        }
         Fill(q, &r);
         r.from_cache = true;
         into = &fuser.Start(std::move(r), bytes);

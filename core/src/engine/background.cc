@@ -129,7 +129,10 @@ void EngineImpl::StopPolling() {
 }
 
 bool EngineImpl::DrainQueue() {
-  std::deque<TensorEntry> batch;
+  // The caller's queue and this one trade places, so both keep their capacity from step to
+  // step: a step of many tensors allocates no queue.
+  std::vector<TensorEntry>& batch = draining_;
+  batch.clear();
   bool shutdown;
   queued_.store(false);
   wake_posted_.store(false);
@@ -176,7 +179,9 @@ bool EngineImpl::DrainQueue() {
       shutdown_by_ = options_.rank;
     }
   }
-  return !batch.empty();
+  const bool drained = !batch.empty();
+  batch.clear();
+  return drained;
 }
 
 void EngineImpl::Announce(ProcessSetState& ps, const std::vector<const Request*>& requests) {
@@ -749,7 +754,7 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
                       Payload(std::vector<uint8_t>(msg.begin(), msg.end())));
   }
   transport_->Abort(status);
-  std::deque<TensorEntry> queued;
+  std::vector<TensorEntry> queued;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (dead_.ok()) dead_ = status;

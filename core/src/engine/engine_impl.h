@@ -275,7 +275,7 @@ class EngineImpl {
 
   // Caller side, guarded by mu_.
   mutable std::mutex mu_;
-  std::deque<TensorEntry> queue_;
+  std::vector<TensorEntry> queue_;
   std::unordered_set<std::string> in_flight_;  // PendingKey()s queued or pending on this rank
   Status dead_;                                // set once: later operations fail with it
   bool shutdown_requested_ = false;
@@ -308,6 +308,14 @@ class EngineImpl {
   bool control_over_tcp_ = true;  // some control link is read by the io_context
   Clock::time_point io_polled_;   // when the spinning loop last polled the io_context
   std::unordered_map<std::string, TensorEntry> pending_;  // by PendingKey(): announced, awaiting execution
+  // Reused from step to step, so that a step of many tensors allocates none of them: the
+  // entries being drained from queue_ (DrainQueue), and those of the response being executed
+  // with their pending_ nodes (Execute) and their pieces (ExecuteAllreduce).
+  std::vector<TensorEntry> draining_;
+  std::vector<TensorEntry*> executing_;
+  std::vector<decltype(pending_)::node_type> executing_nodes_;
+  std::vector<size_t> counts_;
+  std::vector<AllreducePiece> pieces_;
   std::deque<Response> to_execute_;
   std::unique_ptr<Timeline> timeline_;
   ScratchBuffer scratch_;

@@ -18,6 +18,7 @@
 //   4. A failure that was not agreed on (a small allocation, one only this rank needed, an
 //      exception inside a collective) leaves the others in the collective without this rank:
 //      the communicator is abandoned and every rank fails fast naming this one (Abandon).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -227,9 +228,11 @@ void EngineImpl::Execute(const Response& r) {
   comm_ = ps->comm.get();
   // This rank's entries, taken out of pending_ (the nodes, not moved); null where this rank
   // has joined.
-  std::vector<decltype(pending_)::node_type> owned;
+  auto& owned = executing_nodes_;
+  owned.clear();
   owned.reserve(r.names.size());
-  std::vector<TensorEntry*> entries(r.names.size(), nullptr);
+  std::vector<TensorEntry*>& entries = executing_;
+  entries.assign(r.names.size(), nullptr);
   bool mine = false;
   for (size_t i = 0; i < r.names.size(); ++i) {
     auto it = r.process_set == kGlobalProcessSet ? pending_.find(r.names[i])
@@ -267,12 +270,10 @@ void EngineImpl::Execute(const Response& r) {
     Abandon(s);
     if (!abort_.ok()) s = abort_;  // names this rank, as the others' errors do
   }
-  std::vector<TensorEntry*> done;
-  done.reserve(entries.size());
-  for (auto* e : entries) {
-    if (e) done.push_back(e);
-  }
-  CompleteEntries(done.data(), done.size(), s);
+  entries.erase(std::remove(entries.begin(), entries.end(), nullptr), entries.end());
+  CompleteEntries(entries.data(), entries.size(), s);
+  entries.clear();
+  owned.clear();
   if (comm_gone && abort_.ok()) abort_ = s;
 }
 
@@ -331,7 +332,8 @@ void EngineImpl::KeepBarrierCount(const Response& r) {
 
 Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>& entries) {
   const size_t esize = DataTypeSize(r.dtype);
-  std::vector<size_t> counts;
+  std::vector<size_t>& counts = counts_;
+  counts.clear();
   for (const auto& shape : r.shapes) counts.push_back(static_cast<size_t>(NumElements(shape)));
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   // Every rank fuses a response of several tensors; a single tensor goes through the fusion
@@ -351,7 +353,8 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
     MemoryNeeds direct = need;
     direct.fusion = 0;
     HVD_RETURN_IF_ERROR(Reserve(direct, 0, nullptr));
-    std::vector<AllreducePiece> pieces(entries.size());
+    std::vector<AllreducePiece>& pieces = pieces_;
+    pieces.assign(entries.size(), AllreducePiece());
     for (size_t i = 0; i < entries.size(); ++i) {
       pieces[i].count = counts[i];
       if (entries[i]) {  // a joined rank's stand-in is zeros, and its result is dropped
