@@ -8,6 +8,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/messages.h"
 #include "coordinator/response_cache.h"
+#include "engine/name_table.h"
 #include "planner/autotune.h"
 #include "planner/fusion.h"
 
@@ -406,6 +407,106 @@ TEST(ResponseCache, EncodeRebuildAndDisabled) {
   EXPECT_FALSE(off.enabled());
   EXPECT_EQ(off.Lookup(a), -1);
   EXPECT_FALSE(off.Encodable(fused, &bits));
+}
+
+// The fast path builds its fused responses without one per tensor: they must be what fusing
+// one response per bit gives, over mixed dtypes, ops, broadcasts, thresholds and bit sets.
+TEST(ResponseCache, RebuildAllFusesAsFuseResponsesDoes) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    ResponseCache c(64, true);
+    std::vector<Response> applied;
+    for (int i = 0; i < 40; ++i) {
+      Request q = Allreduce("t" + std::to_string(i), {static_cast<int64_t>(rng() % 9)},
+                            rng() % 3 ? DataType::kFloat32 : DataType::kFloat64);
+      if (rng() % 5 == 0) q.op = ReduceOp::kMax;
+      if (rng() % 7 == 0) {
+        q.type = OpType::kBroadcast;
+        q.root = 0;
+      }
+      applied.push_back(ResponseFor(q));
+      applied.back().root = q.root;
+    }
+    c.Apply(applied);
+    std::vector<uint64_t> ready(1, 0);
+    std::vector<Response> one_per_bit;
+    for (uint32_t bit = 0; bit < 40; ++bit) {
+      if (rng() % 2) continue;
+      ready[0] |= uint64_t{1} << bit;
+      Response r;
+      ASSERT_TRUE(c.Rebuild({bit}, &r));
+      one_per_bit.push_back(r);
+    }
+    const size_t threshold = std::vector<size_t>{0, 16, 40, 100, 1 << 20}[trial % 5];
+    std::vector<Response> rebuilt;
+    ASSERT_TRUE(c.RebuildAll(ready, threshold, &rebuilt));
+    const std::vector<Response> want = FuseResponses(one_per_bit, threshold);
+    ASSERT_EQ(rebuilt.size(), want.size()) << "trial " << trial;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(rebuilt[i].type, want[i].type);
+      EXPECT_EQ(rebuilt[i].names, want[i].names);
+      EXPECT_EQ(rebuilt[i].shapes, want[i].shapes);
+      EXPECT_EQ(rebuilt[i].dtype, want[i].dtype);
+      EXPECT_EQ(rebuilt[i].op, want[i].op);
+      EXPECT_TRUE(rebuilt[i].from_cache);
+    }
+  }
+}
+
+// RebuildAll marks its tensors used (Apply then leaves them alone): the entry it rebuilt is not
+// the one a new name evicts, and applying its responses changes nothing but the epoch.
+TEST(ResponseCache, RebuildAllMarksItsTensorsUsed) {
+  ResponseCache c(2, true);
+  Request a = Allreduce("a", {4}), b = Allreduce("b", {4});
+  c.Apply({ResponseFor(a)});
+  c.Apply({ResponseFor(b)});  // a is now the least recently used
+  const int bit_a = c.Lookup(a);
+  ASSERT_GE(bit_a, 0);
+  std::vector<Response> rebuilt;
+  ASSERT_TRUE(c.RebuildAll({uint64_t{1} << bit_a}, 1 << 20, &rebuilt));
+  const uint64_t epoch = c.epoch();
+  c.Apply(rebuilt);
+  EXPECT_EQ(c.epoch(), epoch + 1);
+  c.Apply({ResponseFor(Allreduce("new", {4}))});  // evicts b, the least recently used now
+  EXPECT_EQ(c.Lookup(a), bit_a);
+  EXPECT_EQ(c.Lookup(b), -1);
+  EXPECT_GE(c.SlotOf("new"), 0);
+}
+
+// The engine's tables of in-flight names: nodes are reused when a name recurs, a live name is
+// not inserted twice, and free nodes of names that never recur are swept.
+TEST(NameTable, ReusesNodesRefusesLiveDuplicatesAndSweeps) {
+  NameTable<std::string> t;
+  std::string key = "grad.0";
+  auto* n = t.Insert(key, std::string("first"));
+  ASSERT_NE(n, nullptr);
+  key = "changed";  // the table keeps its own copy of the name
+  EXPECT_EQ(t.Find("grad.0"), n);
+  EXPECT_EQ(t.Insert("grad.0", std::string("second")), nullptr);
+  EXPECT_EQ(n->value, "first");
+  t.Release(n);
+  EXPECT_EQ(t.Find("grad.0"), nullptr);
+  auto* again = t.Insert("grad.0", std::string("third"));
+  EXPECT_EQ(again, n);  // the same node
+  EXPECT_EQ(again->value, "third");
+  EXPECT_EQ(t.live(), 1u);
+  // 100,000 names that never recur: the table stays bounded, the live one stays.
+  for (int i = 0; i < 100000; ++i) {
+    const std::string name = "once." + std::to_string(i);
+    auto* m = t.Insert(name, std::string("x"));
+    ASSERT_NE(m, nullptr);
+    t.Release(name);
+  }
+  EXPECT_EQ(t.live(), 1u);
+  EXPECT_EQ(t.Find("grad.0"), again);
+  EXPECT_EQ(again->value, "third");
+  int live = 0;
+  t.ReleaseIf([&](std::string& v) {
+    ++live;
+    return v == "third";
+  });
+  EXPECT_EQ(live, 1);
+  EXPECT_EQ(t.live(), 0u);
 }
 
 // Autotune: warm-up samples keep the starting setting; then the cycle times are sampled twice

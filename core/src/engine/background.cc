@@ -162,9 +162,16 @@ bool EngineImpl::DrainQueue() {
     }
     if (e.request.type == OpType::kJoin) joined_ = true;
     timeline_->Negotiate(e.request.name);
-    std::string key = PendingKey(set, e.request.name);
-    auto placed = pending_.emplace(std::move(key), std::move(e));
-    requests[set].push_back(&placed.first->second.request);
+    const std::string key = set == kGlobalProcessSet ? std::string() : PendingKey(set, e.request.name);
+    auto* node = pending_.Insert(set == kGlobalProcessSet ? std::string_view(e.request.name)
+                                                          : std::string_view(key),
+                                 std::move(e));
+    if (node == nullptr) {  // the caller's check keeps names unique; this is its backstop
+      CompleteEntry(e, Status::InvalidArgument(Describe(e.request) +
+                                               ": a tensor with this name is already pending"));
+      continue;
+    }
+    requests[set].push_back(&node->value.request);
   }
   for (auto& [set, list] : requests) Announce(*sets_.at(set), list);
   if (shutdown && !shutdown_sent_) {
@@ -637,15 +644,12 @@ Status EngineImpl::ExecuteProcessSet(const Response& r, std::vector<TensorEntry*
   }
   const Status gone = Status::FailedPrecondition(
       "process set " + std::to_string(id) + " was removed while this operation was in flight");
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    if (it->second.request.process_set != id) {
-      ++it;
-      continue;
-    }
-    CompleteEntry(it->second, gone.WithContext(std::string(OpTypeName(it->second.request.type)) +
-                                               " '" + it->second.request.name + "'"));
-    it = pending_.erase(it);
-  }
+  pending_.ReleaseIf([&](TensorEntry& e) {
+    if (e.request.process_set != id) return false;
+    CompleteEntry(e, gone.WithContext(std::string(OpTypeName(e.request.type)) + " '" +
+                                      e.request.name + "'"));
+    return true;
+  });
   sets_.erase(id);
   return Status::OK();
 }
@@ -759,11 +763,14 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
     std::lock_guard<std::mutex> l(mu_);
     if (dead_.ok()) dead_ = status;
     queued.swap(queue_);
-    in_flight_.clear();
+    in_flight_.Clear();
   }
   for (auto& e : queued) e.handle->Complete(status);
-  for (auto& kv : pending_) kv.second.handle->Complete(status);
-  pending_.clear();
+  pending_.ReleaseIf([&](TensorEntry& e) {
+    e.handle->Complete(status);
+    return true;
+  });
+  pending_.Clear();
   to_execute_.clear();
   FlushControl(Clock::now() + std::chrono::seconds(2));
   for (auto& c : control_) {

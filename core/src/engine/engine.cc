@@ -203,8 +203,8 @@ Status EngineImpl::ValidateLocked(TensorEntry& e) const {
       if (d < 0) return Status::InvalidArgument(what() + ": negative dimension in " + e.input.ShapeString());
     }
   }
-  if (r.process_set == kGlobalProcessSet ? in_flight_.count(r.name) > 0
-                                          : in_flight_.count(PendingKey(r.process_set, r.name)) > 0) {
+  if (r.process_set == kGlobalProcessSet ? in_flight_.Find(r.name) != nullptr
+                                          : in_flight_.Find(PendingKey(r.process_set, r.name)) != nullptr) {
     return Status::InvalidArgument(what() + ": a tensor with this name is already in flight on this "
                                    "rank; wait for it before reusing the name");
   }
@@ -323,7 +323,11 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
     }
     for (TensorEntry* p = entries; p != end; ++p) {
       TensorEntry& e = *p;
-      in_flight_.insert(PendingKey(e.request.process_set, e.request.name));
+      if (e.request.process_set == kGlobalProcessSet) {
+        in_flight_.Insert(e.request.name, true);
+      } else {
+        in_flight_.Insert(PendingKey(e.request.process_set, e.request.name), true);
+      }
       e.handle->spin_ = wait_spin_;
       queue_.push_back(std::move(e));
     }

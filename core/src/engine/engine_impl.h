@@ -34,6 +34,7 @@
 #include "coordinator/messages.h"
 #include "coordinator/response_cache.h"
 #include "device/device.h"
+#include "engine/name_table.h"
 #include "engine/timeline.h"
 #include "hvd/engine.h"
 #include "planner/autotune.h"
@@ -276,7 +277,7 @@ class EngineImpl {
   // Caller side, guarded by mu_.
   mutable std::mutex mu_;
   std::vector<TensorEntry> queue_;
-  std::unordered_set<std::string> in_flight_;  // PendingKey()s queued or pending on this rank
+  NameTable<bool> in_flight_;  // PendingKey()s queued or pending on this rank
   Status dead_;                                // set once: later operations fail with it
   bool shutdown_requested_ = false;
   // The process sets this rank has executed the addition of and not the removal: their ranks
@@ -307,13 +308,13 @@ class EngineImpl {
   bool polling_ = false;  // poller_ is told this thread polls it (only while it spins idle)
   bool control_over_tcp_ = true;  // some control link is read by the io_context
   Clock::time_point io_polled_;   // when the spinning loop last polled the io_context
-  std::unordered_map<std::string, TensorEntry> pending_;  // by PendingKey(): announced, awaiting execution
+  NameTable<TensorEntry> pending_;  // by PendingKey(): announced, awaiting execution
   // Reused from step to step, so that a step of many tensors allocates none of them: the
   // entries being drained from queue_ (DrainQueue), and those of the response being executed
   // with their pending_ nodes (Execute) and their pieces (ExecuteAllreduce).
   std::vector<TensorEntry> draining_;
   std::vector<TensorEntry*> executing_;
-  std::vector<decltype(pending_)::node_type> executing_nodes_;
+  std::vector<NameTable<TensorEntry>::Node*> executing_nodes_;
   std::vector<size_t> counts_;
   std::vector<AllreducePiece> pieces_;
   std::deque<Response> to_execute_;

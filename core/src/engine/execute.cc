@@ -208,9 +208,9 @@ void EngineImpl::CompleteEntries(TensorEntry* const* entries, size_t n, const St
     for (size_t i = 0; i < n; ++i) {
       const Request& r = entries[i]->request;
       if (r.process_set == kGlobalProcessSet) {
-        in_flight_.erase(r.name);
+        in_flight_.Release(r.name);
       } else {
-        in_flight_.erase(PendingKey(r.process_set, r.name));
+        in_flight_.Release(PendingKey(r.process_set, r.name));
       }
     }
   }
@@ -226,7 +226,7 @@ void EngineImpl::Execute(const Response& r) {
     return;
   }
   comm_ = ps->comm.get();
-  // This rank's entries, taken out of pending_ (the nodes, not moved); null where this rank
+  // This rank's entries, in their pending_ nodes until they complete; null where this rank
   // has joined.
   auto& owned = executing_nodes_;
   owned.clear();
@@ -235,11 +235,12 @@ void EngineImpl::Execute(const Response& r) {
   entries.assign(r.names.size(), nullptr);
   bool mine = false;
   for (size_t i = 0; i < r.names.size(); ++i) {
-    auto it = r.process_set == kGlobalProcessSet ? pending_.find(r.names[i])
-                                                 : pending_.find(PendingKey(r.process_set, r.names[i]));
-    if (it == pending_.end()) continue;
-    owned.push_back(pending_.extract(it));
-    entries[i] = &owned.back().mapped();
+    auto* node = r.process_set == kGlobalProcessSet
+                     ? pending_.Find(r.names[i])
+                     : pending_.Find(PendingKey(r.process_set, r.names[i]));
+    if (node == nullptr) continue;
+    owned.push_back(node);
+    entries[i] = &node->value;
     mine = true;
   }
   if (!mine && !joined_ && r.type != OpType::kJoin && r.type != OpType::kError) {
@@ -273,6 +274,7 @@ void EngineImpl::Execute(const Response& r) {
   entries.erase(std::remove(entries.begin(), entries.end(), nullptr), entries.end());
   CompleteEntries(entries.data(), entries.size(), s);
   entries.clear();
+  for (auto* node : owned) pending_.Release(node);
   owned.clear();
   if (comm_gone && abort_.ok()) abort_ = s;
 }
