@@ -29,7 +29,11 @@ TensorEntry MakeEntry(OpType type, const std::string& name, const TensorView& in
   e.request.device = in.device;
   e.request.shape = in.shape;
   e.input = in;
-  e.output = out;
+  // Of the output only where it lies: wherever an op takes one, its element count is the
+  // input's (checked before), and copying its shape would allocate for every tensor.
+  e.output.data = out.data;
+  e.output.dtype = out.dtype;
+  e.output.device = out.device;
   e.handle = std::make_shared<Handle>();
   return e;
 }

@@ -85,7 +85,7 @@ ReducescatterLayout LayOutReducescatter(const Response& r, int size, int rank);
 struct TensorEntry {
   Request request;
   TensorView input;
-  TensorView output;
+  TensorView output;  // data, dtype and device only (as many elements as the input)
   OutputAllocator allocator;
   HandlePtr handle;
   // Device tensors: an event recorded at submission on the caller's stream
