@@ -159,6 +159,8 @@ int64_t Bench::RunSize(size_t count) {
                            std::to_string(bytes);
   for (int k = 1; k < a_.tensors; ++k) Fill(in_.get() + k * bytes, count, a_.dtype, rank_);
   std::vector<double> samples(iters);
+  // Negotiation's share of the timed steps (--tensors): this rank's counters around each step.
+  double negotiation[2] = {0, 0};  // ns, request and response lists sent
   for (int it = -a_.warmup; it < iters; ++it) {
     hvd::Status st;
     double seconds = 0;
@@ -166,9 +168,15 @@ int64_t Bench::RunSize(size_t count) {
       st = engine_.Barrier()->Wait();
       if (!st.ok()) Die(rank_, "barrier", st);
     }
+    const hvd::NegotiationCounters before = hvd::ReadNegotiationCounters(engine_);
     const auto t0 = std::chrono::steady_clock::now();
     st = RunOnce(name, count, &seconds);
     const auto t1 = std::chrono::steady_clock::now();
+    const hvd::NegotiationCounters after = hvd::ReadNegotiationCounters(engine_);
+    if (it >= 0) {
+      negotiation[0] += static_cast<double>(after.nanoseconds - before.nanoseconds) / iters;
+      negotiation[1] += static_cast<double>(after.messages - before.messages) / iters;
+    }
     if (!st.ok()) Die(rank_, std::string(CollectiveName(a_.coll)) + " of " + std::to_string(bytes) + " bytes", st);
     if (!a_.raw) seconds = std::chrono::duration<double>(t1 - t0).count();
     if (it >= 0) samples[it] = seconds;
@@ -185,6 +193,18 @@ int64_t Bench::RunSize(size_t count) {
   st = engine_.Allreduce(name + ".wrong", wv, wv, hvd::ReduceOp::kSum)->Wait();
   if (!st.ok()) Die(rank_, "allreduce sum of the wrong counts", st);
   if (world_rank_ == 0) PrintRow(count, samples, wrong);
+  if (a_.tensors > 1 && !a_.raw) {
+    double busiest[2] = {negotiation[0], negotiation[1]};
+    hvd::TensorView nv(busiest, hvd::DataType::kFloat64, {2});
+    st = engine_.Allreduce(name + ".negotiation", nv, nv, hvd::ReduceOp::kMax)->Wait();
+    if (!st.ok()) Die(rank_, "allreduce max of the negotiation times", st);
+    if (world_rank_ == 0 && !a_.csv) {
+      std::printf("# negotiation per step (mean): %.1f us on the busiest rank (%.0f ns per tensor), "
+                  "%.1f us on rank 0; at most %.1f request or response lists sent by a rank\n",
+                  busiest[0] / 1e3, busiest[0] / a_.tensors, negotiation[0] / 1e3, busiest[1]);
+      std::fflush(stdout);
+    }
+  }
   return wrong;
 }
 

@@ -473,6 +473,53 @@ TEST(ResponseCache, RebuildAllMarksItsTensorsUsed) {
   EXPECT_GE(c.SlotOf("new"), 0);
 }
 
+// What rank 0 needs of a list it applies: which bits changed meaning, with what they meant, and
+// whether a bit announced at an older epoch still means the same.
+TEST(ResponseCache, ReportsChangedBitsAndWhatIsUnchangedSinceAnEpoch) {
+  ResponseCache c(2, true);
+  Request a = Allreduce("a", {4}), b = Allreduce("b", {4});
+  std::vector<std::pair<uint32_t, Request>> changed;
+  c.Apply({ResponseFor(a), ResponseFor(b)}, &changed);  // epoch 1: inserts only
+  EXPECT_TRUE(changed.empty());
+  const uint32_t bit_a = static_cast<uint32_t>(c.Lookup(a));
+  const uint32_t bit_b = static_cast<uint32_t>(c.Lookup(b));
+  EXPECT_FALSE(c.UnchangedSince(bit_a, 0));  // empty at epoch 0
+  EXPECT_TRUE(c.UnchangedSince(bit_a, 1));
+  c.Apply({ResponseFor(b)}, &changed);  // epoch 2: b used, nothing changes
+  EXPECT_TRUE(changed.empty());
+  EXPECT_TRUE(c.UnchangedSince(bit_a, 1));
+  Request a5 = Allreduce("a", {5});
+  c.Apply({ResponseFor(a5)}, &changed);  // epoch 3: a's shape changes in place
+  ASSERT_EQ(changed.size(), 1u);
+  EXPECT_EQ(changed[0].first, bit_a);
+  EXPECT_EQ(changed[0].second.shape, (std::vector<int64_t>{4}));
+  EXPECT_FALSE(c.UnchangedSince(bit_a, 2));
+  EXPECT_TRUE(c.UnchangedSince(bit_a, 3));
+  EXPECT_TRUE(c.UnchangedSince(bit_b, 2));
+  changed.clear();
+  c.Apply({ResponseFor(Allreduce("d", {1}))}, &changed);  // epoch 4: d evicts b
+  ASSERT_EQ(changed.size(), 1u);
+  EXPECT_EQ(changed[0].first, bit_b);
+  EXPECT_EQ(changed[0].second.name, "b");
+  EXPECT_FALSE(c.UnchangedSince(bit_b, 3));
+}
+
+// Many names negotiated for the first time come out in announcement order, each once.
+TEST(Coordinator, ManyFirstTimeNamesKeepTheirOrder) {
+  Coordinator c(2, 0, 0, 0);
+  const int n = 20000;
+  std::vector<Request> all;
+  for (int i = 0; i < n; ++i) all.push_back(Allreduce("t" + std::to_string(i), {1}));
+  c.AddRequests(1, all);
+  EXPECT_EQ(c.PendingNames().size(), static_cast<size_t>(n));
+  std::vector<Request> reversed(all.rbegin(), all.rend());
+  c.AddRequests(0, reversed);  // each completes as rank 0 announces it
+  std::vector<Response> out = c.ComputeResponses();
+  ASSERT_EQ(out.size(), static_cast<size_t>(n));  // fusion off
+  for (int i = 0; i < n; ++i) EXPECT_EQ(out[i].names[0], "t" + std::to_string(n - 1 - i));
+  EXPECT_TRUE(c.PendingNames().empty());
+}
+
 // The engine's tables of in-flight names: nodes are reused when a name recurs, a live name is
 // not inserted twice, and free nodes of names that never recur are swept.
 TEST(NameTable, ReusesNodesRefusesLiveDuplicatesAndSweeps) {

@@ -29,4 +29,16 @@ HVD_EXPORT Status RunRawCollective(Engine& engine, RawCollective coll, const voi
                                    size_t count, DataType dtype, ReduceOp op,
                                    double* seconds = nullptr);
 
+// What negotiation has cost this rank since the engine started: the background thread's time
+// announcing tensors, agreeing on them (rank 0: the AND of the ranks' bits and the coordinator)
+// and building the responses to execute; the request and response lists it sent; the tensors
+// that went as response-cache bits. Read before and after a run to separate negotiation from
+// the rest of a step.
+struct NegotiationCounters {
+  uint64_t nanoseconds = 0;
+  uint64_t messages = 0;
+  uint64_t cache_hits = 0;
+};
+HVD_EXPORT NegotiationCounters ReadNegotiationCounters(Engine& engine);
+
 }  // namespace hvd

@@ -98,7 +98,7 @@ void Coordinator::Add(int rank, Request r) {
       last_joined_ = rank;
     }
     // Everything that waited only on joined ranks is ready now.
-    std::vector<std::string> names = arrival_order_;
+    const std::vector<std::string> names(arrival_order_.begin(), arrival_order_.end());
     for (const auto& n : names) MarkReadyIfComplete(n);
     if (joined_count_ == size_) PushReady(BuildJoinResponse());
     return;
@@ -110,7 +110,7 @@ void Coordinator::Add(int rank, Request r) {
     e.per_rank.resize(size_);
     e.first_seen = Clock::now();
     it = table_.emplace(name, std::move(e)).first;
-    arrival_order_.push_back(name);
+    it->second.order = arrival_order_.insert(arrival_order_.end(), name);
   }
   Entry& e = it->second;
   if (e.per_rank[rank].has_value()) {
@@ -134,8 +134,8 @@ void Coordinator::MarkReadyIfComplete(const std::string& name) {
                                [](const auto& o) { return o.has_value(); });
   const Request first = **first_it;
   Response resp = BuildResponse(name, e);
+  arrival_order_.erase(e.order);
   table_.erase(it);
-  arrival_order_.erase(std::find(arrival_order_.begin(), arrival_order_.end(), name));
   if (first.group_size > 1) {
     ReleaseGroup(first, std::move(resp));
   } else {
@@ -284,13 +284,15 @@ std::vector<Response> Coordinator::ComputeResponses() {
   return FuseResponses(std::move(out), fusion_threshold_);
 }
 
-std::vector<std::string> Coordinator::PendingNames() const { return arrival_order_; }
+std::vector<std::string> Coordinator::PendingNames() const {
+  return std::vector<std::string>(arrival_order_.begin(), arrival_order_.end());
+}
 
 void Coordinator::AbandonStalled(Clock::time_point now) {
   if (stall_shutdown_seconds_ <= 0 || now - last_shutdown_check_ < std::chrono::seconds(1)) return;
   last_shutdown_check_ = now;
   const auto limit = std::chrono::duration<double>(stall_shutdown_seconds_);
-  std::vector<std::string> names = arrival_order_;
+  const std::vector<std::string> names(arrival_order_.begin(), arrival_order_.end());
   for (const auto& name : names) {
     const Entry& e = table_.at(name);
     if (now - e.first_seen < limit) continue;
@@ -318,8 +320,8 @@ void Coordinator::AbandonStalled(Clock::time_point now) {
     resp.error = os.str();
     HVD_LOG(kError) << resp.error;
     const Request held = first;  // outlives the entry
+    arrival_order_.erase(e.order);
     table_.erase(name);
-    arrival_order_.erase(std::find(arrival_order_.begin(), arrival_order_.end(), name));
     if (held.group_size > 1) {
       ReleaseGroup(held, std::move(resp));
     } else {

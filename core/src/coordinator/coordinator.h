@@ -26,6 +26,7 @@
 #pragma once
 
 #include <deque>
+#include <list>
 #include <map>
 #include <optional>
 #include <string>
@@ -71,6 +72,7 @@ class Coordinator {
     std::vector<std::optional<Request>> per_rank;
     int count = 0;
     Clock::time_point first_seen;
+    std::list<std::string>::iterator order;  // its place in arrival_order_
   };
 
   void Add(int rank, Request r);
@@ -94,7 +96,9 @@ class Coordinator {
   Clock::time_point last_shutdown_check_;
   void AbandonStalled(Clock::time_point now);
   std::unordered_map<std::string, Entry> table_;
-  std::vector<std::string> arrival_order_;  // names in order of first announcement
+  // Names in order of first announcement; a list, so that a name leaves it in O(1) however
+  // many are pending (a first step of many thousand tensors).
+  std::list<std::string> arrival_order_;
   std::vector<Response> ready_;
   Clock::time_point ready_since_;
   void PushReady(Response r);

@@ -155,7 +155,8 @@ bool ResponseCache::SameAsResponse(const Request& q, const Response& r, size_t i
          q.splits.empty() && q.group.empty() && q.group_size == 0;
 }
 
-void ResponseCache::Touch(const Request& req) {
+void ResponseCache::Touch(const Request& req,
+                          std::vector<std::pair<uint32_t, Request>>* changed) {
   ++clock_;
   auto it = by_name_.find(req.name);
   if (it != by_name_.end()) {
@@ -163,7 +164,9 @@ void ResponseCache::Touch(const Request& req) {
     if (!SameRequest(s.request, req)) {
       // The tensor changed: the bit takes the new request; older epochs keep the old meaning.
       if (keep_history_) history_.push_back(Eviction{epoch_ + 1, it->second, s.request});
+      if (changed) changed->emplace_back(it->second, s.request);
       s.request = req;
+      s.since = epoch_ + 1;
     }
     s.last_used = clock_;
     return;
@@ -182,15 +185,18 @@ void ResponseCache::Touch(const Request& req) {
   Slot& s = slots_[bit];
   if (!found_free) {
     if (keep_history_) history_.push_back(Eviction{epoch_ + 1, bit, s.request});
+    if (changed) changed->emplace_back(bit, s.request);
     by_name_.erase(s.request.name);
   }
   s.live = true;
   s.request = req;
+  s.since = epoch_ + 1;
   s.last_used = clock_;
   by_name_[req.name] = bit;
 }
 
-void ResponseCache::Apply(const std::vector<Response>& list) {
+void ResponseCache::Apply(const std::vector<Response>& list,
+                          std::vector<std::pair<uint32_t, Request>>* changed) {
   if (enabled()) {
     for (const auto& r : list) {
       if (!Cacheable(r) || r.from_cache) continue;
@@ -201,7 +207,7 @@ void ResponseCache::Apply(const std::vector<Response>& list) {
           slots_[it->second].last_used = ++clock_;
           continue;
         }
-        Touch(FromResponse(r, i));
+        Touch(FromResponse(r, i), changed);
       }
     }
     BoundHistory();

@@ -52,14 +52,20 @@ class ResponseCache {
   // Marks each tensor used, in bit order, and the responses `from_cache`: Apply skips them.
   bool RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,
                   std::vector<Response>* out);
+  // Whether a bit holds now what it held at `epoch`: a bit announced then means the same now.
+  bool UnchangedSince(uint32_t bit, uint64_t epoch) const {
+    return bit < slots_.size() && slots_[bit].live && slots_[bit].since <= epoch;
+  }
   // The request a bit meant at `epoch` (<= this cache's epoch); false if unknown.
   bool Decode(uint32_t bit, uint64_t epoch, Request* out) const;
   // The bits of r's names if r can travel as bits, else false.
   bool Encodable(const Response& r, std::vector<uint32_t>* bits) const;
   // Rebuilds a response from bits; false if a bit is empty.
   bool Rebuild(const std::vector<uint32_t>& bits, Response* out) const;
-  // Applies a response list (step 2) and advances the epoch.
-  void Apply(const std::vector<Response>& list);
+  // Applies a response list (step 2) and advances the epoch. With `changed`, each bit whose
+  // request the list replaced or evicted is added to it with the request it held before.
+  void Apply(const std::vector<Response>& list,
+             std::vector<std::pair<uint32_t, Request>>* changed = nullptr);
   // Rank 0: forget evictions older than every worker's epoch.
   void PruneHistory(uint64_t oldest_epoch_in_use);
 
@@ -68,6 +74,7 @@ class ResponseCache {
     bool live = false;
     Request request;
     uint64_t last_used = 0;
+    uint64_t since = 0;  // the epoch from which it holds `request`
   };
   struct Eviction {
     uint64_t epoch;  // the epoch the eviction produced
@@ -78,7 +85,7 @@ class ResponseCache {
   static bool SameAsResponse(const Request& q, const Response& r, size_t i);
   static void Fill(const Request& q, Response* out);  // out's fields and first tensor from q
   static bool Cacheable(const Response& r);
-  void Touch(const Request& req);
+  void Touch(const Request& req, std::vector<std::pair<uint32_t, Request>>* changed);
 
   std::vector<Slot> slots_;
   std::unordered_map<std::string, uint32_t> by_name_;

@@ -141,6 +141,7 @@ bool EngineImpl::DrainQueue() {
     batch.swap(queue_);
     shutdown = shutdown_requested_;
   }
+  const auto start = Clock::now();
   // By process set: the requests of the entries moved into pending_ (whose nodes stay put).
   std::map<int32_t, std::vector<const Request*>> requests;
   for (auto& e : batch) {
@@ -174,6 +175,7 @@ bool EngineImpl::DrainQueue() {
     requests[set].push_back(&node->value.request);
   }
   for (auto& [set, list] : requests) Announce(*sets_.at(set), list);
+  if (!requests.empty()) CountNegotiation(start);
   if (shutdown && !shutdown_sent_) {
     shutdown_sent_ = true;
     shutdown_deadline_ = DeadlineAfterSeconds(options_.timeout_seconds);
@@ -222,11 +224,13 @@ void EngineImpl::Announce(ProcessSetState& ps, const std::vector<const Request*>
     cache_hits_.fetch_add(1);
   }
   control_[0]->Send(static_cast<uint8_t>(MessageType::kRequests), Payload(Encode(list)));
+  negotiation_messages_.fetch_add(1, std::memory_order_relaxed);
 }
 
 // Bits announced at rank 0's current epoch mean what its cache says now: they join the fast
-// path. Bits from an older epoch (a response list crossed the announcement) are decoded as they
-// were then and go to the coordinator.
+// path, and so do bits from an older epoch (a response list crossed the announcement) whose
+// entry has not changed since. The others are decoded as they were then and go to the
+// coordinator.
 Status EngineImpl::OnRequests(int peer, RequestList&& list) {
   ProcessSetState* found = FindSet(list.process_set);
   // A set whose removal is negotiated: its members fail these operations themselves.
@@ -245,7 +249,8 @@ Status EngineImpl::OnRequests(int peer, RequestList&& list) {
   for (size_t w = 0; w < list.cached_bits.size(); ++w) {
     for (uint64_t word = list.cached_bits[w]; word; word &= word - 1) {
       uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
-      if (current && ps.cache->At(bit)) {
+      if (current ? ps.cache->At(bit) != nullptr
+                  : ps.cache->UnchangedSince(bit, list.cache_epoch)) {
         OfferBit(ps, q, bit);
         continue;
       }
@@ -423,15 +428,25 @@ Clock::duration EngineImpl::CycleRemaining() const {
 // Each process set's coordinator in turn (a set waiting on a slow member holds back no other).
 void EngineImpl::CoordinatorStep() {
   const auto now = Clock::now();
+  bool sent = false;
   // Stepping the global set may add a set: iterators of a std::map stay valid.
   for (auto& kv : sets_) {
-    if (kv.second->coordinator) CoordinatorStep(*kv.second, now);
+    if (kv.second->coordinator) sent = CoordinatorStep(*kv.second, now) || sent;
   }
+  if (sent) CountNegotiation(now);
+}
+
+void EngineImpl::CountNegotiation(Clock::time_point since) {
+  negotiation_ns_.fetch_add(static_cast<uint64_t>(
+                                std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    Clock::now() - since)
+                                    .count()),
+                            std::memory_order_relaxed);
 }
 
 // One response list of a set, sent to its members: the coordinator's responses (after
 // HVD_CYCLE_TIME), then the cached tensors every member has announced (at once).
-void EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
+bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
   Coordinator& coordinator = *ps.coordinator;
   const size_t threshold = FusionThreshold();
   coordinator.set_fusion_threshold(threshold);
@@ -451,7 +466,7 @@ void EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
     agreed = AgreeOnBits(ps);
     ps.agreed_since = Clock::time_point();
   }
-  if (ready.empty() && agreed.empty()) return;
+  if (ready.empty() && agreed.empty()) return false;
   for (auto& r : ready) r.process_set = ps.id;
   // Gives added sets their ids before the list goes out (it may turn one into an error).
   if (ps.id == kGlobalProcessSet) ApplyProcessSets(ready);
@@ -471,6 +486,7 @@ void EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
     wire.fusion_threshold = threshold;
     BroadcastControl(static_cast<uint8_t>(MessageType::kResponses), Payload(Encode(wire)),
                      &ps.ranks);
+    negotiation_messages_.fetch_add(1, std::memory_order_relaxed);
   }
   if (!agreed.empty()) {
     std::vector<Response> cached;
@@ -486,27 +502,18 @@ void EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
     for (const auto& r : ready) bytes += ResponseBytes(r);
     autotune_->Record(bytes, now);
   }
-  if (ps.rank < 0) return;  // rank 0 coordinates a set it is not a member of
+  if (ps.rank < 0) return true;  // rank 0 coordinates a set it is not a member of
   for (auto& r : ready) to_execute_.push_back(std::move(r));
+  return true;
 }
 
 // Applying a list may give a bit to another tensor: bits still waiting on such an entry go to
-// the coordinator as the requests they meant.
+// the coordinator as the requests they meant. Only the bits the list changed are looked at, so
+// a list costs nothing per waiting tensor.
 void EngineImpl::ApplyOnRankZero(ProcessSetState& ps, std::vector<Response>& list) {
-  std::vector<std::pair<uint32_t, Request>> waiting;
-  for (size_t w = 0; w < ps.ready_bits[0].size(); ++w) {
-    uint64_t any = 0;
-    for (const auto& row : ps.ready_bits) any |= row[w];
-    for (; any; any &= any - 1) {
-      const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(any));
-      Request r;
-      if (ps.cache->Decode(bit, ps.cache->epoch(), &r)) waiting.emplace_back(bit, std::move(r));
-    }
-  }
-  ps.cache->Apply(list);
-  for (const auto& [bit, r] : waiting) {
-    if (ps.cache->Lookup(r) != static_cast<int>(bit)) DemoteBit(ps, bit, &r);
-  }
+  std::vector<std::pair<uint32_t, Request>> changed;
+  ps.cache->Apply(list, &changed);
+  for (const auto& [bit, was] : changed) DemoteBit(ps, bit, &was);
 }
 
 void EngineImpl::BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> p,
@@ -703,15 +710,19 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
   if (peer >= 0 && static_cast<size_t>(peer) < last_heard_.size()) last_heard_[peer] = Clock::now();
   if (mt == MessageType::kHeartbeat) return;
   if (mt == MessageType::kRequests && coordinator()) {
+    const auto start = Clock::now();
     RequestList list;
     Status s = Decode(payload.data(), payload.size(), &list);
     if (s.ok()) s = OnRequests(peer, std::move(list));
     if (!s.ok()) return OnControlError(peer, s.message());
+    CountNegotiation(start);
   } else if (mt == MessageType::kResponses && !coordinator()) {
+    const auto start = Clock::now();
     ResponseList list;
     Status s = Decode(payload.data(), payload.size(), &list);
     if (s.ok()) s = OnResponses(std::move(list));
     if (!s.ok()) return OnControlError(peer, s.message());
+    CountNegotiation(start);
   } else if (mt == MessageType::kShutdown && payload.size() == 4) {
     int by;
     std::memcpy(&by, payload.data(), 4);

@@ -173,6 +173,12 @@ class EngineImpl {
   // Counters for tests and the benchmark.
   uint64_t responses_executed() const { return responses_executed_.load(); }
   uint64_t cache_hits() const { return cache_hits_.load(); }
+  // The background thread's time in negotiation (announcing, agreeing, building the responses
+  // to execute), and the requests and response lists this rank sent (hvd/raw.h).
+  uint64_t negotiation_ns() const { return negotiation_ns_.load(std::memory_order_relaxed); }
+  uint64_t negotiation_messages() const {
+    return negotiation_messages_.load(std::memory_order_relaxed);
+  }
 
  private:
   explicit EngineImpl(const Options& options);
@@ -208,7 +214,8 @@ class EngineImpl {
   Status AwaitRootCause(const Status& local);
   bool coordinator() const { return options_.rank == 0; }
   void CoordinatorStep();
-  void CoordinatorStep(ProcessSetState& ps, Clock::time_point now);
+  bool CoordinatorStep(ProcessSetState& ps, Clock::time_point now);  // whether it sent a list
+  void CountNegotiation(Clock::time_point since);
   Clock::duration CycleRemaining() const;
   Status OnRequests(int peer, RequestList&& list);
   // Rank 0's fast path for cached tensors (background.cc); ranks count in the set.
@@ -350,6 +357,8 @@ class EngineImpl {
   bool done_ = false;
   std::atomic<uint64_t> responses_executed_{0};
   std::atomic<uint64_t> cache_hits_{0};
+  std::atomic<uint64_t> negotiation_ns_{0};
+  std::atomic<uint64_t> negotiation_messages_{0};
   std::mutex join_mu_;  // serialises joining thread_
   std::thread thread_;
 };

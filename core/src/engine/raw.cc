@@ -75,4 +75,12 @@ Status RunRawCollective(Engine& engine, RawCollective coll, const void* in, void
   return h->Wait();
 }
 
+NegotiationCounters ReadNegotiationCounters(Engine& engine) {
+  NegotiationCounters c;
+  c.nanoseconds = engine.impl()->negotiation_ns();
+  c.messages = engine.impl()->negotiation_messages();
+  c.cache_hits = engine.impl()->cache_hits();
+  return c;
+}
+
 }  // namespace hvd
