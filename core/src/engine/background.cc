@@ -141,7 +141,7 @@ bool EngineImpl::DrainQueue() {
     batch.swap(queue_);
     shutdown = shutdown_requested_;
   }
-  const auto start = Clock::now();
+  const auto start = batch.empty() ? Clock::time_point() : Clock::now();
   // By process set: the requests of the entries moved into pending_ (whose nodes stay put).
   std::map<int32_t, std::vector<const Request*>> requests;
   for (auto& e : batch) {

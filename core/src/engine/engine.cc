@@ -27,10 +27,13 @@ TensorEntry MakeEntry(OpType type, const std::string& name, const TensorView& in
   e.request.process_set = process_set;
   e.request.dtype = in.dtype;
   e.request.device = in.device;
+  // The input's shape is kept once, in the request; of the output only where it lies:
+  // wherever an op takes one, its element count is the input's (checked before). Copying the
+  // shapes again would allocate for every tensor.
   e.request.shape = in.shape;
-  e.input = in;
-  // Of the output only where it lies: wherever an op takes one, its element count is the
-  // input's (checked before), and copying its shape would allocate for every tensor.
+  e.input.data = in.data;
+  e.input.dtype = in.dtype;
+  e.input.device = in.device;
   e.output.data = out.data;
   e.output.dtype = out.dtype;
   e.output.device = out.device;
@@ -200,11 +203,11 @@ Status EngineImpl::ValidateLocked(TensorEntry& e) const {
                                      std::to_string(e.output.device) + ", the input on " +
                                      std::to_string(e.input.device) + "; they must be on the same");
     }
-    if (e.input.data == nullptr && e.input.num_bytes() > 0) {
-      return Status::InvalidArgument(what() + ": input data is null");
+    for (int64_t d : r.shape) {
+      if (d < 0) return Status::InvalidArgument(what() + ": negative dimension in " + ShapeToString(r.shape));
     }
-    for (int64_t d : e.input.shape) {
-      if (d < 0) return Status::InvalidArgument(what() + ": negative dimension in " + e.input.ShapeString());
+    if (e.input.data == nullptr && NumElements(r.shape) * DataTypeSize(e.input.dtype) > 0) {
+      return Status::InvalidArgument(what() + ": input data is null");
     }
   }
   if (r.process_set == kGlobalProcessSet ? in_flight_.Find(r.name) != nullptr
@@ -273,7 +276,7 @@ Status EngineImpl::CheckProcessSetLocked(Request& r) const {
   return Status::OK();
 }
 
-HandlePtr EngineImpl::Enqueue(TensorEntry entry) {
+HandlePtr EngineImpl::Enqueue(TensorEntry&& entry) {
   HandlePtr handle = entry.handle;
   Submit(&entry, 1);
   return handle;

@@ -84,7 +84,7 @@ ReducescatterLayout LayOutReducescatter(const Response& r, int size, int rank);
 // One submitted operation, from enqueue until its handle completes.
 struct TensorEntry {
   Request request;
-  TensorView input;
+  TensorView input;   // data, dtype and device only (the shape is request.shape)
   TensorView output;  // data, dtype and device only (as many elements as the input)
   OutputAllocator allocator;
   HandlePtr handle;
@@ -149,7 +149,7 @@ class EngineImpl {
   ~EngineImpl();
 
   const Options& options() const { return options_; }
-  HandlePtr Enqueue(TensorEntry entry);
+  HandlePtr Enqueue(TensorEntry&& entry);
   std::vector<HandlePtr> EnqueueGroup(std::vector<TensorEntry> entries);
   void Submit(TensorEntry* entries, size_t n);
   Status Shutdown();

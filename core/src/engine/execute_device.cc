@@ -358,7 +358,9 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
   const size_t m = entries.size();
   std::vector<size_t> bytes(m, 0), offsets;
   for (size_t i = 0; i < m; ++i) {
-    if (entries[i]) bytes[i] = entries[i]->input.num_bytes();
+    if (entries[i]) {
+      bytes[i] = static_cast<size_t>(NumElements(entries[i]->request.shape)) * DataTypeSize(r.dtype);
+    }
   }
   const size_t total = AlignedOffsets(bytes, &offsets);
   void* host_p = nullptr;
@@ -389,7 +391,7 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
     if (!entries[i]) continue;
     TensorEntry& s = shadow[i];
     s.request = entries[i]->request;
-    s.input = TensorView(host + offsets[i], r.dtype, entries[i]->input.shape);
+    s.input = TensorView(host + offsets[i], r.dtype, {});
     if (in_place) s.output = s.input;
     s.handle = std::make_shared<Handle>();
     shadows[i] = &s;

@@ -56,7 +56,7 @@ Status RunRawCollective(Engine& engine, RawCollective coll, const void* in, void
                         size_t count, DataType dtype, ReduceOp op, double* seconds) {
   TensorEntry e;
   e.request.name = "raw";  // one at a time: the call waits, and the name refuses overlap
-  e.input.shape = {0};  // the raw function carries its own buffers
+  e.request.shape = {0};  // the raw function carries its own buffers
   e.handle = std::make_shared<Handle>();
   RawFn run = MakeRaw(coll, in, out, count, dtype, op, engine.size(),
                       engine.options().timeout_seconds);
