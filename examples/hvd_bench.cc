@@ -94,6 +94,9 @@ class Bench {
   const size_t esize_;
   const Checker checker_;
   Buffer in_, out_;
+  // --tensors: the names of a step's tensors, made once per size, as a trainer names its
+  // gradients once.
+  std::vector<std::string> names_;
   size_t out_capacity_ = 0;  // bytes
 };
 
@@ -116,10 +119,14 @@ hvd::Status Bench::RunOnce(const std::string& name, size_t count, double* second
   if (a_.tensors > 1) {
     // One step of a training loop: every tensor enqueued, then every handle waited on.
     std::vector<hvd::HandlePtr> hs(a_.tensors);
+    if (names_.empty() || names_[0] != name + ".0") {
+      names_.clear();
+      for (int k = 0; k < a_.tensors; ++k) names_.push_back(name + "." + std::to_string(k));
+    }
     for (int k = 0; k < a_.tensors; ++k) {
       const size_t at = static_cast<size_t>(k) * count * esize_;
       hvd::TensorView in(in_.get() + at, a_.dtype, shape), out(out_.get() + at, a_.dtype, shape);
-      hs[k] = engine_.Allreduce(name + "." + std::to_string(k), in, out, a_.op, 1.0, 1.0, set_);
+      hs[k] = engine_.Allreduce(names_[k], in, out, a_.op, 1.0, 1.0, set_);
     }
     hvd::Status first;
     for (auto& h : hs) {

@@ -6,7 +6,8 @@
 namespace hvd {
 
 bool Handle::Spin(std::chrono::steady_clock::time_point limit) const {
-  if (spin_.count() <= 0) return finished_.load(std::memory_order_acquire);
+  if (finished_.load(std::memory_order_acquire)) return true;
+  if (spin_.count() <= 0) return false;
   const auto end = std::min(limit, std::chrono::steady_clock::now() + spin_);
   for (;;) {
     if (finished_.load(std::memory_order_acquire)) return true;
@@ -23,7 +24,8 @@ bool Handle::Poll() const {
 // A waiter counts itself in sleepers_ under mu_ before it sleeps, and Complete reads the count
 // after setting done_ under mu_: either the waiter sees done_, or Complete sees the waiter.
 Status Handle::Wait() const {
-  Spin(std::chrono::steady_clock::time_point::max());
+  // Once finished_ is seen, status_ is final (Complete sets it before, and never again).
+  if (Spin(std::chrono::steady_clock::time_point::max())) return status_;
   std::unique_lock<std::mutex> l(mu_);
   if (!done_) {
     ++sleepers_;
