@@ -37,15 +37,21 @@ Status Allreduce(Transport& t, void* buf, size_t count, DataType dtype, ReduceOp
   return RingAllreduce(t, buf, count, dtype, op, scratch, deadline);
 }
 
-std::optional<Status> AllreducePieces(Transport& t, const std::vector<AllreducePiece>& pieces,
-                                      DataType dtype, ReduceOp op, double prescale,
-                                      Deadline deadline) {
-  CollectiveOffload* o = t.offload();
-  if (o == nullptr || t.size() == 1 || DataTypeSize(dtype) == 0 ||
-      static_cast<int>(op) >= kNumReduceOps) {
-    return std::nullopt;
+bool OffersAllreducePieces(const Transport& t) {
+  return t.offload() != nullptr && t.offload()->OffersAllreducePieces();
+}
+
+Status AllreducePieces(Transport& t, const std::vector<AllreducePiece>& pieces, DataType dtype,
+                       ReduceOp op, double prescale, Deadline deadline) {
+  if (DataTypeSize(dtype) == 0) return Status::InvalidArgument("allreduce: unknown dtype");
+  if (static_cast<int>(op) >= kNumReduceOps) {
+    return Status::InvalidArgument("allreduce: unknown reduce op");
   }
-  return o->AllreducePieces(pieces, dtype, op, prescale, deadline);
+  if (!OffersAllreducePieces(t)) {
+    return Status::InvalidArgument("allreduce in pieces: the transport does not offer it");
+  }
+  if (t.size() == 1) return Status::OK();  // the offload does not run a world of one
+  return t.offload()->AllreducePieces(pieces, dtype, op, prescale, deadline);
 }
 
 }  // namespace hvd

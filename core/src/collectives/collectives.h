@@ -10,7 +10,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "common/time.h"
@@ -47,11 +46,11 @@ Status Allreduce(Transport& t, void* buf, size_t count, DataType dtype, ReduceOp
                  ScratchBuffer& scratch, Deadline deadline,
                  AllreduceAlgorithm algo = AllreduceAlgorithm::kAuto);
 
-// The same over the concatenation of `pieces` read and written where they lie, when the
-// transport's offload offers it (transport/collective_offload.h); nullopt when it does not.
-std::optional<Status> AllreducePieces(Transport& t, const std::vector<AllreducePiece>& pieces,
-                                      DataType dtype, ReduceOp op, double prescale,
-                                      Deadline deadline);
+// The same over the concatenation of `pieces`, read and written where they lie, where the
+// transport's offload offers it (transport/collective_offload.h; the same on every rank).
+bool OffersAllreducePieces(const Transport& t);
+Status AllreducePieces(Transport& t, const std::vector<AllreducePiece>& pieces, DataType dtype,
+                       ReduceOp op, double prescale, Deadline deadline);
 
 // Ring: reduce-scatter then allgather, each step pipelined in segments so that sending,
 // receiving and reducing overlap.

@@ -351,7 +351,7 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   // A backend that reads and writes the tensors where they lie (shared memory between every
   // rank) takes them without the fusion buffer. Whether it does depends on the backend and the
   // response alone, so every rank reserves alike.
-  if (!adasum && !plan.hierarchical && c.t->offload() != nullptr && total > 0) {
+  if (!adasum && !plan.hierarchical && OffersAllreducePieces(*c.t) && total > 0) {
     MemoryNeeds direct = need;
     direct.fusion = 0;
     HVD_RETURN_IF_ERROR(Reserve(direct, 0, nullptr));
@@ -365,15 +365,13 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
       }
     }
     const ReduceOp sum_op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-    if (std::optional<Status> s = AllreducePieces(*c.t, pieces, r.dtype, sum_op, r.prescale,
-                                                  CollectiveDeadline())) {
-      HVD_RETURN_IF_ERROR(*s);
-      const double post = r.op == ReduceOp::kAverage ? r.postscale / c.size : r.postscale;
-      for (const auto& q : pieces) {
-        if (q.out) Scale(q.out, q.count, r.dtype, post);
-      }
-      return Status::OK();
+    HVD_RETURN_IF_ERROR(
+        AllreducePieces(*c.t, pieces, r.dtype, sum_op, r.prescale, CollectiveDeadline()));
+    const double post = r.op == ReduceOp::kAverage ? r.postscale / c.size : r.postscale;
+    for (const auto& q : pieces) {
+      if (q.out) Scale(q.out, q.count, r.dtype, post);
     }
+    return Status::OK();
   }
   void* fusion = nullptr;
   HVD_RETURN_IF_ERROR(Reserve(need, fused ? total * esize : 0, &fusion));

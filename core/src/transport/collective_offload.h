@@ -34,15 +34,16 @@ class CollectiveOffload {
  public:
   virtual ~CollectiveOffload() = default;
 
+  // Whether AllreducePieces is offered. It depends on the backend alone, so it is the same on
+  // every rank; where it is not, the caller fuses into a buffer and calls Allreduce.
+  virtual bool OffersAllreducePieces() const { return false; }
   // Allreduce of the pieces' concatenation, each input read where it lies (times `prescale`)
-  // and each output written there, with no fusion buffer between. nullopt when not offered:
-  // the caller then fuses into a buffer and calls Allreduce. Every rank must call it with the
-  // same counts; whether it is offered depends on the backend alone, the same on every rank.
-  virtual std::optional<Status> AllreducePieces(const std::vector<AllreducePiece>& pieces,
-                                                DataType dtype, ReduceOp op, double prescale,
-                                                Deadline deadline) {
+  // and each output written there, with no fusion buffer between. Every rank calls it with the
+  // same counts.
+  virtual Status AllreducePieces(const std::vector<AllreducePiece>& pieces, DataType dtype,
+                                 ReduceOp op, double prescale, Deadline deadline) {
     (void)pieces, (void)dtype, (void)op, (void)prescale, (void)deadline;
-    return std::nullopt;
+    return Status::Internal("this backend does not take an allreduce in pieces");
   }
 
   // In place; kAverage reduces like kSum (the caller scales).

@@ -425,9 +425,9 @@ class ShmCollectives : public CollectiveOffload {
   explicit ShmCollectives(ShmRouter* router) : router_(router) {}
   std::optional<Status> Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                   Deadline deadline) override;
-  std::optional<Status> AllreducePieces(const std::vector<AllreducePiece>& pieces,
-                                        DataType dtype, ReduceOp op, double prescale,
-                                        Deadline deadline) override;
+  bool OffersAllreducePieces() const override { return true; }
+  Status AllreducePieces(const std::vector<AllreducePiece>& pieces, DataType dtype, ReduceOp op,
+                         double prescale, Deadline deadline) override;
   std::optional<Status> Allgatherv(const void*, void*, const std::vector<size_t>&,
                                    Deadline) override {
     return std::nullopt;
@@ -936,9 +936,9 @@ class ShmRouter : public Transport {
   Status broken_;
 };
 
-std::optional<Status> ShmCollectives::AllreducePieces(const std::vector<AllreducePiece>& pieces,
-                                                      DataType dtype, ReduceOp op,
-                                                      double prescale, Deadline deadline) {
+Status ShmCollectives::AllreducePieces(const std::vector<AllreducePiece>& pieces,
+                                       DataType dtype, ReduceOp op, double prescale,
+                                       Deadline deadline) {
   return router_->ShmAllreduce(pieces, dtype, op, prescale, deadline);
 }
 
