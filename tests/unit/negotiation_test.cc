@@ -11,6 +11,7 @@
 #include "engine/name_table.h"
 #include "planner/autotune.h"
 #include "planner/fusion.h"
+#include "planner/plan.h"
 
 namespace hvd {
 namespace {
@@ -65,6 +66,8 @@ TEST(Messages, ResponseListRoundTripWithCompactEntries) {
   l.responses.push_back(compact);
   l.ready_bits = {0x5, 0, uint64_t{1} << 63};
   l.fusion_threshold = 4096;
+  l.knobs.hierarchical_allreduce = 2;
+  l.knobs.small_allreduce_bytes = 12345;
   auto bytes = Encode(l);
   ResponseList out;
   ASSERT_TRUE(Decode(bytes.data(), bytes.size(), &out).ok());
@@ -76,6 +79,13 @@ TEST(Messages, ResponseListRoundTripWithCompactEntries) {
   EXPECT_EQ(out.responses[1].cache_bits, compact.cache_bits);
   EXPECT_EQ(out.ready_bits, l.ready_bits);
   EXPECT_EQ(out.fusion_threshold, 4096u);
+  EXPECT_EQ(out.knobs.hierarchical_allreduce, 2);
+  EXPECT_EQ(out.knobs.small_allreduce_bytes, 12345u);
+  EXPECT_EQ(out.responses[0].knobs.small_allreduce_bytes, 12345u);  // every response has them
+  // A toggle out of range is refused.
+  l.knobs.hierarchical_allreduce = 3;
+  bytes = Encode(l);
+  EXPECT_FALSE(Decode(bytes.data(), bytes.size(), &out).ok());
 }
 
 TEST(Messages, GarbageIsRefusedNotCrashed) {
@@ -602,6 +612,101 @@ TEST(Autotune, SearchesCycleThenThresholdAndKeepsTheBest) {
   std::fclose(f);
   EXPECT_EQ(lines, 2 * (3 + 5) + 2);  // header, samples, choice
   EXPECT_EQ(last.rfind("best,16777216,1,", 0), 0u) << last;
+}
+
+// Where the job allows them, the hierarchical choice and then the flat algorithms' threshold
+// are tuned after the cycle and the fusion threshold, each from the best so far.
+TEST(Autotune, ThenTunesTheHierarchicalChoiceAndTheAlgorithmThreshold) {
+  const std::string log = ::testing::TempDir() + "/hvd_autotune_plan_test.csv";
+  Autotuner::Setting start;
+  start.fusion_bytes = 64u << 20;
+  Autotuner::Scope scope;
+  scope.hierarchical = true;
+  scope.algorithm = true;
+  Autotuner tuner(start, /*warmup_samples=*/0, /*steps_per_sample=*/2, log, scope);
+  // Best: 4 MiB, no cycle, hierarchical off, recursive doubling up to 256 KiB.
+  auto speed = [](const Autotuner::Setting& s) {
+    double v = 100.0;
+    if (s.fusion_bytes == (4u << 20)) v += 40;
+    if (s.cycle_ms == 0.0) v += 10;
+    if (s.knobs.hierarchical_allreduce == 2) v += 30;
+    if (s.knobs.small_allreduce_bytes == (256u << 10)) v += 20;
+    return v;
+  };
+  Clock::time_point now = Clock::now();
+  std::vector<int> phases_seen;
+  for (int list = 0; list < 2000 && !tuner.done(); ++list) {
+    const Autotuner::Setting s = tuner.current();
+    if (phases_seen.empty() || phases_seen.back() != tuner.phase()) {
+      phases_seen.push_back(tuner.phase());
+    }
+    if (tuner.phase() == 2) {  // from the best of phases 1 and 2
+      EXPECT_EQ(s.fusion_bytes, 4u << 20);
+      EXPECT_EQ(s.knobs.small_allreduce_bytes, 64u << 10);
+    }
+    if (tuner.phase() == 3) EXPECT_EQ(s.knobs.hierarchical_allreduce, 2);
+    now += std::chrono::microseconds(static_cast<int64_t>(1e6 * 1000 / speed(s)));
+    tuner.Record(1000, now);
+  }
+  ASSERT_TRUE(tuner.done());
+  EXPECT_EQ(phases_seen, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(tuner.current().fusion_bytes, 4u << 20);
+  EXPECT_EQ(tuner.current().cycle_ms, 0.0);
+  EXPECT_EQ(tuner.current().knobs.hierarchical_allreduce, 2);
+  EXPECT_EQ(tuner.current().knobs.small_allreduce_bytes, 256u << 10);
+  EXPECT_EQ(tuner.candidates().size(), 5u);  // 64 KiB (the best so far), 0, 16 KiB, 256 KiB, 1 MiB
+  std::FILE* f = std::fopen(log.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  char buf[256];
+  std::string first, last;
+  while (std::fgets(buf, sizeof(buf), f)) {
+    if (first.empty()) first = buf;
+    last = buf;
+  }
+  std::fclose(f);
+  EXPECT_NE(first.find("hierarchical_allreduce,small_allreduce_bytes"), std::string::npos);
+  EXPECT_EQ(last.rfind("best,4194304,0,off,262144,", 0), 0u) << last;
+
+  // Without them (shared memory moves every byte; the job forced hierarchical), the search ends
+  // after the fusion threshold, as before.
+  Autotuner plain(start, 0, 2, "", Autotuner::Scope());
+  for (int list = 0; list < 2000 && !plain.done(); ++list) {
+    EXPECT_LE(plain.phase(), 1);
+    now += std::chrono::microseconds(10);
+    plain.Record(1000, now);
+  }
+  EXPECT_TRUE(plain.done());
+}
+
+// The plan follows a list's knobs: the algorithm threshold and the hierarchical choice, with
+// scratch for the algorithm chosen.
+TEST(Plan, FollowsTheListsKnobs) {
+  PlanContext c;
+  c.size = 4;
+  c.hierarchical = true;
+  c.local_size = 2;
+  c.cross_size = 2;
+  PlanKnobs k;
+  const size_t small = 1000;  // 4000 bytes of float32
+  EXPECT_EQ(PlanAllreduce(small, DataType::kFloat32, WithKnobs(c, k)).algorithm,
+            AllreduceAlgorithm::kRecursiveDoubling);
+  EXPECT_FALSE(PlanAllreduce(small, DataType::kFloat32, WithKnobs(c, k)).hierarchical);
+  k.small_allreduce_bytes = 0;  // the ring always
+  AllreducePlan p = PlanAllreduce(small, DataType::kFloat32, WithKnobs(c, k));
+  EXPECT_EQ(p.algorithm, AllreduceAlgorithm::kRing);
+  k.hierarchical_allreduce = 1;  // on, even for a small buffer
+  p = PlanAllreduce(small, DataType::kFloat32, WithKnobs(c, k));
+  EXPECT_TRUE(p.hierarchical);
+  k.hierarchical_allreduce = 2;  // off, even for a large one
+  k.small_allreduce_bytes = 64u << 20;
+  p = PlanAllreduce(1u << 20, DataType::kFloat32, WithKnobs(c, k));
+  EXPECT_FALSE(p.hierarchical);
+  EXPECT_EQ(p.algorithm, AllreduceAlgorithm::kRecursiveDoubling);
+  // Recursive doubling's scratch is the buffer; the ring's is less.
+  EXPECT_EQ(PlanScratchBytes(p, 1u << 20, DataType::kFloat32, WithKnobs(c, k)), 4u << 20);
+  p.algorithm = AllreduceAlgorithm::kRing;
+  EXPECT_EQ(PlanScratchBytes(p, 1u << 20, DataType::kFloat32, WithKnobs(c, k)),
+            RingAllreduceScratchBytes(1u << 20, DataType::kFloat32, 4));
 }
 
 }  // namespace

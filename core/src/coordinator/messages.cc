@@ -205,6 +205,8 @@ std::vector<uint8_t> Encode(const ResponseList& l) {
   for (const auto& r : l.responses) Put(w, r);
   w.Vec(l.ready_bits);
   w.Put<uint64_t>(l.fusion_threshold);
+  w.Put<int32_t>(l.knobs.hierarchical_allreduce);
+  w.Put<uint64_t>(l.knobs.small_allreduce_bytes);
   return w.Take();
 }
 
@@ -281,6 +283,11 @@ Status Decode(const uint8_t* data, size_t len, ResponseList* out) {
   if (!rd.Vec(&out->ready_bits) || !rd.Get(&out->fusion_threshold)) {
     return Status::InvalidArgument("malformed response list: bad ready bits");
   }
+  if (!rd.Get(&out->knobs.hierarchical_allreduce) || out->knobs.hierarchical_allreduce < 0 ||
+      out->knobs.hierarchical_allreduce > 2 || !rd.Get(&out->knobs.small_allreduce_bytes)) {
+    return Status::InvalidArgument("malformed response list: bad plan knobs");
+  }
+  for (auto& r : out->responses) r.knobs = out->knobs;
   return CheckDone(rd, "response list");
 }
 

@@ -47,6 +47,13 @@ struct Request {
 };
 
 // The coordinator's decision about one or more (fused) tensors.
+// How the members plan a list's allreduces (planner/plan.h): rank 0's choice, sent with each
+// response list so that every member plans alike; autotune (HVD_AUTOTUNE=1) changes it.
+struct PlanKnobs {
+  int32_t hierarchical_allreduce = 0;          // an Options::Toggle: 0 auto, 1 on, 2 off
+  uint64_t small_allreduce_bytes = 64u << 10;  // recursive doubling up to this, the ring above
+};
+
 struct Response {
   OpType type = OpType::kAllreduce;
   std::vector<std::string> names;
@@ -79,6 +86,8 @@ struct Response {
   // Not on the wire: built by this rank from agreed cache bits (ResponseCache::RebuildAll),
   // which has marked its tensors used already.
   bool from_cache = false;
+  // Not on the wire: the knobs of the list it came in.
+  PlanKnobs knobs;
 };
 
 // Control-channel message kinds.
@@ -106,6 +115,7 @@ struct ResponseList {
   // threshold, and runs them after `responses`.
   std::vector<uint64_t> ready_bits;
   uint64_t fusion_threshold = 0;
+  PlanKnobs knobs;  // for every response of the list, cached ones included
 };
 
 std::vector<uint8_t> Encode(const RequestList& l);

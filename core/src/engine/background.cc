@@ -385,7 +385,10 @@ Status EngineImpl::OnResponses(ResponseList&& list) {
     }
     for (auto& r : cached) list.responses.push_back(std::move(r));
   }
-  for (auto& r : list.responses) r.process_set = ps.id;
+  for (auto& r : list.responses) {
+    r.process_set = ps.id;
+    r.knobs = list.knobs;
+  }
   ps.cache->Apply(list.responses);
   if (ps.id == kGlobalProcessSet) ApplyProcessSets(list.responses);
   for (auto& r : list.responses) to_execute_.push_back(std::move(r));
@@ -398,6 +401,31 @@ size_t EngineImpl::FusionThreshold() const {
 
 double EngineImpl::CycleTimeMs() const {
   return autotune_ ? autotune_->current().cycle_ms : options_.cycle_time_ms;
+}
+
+// What autotune samples now, once per phase, and what it chose (info).
+void EngineImpl::ReportAutotune() {
+  static const char* const kPhases[] = {"the cycle time", "the fusion threshold",
+                                        "the hierarchical allreduce choice",
+                                        "the recursive doubling threshold"};
+  const int phase = autotune_->done() ? 4 : autotune_->phase();
+  if (phase == autotune_reported_) return;
+  autotune_reported_ = phase;
+  if (phase < 4) {
+    HVD_LOG(kInfo) << "autotune: sampling " << kPhases[phase] << " ("
+                   << autotune_->candidates().size() << " candidates)";
+    return;
+  }
+  const Autotuner::Setting& s = autotune_->current();
+  const int32_t h = s.knobs.hierarchical_allreduce;
+  HVD_LOG(kInfo) << "autotune: chose fusion threshold " << s.fusion_bytes << " bytes, cycle time "
+                 << s.cycle_ms << " ms, hierarchical allreduce "
+                 << (h == 1 ? "on" : h == 2 ? "off" : "auto") << ", recursive doubling up to "
+                 << s.knobs.small_allreduce_bytes << " bytes";
+}
+
+PlanKnobs EngineImpl::Knobs() const {
+  return autotune_ ? autotune_->current().knobs : DefaultKnobs(options_);
 }
 
 Clock::duration EngineImpl::CycleWindow() const {
@@ -467,7 +495,11 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
     ps.agreed_since = Clock::time_point();
   }
   if (ready.empty() && agreed.empty()) return false;
-  for (auto& r : ready) r.process_set = ps.id;
+  const PlanKnobs knobs = Knobs();
+  for (auto& r : ready) {
+    r.process_set = ps.id;
+    r.knobs = knobs;
+  }
   // Gives added sets their ids before the list goes out (it may turn one into an error).
   if (ps.id == kGlobalProcessSet) ApplyProcessSets(ready);
   if (options_.size > 1) {
@@ -484,6 +516,7 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
     }
     wire.ready_bits = agreed;
     wire.fusion_threshold = threshold;
+    wire.knobs = knobs;
     BroadcastControl(static_cast<uint8_t>(MessageType::kResponses), Payload(Encode(wire)),
                      &ps.ranks);
     negotiation_messages_.fetch_add(1, std::memory_order_relaxed);
@@ -493,6 +526,7 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
     ps.cache->RebuildAll(agreed, threshold, &cached);
     for (auto& r : cached) {
       r.process_set = ps.id;
+      r.knobs = knobs;
       ready.push_back(std::move(r));
     }
   }
@@ -501,6 +535,7 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
     size_t bytes = 0;
     for (const auto& r : ready) bytes += ResponseBytes(r);
     autotune_->Record(bytes, now);
+    ReportAutotune();
   }
   if (ps.rank < 0) return true;  // rank 0 coordinates a set it is not a member of
   for (auto& r : ready) to_execute_.push_back(std::move(r));

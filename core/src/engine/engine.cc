@@ -75,12 +75,6 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(const Options& options)
 
 Status EngineImpl::Connect() {
   timeline_ = std::make_unique<Timeline>(options_.timeline_path, options_.rank);
-  if (options_.autotune && options_.rank == 0 && options_.size > 1) {
-    autotune_ = std::make_unique<Autotuner>(
-        Autotuner::Setting{options_.fusion_threshold_bytes, options_.cycle_time_ms},
-        options_.autotune_warmup_samples, options_.autotune_steps_per_sample,
-        options_.autotune_log);
-  }
   std::vector<int> everyone(options_.size);
   for (int r = 0; r < options_.size; ++r) everyone[r] = r;
   known_sets_[kGlobalProcessSet].ranks = everyone;
@@ -107,6 +101,23 @@ Status EngineImpl::Connect() {
   layout_note_ = job->layout_note;
   auto world = NewSet(kGlobalProcessSet, everyone);
   world->comm->plan.offload = transport_->offload() != nullptr;
+  if (options_.autotune && options_.rank == 0 && options_.size > 1) {
+    // Past the fusion threshold and the cycle time, what matters in this job: the hierarchical
+    // choice where the layout allows it and the job left it to the planner; the flat
+    // algorithms' threshold where hvd's algorithms move the bytes.
+    const PlanContext& plan = world->comm->plan;
+    Autotuner::Scope scope;
+    scope.hierarchical = plan.hierarchical && !plan.offload &&
+                         options_.hierarchical_allreduce == Options::Toggle::kAuto;
+    scope.algorithm = !plan.offload;
+    Autotuner::Setting start;
+    start.fusion_bytes = options_.fusion_threshold_bytes;
+    start.cycle_ms = options_.cycle_time_ms;
+    start.knobs = DefaultKnobs(options_);
+    autotune_ = std::make_unique<Autotuner>(start, options_.autotune_warmup_samples,
+                                            options_.autotune_steps_per_sample,
+                                            options_.autotune_log, scope);
+  }
   sets_[kGlobalProcessSet] = std::move(world);
   if (options_.size == 1) return Status::OK();
   StartHeartbeat();

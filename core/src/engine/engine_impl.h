@@ -342,6 +342,9 @@ class EngineImpl {
   // The fusion threshold and cycle time rank 0 runs with now: the options', or autotune's.
   size_t FusionThreshold() const;
   double CycleTimeMs() const;
+  PlanKnobs Knobs() const;  // the plan knobs rank 0 sends with each list
+  void ReportAutotune();
+  int autotune_reported_ = -1;  // the phase last logged (4: the choice)
   Comm* comm_ = nullptr;     // where the response being executed runs
   bool abandon_ = false;       // this rank failed alone inside the response being executed
   bool joined_ = false;

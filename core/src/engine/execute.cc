@@ -345,9 +345,10 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   need.fusion = total * esize;
   const Comm& c = *comm_;
   const bool adasum = r.op == ReduceOp::kAdasum;
-  const AllreducePlan plan = PlanAllreduce(total, r.dtype, c.plan);
+  const PlanContext pc = WithKnobs(c.plan, r.knobs);  // rank 0's, the same on every member
+  const AllreducePlan plan = PlanAllreduce(total, r.dtype, pc);
   need.scratch = adasum ? AdasumScratchBytes(total, r.dtype)
-                        : PlanScratchBytes(plan, total, r.dtype, c.plan);
+                        : PlanScratchBytes(plan, total, r.dtype, pc);
   // A backend that reads and writes the tensors where they lie (shared memory between every
   // rank) takes them without the fusion buffer. Whether it does depends on the backend and the
   // response alone, so every rank reserves alike.

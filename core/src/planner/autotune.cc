@@ -4,24 +4,40 @@
 
 namespace hvd {
 
+namespace {
+const char* ToggleName(int32_t t) { return t == 1 ? "on" : t == 2 ? "off" : "auto"; }
+}  // namespace
+
 Autotuner::Autotuner(Setting start, int warmup_samples, int steps_per_sample,
-                     const std::string& log_path)
+                     const std::string& log_path, Scope scope)
     : start_(start),
+      scope_(scope),
       current_(start),
       warmup_samples_(warmup_samples < 0 ? 0 : warmup_samples),
       steps_per_sample_(steps_per_sample < 2 ? 2 : steps_per_sample) {
   // Phase 1: the cycle times, at the starting threshold.
-  for (double ms : {start.cycle_ms, 0.0, 1.0, 5.0}) Add(Setting{start.fusion_bytes, ms});
+  for (double ms : {start.cycle_ms, 0.0, 1.0, 5.0}) {
+    Setting c = start;
+    c.cycle_ms = ms;
+    Add(c);
+  }
   totals_.assign(candidates_.size(), 0.0);
   if (!log_path.empty()) {
     log_ = std::fopen(log_path.c_str(), "w");
-    if (log_) std::fprintf(log_, "sample,fusion_threshold_bytes,cycle_time_ms,score_bytes_per_s\n");
+    if (log_) {
+      std::fprintf(log_, "sample,fusion_threshold_bytes,cycle_time_ms,hierarchical_allreduce,"
+                         "small_allreduce_bytes,score_bytes_per_s\n");
+    }
   }
 }
 
 void Autotuner::Add(Setting s) {
   for (const Setting& c : candidates_) {
-    if (c.fusion_bytes == s.fusion_bytes && c.cycle_ms == s.cycle_ms) return;
+    if (c.fusion_bytes == s.fusion_bytes && c.cycle_ms == s.cycle_ms &&
+        c.knobs.hierarchical_allreduce == s.knobs.hierarchical_allreduce &&
+        c.knobs.small_allreduce_bytes == s.knobs.small_allreduce_bytes) {
+      return;
+    }
   }
   candidates_.push_back(s);
 }
@@ -52,8 +68,10 @@ void Autotuner::FinishSample(double score) {
   const size_t ran = index_ % n;
   totals_[ran] += score;
   if (log_) {
-    std::fprintf(log_, "%d,%zu,%g,%.0f\n", scored, candidates_[ran].fusion_bytes,
-                 candidates_[ran].cycle_ms, score);
+    const Setting& c = candidates_[ran];
+    std::fprintf(log_, "%d,%zu,%g,%s,%llu,%.0f\n", scored, c.fusion_bytes, c.cycle_ms,
+                 ToggleName(c.knobs.hierarchical_allreduce),
+                 static_cast<unsigned long long>(c.knobs.small_allreduce_bytes), score);
     std::fflush(log_);
   }
   if (++index_ < n * kRounds) {
@@ -64,25 +82,50 @@ void Autotuner::FinishSample(double score) {
   for (size_t i = 1; i < n; ++i) {
     if (totals_[i] > totals_[best]) best = i;
   }
-  if (phase_ == 0) {
-    // Phase 2: the fusion thresholds, at the best cycle time.
-    const double cycle = candidates_[best].cycle_ms;
-    candidates_.clear();
-    Add(Setting{start_.fusion_bytes, cycle});
-    for (size_t mib : {1, 4, 16, 64, 128}) Add(Setting{mib << 20, cycle});
-    totals_.assign(candidates_.size(), 0.0);
-    index_ = 0;
-    phase_ = 1;
-    current_ = candidates_[0];
-    return;
+  const Setting winner = candidates_[best];
+  for (int next = phase_ + 1; next <= 3; ++next) {
+    if (StartPhase(next, winner)) return;
   }
-  current_ = candidates_[best];
+  current_ = winner;
   done_ = true;
   if (log_) {
-    std::fprintf(log_, "best,%zu,%g,%.0f\n", current_.fusion_bytes, current_.cycle_ms,
+    std::fprintf(log_, "best,%zu,%g,%s,%llu,%.0f\n", current_.fusion_bytes, current_.cycle_ms,
+                 ToggleName(current_.knobs.hierarchical_allreduce),
+                 static_cast<unsigned long long>(current_.knobs.small_allreduce_bytes),
                  totals_[best] / kRounds);
     std::fflush(log_);
   }
+}
+
+bool Autotuner::StartPhase(int phase, const Setting& best) {
+  if ((phase == 2 && !scope_.hierarchical) || (phase == 3 && !scope_.algorithm)) return false;
+  candidates_.clear();
+  Add(best);  // each phase starts from the best so far
+  Setting c = best;
+  if (phase == 1) {  // the fusion thresholds, at the best cycle time
+    candidates_.clear();
+    c.fusion_bytes = start_.fusion_bytes;
+    Add(c);
+    for (size_t mib : {1, 4, 16, 64, 128}) {
+      c.fusion_bytes = mib << 20;
+      Add(c);
+    }
+  } else if (phase == 2) {  // hierarchical allreduce: the planner's rule, on, off
+    for (int32_t t : {0, 1, 2}) {
+      c.knobs.hierarchical_allreduce = t;
+      Add(c);
+    }
+  } else if (phase == 3) {  // the largest allreduce recursive doubling takes
+    for (uint64_t bytes : {uint64_t{0}, uint64_t{16} << 10, uint64_t{256} << 10, uint64_t{1} << 20}) {
+      c.knobs.small_allreduce_bytes = bytes;
+      Add(c);
+    }
+  }
+  totals_.assign(candidates_.size(), 0.0);
+  index_ = 0;
+  phase_ = phase;
+  current_ = candidates_[0];
+  return true;
 }
 
 }  // namespace hvd

@@ -2,15 +2,29 @@
 
 namespace hvd {
 
-AllreduceAlgorithm FlatAllreduceAlgorithm(size_t bytes) {
-  return bytes <= kSmallAllreduceBytes ? AllreduceAlgorithm::kRecursiveDoubling
-                                       : AllreduceAlgorithm::kRing;
+static_assert(PlanKnobs().small_allreduce_bytes == kSmallAllreduceBytes,
+              "the knobs' default is the planner's");
+
+AllreduceAlgorithm FlatAllreduceAlgorithm(size_t bytes, size_t small_bytes) {
+  return bytes <= small_bytes ? AllreduceAlgorithm::kRecursiveDoubling : AllreduceAlgorithm::kRing;
+}
+
+PlanContext WithKnobs(PlanContext c, const PlanKnobs& knobs) {
+  c.hierarchical_allreduce = static_cast<Options::Toggle>(knobs.hierarchical_allreduce);
+  c.small_allreduce_bytes = static_cast<size_t>(knobs.small_allreduce_bytes);
+  return c;
+}
+
+PlanKnobs DefaultKnobs(const Options& options) {
+  PlanKnobs k;
+  k.hierarchical_allreduce = static_cast<int32_t>(options.hierarchical_allreduce);
+  return k;
 }
 
 AllreducePlan PlanAllreduce(size_t count, DataType dtype, const PlanContext& c) {
   const size_t bytes = count * DataTypeSize(dtype);
   AllreducePlan plan;
-  plan.algorithm = FlatAllreduceAlgorithm(bytes);
+  plan.algorithm = FlatAllreduceAlgorithm(bytes, c.small_allreduce_bytes);
   if (c.offload || !c.hierarchical) return plan;
   const bool on = c.hierarchical_allreduce == Options::Toggle::kOn ||
                   (c.hierarchical_allreduce == Options::Toggle::kAuto &&
@@ -18,7 +32,8 @@ AllreducePlan PlanAllreduce(size_t count, DataType dtype, const PlanContext& c) 
   if (!on) return plan;
   plan.hierarchical = true;
   // Each rank's part of the buffer crosses the hosts.
-  plan.algorithm = FlatAllreduceAlgorithm((bytes + c.local_size - 1) / c.local_size);
+  plan.algorithm = FlatAllreduceAlgorithm((bytes + c.local_size - 1) / c.local_size,
+                                         c.small_allreduce_bytes);
   return plan;
 }
 
@@ -38,7 +53,11 @@ size_t PlanScratchBytes(const AllreducePlan& plan, size_t count, DataType dtype,
   if (plan.hierarchical) {
     return HierarchicalAllreduceScratchBytes(count, dtype, c.local_size, c.cross_size);
   }
-  return AllreduceScratchBytes(count, dtype, c.size);
+  if (count == 0 || c.size <= 1) return 0;
+  // What the plan's algorithm uses (the threshold may be tuned away from the default).
+  return plan.algorithm == AllreduceAlgorithm::kRecursiveDoubling
+             ? count * DataTypeSize(dtype)
+             : RingAllreduceScratchBytes(count, dtype, c.size);
 }
 
 }  // namespace hvd

@@ -9,6 +9,7 @@
 #include <cstddef>
 
 #include "collectives/collectives.h"
+#include "coordinator/messages.h"
 #include "hvd/options.h"
 
 namespace hvd {
@@ -22,7 +23,13 @@ struct PlanContext {
   int cross_size = 1;
   Options::Toggle hierarchical_allreduce = Options::Toggle::kAuto;
   Options::Toggle hierarchical_allgather = Options::Toggle::kAuto;
+  size_t small_allreduce_bytes = kSmallAllreduceBytes;  // recursive doubling up to this
 };
+
+// c with a response list's knobs (rank 0's, the same on every member).
+PlanContext WithKnobs(PlanContext c, const PlanKnobs& knobs);
+// The knobs a job runs with when nothing tunes them: its options'.
+PlanKnobs DefaultKnobs(const Options& options);
 
 struct AllreducePlan {
   bool hierarchical = false;
@@ -30,9 +37,9 @@ struct AllreducePlan {
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kRing;
 };
 
-// Up to kSmallAllreduceBytes recursive doubling (fewest messages), above it the pipelined ring
-// (each byte crosses 2(p-1)/p links).
-AllreduceAlgorithm FlatAllreduceAlgorithm(size_t bytes);
+// Up to `small_bytes` (kSmallAllreduceBytes unless tuned) recursive doubling (fewest
+// messages), above it the pipelined ring (each byte crosses 2(p-1)/p links).
+AllreduceAlgorithm FlatAllreduceAlgorithm(size_t bytes, size_t small_bytes = kSmallAllreduceBytes);
 
 AllreducePlan PlanAllreduce(size_t count, DataType dtype, const PlanContext& c);
 
