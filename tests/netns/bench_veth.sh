@@ -9,6 +9,9 @@
 # hierarchical, the automatic choice: HVD_HIERARCHICAL_ALLREDUCE=0, 1, auto), each host's link
 # limited to RATE (default 2gbit, a NIC-like rate; tc tbf), and prints the three tables.
 # COLL=allgather does the same for allgather (HVD_HIERARCHICAL_ALLGATHER).
+# With AUTOTUNE=1 it runs a step of TENSORS allreduces of SIZE (default 32 x 64K) on the same
+# hosts and links: flat, hierarchical, the automatic choice, then autotune, and prints the
+# autotuned choice.
 set -u
 HVDRUN=$1 BENCH=$2 MAX=${3:-64M}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -17,6 +20,28 @@ netns_hosts_up 2 || { echo "cannot set up the fake hosts"; exit 1; }
 H1=${NETNS_ADDR[1]} H2=${NETNS_ADDR[2]}
 SSH_FLAGS=(--ssh-config "$NETNS_SSH_CONFIG" -i "$NETNS_SSH_KEY" -p "$NETNS_SSH_PORT")
 cd "$NETNS_DIR" || exit 1
+
+if [ "${AUTOTUNE:-0}" = 1 ]; then
+  # A training step of TENSORS allreduces of SIZE on 2 hosts x 2 ranks, links at RATE: flat,
+  # hierarchical and the planner's rule by hand, then autotune from the planner's rule (the
+  # median step counts its tuning; its choice is in the log it prints).
+  netns_rate 1 "${RATE:-2gbit}" && netns_rate 2 "${RATE:-2gbit}" || { echo "tc tbf failed"; exit 1; }
+  log="$NETNS_DIR/autotune.csv"
+  for mode in 0 1 auto tune; do
+    knobs=(HVD_HIERARCHICAL_ALLREDUCE="$mode")
+    if [ "$mode" = tune ]; then
+      knobs=(HVD_HIERARCHICAL_ALLREDUCE=auto HVD_AUTOTUNE=1 HVD_AUTOTUNE_LOG="$log"
+             HVD_AUTOTUNE_STEPS_PER_SAMPLE="${STEPS_PER_SAMPLE:-3}")
+    fi
+    echo "=== hvd ${TENSORS:-32} x ${SIZE:-64K} per step: ${knobs[*]}, 2 hosts x 2 ranks, links at ${RATE:-2gbit}"
+    env "${knobs[@]}" timeout 600 ip netns exec "$NETNS_L" "$HVDRUN" \
+      "${SSH_FLAGS[@]}" --no-prefix -H "$H1:2,$H2:2" "$BENCH" --tensors "${TENSORS:-32}" \
+      -b "${SIZE:-64K}" -e "${SIZE:-64K}" -n "${STEPS:-300}" --no-check
+  done
+  echo "=== autotune's choice (last line of its log)"
+  tail -1 "$log"
+  exit 0
+fi
 
 if [ "${HIERARCHICAL:-0}" = 1 ]; then
   netns_rate 1 "${RATE:-2gbit}" && netns_rate 2 "${RATE:-2gbit}" || { echo "tc tbf failed"; exit 1; }
