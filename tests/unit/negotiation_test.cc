@@ -707,6 +707,17 @@ TEST(Plan, FollowsTheListsKnobs) {
   p.algorithm = AllreduceAlgorithm::kRing;
   EXPECT_EQ(PlanScratchBytes(p, 1u << 20, DataType::kFloat32, WithKnobs(c, k)),
             RingAllreduceScratchBytes(1u << 20, DataType::kFloat32, 4));
+  // The plan names the backend: hvd's algorithm, or a backend running the whole allreduce
+  // (taking the tensors where they lie when it can), whatever the knobs.
+  EXPECT_EQ(p.backend, AllreduceBackend::kAlgorithm);
+  c.offload = true;
+  k.hierarchical_allreduce = 1;
+  p = PlanAllreduce(1u << 20, DataType::kFloat32, WithKnobs(c, k));
+  EXPECT_EQ(p.backend, AllreduceBackend::kOffload);
+  EXPECT_FALSE(p.hierarchical);
+  c.offload_pieces = true;
+  EXPECT_EQ(PlanAllreduce(1, DataType::kFloat32, WithKnobs(c, k)).backend,
+            AllreduceBackend::kOffloadPieces);
 }
 
 }  // namespace

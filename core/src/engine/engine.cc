@@ -101,6 +101,7 @@ Status EngineImpl::Connect() {
   layout_note_ = job->layout_note;
   auto world = NewSet(kGlobalProcessSet, everyone);
   world->comm->plan.offload = transport_->offload() != nullptr;
+  world->comm->plan.offload_pieces = OffersAllreducePieces(*transport_);
   if (options_.autotune && options_.rank == 0 && options_.size > 1) {
     // Past the fusion threshold and the cycle time, what matters in this job: the hierarchical
     // choice where the layout allows it and the job left it to the planner; the flat

@@ -350,9 +350,9 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   need.scratch = adasum ? AdasumScratchBytes(total, r.dtype)
                         : PlanScratchBytes(plan, total, r.dtype, pc);
   // A backend that reads and writes the tensors where they lie (shared memory between every
-  // rank) takes them without the fusion buffer. Whether it does depends on the backend and the
+  // rank) takes them without the fusion buffer. The plan depends on the backend and the
   // response alone, so every rank reserves alike.
-  if (!adasum && !plan.hierarchical && OffersAllreducePieces(*c.t) && total > 0) {
+  if (!adasum && plan.backend == AllreduceBackend::kOffloadPieces && total > 0) {
     MemoryNeeds direct = need;
     direct.fusion = 0;
     HVD_RETURN_IF_ERROR(Reserve(direct, 0, nullptr));

@@ -25,7 +25,11 @@ AllreducePlan PlanAllreduce(size_t count, DataType dtype, const PlanContext& c) 
   const size_t bytes = count * DataTypeSize(dtype);
   AllreducePlan plan;
   plan.algorithm = FlatAllreduceAlgorithm(bytes, c.small_allreduce_bytes);
-  if (c.offload || !c.hierarchical) return plan;
+  if (c.offload) {
+    plan.backend = c.offload_pieces ? AllreduceBackend::kOffloadPieces : AllreduceBackend::kOffload;
+    return plan;
+  }
+  if (!c.hierarchical) return plan;
   const bool on = c.hierarchical_allreduce == Options::Toggle::kOn ||
                   (c.hierarchical_allreduce == Options::Toggle::kAuto &&
                    bytes >= kSmallAllreduceBytes);

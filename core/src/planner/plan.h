@@ -17,7 +17,8 @@ namespace hvd {
 // What the plans depend on, the same on every rank.
 struct PlanContext {
   int size = 1;
-  bool offload = false;       // an MPI offload runs whole-world collectives itself
+  bool offload = false;  // a backend runs whole-world collectives itself (MPI, shared memory)
+  bool offload_pieces = false;  // and takes a fused allreduce's tensors where they lie
   bool hierarchical = false;  // the layout allows hierarchical collectives (Topology::Homogeneous)
   int local_size = 1;
   int cross_size = 1;
@@ -31,7 +32,13 @@ PlanContext WithKnobs(PlanContext c, const PlanKnobs& knobs);
 // The knobs a job runs with when nothing tunes them: its options'.
 PlanKnobs DefaultKnobs(const Options& options);
 
+// Where a plan's bytes go: hvd's algorithm over the plan's view (flat or hierarchical); a
+// backend that runs whole allreduces (MPI); or one that also takes the fused tensors where they
+// lie, with no fusion buffer (shared memory between every rank).
+enum class AllreduceBackend { kAlgorithm, kOffload, kOffloadPieces };
+
 struct AllreducePlan {
+  AllreduceBackend backend = AllreduceBackend::kAlgorithm;
   bool hierarchical = false;
   // The flat algorithm over the world, or, when hierarchical, the one across hosts.
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kRing;
