@@ -168,8 +168,9 @@ bool EngineImpl::DrainQueue() {
                                                           : std::string_view(key),
                                  std::move(e));
     if (node == nullptr) {  // the caller's check keeps names unique; this is its backstop
-      CompleteEntry(e, Status::InvalidArgument(Describe(e.request) +
-                                               ": a tensor with this name is already pending"));
+      // (its name stays in flight: it belongs to the pending one)
+      e.handle->Complete(Status::InvalidArgument(Describe(e.request) +
+                                                 ": a tensor with this name is already pending"));
       continue;
     }
     requests[set].push_back(&node->value.request);
