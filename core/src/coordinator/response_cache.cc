@@ -46,12 +46,7 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
       Slot& slot = slots_[w * 64 + __builtin_ctzll(word)];
       slot.last_used = ++clock_;
       const Request& q = slot.request;
-      like.type = q.type;
-      like.dtype = q.dtype;
-      like.op = q.op;
-      like.prescale = q.prescale;
-      like.postscale = q.postscale;
-      like.device = q.device;
+      FillFields(q, &like);
       const size_t bytes = q.type == OpType::kAllreduce
                                ? static_cast<size_t>(NumElements(q.shape)) * DataTypeSize(q.dtype)
                                : 0;
@@ -120,7 +115,7 @@ bool ResponseCache::Encodable(const Response& r, std::vector<uint32_t>* bits) co
   return true;
 }
 
-void ResponseCache::Fill(const Request& q, Response* out) {
+void ResponseCache::FillFields(const Request& q, Response* out) {
   out->type = q.type;
   out->dtype = q.dtype;
   out->op = q.op;
@@ -128,6 +123,10 @@ void ResponseCache::Fill(const Request& q, Response* out) {
   out->prescale = q.prescale;
   out->postscale = q.postscale;
   out->device = q.device;
+}
+
+void ResponseCache::Fill(const Request& q, Response* out) {
+  FillFields(q, out);
   out->names.push_back(q.name);
   out->shapes.push_back(q.shape);
 }

@@ -83,6 +83,7 @@ class ResponseCache {
   };
   static Request FromResponse(const Response& r, size_t i);
   static bool SameAsResponse(const Request& q, const Response& r, size_t i);
+  static void FillFields(const Request& q, Response* out);  // out's fields, not its tensors
   static void Fill(const Request& q, Response* out);  // out's fields and first tensor from q
   static bool Cacheable(const Response& r);
   void Touch(const Request& req, std::vector<std::pair<uint32_t, Request>>* changed);
