@@ -222,11 +222,6 @@ Status EngineImpl::ValidateLocked(TensorEntry& e) const {
       return Status::InvalidArgument(what() + ": input data is null");
     }
   }
-  if (r.process_set == kGlobalProcessSet ? in_flight_.Find(r.name) != nullptr
-                                          : in_flight_.Find(PendingKey(r.process_set, r.name)) != nullptr) {
-    return Status::InvalidArgument(what() + ": a tensor with this name is already in flight on this "
-                                   "rank; wait for it before reusing the name");
-  }
   return Status::OK();
 }
 
@@ -326,9 +321,20 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
       if (s.ok() && n > 1 && !names.insert(e.request.name).second) {
         s = Status::InvalidArgument("group has the name '" + e.request.name + "' twice");
       }
+      if (s.ok()) {  // in flight from here until it completes (CompleteEntries)
+        e.in_flight = e.request.process_set == kGlobalProcessSet
+                          ? in_flight_.Insert(e.request.name, true)
+                          : in_flight_.Insert(PendingKey(e.request.process_set, e.request.name), true);
+        if (e.in_flight == nullptr) {
+          s = Status::InvalidArgument(Describe(e.request) + ": a tensor with this name is already "
+                                      "in flight on this rank; wait for it before reusing the name");
+        }
+      }
     }
     if (!s.ok()) {
       for (TensorEntry* p = entries; p != end; ++p) {
+        in_flight_.Release(p->in_flight);  // a group's members taken before one failed
+        p->in_flight = nullptr;
         p->handle->refused_ = true;
         p->handle->Complete(s);
       }
@@ -342,11 +348,6 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
     }
     for (TensorEntry* p = entries; p != end; ++p) {
       TensorEntry& e = *p;
-      if (e.request.process_set == kGlobalProcessSet) {
-        in_flight_.Insert(e.request.name, true);
-      } else {
-        in_flight_.Insert(PendingKey(e.request.process_set, e.request.name), true);
-      }
       e.handle->spin_ = wait_spin_;
       queue_.push_back(std::move(e));
     }

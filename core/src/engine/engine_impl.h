@@ -93,6 +93,8 @@ struct TensorEntry {
   std::shared_ptr<void> ready_event;
   // Benchmark hook: runs on the background thread instead of negotiating (see hvd/raw.h).
   std::function<Status(Transport&, ScratchBuffer&)> raw;
+  // Its name's node in EngineImpl::in_flight_ from submission until it completes (under mu_).
+  NameTable<bool>::Node* in_flight = nullptr;
 };
 
 // The ranks a response runs on (the world, or a process set's members) and what running

@@ -201,17 +201,13 @@ void EngineImpl::CompleteEntry(TensorEntry& e, const Status& status) {
   CompleteEntries(&one, 1, status);
 }
 
-// One lock for all of a response's tensors; the global set's keys are the names themselves.
+// One lock for all of a response's tensors, each releasing its node of in_flight_.
 void EngineImpl::CompleteEntries(TensorEntry* const* entries, size_t n, const Status& status) {
   {
     std::lock_guard<std::mutex> l(mu_);
     for (size_t i = 0; i < n; ++i) {
-      const Request& r = entries[i]->request;
-      if (r.process_set == kGlobalProcessSet) {
-        in_flight_.Release(r.name);
-      } else {
-        in_flight_.Release(PendingKey(r.process_set, r.name));
-      }
+      in_flight_.Release(entries[i]->in_flight);
+      entries[i]->in_flight = nullptr;
     }
   }
   for (size_t i = 0; i < n; ++i) entries[i]->handle->Complete(status);
