@@ -11,7 +11,11 @@ data is random, and every backend runs the same model, batch and iteration count
 Under hvdrun, DDP takes its rank and size from HVD_RANK / HVD_SIZE and rendezvous through a
 file named after the job's rendezvous port; without hvdrun, --np N starts N processes with
 torch.multiprocessing. `both` runs hvd then DDP in the same processes and prints the ratio of
-their step times. Rank 0 prints samples/s per rank and in total.
+their step times. It also times the same step with no communication at all (`local`: each rank
+trains its own copy), in the same alternating rounds, and prints what each backend adds to that
+compute floor and the ratio of those overheads: on a machine where the step is mostly compute,
+the step-time ratio cannot go below local/ddp however fast the communication is. Rank 0 prints
+samples/s per rank and in total.
 """
 
 import argparse
@@ -109,6 +113,13 @@ def make_ddp_runner(args, rank, size, init_method):
     return Runner("ddp", model, optimizer, rank, size, args)
 
 
+def make_local_runner(args, rank, size):
+    """The same model and step with no communication: the compute floor of a step."""
+    model = make_model(args)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    return Runner("local", model, optimizer, rank, size, args)
+
+
 def run(runners):
     """Warms every runner up, then alternates their timed rounds (the order flips each
     round) so that both backends see the same machine; returns the median step times."""
@@ -164,9 +175,17 @@ def main():
                 os.remove(path)  # a stale file from an earlier job on the same port
             hvd.barrier()        # ... is gone before anyone opens it
         runners.append(make_ddp_runner(args, rank, size, init_method))
+    if args.backend == "both":
+        runners.append(make_local_runner(args, rank, size))
     times = run(runners)
-    if len(times) == 2 and runners[0].rank == 0:
-        print("step time hvd/ddp = %.3f" % (times[0] / times[1]), flush=True)
+    if len(times) == 3 and runners[0].rank == 0:
+        hvd_t, ddp_t, local_t = times
+        print("step time hvd/ddp = %.3f (local/ddp = %.3f: the least it can be)"
+              % (hvd_t / ddp_t, local_t / ddp_t), flush=True)
+        if ddp_t > local_t:
+            print("over the compute alone: hvd +%.2f ms, ddp +%.2f ms; overhead hvd/ddp = %.3f"
+                  % ((hvd_t - local_t) * 1e3, (ddp_t - local_t) * 1e3,
+                     (hvd_t - local_t) / (ddp_t - local_t)), flush=True)
     if args.backend in ("ddp", "both"):
         import torch.distributed as dist
 

@@ -12,6 +12,11 @@ namespace hvd {
 
 namespace {
 
+// The bytes of an operation's input (an allgather's or alltoall's output may be larger).
+size_t RequestBytes(const Request& r) {
+  return static_cast<size_t>(std::max<int64_t>(0, NumElements(r.shape))) * DataTypeSize(r.dtype);
+}
+
 HandlePtr Failed(Status s) {
   auto h = std::make_shared<Handle>();
   h->refused_ = true;
@@ -79,12 +84,12 @@ Status EngineImpl::Connect() {
   for (int r = 0; r < options_.size; ++r) everyone[r] = r;
   known_sets_[kGlobalProcessSet].ranks = everyone;
   spin_ = SpinWindow(options_);
-  // A caller's Wait polls only while this host has a core per rank; oversubscribed, its
-  // polling would take the core that the threads it waits for need.
+  // A caller's Wait polls for the spin window while this host has a core per rank.
+  // Oversubscribed, it polls only for small operations (SmallWaitBytes), which finish within
+  // the window: there a sleep and its wake-up cost more than the whole operation, while the
+  // polling of a long one would take the core that the threads it waits for need.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  wait_spin_ = static_cast<unsigned>(std::max(1, options_.local_size)) <= cores
-                   ? spin_
-                   : std::chrono::microseconds(0);
+  oversubscribed_ = static_cast<unsigned>(std::max(1, options_.local_size)) > cores;
   auto on_msg = [this](int peer, uint8_t type, std::vector<uint8_t>&& p) {
     OnControlMessage(peer, type, std::move(p));
   };
@@ -348,7 +353,9 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
     }
     for (TensorEntry* p = entries; p != end; ++p) {
       TensorEntry& e = *p;
-      e.handle->spin_ = wait_spin_;
+      e.handle->spin_ = !oversubscribed_ || RequestBytes(e.request) <= kSmallWaitBytes
+                            ? spin_
+                            : std::chrono::microseconds(0);
       queue_.push_back(std::move(e));
     }
   }

@@ -356,7 +356,10 @@ class EngineImpl {
   Status abort_;           // set by a control message or a lost peer
   std::unique_ptr<asio::steady_timer> heartbeat_;
   std::chrono::microseconds spin_{0};  // polling window before sleeping (HVD_SPIN_MICROSECONDS)
-  std::chrono::microseconds wait_spin_{0};  // the same for callers' Wait (0: oversubscribed)
+  // More ranks on this host than cores: callers' Wait polls only for operations of up to
+  // kSmallWaitBytes (engine.cc).
+  bool oversubscribed_ = false;
+  static constexpr size_t kSmallWaitBytes = 64 << 10;
   Clock::time_point last_work_;
   std::vector<Clock::time_point> last_heard_;  // per control peer
   bool done_ = false;

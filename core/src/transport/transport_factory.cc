@@ -167,9 +167,12 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
   // A rank that fails from here on leaves its reason in the store, and a rank whose peer
   // closed its connection passes on the reason that peer left, as the mesh does. The note is
   // written at once (a failed transport has closed its connections, and peers look for it
-  // within half a second), provisional while the peer's own reason is still being read.
+  // within half a second), provisional while the peer's own reason is still being read. A
+  // timeout is relayed too: in a ring step every rank behind a stopped one times out at about
+  // the same moment, each on its own neighbour, and only the stopped rank's neighbour (whose
+  // peer leaves no note) names the rank that stopped; the others pass that on.
   auto give_up = [&](Status s, int lost) {
-    const bool relay = s.code() == StatusCode::kPeerLost;
+    const bool relay = s.code() == StatusCode::kPeerLost || s.code() == StatusCode::kTimeout;
     LeaveGaveUpNote(**store, o.rank, s, /*provisional=*/relay);
     if (!relay) return s;
     Status explained = ExplainLostPeer(**store, lost, s);

@@ -180,6 +180,7 @@ Status TcpTransport::CheckDeadline(TransportRequest r, Deadline deadline) {
   }
   Status timeout =
       Status::Timeout(StallMessage(st.is_send, st.len, st.peer, "", progress_window_));
+  if (broken_.ok()) lost_peer_ = st.peer;
   Abort(timeout);
   return timeout;
 }

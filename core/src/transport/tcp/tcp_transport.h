@@ -50,7 +50,8 @@ class TcpTransport : public Transport {
   Status CheckDeadline(TransportRequest r, Deadline deadline);
   asio::io_context& io() { return io_; }
   const Status& broken() const { return broken_; }
-  // The peer whose connection broke first, or -1.
+  // The peer whose connection broke first, or that went silent for the whole window first
+  // (a wait that timed out), or -1.
   int lost_peer() const { return lost_peer_; }
 
  private:
