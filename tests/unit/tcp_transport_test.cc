@@ -82,6 +82,9 @@ TEST(TcpTransportProgress, PeerThatStopsSendingFailsOneWindowAfterItsLastByte) {
       << s.ToString();
   EXPECT_GE(took, 0.29);
   EXPECT_LT(took, 3.0);
+  // The silent peer is the one the job's set-up asks for the reason it stopped
+  // (transport_factory.cc relays a timeout as it relays a lost connection).
+  EXPECT_EQ(p.t0->lost_peer(), 1);
 }
 
 TEST(TcpTransportProgress, WithoutAWindowTheDeadlineIsFinal) {
@@ -95,6 +98,7 @@ TEST(TcpTransportProgress, WithoutAWindowTheDeadlineIsFinal) {
   EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
   EXPECT_GE(took, 0.29);
   EXPECT_LT(took, 2.0);
+  EXPECT_EQ(p.t0->lost_peer(), 1);
 }
 
 }  // namespace
