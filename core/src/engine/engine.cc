@@ -85,7 +85,7 @@ Status EngineImpl::Connect() {
   known_sets_[kGlobalProcessSet].ranks = everyone;
   spin_ = SpinWindow(options_);
   // A caller's Wait polls for the spin window while this host has a core per rank.
-  // Oversubscribed, it polls only for small operations (SmallWaitBytes), which finish within
+  // Oversubscribed, it polls only for small operations (kSmallWaitBytes), which finish within
   // the window: there a sleep and its wake-up cost more than the whole operation, while the
   // polling of a long one would take the core that the threads it waits for need.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
