@@ -29,7 +29,7 @@ int ResponseCache::SlotOf(const std::string& name) const {
 }
 
 bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,
-                               std::vector<Response>* out) {
+                               std::vector<Response>* out, std::vector<Response>* spare) {
   size_t n = 0;
   for (size_t w = 0; w < bits.size(); ++w) {
     for (uint64_t word = bits[w]; word; word &= word - 1, ++n) {
@@ -40,6 +40,7 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
   // Fused as they are built: no response per tensor. Each tensor is marked used here, in bit
   // order (Apply leaves these responses alone).
   ResponseFuser fuser(fusion_threshold);
+  std::vector<size_t> used;  // per response: the tensors written into it so far
   Response like;  // the fields fusion compares
   for (size_t w = 0; w < bits.size(); ++w) {
     for (uint64_t word = bits[w]; word; word &= word - 1) {
@@ -53,21 +54,37 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
       Response* into = fuser.Join(like, bytes);
       if (into == nullptr) {
         Response r;
-        if (n > 1) {  // usually one response takes them all
+        if (spare != nullptr && !spare->empty()) {
+          r.names = std::move(spare->back().names);
+          r.shapes = std::move(spare->back().shapes);
+          spare->pop_back();
+        } else if (n > 1) {  // usually one response takes them all
           r.names.reserve(n);
           r.shapes.reserve(n);
           n = 0;
         }
-        Fill(q, &r);
+        FillFields(q, &r);
         r.from_cache = true;
         into = &fuser.Start(std::move(r), bytes);
+        used.push_back(0);
+      }
+      // Over a spare response's k-th name and shape (their storage kept), or appended.
+      size_t& k = used[fuser.IndexOf(into)];
+      if (k < into->names.size()) {
+        into->names[k].assign(q.name);
+        into->shapes[k].assign(q.shape.begin(), q.shape.end());
       } else {
         into->names.push_back(q.name);
         into->shapes.push_back(q.shape);
       }
+      ++k;
     }
   }
   *out = fuser.Take();
+  for (size_t i = 0; i < out->size(); ++i) {  // a spare's names beyond this step's
+    (*out)[i].names.resize(used[i]);
+    (*out)[i].shapes.resize(used[i]);
+  }
   return true;
 }
 

@@ -50,8 +50,11 @@ class ResponseCache {
   // The responses of the tensors whose bits are set (at this epoch), in bit order, fused with
   // `fusion_threshold` as FuseResponses would (planner/fusion.h); false if a bit is empty.
   // Marks each tensor used, in bit order, and the responses `from_cache`: Apply skips them.
+  // Responses taken from `spare` (executed ones, see EngineImpl::Recycle) are written over,
+  // so that a step of the same tensors reuses their names' and shapes' storage instead of
+  // allocating it again per tensor.
   bool RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,
-                  std::vector<Response>* out);
+                  std::vector<Response>* out, std::vector<Response>* spare = nullptr);
   // Whether a bit holds now what it held at `epoch`: a bit announced then means the same now.
   bool UnchangedSince(uint32_t bit, uint64_t epoch) const {
     return bit < slots_.size() && slots_[bit].live && slots_[bit].since <= epoch;

@@ -63,6 +63,7 @@ void EngineImpl::RunLoop() {
       Response r = std::move(to_execute_.front());
       to_execute_.pop_front();
       Execute(r);
+      Recycle(std::move(r));
       worked = true;
     }
     if (!abort_.ok()) continue;  // fails everything at the top of the loop
@@ -120,6 +121,15 @@ void EngineImpl::RunLoop() {
     if (io_.stopped()) io_.restart();
     io_.poll();
   }
+}
+
+// An executed response of many tensors keeps its names and shapes for the fast path to write
+// the next step's over (ResponseCache::RebuildAll): a step of the same tensors then allocates
+// none of them.
+void EngineImpl::Recycle(Response&& r) {
+  constexpr size_t kSpares = 4;
+  if (r.names.size() < 2 || spare_responses_.size() >= kSpares) return;
+  spare_responses_.push_back(std::move(r));
 }
 
 void EngineImpl::StopPolling() {
@@ -381,7 +391,8 @@ Status EngineImpl::OnResponses(ResponseList&& list) {
   }
   if (!list.ready_bits.empty()) {
     std::vector<Response> cached;
-    if (!ps.cache->RebuildAll(list.ready_bits, list.fusion_threshold, &cached)) {
+    if (!ps.cache->RebuildAll(list.ready_bits, list.fusion_threshold, &cached,
+                              &spare_responses_)) {
       return Status::InvalidArgument("ready bits name an empty response-cache bit");
     }
     for (auto& r : cached) list.responses.push_back(std::move(r));
@@ -524,7 +535,7 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
   }
   if (!agreed.empty()) {
     std::vector<Response> cached;
-    ps.cache->RebuildAll(agreed, threshold, &cached);
+    ps.cache->RebuildAll(agreed, threshold, &cached, &spare_responses_);
     for (auto& r : cached) {
       r.process_set = ps.id;
       r.knobs = knobs;

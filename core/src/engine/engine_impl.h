@@ -207,6 +207,7 @@ class EngineImpl {
   void RunLoop();
   bool DrainQueue();
   void StopPolling();  // lowers the poller's flag before a wait that does not poll it
+  void Recycle(Response&& r);  // after Execute: keeps it in spare_responses_
   void Announce(ProcessSetState& ps, const std::vector<const Request*>& requests);
   void OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&& payload);
   void OnControlError(int peer, const std::string& what,
@@ -327,6 +328,7 @@ class EngineImpl {
   std::vector<size_t> counts_;
   std::vector<AllreducePiece> pieces_;
   std::deque<Response> to_execute_;
+  std::vector<Response> spare_responses_;  // executed, their names' storage to write over
   std::unique_ptr<Timeline> timeline_;
   ScratchBuffer scratch_;
   ScratchBuffer fusion_;
