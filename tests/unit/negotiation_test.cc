@@ -460,6 +460,32 @@ TEST(ResponseCache, RebuildAllFusesAsFuseResponsesDoes) {
       EXPECT_EQ(rebuilt[i].op, want[i].op);
       EXPECT_TRUE(rebuilt[i].from_cache);
     }
+    // The same written over spare responses (executed ones: other tensors' names and shapes,
+    // more or fewer than this step's): their storage is reused and nothing of theirs is left.
+    std::vector<Response> spare(rng() % 4);
+    for (auto& old : spare) {
+      for (size_t k = rng() % 60; k > 0; --k) {
+        old.names.push_back("an executed tensor's name, long enough to allocate " +
+                            std::to_string(k));
+        old.shapes.push_back({7, 7, static_cast<int64_t>(k)});
+      }
+      old.type = OpType::kBroadcast;
+      old.root = 5;
+      old.error = "stale";
+    }
+    std::vector<Response> over;
+    ASSERT_TRUE(c.RebuildAll(ready, threshold, &over, &spare));
+    ASSERT_EQ(over.size(), want.size()) << "trial " << trial;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(over[i].type, want[i].type);
+      EXPECT_EQ(over[i].root, want[i].root);
+      EXPECT_EQ(over[i].names, want[i].names);
+      EXPECT_EQ(over[i].shapes, want[i].shapes);
+      EXPECT_EQ(over[i].dtype, want[i].dtype);
+      EXPECT_EQ(over[i].op, want[i].op);
+      EXPECT_TRUE(over[i].error.empty());
+      EXPECT_TRUE(over[i].from_cache);
+    }
   }
 }
 
