@@ -419,6 +419,21 @@ TEST(ResponseCache, EncodeRebuildAndDisabled) {
   EXPECT_FALSE(off.Encodable(fused, &bits));
 }
 
+void ExpectRebuiltAs(const std::vector<Response>& got, const std::vector<Response>& want,
+                     int trial) {
+  ASSERT_EQ(got.size(), want.size()) << "trial " << trial;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].type, want[i].type);
+    EXPECT_EQ(got[i].root, want[i].root);
+    EXPECT_EQ(got[i].names, want[i].names);
+    EXPECT_EQ(got[i].shapes, want[i].shapes);
+    EXPECT_EQ(got[i].dtype, want[i].dtype);
+    EXPECT_EQ(got[i].op, want[i].op);
+    EXPECT_TRUE(got[i].error.empty());
+    EXPECT_TRUE(got[i].from_cache);
+  }
+}
+
 // The fast path builds its fused responses without one per tensor: they must be what fusing
 // one response per bit gives, over mixed dtypes, ops, broadcasts, thresholds and bit sets.
 TEST(ResponseCache, RebuildAllFusesAsFuseResponsesDoes) {
@@ -451,15 +466,7 @@ TEST(ResponseCache, RebuildAllFusesAsFuseResponsesDoes) {
     std::vector<Response> rebuilt;
     ASSERT_TRUE(c.RebuildAll(ready, threshold, &rebuilt));
     const std::vector<Response> want = FuseResponses(one_per_bit, threshold);
-    ASSERT_EQ(rebuilt.size(), want.size()) << "trial " << trial;
-    for (size_t i = 0; i < want.size(); ++i) {
-      EXPECT_EQ(rebuilt[i].type, want[i].type);
-      EXPECT_EQ(rebuilt[i].names, want[i].names);
-      EXPECT_EQ(rebuilt[i].shapes, want[i].shapes);
-      EXPECT_EQ(rebuilt[i].dtype, want[i].dtype);
-      EXPECT_EQ(rebuilt[i].op, want[i].op);
-      EXPECT_TRUE(rebuilt[i].from_cache);
-    }
+    ExpectRebuiltAs(rebuilt, want, trial);
     // The same written over spare responses (executed ones: other tensors' names and shapes,
     // more or fewer than this step's): their storage is reused and nothing of theirs is left.
     std::vector<Response> spare(rng() % 4);
@@ -475,17 +482,7 @@ TEST(ResponseCache, RebuildAllFusesAsFuseResponsesDoes) {
     }
     std::vector<Response> over;
     ASSERT_TRUE(c.RebuildAll(ready, threshold, &over, &spare));
-    ASSERT_EQ(over.size(), want.size()) << "trial " << trial;
-    for (size_t i = 0; i < want.size(); ++i) {
-      EXPECT_EQ(over[i].type, want[i].type);
-      EXPECT_EQ(over[i].root, want[i].root);
-      EXPECT_EQ(over[i].names, want[i].names);
-      EXPECT_EQ(over[i].shapes, want[i].shapes);
-      EXPECT_EQ(over[i].dtype, want[i].dtype);
-      EXPECT_EQ(over[i].op, want[i].op);
-      EXPECT_TRUE(over[i].error.empty());
-      EXPECT_TRUE(over[i].from_cache);
-    }
+    ExpectRebuiltAs(over, want, trial);
   }
 }
 
