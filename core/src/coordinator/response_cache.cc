@@ -48,9 +48,7 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
       slot.last_used = ++clock_;
       const Request& q = slot.request;
       FillFields(q, &like);
-      const size_t bytes = q.type == OpType::kAllreduce
-                               ? static_cast<size_t>(NumElements(q.shape)) * DataTypeSize(q.dtype)
-                               : 0;
+      const size_t bytes = q.type == OpType::kAllreduce ? RequestBytes(q) : 0;
       Response* into = fuser.Join(like, bytes);
       if (into == nullptr) {
         Response r;

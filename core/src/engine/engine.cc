@@ -6,16 +6,12 @@
 #include "bootstrap/elastic.h"
 #include "bootstrap/store.h"
 #include "common/logging.h"
+#include "planner/fusion.h"
 #include "transport/transport_factory.h"
 
 namespace hvd {
 
 namespace {
-
-// The bytes of an operation's input (an allgather's or alltoall's output may be larger).
-size_t RequestBytes(const Request& r) {
-  return static_cast<size_t>(std::max<int64_t>(0, NumElements(r.shape))) * DataTypeSize(r.dtype);
-}
 
 HandlePtr Failed(Status s) {
   auto h = std::make_shared<Handle>();

@@ -28,6 +28,7 @@
 
 #include "common/logging.h"
 #include "engine/engine_impl.h"
+#include "planner/fusion.h"
 #include "reduce/reduce.h"
 
 namespace hvd {
@@ -243,9 +244,7 @@ void EngineImpl::Execute(const Response& r) {
     HVD_LOG(kError) << "response for '" << r.names[0] << "' that this rank never announced";
   }
 
-  size_t bytes = 0;
-  for (const auto& shape : r.shapes) bytes += static_cast<size_t>(NumElements(shape)) * DataTypeSize(r.dtype);
-  timeline_->Begin(OpTypeName(r.type), r.names, bytes);
+  timeline_->Begin(OpTypeName(r.type), r.names, ResponseBytes(r));
   Status s;
   abandon_ = false;
   try {

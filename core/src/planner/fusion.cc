@@ -20,6 +20,10 @@ size_t ResponseBytes(const Response& r) {
   return n * DataTypeSize(r.dtype);
 }
 
+size_t RequestBytes(const Request& q) {
+  return static_cast<size_t>(NumElements(q.shape)) * DataTypeSize(q.dtype);
+}
+
 Response* ResponseFuser::Join(const Response& like, size_t bytes) {
   if (threshold_ == 0 || like.type != OpType::kAllreduce || bytes >= threshold_) return nullptr;
   // The most recent compatible fused response that still has room.

@@ -38,5 +38,7 @@ class ResponseFuser {
 
 // Bytes the tensors of an allreduce response occupy.
 size_t ResponseBytes(const Response& r);
+// Bytes of a request's tensor (an allgather's or alltoall's output may be larger).
+size_t RequestBytes(const Request& q);
 
 }  // namespace hvd
