@@ -1,7 +1,9 @@
 // Fuzzes the control channel as a rank reads it (transport/tcp/control_channel.h): a stream of
 // frames, each decoded by its type the way the background thread does (engine/background.cc):
 // request lists (with cache bits decoded at the sender's epoch), response lists (rebuilt from
-// cache bits, then applied to the response cache), shutdown, abort and heartbeat messages.
+// cache bits, then applied to the response cache), parts of rounds of the symmetric fast path
+// (their bits read against the cache at their epoch, engine/rounds.cc), shutdown, abort and
+// heartbeat messages.
 // Whatever decodes must re-encode to bytes that decode to the same thing.
 #include <cstddef>
 #include <cstdint>
@@ -70,6 +72,19 @@ void OnResponses(const uint8_t* p, size_t n, ResponseCache* cache) {
   cache->Apply(list.responses);
 }
 
+void OnRound(const uint8_t* p, size_t n, const ResponseCache& cache) {
+  RoundContribution part;
+  if (!Decode(p, n, &part).ok()) return;
+  RoundTrip(part);
+  if (part.cache_epoch > cache.epoch() || part.ready.size() > 1024) return;  // refused
+  for (size_t w = 0; w < part.ready.size(); ++w) {
+    for (uint64_t word = part.ready[w]; word; word &= word - 1) {
+      const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+      if (cache.UnchangedSince(bit, part.cache_epoch) && cache.At(bit) == nullptr) std::abort();
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -95,6 +110,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case MessageType::kResponses:
         OnResponses(p, len, &worker);
+        break;
+      case MessageType::kRound:
+        OnRound(p, len, worker);
         break;
       case MessageType::kShutdown:
         if (len == 4) {

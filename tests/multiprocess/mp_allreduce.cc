@@ -1,6 +1,9 @@
 // Allreduce checks: every dtype x op x count (0, 1, odd, large), in place and out of place;
 // prescale/postscale; many small tensors in flight at once (fusion); grouped allreduce.
+#include <algorithm>
+#include <chrono>
 #include <memory>
+#include <thread>
 
 #include "mp_checks.h"
 
@@ -184,6 +187,48 @@ void CheckGrouped(hvd::Engine& e, Checker& ck) {
   }
 }
 
+// The fast path under churn. Each step allreduces a subset of a pool of names (the same subset
+// on every rank, chosen by the step), each rank submitting them in its own order and at its own
+// pace: rounds start on different ranks and their parts cross, a rank answers a round before
+// its own tensors are in, and with a small HVD_CACHE_CAPACITY (np 7) cache entries change while
+// bits wait. Every step's sums match the formula, and every rank finishes every step.
+void CheckFastPathChurn(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  constexpr int kPool = 24, kSteps = 40;
+  std::vector<std::vector<float>> bufs(kPool);
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<int> names;
+    for (int k = 0; k < kPool; ++k) {
+      if (step % 4 == 0 || (k * 7 + step * 3) % 5 != 0) names.push_back(k);
+    }
+    std::rotate(names.begin(), names.begin() + (r * 5) % static_cast<int>(names.size()),
+                names.end());
+    if (r % 2) std::reverse(names.begin(), names.end());
+    std::vector<std::pair<int, hvd::HandlePtr>> handles;
+    for (int k : names) {
+      const int64_t count = 1 + (k % 5) * 3;  // the same per name every step: it stays cached
+      const int64_t salt = k * 1000 + step;
+      bufs[k].resize(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) {
+        bufs[k][i] = static_cast<float>(ReduceInput(DataType::kFloat32, ReduceOp::kSum, r, n, i, salt));
+      }
+      TensorView v(bufs[k].data(), DataType::kFloat32, {count});
+      handles.emplace_back(k, e.Allreduce("churn." + std::to_string(k), v, v, ReduceOp::kSum));
+      if ((step + k + r) % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(150 * (r + 1)));
+    }
+    for (auto& [k, h] : handles) {
+      const std::string what = "churn." + std::to_string(k) + " at step " + std::to_string(step);
+      if (!ck.ExpectOk(WaitDone(h), what)) continue;
+      const int64_t salt = k * 1000 + step;
+      ck.ExpectElements(DataType::kFloat32, bufs[k].data(), static_cast<int64_t>(bufs[k].size()),
+                        [&](int64_t i) {
+                          return ExpectedReduce(DataType::kFloat32, ReduceOp::kSum, n, i, salt);
+                        },
+                        what);
+    }
+  }
+}
+
 }  // namespace
 
 int RunAllreduceChecks(hvd::Engine& e, Checker& ck) {
@@ -199,6 +244,9 @@ int RunAllreduceChecks(hvd::Engine& e, Checker& ck) {
   failures += ck.End();
   ck.Begin("grouped allreduce");
   CheckGrouped(e, ck);
+  failures += ck.End();
+  ck.Begin("fast path churn");
+  CheckFastPathChurn(e, ck);
   failures += ck.End();
   return failures;
 }

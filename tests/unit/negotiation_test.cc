@@ -68,6 +68,7 @@ TEST(Messages, ResponseListRoundTripWithCompactEntries) {
   l.fusion_threshold = 4096;
   l.knobs.hierarchical_allreduce = 2;
   l.knobs.small_allreduce_bytes = 12345;
+  l.after_round = 77;
   auto bytes = Encode(l);
   ResponseList out;
   ASSERT_TRUE(Decode(bytes.data(), bytes.size(), &out).ok());
@@ -82,10 +83,53 @@ TEST(Messages, ResponseListRoundTripWithCompactEntries) {
   EXPECT_EQ(out.knobs.hierarchical_allreduce, 2);
   EXPECT_EQ(out.knobs.small_allreduce_bytes, 12345u);
   EXPECT_EQ(out.responses[0].knobs.small_allreduce_bytes, 12345u);  // every response has them
+  EXPECT_EQ(out.after_round, 77u);
   // A toggle out of range is refused.
   l.knobs.hierarchical_allreduce = 3;
   bytes = Encode(l);
   EXPECT_FALSE(Decode(bytes.data(), bytes.size(), &out).ok());
+}
+
+// A part of a round of the symmetric fast path (engine/rounds.cc).
+TEST(Messages, RoundPartRoundTripAndRefusals) {
+  RoundContribution c;
+  c.round = 1ull << 40;
+  c.rank = 5;
+  c.cache_epoch = 9;
+  c.ready = {0x5, 0, uint64_t{1} << 63};
+  c.withdraw = {0x4};
+  c.fusion_threshold = 1 << 20;
+  c.knobs.hierarchical_allreduce = 1;
+  c.knobs.small_allreduce_bytes = 999;
+  auto bytes = Encode(c);
+  RoundContribution out;
+  ASSERT_TRUE(Decode(bytes.data(), bytes.size(), &out).ok());
+  EXPECT_EQ(out.round, c.round);
+  EXPECT_EQ(out.rank, 5);
+  EXPECT_EQ(out.cache_epoch, 9u);
+  EXPECT_EQ(out.ready, c.ready);
+  EXPECT_EQ(out.withdraw, c.withdraw);
+  EXPECT_EQ(out.fusion_threshold, c.fusion_threshold);
+  EXPECT_EQ(out.knobs.hierarchical_allreduce, 1);
+  EXPECT_EQ(out.knobs.small_allreduce_bytes, 999u);
+  // Every truncation is refused, and so are a negative rank, a toggle out of range and
+  // trailing bytes.
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(Decode(bytes.data(), n, &out).ok()) << n << " bytes";
+  }
+  RoundContribution bad = c;
+  bad.rank = -1;
+  auto b = Encode(bad);
+  EXPECT_FALSE(Decode(b.data(), b.size(), &out).ok());
+  bad = c;
+  bad.knobs.hierarchical_allreduce = 3;
+  b = Encode(bad);
+  EXPECT_FALSE(Decode(b.data(), b.size(), &out).ok());
+  b = bytes;
+  b.push_back(0);
+  Status s = Decode(b.data(), b.size(), &out);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("trailing"), std::string::npos) << s.message();
 }
 
 TEST(Messages, GarbageIsRefusedNotCrashed) {

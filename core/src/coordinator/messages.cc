@@ -207,6 +207,20 @@ std::vector<uint8_t> Encode(const ResponseList& l) {
   w.Put<uint64_t>(l.fusion_threshold);
   w.Put<int32_t>(l.knobs.hierarchical_allreduce);
   w.Put<uint64_t>(l.knobs.small_allreduce_bytes);
+  w.Put<uint64_t>(l.after_round);
+  return w.Take();
+}
+
+std::vector<uint8_t> Encode(const RoundContribution& c) {
+  Writer w;
+  w.Put<uint64_t>(c.round);
+  w.Put<int32_t>(c.rank);
+  w.Put<uint64_t>(c.cache_epoch);
+  w.Vec(c.ready);
+  w.Vec(c.withdraw);
+  w.Put<uint64_t>(c.fusion_threshold);
+  w.Put<int32_t>(c.knobs.hierarchical_allreduce);
+  w.Put<uint64_t>(c.knobs.small_allreduce_bytes);
   return w.Take();
 }
 
@@ -287,8 +301,28 @@ Status Decode(const uint8_t* data, size_t len, ResponseList* out) {
       out->knobs.hierarchical_allreduce > 2 || !rd.Get(&out->knobs.small_allreduce_bytes)) {
     return Status::InvalidArgument("malformed response list: bad plan knobs");
   }
+  if (!rd.Get(&out->after_round)) {
+    return Status::InvalidArgument("malformed response list: bad round number");
+  }
   for (auto& r : out->responses) r.knobs = out->knobs;
   return CheckDone(rd, "response list");
+}
+
+Status Decode(const uint8_t* data, size_t len, RoundContribution* out) {
+  Reader rd(data, len);
+  if (!rd.Get(&out->round) || !rd.Get(&out->rank) || out->rank < 0 ||
+      !rd.Get(&out->cache_epoch)) {
+    return Status::InvalidArgument("malformed round: bad header");
+  }
+  if (!rd.Vec(&out->ready) || !rd.Vec(&out->withdraw)) {
+    return Status::InvalidArgument("malformed round: bad bits");
+  }
+  if (!rd.Get(&out->fusion_threshold) || !rd.Get(&out->knobs.hierarchical_allreduce) ||
+      out->knobs.hierarchical_allreduce < 0 || out->knobs.hierarchical_allreduce > 2 ||
+      !rd.Get(&out->knobs.small_allreduce_bytes)) {
+    return Status::InvalidArgument("malformed round: bad plan knobs");
+  }
+  return CheckDone(rd, "round");
 }
 
 }  // namespace hvd

@@ -97,6 +97,7 @@ enum class MessageType : uint8_t {
   kShutdown = 3,   // either way: payload = the rank that asked
   kAbort = 4,      // either way: payload = a Status message; the communicator is gone
   kHeartbeat = 5,  // either way, every second: the sender's background thread is alive
+  kRound = 6,      // every rank to every other: RoundContribution (the symmetric fast path)
 };
 
 // Join and barrier travel as requests too (names "join" and "barrier.<n>").
@@ -116,13 +117,33 @@ struct ResponseList {
   std::vector<uint64_t> ready_bits;
   uint64_t fusion_threshold = 0;
   PlanKnobs knobs;  // for every response of the list, cached ones included
+  // With the symmetric fast path (engine/rounds.cc): the rounds of the global set rank 0 had
+  // completed when it sent the list. A rank runs the list after its own round of that number.
+  uint64_t after_round = 0;
+};
+
+// One rank's part of a round of the global set's symmetric fast path (engine/rounds.cc): the
+// cached tensors it has ready, as bits at its cache epoch, and the bits whose tensors it moves
+// to the coordinator. Rank 0's part also carries what every rank builds the agreed responses
+// with.
+struct RoundContribution {
+  uint64_t round = 0;
+  int32_t rank = 0;
+  uint64_t cache_epoch = 0;
+  std::vector<uint64_t> ready;
+  std::vector<uint64_t> withdraw;
+  // Rank 0 only.
+  uint64_t fusion_threshold = 0;
+  PlanKnobs knobs;
 };
 
 std::vector<uint8_t> Encode(const RequestList& l);
 std::vector<uint8_t> Encode(const ResponseList& l);
+std::vector<uint8_t> Encode(const RoundContribution& c);
 // Decoders check every length against the payload and fail with InvalidArgument on garbage.
 Status Decode(const uint8_t* data, size_t len, RequestList* out);
 Status Decode(const uint8_t* data, size_t len, ResponseList* out);
+Status Decode(const uint8_t* data, size_t len, RoundContribution* out);
 // What a worker checks of a response from the coordinator (rebuilt from cache bits if need be)
 // before executing it in a (process set of) `size` ranks: the fields its type uses are all there and in
 // range (a name per shape, a row count per rank, a root among the ranks, no negative extent).

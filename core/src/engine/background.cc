@@ -18,10 +18,6 @@ constexpr auto kIdleTick = std::chrono::milliseconds(100);
 // also polls the io_context (a syscall).
 constexpr auto kIoPollEvery = std::chrono::microseconds(20);
 
-std::shared_ptr<const std::vector<uint8_t>> Payload(std::vector<uint8_t> v) {
-  return std::make_shared<const std::vector<uint8_t>>(std::move(v));
-}
-
 std::vector<uint8_t> IntPayload(int v) {
   std::vector<uint8_t> out(4);
   std::memcpy(out.data(), &v, 4);
@@ -56,6 +52,10 @@ void EngineImpl::RunLoop() {
       FailAll(abort_);
       ReportLeftWorld(abort_);
       break;
+    }
+    if (rounds_) {
+      CheckPeerLinks();
+      worked = TryRounds() || worked;
     }
     if (coordinator()) CoordinatorStep();
     while (!to_execute_.empty() && abort_.ok()) {
@@ -205,18 +205,27 @@ bool EngineImpl::DrainQueue() {
 }
 
 void EngineImpl::Announce(ProcessSetState& ps, const std::vector<const Request*>& requests) {
-  if (coordinator()) {
+  // The symmetric fast path (rounds.cc): cached tensors join this rank's row, the others go to
+  // the coordinator.
+  const bool symmetric = rounds_ && ps.id == kGlobalProcessSet;
+  if (coordinator() || symmetric) {
     std::vector<Request> full;
     for (const Request* r : requests) {
       const int bit = ps.cache->Lookup(*r);
       if (bit >= 0) {
         cache_hits_.fetch_add(1);
-        OfferBit(ps, ps.rank, static_cast<uint32_t>(bit));
+        if (symmetric) {
+          AnnounceBit(static_cast<uint32_t>(bit));
+        } else {
+          OfferBit(ps, ps.rank, static_cast<uint32_t>(bit));
+        }
       } else {
         full.push_back(*r);
       }
     }
-    if (!full.empty()) AddFull(ps, ps.rank, std::move(full));
+    if (full.empty()) return;
+    if (symmetric) return SendToCoordinator(std::move(full));
+    AddFull(ps, ps.rank, std::move(full));
     return;
   }
   // Fast path: tensors whose request is cached travel as bits of a bit vector.
@@ -313,6 +322,15 @@ void EngineImpl::OfferBit(ProcessSetState& ps, int rank, uint32_t bit) {
 }
 
 void EngineImpl::AddFull(ProcessSetState& ps, int rank, std::vector<Request> requests) {
+  if (rounds_ && ps.id == kGlobalProcessSet) {
+    // Other ranks may hold bits of these names, or (a join) of any: rank 0's next part of a
+    // round withdraws them (rounds.cc).
+    for (const auto& r : requests) {
+      if (r.type == OpType::kJoin || ps.cache->SlotOf(r.name) >= 0) rounds_->coordinator_news = true;
+    }
+    ps.coordinator->AddRequests(rank, std::move(requests));
+    return;
+  }
   for (const auto& r : requests) {
     if (r.type == OpType::kJoin) {
       for (size_t bit = 0; bit < ps.bit_since.size(); ++bit) DemoteBit(ps, static_cast<uint32_t>(bit));
@@ -401,7 +419,13 @@ Status EngineImpl::OnResponses(ResponseList&& list) {
     r.process_set = ps.id;
     r.knobs = list.knobs;
   }
-  ps.cache->Apply(list.responses);
+  if (rounds_ && ps.id == kGlobalProcessSet) {
+    std::vector<std::pair<uint32_t, Request>> changed;
+    ps.cache->Apply(list.responses, &changed);
+    OnCacheChanged(changed);
+  } else {
+    ps.cache->Apply(list.responses);
+  }
   if (ps.id == kGlobalProcessSet) ApplyProcessSets(list.responses);
   for (auto& r : list.responses) to_execute_.push_back(std::move(r));
   return Status::OK();
@@ -448,10 +472,15 @@ Clock::duration EngineImpl::CycleWindow() const {
 // When responses wait for HVD_CYCLE_TIME to gather more tensors to fuse, how long until the
 // coordinator's go (CoordinatorStep also sleeps no longer than that for agreed bits).
 Clock::duration EngineImpl::CycleRemaining() const {
-  if (!coordinator() || CycleTimeMs() <= 0) return Clock::duration::zero();
+  if (CycleTimeMs() <= 0) return Clock::duration::zero();
   Clock::duration left = Clock::duration::max();
   const auto now = Clock::now();
+  // A round this rank has news for starts HVD_CYCLE_TIME after its last (rounds.cc).
+  if (rounds_ && !rounds_->sent && (rounds_->fresh || rounds_->coordinator_news)) {
+    left = rounds_->started + CycleWindow() - now;
+  }
   for (const auto& kv : sets_) {
+    if (!coordinator()) break;
     const ProcessSetState& ps = *kv.second;
     if (!ps.coordinator) continue;
     if (ps.coordinator->has_ready()) {
@@ -467,6 +496,8 @@ Clock::duration EngineImpl::CycleRemaining() const {
 
 // Each process set's coordinator in turn (a set waiting on a slow member holds back no other).
 void EngineImpl::CoordinatorStep() {
+  // No list goes out while rank 0's part of a round is (rounds.cc: the order of lists and rounds).
+  if (rounds_ && rounds_->sent) return;
   const auto now = Clock::now();
   bool sent = false;
   // Stepping the global set may add a set: iterators of a std::map stay valid.
@@ -529,6 +560,7 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
     wire.ready_bits = agreed;
     wire.fusion_threshold = threshold;
     wire.knobs = knobs;
+    wire.after_round = rounds_ ? rounds_->done : 0;
     BroadcastControl(static_cast<uint8_t>(MessageType::kResponses), Payload(Encode(wire)),
                      &ps.ranks);
     negotiation_messages_.fetch_add(1, std::memory_order_relaxed);
@@ -560,6 +592,7 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
 void EngineImpl::ApplyOnRankZero(ProcessSetState& ps, std::vector<Response>& list) {
   std::vector<std::pair<uint32_t, Request>> changed;
   ps.cache->Apply(list, &changed);
+  if (rounds_ && ps.id == kGlobalProcessSet) return OnCacheChanged(changed);
   for (const auto& [bit, was] : changed) DemoteBit(ps, bit, &was);
 }
 
@@ -756,7 +789,13 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
   auto mt = static_cast<MessageType>(type);
   if (peer >= 0 && static_cast<size_t>(peer) < last_heard_.size()) last_heard_[peer] = Clock::now();
   if (mt == MessageType::kHeartbeat) return;
-  if (mt == MessageType::kRequests && coordinator()) {
+  if (mt == MessageType::kRound) {
+    Status s = OnRoundPart(peer, payload);
+    if (!s.ok()) return OnControlError(peer, s.message());
+  } else if (!coordinator() && peer != 0) {
+    // Between workers only rounds travel.
+    OnControlError(peer, "unexpected message type " + std::to_string(type) + " from a worker");
+  } else if (mt == MessageType::kRequests && coordinator()) {
     const auto start = Clock::now();
     RequestList list;
     Status s = Decode(payload.data(), payload.size(), &list);
@@ -767,7 +806,16 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
     const auto start = Clock::now();
     ResponseList list;
     Status s = Decode(payload.data(), payload.size(), &list);
-    if (s.ok()) s = OnResponses(std::move(list));
+    if (s.ok() && rounds_ && list.after_round > rounds_->done + 1) {
+      s = Status::InvalidArgument("a response list for after round " +
+                                  std::to_string(list.after_round) + ", but this rank has not sent "
+                                  "its part of round " + std::to_string(rounds_->done + 2));
+    }
+    if (s.ok() && rounds_ && (list.after_round > rounds_->done || !rounds_->held.empty())) {
+      rounds_->held.push_back(std::move(list));  // runs after that round (rounds.cc)
+    } else if (s.ok()) {
+      s = OnResponses(std::move(list));
+    }
     if (!s.ok()) return OnControlError(peer, s.message());
     CountNegotiation(start);
   } else if (mt == MessageType::kShutdown && payload.size() == 4) {
@@ -791,6 +839,7 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
 void EngineImpl::OnControlError(int peer, const std::string& what, StatusCode code) {
   if (shutdown_by_ >= 0 || done_) return;  // connections close as the job ends
   if (!abort_.ok()) return;                 // already failing for an earlier cause
+  if (!coordinator() && peer != 0) return OnPeerLinkError(peer, what);
   std::ostringstream os;
   if (coordinator()) {
     os << "rank " << peer << " lost: control connection: " << what;
@@ -832,6 +881,9 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
   to_execute_.clear();
   FlushControl(Clock::now() + std::chrono::seconds(2));
   for (auto& c : control_) {
+    if (c) c->Close();
+  }
+  for (auto& c : peers_) {
     if (c) c->Close();
   }
 }

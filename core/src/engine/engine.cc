@@ -96,6 +96,7 @@ Status EngineImpl::Connect() {
   backends_ = std::move(job->backends);
   transport_ = std::move(job->transport);
   control_ = std::move(job->control);
+  peers_ = std::move(job->peers);
   poller_ = std::move(job->poller);
   control_over_tcp_ = job->control_over_tcp;
   topology_ = job->topology;
@@ -121,6 +122,15 @@ Status EngineImpl::Connect() {
                                             options_.autotune_log, scope);
   }
   sets_[kGlobalProcessSet] = std::move(world);
+  if (job->all_linked) {  // engine/rounds.cc
+    rounds_ = std::make_unique<Rounds>();
+    const size_t bits = static_cast<size_t>(std::max(0, options_.cache_capacity));
+    rounds_->ready.assign((bits + 63) / 64, 0);
+    rounds_->withdraw = rounds_->ready;
+    rounds_->since.assign(bits, Clock::time_point());
+    rounds_->parts.resize(options_.size);
+    rounds_->early.resize(options_.size);
+  }
   if (options_.size == 1) return Status::OK();
   StartHeartbeat();
   return Status::OK();

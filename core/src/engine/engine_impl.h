@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <map>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -47,6 +48,11 @@
 namespace hvd {
 
 class JobBackends;  // transport/transport_factory.h
+
+// A control message's payload, shared by the links it goes out on.
+inline std::shared_ptr<const std::vector<uint8_t>> Payload(std::vector<uint8_t> v) {
+  return std::make_shared<const std::vector<uint8_t>>(std::move(v));
+}
 
 // The key of an operation in flight: its name, qualified by its process set unless global.
 std::string PendingKey(int32_t process_set, const std::string& name);
@@ -145,6 +151,31 @@ struct ProcessSetState {
   Clock::time_point agreed_since;  // when the oldest agreed bit not yet sent became agreed
 };
 
+// The global set's symmetric fast path (rounds.cc), kept on every rank of a job whose ranks
+// all link to each other directly (one host sharing memory, or a world of one). Bits count in
+// the global set's response cache.
+struct Rounds {
+  uint64_t done = 0;   // rounds completed here
+  bool sent = false;   // this rank's part of round done+1 is out
+  std::vector<uint64_t> ready;     // cached tensors announced here, not yet agreed or withdrawn
+  bool fresh = false;              // `ready` has bits this rank's last part did not give
+  std::vector<uint64_t> withdraw;  // bits this rank moved to the coordinator since its last part
+  std::vector<Clock::time_point> since;  // [bit] when it was announced here
+  Clock::time_point checked;             // when late bits were last looked for
+  Clock::time_point started;             // when this rank last started a round (HVD_CYCLE_TIME)
+  // Rank 0: its coordinator took a request whose name has a bit, or a join, since its last part.
+  bool coordinator_news = false;
+  // [rank] the parts of round done+1 and (sent by ranks that completed it first) done+2.
+  std::vector<std::optional<RoundContribution>> parts, early;
+  int have = 0;  // parts present
+  // A worker: response lists that rank 0 sent after a round not completed here yet.
+  std::deque<ResponseList> held;
+  // A worker: a broken link to another worker, reported if rank 0 does not end the job first.
+  int broken_peer = -1;
+  std::string broken_what;
+  Clock::time_point broken_at;
+};
+
 class EngineImpl {
  public:
   static StatusOr<std::unique_ptr<EngineImpl>> Create(const Options& options);
@@ -232,6 +263,22 @@ class EngineImpl {
   void DemoteLateBits(ProcessSetState& ps, Clock::time_point now);
   void ApplyOnRankZero(ProcessSetState& ps, std::vector<Response>& list);
   Status OnResponses(ResponseList&& list);
+
+  // The symmetric fast path (rounds.cc).
+  void AnnounceBit(uint32_t bit);
+  // Sends this rank's part and completes rounds while it can; true if it did either.
+  bool TryRounds();
+  bool RoundNews(Clock::time_point now) const;
+  void SendPart();
+  Status CompleteRound();
+  Status OnRoundPart(int peer, const std::vector<uint8_t>& payload);
+  // Bits of this rank's ready row whose cache entry a list changed go to the coordinator.
+  void OnCacheChanged(const std::vector<std::pair<uint32_t, Request>>& changed);
+  void WithdrawLateBits(Clock::time_point now);
+  // Requests whose bits left the fast path, to the coordinator.
+  void SendToCoordinator(std::vector<Request> requests);
+  void OnPeerLinkError(int peer, const std::string& what);
+  void CheckPeerLinks();
   // To every worker, or (members given) to those world ranks.
   void BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload,
                         const std::vector<int>* members = nullptr);
@@ -314,6 +361,8 @@ class EngineImpl {
   Topology topology_;  // where each rank runs (empty for a world of one)
   std::string layout_note_;  // why the layout does not allow hierarchical collectives
   std::vector<std::shared_ptr<ControlLink>> control_;  // rank 0: [peer]; worker: [0]
+  std::vector<std::shared_ptr<ControlLink>> peers_;  // a worker: links to its host's workers
+  std::unique_ptr<Rounds> rounds_;  // the symmetric fast path, or null (rank 0 answers bits)
   std::shared_ptr<ControlPoller> poller_;  // links the io_context alone does not drive; or null
   bool polling_ = false;  // poller_ is told this thread polls it (only while it spins idle)
   bool control_over_tcp_ = true;  // some control link is read by the io_context

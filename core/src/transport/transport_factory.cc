@@ -142,6 +142,7 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
     job.transport = std::make_unique<TcpTransport>(
         io, 0, std::vector<std::unique_ptr<asio::ip::tcp::socket>>(1));
     job.topology.host_of = {0};
+    job.all_linked = true;
     job.backends = std::move(backends);
     return job;
   }
@@ -212,6 +213,16 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
     link->Start();
     job.control_over_tcp = true;
     job.control[i] = std::move(link);
+  }
+  // Links between workers that share memory (the symmetric fast path): both ends make them.
+  job.all_linked = shm_control != nullptr;
+  for (int peer = 0; peer < o.size; ++peer) {
+    if (peer == o.rank) continue;
+    const bool shared = shm_control && shm_control->Has(peer);
+    job.all_linked = job.all_linked && shared;
+    if (o.rank == 0 || peer == 0 || !shared) continue;
+    job.peers.resize(o.size);
+    job.peers[peer] = shm_control->Link(peer, on_message, on_error);
   }
   job.backends = std::move(backends);
   return job;

@@ -54,6 +54,13 @@ struct JobConnections {
   std::unique_ptr<JobBackends> backends;  // never null; must outlive `transport`
   std::unique_ptr<Transport> transport;
   std::vector<std::shared_ptr<ControlLink>> control;  // rank 0: [peer]; a worker: [0]
+  // A worker: [peer] a link to each other worker of its host whose memory it shares (for the
+  // symmetric fast path, engine/rounds.cc); null elsewhere. Empty on rank 0.
+  std::vector<std::shared_ptr<ControlLink>> peers;
+  // Every other rank is linked to this one directly (control or peers): the ranks of one host
+  // sharing memory. Every rank of such a job finds the same (the ranks of a host agree on who
+  // shares its segments).
+  bool all_linked = false;
   // Polled by the engine for the links that the io_context alone does not drive; may be null.
   std::shared_ptr<ControlPoller> poller;
   bool control_over_tcp = false;  // some link is a TCP ControlChannel (read by the io_context)

@@ -1,0 +1,333 @@
+// The global set's symmetric fast path: the ranks agree on the cached tensors every one of them
+// has ready in rounds, each rank sending its part to every other and building the agreed
+// responses itself. Rank 0 answers nothing and does the same work as any rank; a cached step
+// costs every rank one part sent to each other rank and one AND per part, whatever the number of
+// tensors.
+//
+// Where. On every rank of a job whose ranks all link to each other directly: the ranks of one
+// host that share memory (the control rings of transport/shm), or a world of one. Elsewhere
+// (several hosts), and for process sets, rank 0 still ANDs the bits the workers send it
+// (background.cc).
+//
+// A round. A rank's part (RoundContribution) is its row of ready bits at its cache epoch and the
+// bits it moves to the coordinator; rank 0's also carries the fusion threshold and plan knobs
+// every rank builds the responses with. A rank sends its part of round k+1 once it has completed
+// round k, when it has news (a bit announced since its last part, a bit to withdraw; on rank 0,
+// a request its coordinator took for a name that has a bit, or a join) or when another rank's
+// part of round k+1 reaches it. It completes the round once it holds every part, and every rank
+// computes the same from the same parts:
+//   - agreed: the bits each rank announced (less those whose cache entry changed after that
+//     rank's epoch) ANDed over the ranks, less the withdrawn bits ORed over the ranks. Every rank
+//     builds their responses from its own cache, in bit order, fused with rank 0's threshold,
+//     and runs them next.
+//   - withdrawn: a rank holding such a bit sends its tensor's request to the coordinator.
+//     Rank 0 withdraws the bits of the names its coordinator holds requests for (every bit while
+//     a rank has joined), so a name is answered on one path only: a rank whose request changed,
+//     or that joined, takes the other ranks' tensors of that name with it to the coordinator. A
+//     rank withdraws its own bits that waited longer than kBitPatience (another rank is late):
+//     there the coordinator's stall inspector names the late rank.
+//
+// Order. Every rank must run the same responses in the same order. Rank 0 sends response lists
+// (of any set) only while it has no part of a round out; each list carries the number of rounds
+// rank 0 had completed (after_round), and a worker holds a list until it has completed that round
+// itself. So every rank runs round k's responses, then the lists rank 0 sent after round k, then
+// round k+1's. At the completion of a round every rank has applied the same lists, so its cache
+// is at the epoch rank 0's part gives (checked: a difference is an internal error, not a silent
+// divergence).
+//
+// Links. A worker's part goes to rank 0 over its control link and to the other workers over
+// theirs (JobConnections::peers). A broken link between two workers is reported only if rank 0
+// has not ended the job (shutdown, or a failure it relays) within kPeerLinkGrace: one worker may
+// close its links at shutdown before another has read rank 0's shutdown message.
+#include <algorithm>
+
+#include "common/logging.h"
+#include "engine/engine_impl.h"
+#include "planner/fusion.h"
+
+namespace hvd {
+
+namespace {
+constexpr auto kBitPatience = std::chrono::seconds(1);
+constexpr auto kLateCheckEvery = std::chrono::milliseconds(100);
+constexpr auto kPeerLinkGrace = std::chrono::seconds(2);
+
+constexpr uint64_t Mask(uint32_t bit) { return uint64_t{1} << (bit % 64); }
+
+void TrimZeros(std::vector<uint64_t>* v) {
+  while (!v->empty() && v->back() == 0) v->pop_back();
+}
+}  // namespace
+
+void EngineImpl::AnnounceBit(uint32_t bit) {
+  Rounds& r = *rounds_;
+  r.ready[bit / 64] |= Mask(bit);
+  r.since[bit] = Clock::now();
+  r.fresh = true;
+}
+
+bool EngineImpl::RoundNews(Clock::time_point now) const {
+  const Rounds& r = *rounds_;
+  if (!r.fresh && !r.coordinator_news) return false;
+  return CycleTimeMs() <= 0 || now - r.started >= CycleWindow();
+}
+
+bool EngineImpl::TryRounds() {
+  Rounds& r = *rounds_;
+  bool did = false;
+  WithdrawLateBits(Clock::now());
+  while (abort_.ok() && !done_) {
+    if (!r.sent) {
+      // Another rank's part of round done+1 is here: answer it at once.
+      if (r.have == 0 && !RoundNews(Clock::now())) break;
+      SendPart();
+      did = true;
+    }
+    if (r.have < options_.size) break;
+    Status s = CompleteRound();
+    did = true;
+    if (!s.ok()) {
+      HVD_LOG(kError) << s.message();
+      abort_ = s;  // the loop fails everything with it and tells rank 0, which tells everyone
+      transport_->Abort(s);
+    }
+  }
+  return did;
+}
+
+void EngineImpl::SendPart() {
+  Rounds& r = *rounds_;
+  ProcessSetState& world = World();
+  const auto now = Clock::now();
+  RoundContribution c;
+  c.round = r.done + 1;
+  c.rank = options_.rank;
+  c.cache_epoch = world.cache->epoch();
+  c.ready = r.ready;
+  TrimZeros(&c.ready);
+  c.withdraw.swap(r.withdraw);
+  r.withdraw.assign(r.ready.size(), 0);
+  if (coordinator()) {
+    c.fusion_threshold = FusionThreshold();
+    c.knobs = Knobs();
+    const Coordinator& co = *world.coordinator;
+    if (co.any_joined()) {
+      c.withdraw.assign(r.ready.size(), ~uint64_t{0});
+    } else if (!co.idle()) {
+      for (const std::string& name : co.PendingNames()) {
+        const int bit = world.cache->SlotOf(name);
+        if (bit >= 0) c.withdraw[bit / 64] |= Mask(static_cast<uint32_t>(bit));
+      }
+    }
+    r.coordinator_news = false;
+  }
+  TrimZeros(&c.withdraw);
+  r.fresh = false;
+  r.started = now;
+  r.sent = true;
+  if (options_.size > 1) {
+    auto payload = Payload(Encode(c));
+    const auto type = static_cast<uint8_t>(MessageType::kRound);
+    if (coordinator()) {
+      BroadcastControl(type, payload);
+    } else {
+      if (control_[0] && control_[0]->open()) control_[0]->Send(type, payload);
+      for (auto& link : peers_) {
+        if (link && link->open()) link->Send(type, payload);
+      }
+    }
+    negotiation_messages_.fetch_add(1, std::memory_order_relaxed);
+  }
+  r.parts[options_.rank] = std::move(c);
+  ++r.have;
+}
+
+Status EngineImpl::OnRoundPart(int peer, const std::vector<uint8_t>& payload) {
+  if (!rounds_) {
+    return Status::InvalidArgument(
+        "a round of the symmetric fast path, but this rank does not run it (its ranks are not "
+        "all linked to each other)");
+  }
+  Rounds& r = *rounds_;
+  RoundContribution c;
+  HVD_RETURN_IF_ERROR(Decode(payload.data(), payload.size(), &c));
+  const std::string what = "part of round " + std::to_string(c.round) + " from rank " +
+                           std::to_string(peer);
+  if (c.rank != peer) return Status::InvalidArgument(what + " names rank " + std::to_string(c.rank));
+  if (c.ready.size() > r.ready.size() || c.withdraw.size() > r.ready.size()) {
+    return Status::InvalidArgument(what + ": more bits than the response cache holds (" +
+                                   std::to_string(r.since.size()) + ", HVD_CACHE_CAPACITY)");
+  }
+  std::optional<RoundContribution>* slot = nullptr;
+  if (c.round == r.done + 1) slot = &r.parts[peer];
+  if (c.round == r.done + 2) slot = &r.early[peer];
+  if (slot == nullptr) {
+    return Status::InvalidArgument(what + ", but this rank has completed " +
+                                   std::to_string(r.done) + " rounds");
+  }
+  if (slot->has_value()) return Status::InvalidArgument("a second " + what);
+  const bool current = c.round == r.done + 1;
+  *slot = std::move(c);
+  if (current) ++r.have;
+  TryRounds();
+  return Status::OK();
+}
+
+Status EngineImpl::CompleteRound() {
+  const auto start = Clock::now();
+  Rounds& r = *rounds_;
+  ResponseCache& cache = *World().cache;
+  const uint64_t epoch = cache.epoch();
+  const uint64_t round = r.done + 1;
+  const RoundContribution& zero = *r.parts[0];
+  if (zero.cache_epoch != epoch) {
+    return Status::Internal("round " + std::to_string(round) + " of the fast path: rank 0 was at "
+                            "response-cache epoch " + std::to_string(zero.cache_epoch) +
+                            ", rank " + std::to_string(options_.rank) + " is at " +
+                            std::to_string(epoch));
+  }
+  // A part from an older epoch: only its bits whose entry has not changed since mean the same.
+  auto valid = [&cache, epoch](const RoundContribution& c, size_t w, uint64_t word) {
+    if (c.cache_epoch == epoch) return word;
+    uint64_t keep = 0;
+    for (uint64_t x = word; x; x &= x - 1) {
+      const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(x));
+      if (cache.UnchangedSince(bit, c.cache_epoch)) keep |= Mask(bit);
+    }
+    return keep;
+  };
+  const size_t words = r.ready.size();
+  std::vector<uint64_t> agreed(words, ~uint64_t{0}), out(words, 0);
+  for (int q = 0; q < options_.size; ++q) {
+    const RoundContribution& c = *r.parts[q];
+    if (c.cache_epoch > epoch) {
+      return Status::Internal("round " + std::to_string(round) + " of the fast path: rank " +
+                              std::to_string(q) + " was at response-cache epoch " +
+                              std::to_string(c.cache_epoch) + ", past rank 0's " +
+                              std::to_string(epoch));
+    }
+    for (size_t w = 0; w < words; ++w) {
+      agreed[w] &= w < c.ready.size() ? valid(c, w, c.ready[w]) : 0;
+      if (w < c.withdraw.size()) out[w] |= valid(c, w, c.withdraw[w]);
+    }
+  }
+  // This rank's row: agreed bits leave it, withdrawn ones go to the coordinator.
+  std::vector<Request> leaving;
+  bool any = false;
+  for (size_t w = 0; w < words; ++w) {
+    agreed[w] &= ~out[w];
+    any = any || agreed[w] != 0;
+    r.ready[w] &= ~agreed[w];
+    for (uint64_t x = r.ready[w] & out[w]; x; x &= x - 1) {
+      const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(x));
+      if (const Request* q = cache.At(bit)) leaving.push_back(*q);
+    }
+    r.ready[w] &= ~out[w];
+  }
+  const size_t threshold = zero.fusion_threshold;
+  const PlanKnobs knobs = zero.knobs;
+  r.done = round;
+  r.sent = false;
+  r.parts.swap(r.early);
+  r.have = 0;
+  for (auto& p : r.early) p.reset();
+  for (const auto& p : r.parts) r.have += p.has_value() ? 1 : 0;
+  if (any) {
+    std::vector<Response> cached;
+    if (!cache.RebuildAll(agreed, threshold, &cached, &spare_responses_)) {
+      return Status::InvalidArgument("round " + std::to_string(round) +
+                                     " of the fast path agreed on an empty response-cache bit");
+    }
+    size_t bytes = 0;
+    for (auto& resp : cached) {
+      resp.process_set = kGlobalProcessSet;
+      resp.knobs = knobs;
+      bytes += ResponseBytes(resp);
+    }
+    cache.Apply(cached);  // every rank alike: the epoch moves with a round that agreed
+    if (autotune_) {
+      autotune_->Record(bytes, Clock::now());
+      ReportAutotune();
+    }
+    for (auto& resp : cached) to_execute_.push_back(std::move(resp));
+  }
+  if (!leaving.empty()) SendToCoordinator(std::move(leaving));
+  // The lists rank 0 sent after this round.
+  while (!r.held.empty() && r.held.front().after_round <= r.done) {
+    ResponseList list = std::move(r.held.front());
+    r.held.pop_front();
+    HVD_RETURN_IF_ERROR(OnResponses(std::move(list)));
+  }
+  CountNegotiation(start);
+  return Status::OK();
+}
+
+void EngineImpl::OnCacheChanged(const std::vector<std::pair<uint32_t, Request>>& changed) {
+  Rounds& r = *rounds_;
+  std::vector<Request> leaving;
+  for (const auto& [bit, was] : changed) {
+    // Every rank applies the same list, so every rank holding this bit lets it go here too.
+    r.withdraw[bit / 64] &= ~Mask(bit);
+    if (!(r.ready[bit / 64] & Mask(bit))) continue;
+    r.ready[bit / 64] &= ~Mask(bit);
+    leaving.push_back(was);
+  }
+  if (!leaving.empty()) SendToCoordinator(std::move(leaving));
+}
+
+void EngineImpl::WithdrawLateBits(Clock::time_point now) {
+  Rounds& r = *rounds_;
+  if (now - r.checked < kLateCheckEvery) return;
+  r.checked = now;
+  const ResponseCache& cache = *World().cache;
+  std::vector<Request> leaving;
+  for (size_t w = 0; w < r.ready.size(); ++w) {
+    for (uint64_t x = r.ready[w]; x; x &= x - 1) {
+      const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(x));
+      if (now - r.since[bit] <= kBitPatience) continue;
+      r.ready[w] &= ~Mask(bit);
+      r.withdraw[w] |= Mask(bit);
+      if (const Request* q = cache.At(bit)) leaving.push_back(*q);
+    }
+  }
+  if (leaving.empty()) return;
+  r.fresh = true;
+  SendToCoordinator(std::move(leaving));
+}
+
+void EngineImpl::SendToCoordinator(std::vector<Request> requests) {
+  for (auto& q : requests) q.process_set = kGlobalProcessSet;
+  ProcessSetState& world = World();
+  if (coordinator()) {
+    AddFull(world, world.rank, std::move(requests));
+    return;
+  }
+  RequestList list;
+  list.process_set = kGlobalProcessSet;
+  list.cache_epoch = world.cache->epoch();
+  list.requests = std::move(requests);
+  if (control_[0] && control_[0]->open()) {
+    control_[0]->Send(static_cast<uint8_t>(MessageType::kRequests), Payload(Encode(list)));
+  }
+  negotiation_messages_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void EngineImpl::OnPeerLinkError(int peer, const std::string& what) {
+  Rounds* r = rounds_.get();
+  if (r == nullptr || r->broken_peer >= 0) return;
+  r->broken_peer = peer;
+  r->broken_what = what;
+  r->broken_at = Clock::now();
+}
+
+void EngineImpl::CheckPeerLinks() {
+  const Rounds& r = *rounds_;
+  if (r.broken_peer < 0 || shutdown_by_ >= 0 || done_ || !abort_.ok()) return;
+  if (Clock::now() - r.broken_at < kPeerLinkGrace) return;
+  abort_ = Status::PeerLost("rank " + std::to_string(r.broken_peer) +
+                            " lost: link between workers: " + r.broken_what);
+  HVD_LOG(kError) << abort_.message();
+  transport_->Abort(abort_);
+}
+
+}  // namespace hvd
