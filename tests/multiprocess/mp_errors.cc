@@ -143,9 +143,9 @@ void CheckGroupedMismatch(hvd::Engine& e, Checker& ck) {
   ExpectNextWorks(e, ck, "mm.grs");
 }
 
-// The fast path (cached tensors agreed by one AND at rank 0): a tensor cached on every rank
-// whose shape then changes on one rank fails with the mismatch named, and one that a rank
-// submits more than a second late still completes with the right sum.
+// The fast path (cached tensors agreed by one AND of every rank's bits): a tensor cached on
+// every rank whose shape then changes on one rank fails with the mismatch named, and one that a
+// rank submits more than a second late still completes with the right sum.
 void CheckCachedTensors(hvd::Engine& e, Checker& ck) {
   const int r = e.rank(), n = e.size();
   float x[6];

@@ -214,15 +214,17 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
     job.control_over_tcp = true;
     job.control[i] = std::move(link);
   }
-  // Links between workers that share memory (the symmetric fast path): both ends make them.
+  // When every rank shares this host's memory, links between workers too (the symmetric fast
+  // path, engine/rounds.cc): both ends make them.
   job.all_linked = shm_control != nullptr;
   for (int peer = 0; peer < o.size; ++peer) {
-    if (peer == o.rank) continue;
-    const bool shared = shm_control && shm_control->Has(peer);
-    job.all_linked = job.all_linked && shared;
-    if (o.rank == 0 || peer == 0 || !shared) continue;
+    if (peer != o.rank) job.all_linked = job.all_linked && shm_control->Has(peer);
+  }
+  if (job.all_linked && o.rank != 0) {
     job.peers.resize(o.size);
-    job.peers[peer] = shm_control->Link(peer, on_message, on_error);
+    for (int peer = 1; peer < o.size; ++peer) {
+      if (peer != o.rank) job.peers[peer] = shm_control->Link(peer, on_message, on_error);
+    }
   }
   job.backends = std::move(backends);
   return job;

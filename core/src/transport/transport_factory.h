@@ -19,7 +19,8 @@
 //      among the ranks of each host (HVD_SHM): a router sends those peers' bytes through it
 //      and the rest over TCP (transport/shm/shm_transport.h).
 //   5. The control plane: one ControlLink per control connection, started; to a peer that
-//      shares this host's memory the link goes through it (ShmControlPlane) instead.
+//      shares this host's memory the link goes through it (ShmControlPlane) instead. When
+//      every rank shares it, each worker also links to each other worker through it.
 // Between 3 and 4 the ranks gather their layout (host of each rank). A rank that fails after
 // the mesh leaves its reason in the store, as the mesh does, and a rank that sees a peer's
 // connection close passes on the reason that peer left.
@@ -54,8 +55,8 @@ struct JobConnections {
   std::unique_ptr<JobBackends> backends;  // never null; must outlive `transport`
   std::unique_ptr<Transport> transport;
   std::vector<std::shared_ptr<ControlLink>> control;  // rank 0: [peer]; a worker: [0]
-  // A worker: [peer] a link to each other worker of its host whose memory it shares (for the
-  // symmetric fast path, engine/rounds.cc); null elsewhere. Empty on rank 0.
+  // A worker of a job with all_linked: [peer] a link to each other worker (for the symmetric
+  // fast path, engine/rounds.cc); null at 0 and itself. Otherwise empty.
   std::vector<std::shared_ptr<ControlLink>> peers;
   // Every other rank is linked to this one directly (control or peers): the ranks of one host
   // sharing memory. Every rank of such a job finds the same (the ranks of a host agree on who
