@@ -109,6 +109,8 @@ TEST(BadEnvironment, OtherKnobsNotParsable) {
   ExpectRefused({{"HOROVOD_HIERARCHICAL_ALLGATHER", "-1"}}, "HOROVOD_HIERARCHICAL_ALLGATHER");
   ExpectRefused({{"HVD_SHM", "yes please"}},
                 "HVD_SHM='yes please': expected auto, 1 (on, true) or 0 (off, false)");
+  ExpectRefused({{"HVD_SYMMETRIC_NEGOTIATION", "both"}},
+                "HVD_SYMMETRIC_NEGOTIATION='both': expected auto, 1 (on, true) or 0 (off, false)");
   ExpectRefused({{"HVD_START_TIMEOUT", "soon"}}, "HVD_START_TIMEOUT");
   ExpectRefused({{"HVD_RANK", "0"}, {"HVD_SIZE", "2"}, {"HVD_RENDEZVOUS_ADDR", "127.0.0.1"},
                  {"HVD_RENDEZVOUS_PORT", "99999"}},

@@ -128,6 +128,12 @@ struct HVD_EXPORT Options {
   //   auto (default): where it can be set up, TCP elsewhere. on: a rank that cannot set it up
   //   fails the job's start. off: TCP only.
   Toggle shm = Toggle::kAuto;
+  // HVD_SYMMETRIC_NEGOTIATION: where every rank shares one host's memory, the global set agrees
+  // on cached tensors by each rank sending its bits to every other, with no answer from rank 0
+  // (engine/rounds.cc); elsewhere rank 0 ANDs the bits and answers.
+  //   auto (default): when the host has a core per rank (oversubscribed, the extra messages
+  //   cost more than rank 0's answer). on: on every such host. off: never.
+  Toggle symmetric_negotiation = Toggle::kAuto;
 
   // Reads the environment. A process with no contract variables is a world of size 1.
   // Fails with InvalidArgument naming the variable and what was expected.

@@ -256,6 +256,9 @@ Status ReadKnobs(Options* o) {
   if (const char* v = std::getenv("HVD_SHM")) {
     HVD_RETURN_IF_ERROR(ParseToggle("HVD_SHM", v, &o->shm));
   }
+  if (const char* v = std::getenv("HVD_SYMMETRIC_NEGOTIATION")) {
+    HVD_RETURN_IF_ERROR(ParseToggle("HVD_SYMMETRIC_NEGOTIATION", v, &o->symmetric_negotiation));
+  }
   if (const char* v = Knob("TIMELINE", &var)) o->timeline_path = v;
   if (const char* v = Knob("ELASTIC", &var)) HVD_RETURN_IF_ERROR(ParseBool(var, v, &o->elastic));
   if (const char* v = Knob("ELASTIC_ID", &var)) o->elastic_id = v;

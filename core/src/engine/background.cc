@@ -262,6 +262,16 @@ Status EngineImpl::OnRequests(int peer, RequestList&& list) {
                                    ", which the rank is not a member of");
   }
   const int q = static_cast<int>(it - ps.ranks.begin());
+  if (rounds_ && ps.id == kGlobalProcessSet) {
+    // The symmetric fast path (rounds.cc): bits travel in rounds; these are requests only, from
+    // a rank whose cache may be a round ahead of this one's.
+    if (!list.cached_bits.empty()) {
+      return Status::InvalidArgument("cached bits in a request list, but the ranks agree on "
+                                     "cached tensors in rounds");
+    }
+    if (!list.requests.empty()) AddFull(ps, q, std::move(list.requests));
+    return Status::OK();
+  }
   if (list.cache_epoch > ps.cache->epoch()) {
     return Status::InvalidArgument("request list from a future cache epoch");
   }

@@ -122,7 +122,10 @@ Status EngineImpl::Connect() {
                                             options_.autotune_log, scope);
   }
   sets_[kGlobalProcessSet] = std::move(world);
-  if (job->all_linked) {  // engine/rounds.cc
+  const Options::Toggle symmetric = options_.symmetric_negotiation;
+  if (job->all_linked && (symmetric == Options::Toggle::kOn ||
+                          (symmetric == Options::Toggle::kAuto && !oversubscribed_))) {
+    // engine/rounds.cc; every rank of the host decides alike
     rounds_ = std::make_unique<Rounds>();
     const size_t bits = static_cast<size_t>(std::max(0, options_.cache_capacity));
     rounds_->ready.assign((bits + 63) / 64, 0);

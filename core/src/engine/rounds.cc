@@ -264,6 +264,8 @@ Status EngineImpl::CompleteRound() {
 
 void EngineImpl::OnCacheChanged(const std::vector<std::pair<uint32_t, Request>>& changed) {
   Rounds& r = *rounds_;
+  // No rank announces bits at an older epoch to rank 0 here: its history of evictions is unused.
+  if (coordinator()) World().cache->PruneHistory(World().cache->epoch());
   std::vector<Request> leaving;
   for (const auto& [bit, was] : changed) {
     // Every rank applies the same list, so every rank holding this bit lets it go here too.
@@ -302,9 +304,8 @@ void EngineImpl::SendToCoordinator(std::vector<Request> requests) {
     AddFull(world, world.rank, std::move(requests));
     return;
   }
-  RequestList list;
+  RequestList list;  // no bits: rank 0 reads no epoch (OnRequests)
   list.process_set = kGlobalProcessSet;
-  list.cache_epoch = world.cache->epoch();
   list.requests = std::move(requests);
   if (control_[0] && control_[0]->open()) {
     control_[0]->Send(static_cast<uint8_t>(MessageType::kRequests), Payload(Encode(list)));
