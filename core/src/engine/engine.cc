@@ -122,10 +122,9 @@ Status EngineImpl::Connect() {
                                             options_.autotune_log, scope);
   }
   sets_[kGlobalProcessSet] = std::move(world);
-  const Options::Toggle symmetric = options_.symmetric_negotiation;
-  if (job->all_linked && (symmetric == Options::Toggle::kOn ||
-                          (symmetric == Options::Toggle::kAuto && !oversubscribed_))) {
-    // engine/rounds.cc; every rank of the host decides alike
+  auto symmetric = SymmetricNegotiation(job->all_linked, cores);
+  if (!symmetric.ok()) return symmetric.status().WithContext("rank " + std::to_string(options_.rank));
+  if (*symmetric) {  // engine/rounds.cc
     rounds_ = std::make_unique<Rounds>();
     const size_t bits = static_cast<size_t>(std::max(0, options_.cache_capacity));
     rounds_->ready.assign((bits + 63) / 64, 0);
@@ -137,6 +136,22 @@ Status EngineImpl::Connect() {
   if (options_.size == 1) return Status::OK();
   StartHeartbeat();
   return Status::OK();
+}
+
+// Whether the global set agrees on cached tensors in rounds (engine/rounds.cc): where every rank
+// links to every other (one host sharing memory) and HVD_SYMMETRIC_NEGOTIATION allows it (auto:
+// when the host has a core per rank). The ranks agree by one allreduce (the lowest wins), so a
+// launcher's layout or environment that differs between ranks cannot split them.
+StatusOr<bool> EngineImpl::SymmetricNegotiation(bool all_linked, unsigned cores) {
+  const Options::Toggle knob = options_.symmetric_negotiation;
+  const bool wanted = knob == Options::Toggle::kOn ||
+                      (knob == Options::Toggle::kAuto && static_cast<unsigned>(options_.size) <= cores);
+  int32_t yes = all_linked && wanted ? 1 : 0;
+  if (options_.size == 1) return yes == 1;
+  Status s = Allreduce(*transport_, &yes, 1, DataType::kInt32, ReduceOp::kMin, scratch_,
+                       DeadlineAfterSeconds(options_.start_timeout_seconds));
+  if (!s.ok()) return s.WithContext("agreeing on how the ranks negotiate");
+  return yes == 1;
 }
 
 // The local and cross views of a communicator, when its members' places describe hosts of
