@@ -191,16 +191,22 @@ void CheckGrouped(hvd::Engine& e, Checker& ck) {
 // on every rank, chosen by the step), each rank submitting them in its own order and at its own
 // pace: rounds start on different ranks and their parts cross, a rank answers a round before
 // its own tensors are in, and with a small HVD_CACHE_CAPACITY (np 7) cache entries change while
-// bits wait. Every step's sums match the formula, and every rank finishes every step.
+// bits wait. Each step also has a name never seen before (index kPool), negotiated by rank 0
+// while the cached ones go by rounds, so its lists fall between rounds. Every step's sums match
+// the formula, and every rank finishes every step.
 void CheckFastPathChurn(hvd::Engine& e, Checker& ck) {
   const int r = e.rank(), n = e.size();
   constexpr int kPool = 24, kSteps = 40;
-  std::vector<std::vector<float>> bufs(kPool);
+  std::vector<std::vector<float>> bufs(kPool + 1);
+  auto name_of = [](int k, int step) {
+    return k < kPool ? "churn." + std::to_string(k) : "churn.new." + std::to_string(step);
+  };
   for (int step = 0; step < kSteps; ++step) {
     std::vector<int> names;
     for (int k = 0; k < kPool; ++k) {
       if (step % 4 == 0 || (k * 7 + step * 3) % 5 != 0) names.push_back(k);
     }
+    names.insert(names.begin() + static_cast<std::ptrdiff_t>(names.size() / 2), kPool);
     std::rotate(names.begin(), names.begin() + (r * 5) % static_cast<int>(names.size()),
                 names.end());
     if (r % 2) std::reverse(names.begin(), names.end());
@@ -213,11 +219,11 @@ void CheckFastPathChurn(hvd::Engine& e, Checker& ck) {
         bufs[k][i] = static_cast<float>(ReduceInput(DataType::kFloat32, ReduceOp::kSum, r, n, i, salt));
       }
       TensorView v(bufs[k].data(), DataType::kFloat32, {count});
-      handles.emplace_back(k, e.Allreduce("churn." + std::to_string(k), v, v, ReduceOp::kSum));
+      handles.emplace_back(k, e.Allreduce(name_of(k, step), v, v, ReduceOp::kSum));
       if ((step + k + r) % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(150 * (r + 1)));
     }
     for (auto& [k, h] : handles) {
-      const std::string what = "churn." + std::to_string(k) + " at step " + std::to_string(step);
+      const std::string what = name_of(k, step) + " at step " + std::to_string(step);
       if (!ck.ExpectOk(WaitDone(h), what)) continue;
       const int64_t salt = k * 1000 + step;
       ck.ExpectElements(DataType::kFloat32, bufs[k].data(), static_cast<int64_t>(bufs[k].size()),

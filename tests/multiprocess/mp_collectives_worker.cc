@@ -23,6 +23,8 @@
 //                          submitting; every survivor must fail with PeerLost/Timeout naming
 //                          rank V within HVD_TIMEOUT_SECONDS + 10 s. Survivors print
 //                          "PEERLOSS-OK rank r" (or "PEERLOSS-FAIL ...") and exit 0 (or 1).
+//   --peerloss-cached=V   the same with one name every step: the survivors' tensors wait on
+//                          the fast path (in rounds, with HVD_SYMMETRIC_NEGOTIATION=on).
 #include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
@@ -230,7 +232,7 @@ int RunChaos() {
   return 0;
 }
 
-int RunPeerLoss(int victim) {
+int RunPeerLoss(int victim, bool cached) {
   auto e = CreateOrDie();
   const int r = e->rank();
   const double timeout = e->options().timeout_seconds;
@@ -251,8 +253,9 @@ int RunPeerLoss(int victim) {
   hvd::Status s;
   int steps = 0;
   while (s.ok() && SecondsSince(t0) < timeout + 20) {
-    s = WaitDone(e->Allreduce("peerloss.step" + std::to_string(steps++), v, v, ReduceOp::kSum),
-                 timeout + 10);
+    const std::string name = cached ? "peerloss.step" : "peerloss.step" + std::to_string(steps);
+    ++steps;
+    s = WaitDone(e->Allreduce(name, v, v, ReduceOp::kSum), timeout + 10);
   }
   const double took = SecondsSince(t0);
   const std::string named = "rank " + std::to_string(victim);
@@ -286,12 +289,15 @@ int main(int argc, char** argv) {
     return mp::RunMemory("memory cycling", 20000, 4000,
                          [](int k) { return "memory.cycle." + std::to_string(k % 3000); });
   }
-  if (mode.rfind("--peerloss=", 0) == 0) return mp::RunPeerLoss(std::atoi(mode.c_str() + 11));
+  if (mode.rfind("--peerloss=", 0) == 0) return mp::RunPeerLoss(std::atoi(mode.c_str() + 11), false);
+  if (mode.rfind("--peerloss-cached=", 0) == 0) {
+    return mp::RunPeerLoss(std::atoi(mode.c_str() + 18), true);
+  }
   if (mode.rfind("--soak=", 0) == 0) return mp::RunSoak(std::atol(mode.c_str() + 7));
   if (mode == "--chaos") return mp::RunChaos();
   std::fprintf(stderr,
                "usage: %s [--checks | --process-sets | --process-sets-static | --memory | --memory-cycling | --soak=N | --chaos | "
-               "--peerloss=RANK]\n",
+               "--peerloss=RANK | --peerloss-cached=RANK]\n",
                argv[0]);
   return 2;
 }

@@ -28,7 +28,8 @@
 //     there the coordinator's stall inspector names the late rank.
 //
 // Order. Every rank must run the same responses in the same order. Rank 0 sends response lists
-// (of any set) only while it has no part of a round out; each list carries the number of rounds
+// (of any set) only while it has no part of a round out (and at least after each round it
+// completes, so a stream of rounds cannot starve them); each list carries the number of rounds
 // rank 0 had completed (after_round), and a worker holds a list until it has completed that round
 // itself. So every rank runs round k's responses, then the lists rank 0 sent after round k, then
 // round k+1's. At the completion of a round every rank has applied the same lists, so its cache
@@ -90,7 +91,11 @@ bool EngineImpl::TryRounds() {
       HVD_LOG(kError) << s.message();
       abort_ = s;  // the loop fails everything with it and tells rank 0, which tells everyone
       transport_->Abort(s);
+      break;
     }
+    // Between two rounds is where rank 0's lists go out: under a stream of rounds (another
+    // rank's part arriving as the last completes) there is no other.
+    if (coordinator()) CoordinatorStep();
   }
   return did;
 }
