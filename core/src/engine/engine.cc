@@ -122,7 +122,7 @@ Status EngineImpl::Connect() {
                                             options_.autotune_log, scope);
   }
   sets_[kGlobalProcessSet] = std::move(world);
-  auto symmetric = SymmetricNegotiation(job->all_linked, cores);
+  auto symmetric = SymmetricNegotiation(job->all_linked, cores, deadline);
   if (!symmetric.ok()) return symmetric.status().WithContext("rank " + std::to_string(options_.rank));
   if (*symmetric) {  // engine/rounds.cc
     rounds_ = std::make_unique<Rounds>();
@@ -140,16 +140,18 @@ Status EngineImpl::Connect() {
 
 // Whether the global set agrees on cached tensors in rounds (engine/rounds.cc): where every rank
 // links to every other (one host sharing memory) and HVD_SYMMETRIC_NEGOTIATION allows it (auto:
-// when the host has a core per rank). The ranks agree by one allreduce (the lowest wins), so a
-// launcher's layout or environment that differs between ranks cannot split them.
-StatusOr<bool> EngineImpl::SymmetricNegotiation(bool all_linked, unsigned cores) {
+// when the host has a core per rank). Whether all are linked every rank finds alike (the ranks
+// of a host agree on who shares its segments); the rest the linked ranks agree on by one
+// allreduce over shared memory (the lowest wins), so a launcher's layout or an environment that
+// differs between ranks cannot split them. Jobs over several hosts skip it.
+StatusOr<bool> EngineImpl::SymmetricNegotiation(bool all_linked, unsigned cores,
+                                                Deadline deadline) {
+  if (!all_linked) return false;
   const Options::Toggle knob = options_.symmetric_negotiation;
-  const bool wanted = knob == Options::Toggle::kOn ||
-                      (knob == Options::Toggle::kAuto && static_cast<unsigned>(options_.size) <= cores);
-  int32_t yes = all_linked && wanted ? 1 : 0;
+  int32_t yes = knob == Options::Toggle::kOn ||
+                (knob == Options::Toggle::kAuto && static_cast<unsigned>(options_.size) <= cores);
   if (options_.size == 1) return yes == 1;
-  Status s = Allreduce(*transport_, &yes, 1, DataType::kInt32, ReduceOp::kMin, scratch_,
-                       DeadlineAfterSeconds(options_.start_timeout_seconds));
+  Status s = Allreduce(*transport_, &yes, 1, DataType::kInt32, ReduceOp::kMin, scratch_, deadline);
   if (!s.ok()) return s.WithContext("agreeing on how the ranks negotiate");
   return yes == 1;
 }

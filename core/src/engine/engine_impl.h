@@ -217,7 +217,7 @@ class EngineImpl {
   explicit EngineImpl(const Options& options);
   Status Connect();
   Status SetUpViews(Comm& comm, const Topology& topology, const std::string& why);
-  StatusOr<bool> SymmetricNegotiation(bool all_linked, unsigned cores);
+  StatusOr<bool> SymmetricNegotiation(bool all_linked, unsigned cores, Deadline deadline);
   void Wake();
   HandlePtr EnqueueProcessSetOp(std::vector<int> ranks, int32_t remove);
 
