@@ -216,11 +216,14 @@ void CheckFastPathChurn(hvd::Engine& e, Checker& ck) {
       const int64_t salt = k * 1000 + step;
       bufs[k].resize(static_cast<size_t>(count));
       for (int64_t i = 0; i < count; ++i) {
-        bufs[k][i] = static_cast<float>(ReduceInput(DataType::kFloat32, ReduceOp::kSum, r, n, i, salt));
+        bufs[k][i] =
+            static_cast<float>(ReduceInput(DataType::kFloat32, ReduceOp::kSum, r, n, i, salt));
       }
       TensorView v(bufs[k].data(), DataType::kFloat32, {count});
       handles.emplace_back(k, e.Allreduce(name_of(k, step), v, v, ReduceOp::kSum));
-      if ((step + k + r) % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(150 * (r + 1)));
+      if ((step + k + r) % 7 == 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(150 * (r + 1)));
+      }
     }
     for (auto& [k, h] : handles) {
       const std::string what = name_of(k, step) + " at step " + std::to_string(step);

@@ -289,7 +289,9 @@ int main(int argc, char** argv) {
     return mp::RunMemory("memory cycling", 20000, 4000,
                          [](int k) { return "memory.cycle." + std::to_string(k % 3000); });
   }
-  if (mode.rfind("--peerloss=", 0) == 0) return mp::RunPeerLoss(std::atoi(mode.c_str() + 11), false);
+  if (mode.rfind("--peerloss=", 0) == 0) {
+    return mp::RunPeerLoss(std::atoi(mode.c_str() + 11), false);
+  }
   if (mode.rfind("--peerloss-cached=", 0) == 0) {
     return mp::RunPeerLoss(std::atoi(mode.c_str() + 18), true);
   }

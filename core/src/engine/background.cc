@@ -336,7 +336,9 @@ void EngineImpl::AddFull(ProcessSetState& ps, int rank, std::vector<Request> req
     // Other ranks may hold bits of these names, or (a join) of any: rank 0's next part of a
     // round withdraws them (rounds.cc).
     for (const auto& r : requests) {
-      if (r.type == OpType::kJoin || ps.cache->SlotOf(r.name) >= 0) rounds_->coordinator_news = true;
+      if (r.type == OpType::kJoin || ps.cache->SlotOf(r.name) >= 0) {
+        rounds_->coordinator_news = true;
+      }
     }
     ps.coordinator->AddRequests(rank, std::move(requests));
     return;

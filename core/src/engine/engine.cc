@@ -123,7 +123,9 @@ Status EngineImpl::Connect() {
   }
   sets_[kGlobalProcessSet] = std::move(world);
   auto symmetric = SymmetricNegotiation(job->all_linked, cores, deadline);
-  if (!symmetric.ok()) return symmetric.status().WithContext("rank " + std::to_string(options_.rank));
+  if (!symmetric.ok()) {
+    return symmetric.status().WithContext("rank " + std::to_string(options_.rank));
+  }
   if (*symmetric) {  // engine/rounds.cc
     rounds_ = std::make_unique<Rounds>();
     const size_t bits = static_cast<size_t>(std::max(0, options_.cache_capacity));

@@ -158,7 +158,9 @@ Status EngineImpl::OnRoundPart(int peer, const std::vector<uint8_t>& payload) {
   HVD_RETURN_IF_ERROR(Decode(payload.data(), payload.size(), &c));
   const std::string what = "part of round " + std::to_string(c.round) + " from rank " +
                            std::to_string(peer);
-  if (c.rank != peer) return Status::InvalidArgument(what + " names rank " + std::to_string(c.rank));
+  if (c.rank != peer) {
+    return Status::InvalidArgument(what + " names rank " + std::to_string(c.rank));
+  }
   if (c.ready.size() > r.ready.size() || c.withdraw.size() > r.ready.size()) {
     return Status::InvalidArgument(what + ": more bits than the response cache holds (" +
                                    std::to_string(r.since.size()) + ", HVD_CACHE_CAPACITY)");
