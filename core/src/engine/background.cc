@@ -207,7 +207,7 @@ bool EngineImpl::DrainQueue() {
 void EngineImpl::Announce(ProcessSetState& ps, const std::vector<const Request*>& requests) {
   // The symmetric fast path (rounds.cc): cached tensors join this rank's row, the others go to
   // the coordinator.
-  const bool symmetric = rounds_ && ps.id == kGlobalProcessSet;
+  const bool symmetric = Symmetric(ps);
   if (coordinator() || symmetric) {
     std::vector<Request> full;
     for (const Request* r : requests) {
@@ -262,7 +262,7 @@ Status EngineImpl::OnRequests(int peer, RequestList&& list) {
                                    ", which the rank is not a member of");
   }
   const int q = static_cast<int>(it - ps.ranks.begin());
-  if (rounds_ && ps.id == kGlobalProcessSet) {
+  if (Symmetric(ps)) {
     // The symmetric fast path (rounds.cc): bits travel in rounds; these are requests only, from
     // a rank whose cache may be a round ahead of this one's.
     if (!list.cached_bits.empty()) {
@@ -332,7 +332,7 @@ void EngineImpl::OfferBit(ProcessSetState& ps, int rank, uint32_t bit) {
 }
 
 void EngineImpl::AddFull(ProcessSetState& ps, int rank, std::vector<Request> requests) {
-  if (rounds_ && ps.id == kGlobalProcessSet) {
+  if (Symmetric(ps)) {
     // Other ranks may hold bits of these names, or (a join) of any: rank 0's next part of a
     // round withdraws them (rounds.cc).
     for (const auto& r : requests) {
@@ -431,7 +431,7 @@ Status EngineImpl::OnResponses(ResponseList&& list) {
     r.process_set = ps.id;
     r.knobs = list.knobs;
   }
-  if (rounds_ && ps.id == kGlobalProcessSet) {
+  if (Symmetric(ps)) {
     std::vector<std::pair<uint32_t, Request>> changed;
     ps.cache->Apply(list.responses, &changed);
     OnCacheChanged(changed);
@@ -604,7 +604,7 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
 void EngineImpl::ApplyOnRankZero(ProcessSetState& ps, std::vector<Response>& list) {
   std::vector<std::pair<uint32_t, Request>> changed;
   ps.cache->Apply(list, &changed);
-  if (rounds_ && ps.id == kGlobalProcessSet) return OnCacheChanged(changed);
+  if (Symmetric(ps)) return OnCacheChanged(changed);
   for (const auto& [bit, was] : changed) DemoteBit(ps, bit, &was);
 }
 

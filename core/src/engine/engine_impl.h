@@ -266,6 +266,10 @@ class EngineImpl {
   Status OnResponses(ResponseList&& list);
 
   // The symmetric fast path (rounds.cc).
+  // Whether `ps` agrees on cached tensors in rounds (the global set of a job that runs them).
+  bool Symmetric(const ProcessSetState& ps) const {
+    return rounds_ && ps.id == kGlobalProcessSet;
+  }
   void AnnounceBit(uint32_t bit);
   // Sends this rank's part and completes rounds while it can; true if it did either.
   bool TryRounds();
