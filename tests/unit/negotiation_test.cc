@@ -550,6 +550,71 @@ TEST(ResponseCache, RebuildAllMarksItsTensorsUsed) {
   EXPECT_GE(c.SlotOf("new"), 0);
 }
 
+// A lookup with a hint (where the name was found last time) gives what a lookup by name gives,
+// whatever happened to the hinted bit since: still the name's, its shape changed, evicted and
+// given to another name, or a hint out of range.
+TEST(ResponseCache, HintedLookupAgreesWithLookupByName) {
+  ResponseCache c(2, true);
+  Request a = Allreduce("a", {4}), b = Allreduce("b", {4});
+  c.Apply({ResponseFor(a), ResponseFor(b)});
+  const int bit_a = c.Lookup(a), bit_b = c.Lookup(b);
+  uint32_t hint = 0;  // unknown: found by name, and remembered
+  EXPECT_EQ(c.Lookup(a, &hint), bit_a);
+  EXPECT_EQ(hint, static_cast<uint32_t>(bit_a) + 1);
+  EXPECT_EQ(c.Lookup(a, &hint), bit_a);  // through the hint
+  hint = static_cast<uint32_t>(bit_b) + 1;  // a wrong hint: b's bit
+  EXPECT_EQ(c.Lookup(a, &hint), bit_a);
+  EXPECT_EQ(hint, static_cast<uint32_t>(bit_a) + 1);
+  hint = 1000;  // beyond the cache
+  EXPECT_EQ(c.Lookup(a, &hint), bit_a);
+  Request a5 = Allreduce("a", {5});  // same name, another shape: no hit, though the bit is a's
+  hint = static_cast<uint32_t>(bit_a) + 1;
+  EXPECT_EQ(c.Lookup(a5, &hint), -1);
+  EXPECT_EQ(hint, 0u);
+  hint = static_cast<uint32_t>(bit_a) + 1;
+  c.Apply({ResponseFor(b)});
+  c.Apply({ResponseFor(Allreduce("d", {4}))});  // d evicts a and takes its bit
+  EXPECT_EQ(c.SlotOf("d"), bit_a);
+  EXPECT_EQ(c.Lookup(a, &hint), -1);
+  EXPECT_EQ(hint, 0u);
+  Request d = Allreduce("d", {4});
+  hint = static_cast<uint32_t>(bit_b) + 1;
+  EXPECT_EQ(c.Lookup(d, &hint), bit_a);
+}
+
+// Each response RebuildAll builds names the bit of each of its tensors, over spare responses
+// too (whose bits of another step must not stay).
+TEST(ResponseCache, RebuildAllGivesEachTensorsBit) {
+  ResponseCache c(16, true);
+  std::vector<Response> applied;
+  for (int i = 0; i < 10; ++i) {
+    applied.push_back(ResponseFor(Allreduce("t" + std::to_string(i), {i + 1},
+                                            i % 3 ? DataType::kFloat32 : DataType::kFloat64)));
+  }
+  c.Apply(applied);
+  const std::vector<uint64_t> ready{0b1011011110};
+  for (int with_spare = 0; with_spare < 2; ++with_spare) {
+    std::vector<Response> spare(2), rebuilt;
+    for (auto& s : spare) {
+      s.names = {"x", "y", "z"};
+      s.shapes = {{1}, {1}, {1}};
+      s.bits = {9, 9, 9};
+    }
+    ASSERT_TRUE(c.RebuildAll(ready, 1 << 20, &rebuilt, with_spare ? &spare : nullptr));
+    ASSERT_GE(rebuilt.size(), 2u);  // float32 and float64 do not fuse
+    size_t tensors = 0;
+    for (const auto& r : rebuilt) {
+      ASSERT_EQ(r.bits.size(), r.names.size());
+      for (size_t i = 0; i < r.names.size(); ++i) {
+        EXPECT_EQ(c.SlotOf(r.names[i]), static_cast<int>(r.bits[i])) << r.names[i];
+        EXPECT_TRUE(ready[0] >> r.bits[i] & 1);
+      }
+      tensors += r.names.size();
+    }
+    EXPECT_EQ(tensors, 7u);
+  }
+}
+
 // What rank 0 needs of a list it applies: which bits changed meaning, with what they meant, and
 // whether a bit announced at an older epoch still means the same.
 TEST(ResponseCache, ReportsChangedBitsAndWhatIsUnchangedSinceAnEpoch) {
@@ -624,6 +689,16 @@ TEST(NameTable, ReusesNodesRefusesLiveDuplicatesAndSweeps) {
   EXPECT_EQ(t.live(), 1u);
   EXPECT_EQ(t.Find("grad.0"), again);
   EXPECT_EQ(again->value, "third");
+  EXPECT_GT(t.erasures(), 0u);  // sweeps happened: pointers to free nodes may dangle
+  // A node's hint outlives its value: it is the owner's, across the name's uses.
+  again->hint = 42;
+  t.Release(again);
+  EXPECT_EQ(t.Insert("grad.0", std::string("fourth")), again);
+  EXPECT_EQ(again->hint, 42u);
+  const uint64_t erasures = t.erasures();
+  t.Release(again);
+  EXPECT_EQ(t.erasures(), erasures);  // one free node is not swept
+  again = t.Insert("grad.0", std::string("third"));
   int live = 0;
   t.ReleaseIf([&](std::string& v) {
     ++live;

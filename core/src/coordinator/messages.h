@@ -86,6 +86,8 @@ struct Response {
   // Not on the wire: built by this rank from agreed cache bits (ResponseCache::RebuildAll),
   // which has marked its tensors used already.
   bool from_cache = false;
+  // Not on the wire: with from_cache, each tensor's cache bit (names[i] is bit bits[i]).
+  std::vector<uint32_t> bits;
   // Not on the wire: the knobs of the list it came in.
   PlanKnobs knobs;
 };

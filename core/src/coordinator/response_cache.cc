@@ -17,7 +17,17 @@ bool SameRequest(const Request& a, const Request& b) {
 ResponseCache::ResponseCache(int capacity, bool keep_history)
     : slots_(capacity > 0 ? capacity : 0), keep_history_(keep_history) {}
 
-int ResponseCache::Lookup(const Request& r) const {
+int ResponseCache::Lookup(const Request& r, uint32_t* hint) const {
+  if (hint != nullptr) {
+    // A name holds one bit at a time: a bit that holds exactly r is r's.
+    const uint32_t b = *hint - 1;
+    if (*hint != 0 && b < slots_.size() && slots_[b].live && SameRequest(slots_[b].request, r)) {
+      return static_cast<int>(b);
+    }
+    const int found = Lookup(r);
+    *hint = found >= 0 ? static_cast<uint32_t>(found) + 1 : 0;
+    return found;
+  }
   auto it = by_name_.find(r.name);
   if (it == by_name_.end()) return -1;
   return SameRequest(slots_[it->second].request, r) ? static_cast<int>(it->second) : -1;
@@ -44,7 +54,8 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
   Response like;  // the fields fusion compares
   for (size_t w = 0; w < bits.size(); ++w) {
     for (uint64_t word = bits[w]; word; word &= word - 1) {
-      Slot& slot = slots_[w * 64 + __builtin_ctzll(word)];
+      const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+      Slot& slot = slots_[bit];
       slot.last_used = ++clock_;
       const Request& q = slot.request;
       FillFields(q, &like);
@@ -55,10 +66,13 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
         if (spare != nullptr && !spare->empty()) {
           r.names = std::move(spare->back().names);
           r.shapes = std::move(spare->back().shapes);
+          r.bits = std::move(spare->back().bits);
+          r.bits.clear();
           spare->pop_back();
         } else if (n > 1) {  // usually one response takes them all
           r.names.reserve(n);
           r.shapes.reserve(n);
+          r.bits.reserve(n);
           n = 0;
         }
         FillFields(q, &r);
@@ -75,6 +89,7 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
         into->names.push_back(q.name);
         into->shapes.push_back(q.shape);
       }
+      into->bits.push_back(bit);
       ++k;
     }
   }

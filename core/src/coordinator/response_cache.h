@@ -39,8 +39,10 @@ class ResponseCache {
   bool enabled() const { return !slots_.empty(); }
   uint64_t epoch() const { return epoch_; }
 
-  // The bit of r's name if it is cached with exactly r's request, else -1.
-  int Lookup(const Request& r) const;
+  // The bit of r's name if it is cached with exactly r's request, else -1. With `hint` (bit + 1
+  // where this name was last found, 0: unknown), a bit that still holds r is taken without
+  // hashing the name, and *hint is updated.
+  int Lookup(const Request& r, uint32_t* hint = nullptr) const;
   // The bit that holds `name` now, else -1.
   int SlotOf(const std::string& name) const;
   // The request a bit holds now, or null if it is empty.
@@ -49,7 +51,8 @@ class ResponseCache {
   }
   // The responses of the tensors whose bits are set (at this epoch), in bit order, fused with
   // `fusion_threshold` as FuseResponses would (planner/fusion.h); false if a bit is empty.
-  // Marks each tensor used, in bit order, and the responses `from_cache`: Apply skips them.
+  // Marks each tensor used, in bit order, and the responses `from_cache`: Apply skips them;
+  // each response's `bits` are its tensors'.
   // Responses taken from `spare` (executed ones, see EngineImpl::Recycle) are written over,
   // so that a step of the same tensors reuses their names' and shapes' storage instead of
   // allocating it again per tensor.

@@ -152,8 +152,8 @@ bool EngineImpl::DrainQueue() {
     shutdown = shutdown_requested_;
   }
   const auto start = batch.empty() ? Clock::time_point() : Clock::now();
-  // By process set: the requests of the entries moved into pending_ (whose nodes stay put).
-  std::map<int32_t, std::vector<const Request*>> requests;
+  // By process set: the entries moved into pending_ (whose nodes stay put).
+  std::map<int32_t, std::vector<NameTable<TensorEntry>::Node*>> requests;
   for (auto& e : batch) {
     if (e.raw) {
       StopPolling();
@@ -183,9 +183,9 @@ bool EngineImpl::DrainQueue() {
                                                  ": a tensor with this name is already pending"));
       continue;
     }
-    requests[set].push_back(&node->value.request);
+    requests[set].push_back(node);
   }
-  for (auto& [set, list] : requests) Announce(*sets_.at(set), list);
+  for (auto& [set, list] : requests) Announce(*sets_.at(set), list, start);
   if (!requests.empty()) CountNegotiation(start);
   if (shutdown && !shutdown_sent_) {
     shutdown_sent_ = true;
@@ -204,25 +204,52 @@ bool EngineImpl::DrainQueue() {
   return drained;
 }
 
-void EngineImpl::Announce(ProcessSetState& ps, const std::vector<const Request*>& requests) {
+int EngineImpl::LookupBit(ProcessSetState& ps, NameTable<TensorEntry>::Node* node) {
+  const int bit = ps.cache->Lookup(node->value.request, &node->hint);
+  if (bit < 0) return bit;
+  if (ps.nodes_generation != pending_.erasures()) {  // nodes it holds may be gone
+    ps.node_of_bit.assign(ps.node_of_bit.size(), nullptr);
+    ps.nodes_generation = pending_.erasures();
+  }
+  if (static_cast<size_t>(bit) >= ps.node_of_bit.size()) ps.node_of_bit.resize(bit + 1, nullptr);
+  ps.node_of_bit[bit] = node;
+  return bit;
+}
+
+NameTable<TensorEntry>::Node* EngineImpl::PendingNode(ProcessSetState& ps, const Response& r,
+                                                      size_t i) {
+  if (r.from_cache && i < r.bits.size() && r.bits[i] < ps.node_of_bit.size() &&
+      ps.nodes_generation == pending_.erasures()) {
+    auto* node = ps.node_of_bit[r.bits[i]];
+    if (node != nullptr && node->live && node->value.request.name == r.names[i]) return node;
+  }
+  return r.process_set == kGlobalProcessSet ? pending_.Find(r.names[i])
+                                            : pending_.Find(PendingKey(r.process_set, r.names[i]));
+}
+
+void EngineImpl::Announce(ProcessSetState& ps,
+                          const std::vector<NameTable<TensorEntry>::Node*>& nodes,
+                          Clock::time_point now) {
   // The symmetric fast path (rounds.cc): cached tensors join this rank's row, the others go to
   // the coordinator.
   const bool symmetric = Symmetric(ps);
   if (coordinator() || symmetric) {
     std::vector<Request> full;
-    for (const Request* r : requests) {
-      const int bit = ps.cache->Lookup(*r);
+    uint64_t hits = 0;
+    for (auto* node : nodes) {
+      const int bit = LookupBit(ps, node);
       if (bit >= 0) {
-        cache_hits_.fetch_add(1);
+        ++hits;
         if (symmetric) {
-          AnnounceBit(static_cast<uint32_t>(bit));
+          AnnounceBit(static_cast<uint32_t>(bit), now);
         } else {
           OfferBit(ps, ps.rank, static_cast<uint32_t>(bit));
         }
       } else {
-        full.push_back(*r);
+        full.push_back(node->value.request);
       }
     }
+    cache_hits_.fetch_add(hits);
     if (full.empty()) return;
     if (symmetric) return SendToCoordinator(std::move(full));
     AddFull(ps, ps.rank, std::move(full));
@@ -232,17 +259,19 @@ void EngineImpl::Announce(ProcessSetState& ps, const std::vector<const Request*>
   RequestList list;
   list.process_set = ps.id;
   list.cache_epoch = ps.cache->epoch();
-  for (const Request* r : requests) {
-    int bit = ps.cache->Lookup(*r);
+  uint64_t hits = 0;
+  for (auto* node : nodes) {
+    int bit = LookupBit(ps, node);
     if (bit < 0) {
-      list.requests.push_back(*r);
+      list.requests.push_back(node->value.request);
       continue;
     }
     size_t word = static_cast<size_t>(bit) / 64;
     if (list.cached_bits.size() <= word) list.cached_bits.resize(word + 1, 0);
     list.cached_bits[word] |= uint64_t{1} << (bit % 64);
-    cache_hits_.fetch_add(1);
+    ++hits;
   }
+  cache_hits_.fetch_add(hits);
   control_[0]->Send(static_cast<uint8_t>(MessageType::kRequests), Payload(Encode(list)));
   negotiation_messages_.fetch_add(1, std::memory_order_relaxed);
 }

@@ -20,18 +20,19 @@ HandlePtr Failed(Status s) {
   return h;
 }
 
-TensorEntry MakeEntry(OpType type, const std::string& name, const TensorView& in,
-                      const TensorView& out, int32_t process_set) {
+TensorEntry MakeEntry(EngineImpl& impl, OpType type, const std::string& name,
+                      const TensorView& in, const TensorView& out, int32_t process_set) {
   TensorEntry e;
+  impl.TakeShell(&e.request);  // storage for the name and shape, reused
   e.request.type = type;
-  e.request.name = name;
+  e.request.name.assign(name);
   e.request.process_set = process_set;
   e.request.dtype = in.dtype;
   e.request.device = in.device;
   // The input's shape is kept once, in the request; of the output only where it lies:
   // wherever an op takes one, its element count is the input's (checked before). Copying the
   // shapes again would allocate for every tensor.
-  e.request.shape = in.shape;
+  e.request.shape.assign(in.shape.begin(), in.shape.end());
   e.input.data = in.data;
   e.input.dtype = in.dtype;
   e.input.device = in.device;
@@ -316,6 +317,14 @@ Status EngineImpl::CheckProcessSetLocked(Request& r) const {
   return Status::OK();
 }
 
+void EngineImpl::TakeShell(Request* r) {
+  std::lock_guard<std::mutex> l(shells_mu_);
+  if (shells_.empty()) return;
+  r->name.swap(shells_.back().name);
+  r->shape.swap(shells_.back().shape);
+  shells_.pop_back();
+}
+
 HandlePtr EngineImpl::Enqueue(TensorEntry&& entry) {
   HandlePtr handle = entry.handle;
   Submit(&entry, 1);
@@ -393,7 +402,7 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
 // ---------------------------------------------------------------- EngineImpl: process sets
 
 HandlePtr EngineImpl::EnqueueProcessSetOp(std::vector<int> ranks, int32_t remove) {
-  TensorEntry e = MakeEntry(OpType::kProcessSet, "", TensorView(), TensorView(), kGlobalProcessSet);
+  TensorEntry e = MakeEntry(*this, OpType::kProcessSet, "", TensorView(), TensorView(), kGlobalProcessSet);
   e.request.shape.clear();
   e.request.root = remove;
   e.request.splits.assign(ranks.begin(), ranks.end());
@@ -580,7 +589,7 @@ HandlePtr Engine::Allreduce(const std::string& name, const TensorView& input,
                             double postscale, int32_t process_set) {
   Status s = CheckAllreduceArgs(name, input, output, op);
   if (!s.ok()) return Failed(s);
-  TensorEntry e = MakeEntry(OpType::kAllreduce, name, input, output, process_set);
+  TensorEntry e = MakeEntry(*impl_, OpType::kAllreduce, name, input, output, process_set);
   e.request.op = op;
   e.request.prescale = prescale;
   e.request.postscale = postscale;
@@ -605,7 +614,7 @@ std::vector<HandlePtr> Engine::GroupedAllreduce(const std::vector<std::string>& 
       for (auto& h : hs) h = Failed(s);
       return hs;
     }
-    TensorEntry e = MakeEntry(OpType::kAllreduce, names[i], inputs[i], outputs[i], process_set);
+    TensorEntry e = MakeEntry(*impl_, OpType::kAllreduce, names[i], inputs[i], outputs[i], process_set);
     e.request.op = op;
     e.request.prescale = prescale;
     e.request.postscale = postscale;
@@ -616,7 +625,7 @@ std::vector<HandlePtr> Engine::GroupedAllreduce(const std::vector<std::string>& 
 
 HandlePtr Engine::Allgather(const std::string& name, const TensorView& input,
                             OutputAllocator allocator, int32_t process_set) {
-  TensorEntry e = MakeEntry(OpType::kAllgather, name, input, TensorView(), process_set);
+  TensorEntry e = MakeEntry(*impl_, OpType::kAllgather, name, input, TensorView(), process_set);
   if (e.request.shape.empty()) e.request.shape = {1};
   e.allocator = std::move(allocator);
   return impl_->Enqueue(std::move(e));
@@ -627,7 +636,7 @@ std::vector<HandlePtr> Engine::GroupedAllgather(const std::vector<std::string>& 
                                                 int32_t process_set) {
   std::vector<TensorEntry> entries;
   for (size_t i = 0; i < names.size() && i < inputs.size(); ++i) {
-    TensorEntry e = MakeEntry(OpType::kAllgather, names[i], inputs[i], TensorView(), process_set);
+    TensorEntry e = MakeEntry(*impl_, OpType::kAllgather, names[i], inputs[i], TensorView(), process_set);
     if (e.request.shape.empty()) e.request.shape = {1};
     entries.push_back(std::move(e));
   }
@@ -644,7 +653,7 @@ HandlePtr Engine::Broadcast(const std::string& name, const TensorView& input,
                                           output.ShapeString() + " does not match input " +
                                           input.ShapeString()));
   }
-  TensorEntry e = MakeEntry(OpType::kBroadcast, name, input, output, process_set);
+  TensorEntry e = MakeEntry(*impl_, OpType::kBroadcast, name, input, output, process_set);
   e.request.root = root;
   return impl_->Enqueue(std::move(e));
 }
@@ -652,7 +661,7 @@ HandlePtr Engine::Broadcast(const std::string& name, const TensorView& input,
 HandlePtr Engine::Alltoall(const std::string& name, const TensorView& input,
                            const std::vector<int64_t>& splits, OutputAllocator allocator,
                            int32_t process_set) {
-  TensorEntry e = MakeEntry(OpType::kAlltoall, name, input, TensorView(), process_set);
+  TensorEntry e = MakeEntry(*impl_, OpType::kAlltoall, name, input, TensorView(), process_set);
   if (e.request.shape.empty()) {
     return Failed(Status::InvalidArgument("alltoall '" + name + "': input must have at least one dimension"));
   }
@@ -697,7 +706,7 @@ HandlePtr Engine::Reducescatter(const std::string& name, const TensorView& input
                                 int32_t process_set) {
   Status s = CheckReducescatterArgs(name, input, op);
   if (!s.ok()) return Failed(s);
-  TensorEntry e = MakeEntry(OpType::kReducescatter, name, input, TensorView(), process_set);
+  TensorEntry e = MakeEntry(*impl_, OpType::kReducescatter, name, input, TensorView(), process_set);
   e.request.op = op;
   e.request.prescale = prescale;
   e.request.postscale = postscale;
@@ -722,7 +731,7 @@ std::vector<HandlePtr> Engine::GroupedReducescatter(const std::vector<std::strin
       for (auto& h : hs) h = Failed(s);
       return hs;
     }
-    TensorEntry e = MakeEntry(OpType::kReducescatter, names[i], inputs[i], TensorView(), process_set);
+    TensorEntry e = MakeEntry(*impl_, OpType::kReducescatter, names[i], inputs[i], TensorView(), process_set);
     e.request.op = op;
     e.request.prescale = prescale;
     e.request.postscale = postscale;
@@ -732,13 +741,13 @@ std::vector<HandlePtr> Engine::GroupedReducescatter(const std::vector<std::strin
 }
 
 HandlePtr Engine::Barrier(int32_t process_set) {
-  TensorEntry e = MakeEntry(OpType::kBarrier, "", TensorView(), TensorView(), process_set);
+  TensorEntry e = MakeEntry(*impl_, OpType::kBarrier, "", TensorView(), TensorView(), process_set);
   e.request.shape.clear();
   return impl_->Enqueue(std::move(e));
 }
 
 HandlePtr Engine::Join() {
-  TensorEntry e = MakeEntry(OpType::kJoin, "", TensorView(), TensorView(), kGlobalProcessSet);
+  TensorEntry e = MakeEntry(*impl_, OpType::kJoin, "", TensorView(), TensorView(), kGlobalProcessSet);
   e.request.shape.clear();
   return impl_->Enqueue(std::move(e));
 }

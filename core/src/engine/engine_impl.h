@@ -138,6 +138,12 @@ struct ProcessSetState {
   bool removed = false;    // a removal is negotiated: new operations on it fail
   std::unique_ptr<ResponseCache> cache;  // identical on every member and rank 0
   std::unique_ptr<Comm> comm;            // members only
+  // Members: [bit] this rank's pending_ node last announced as that bit, so that a response
+  // rebuilt from bits finds its entries without hashing their names (PendingNode); valid while
+  // pending_.erasures() is nodes_generation. A node found there must still be live and hold
+  // the response's name (a guard: every agreed bit was announced by this rank as that node).
+  std::vector<NameTable<TensorEntry>::Node*> node_of_bit;
+  uint64_t nodes_generation = 0;
   // Rank 0 only: the set's coordinator (null once its removal is negotiated), each member's
   // cache epoch, and the fast path for cached tensors (background.cc): [rank][word] cached
   // tensors announced and not yet agreed on; [bit] when the first rank announced it (zero: no
@@ -182,6 +188,8 @@ class EngineImpl {
   ~EngineImpl();
 
   const Options& options() const { return options_; }
+  // Caller side: gives `r` the storage of a finished entry's name and shape, if one is spare.
+  void TakeShell(Request* r);
   HandlePtr Enqueue(TensorEntry&& entry);
   std::vector<HandlePtr> EnqueueGroup(std::vector<TensorEntry> entries);
   void Submit(TensorEntry* entries, size_t n);
@@ -240,7 +248,12 @@ class EngineImpl {
   bool DrainQueue();
   void StopPolling();  // lowers the poller's flag before a wait that does not poll it
   void Recycle(Response&& r);  // after Execute: keeps it in spare_responses_
-  void Announce(ProcessSetState& ps, const std::vector<const Request*>& requests);
+  void Announce(ProcessSetState& ps, const std::vector<NameTable<TensorEntry>::Node*>& nodes,
+                Clock::time_point now);
+  // The cache bit of a pending node's request, or -1; remembers the node by its bit.
+  int LookupBit(ProcessSetState& ps, NameTable<TensorEntry>::Node* node);
+  // The pending node of a response's i-th tensor on this rank, or null.
+  NameTable<TensorEntry>::Node* PendingNode(ProcessSetState& ps, const Response& r, size_t i);
   void OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&& payload);
   void OnControlError(int peer, const std::string& what,
                       StatusCode code = StatusCode::kPeerLost);
@@ -270,7 +283,7 @@ class EngineImpl {
   bool Symmetric(const ProcessSetState& ps) const {
     return rounds_ && ps.id == kGlobalProcessSet;
   }
-  void AnnounceBit(uint32_t bit);
+  void AnnounceBit(uint32_t bit, Clock::time_point now);
   // Sends this rank's part and completes rounds while it can; true if it did either.
   bool TryRounds();
   bool RoundNews(Clock::time_point now) const;
@@ -353,6 +366,17 @@ class EngineImpl {
   std::atomic<bool> wake_posted_{false};
   std::atomic<bool> queued_{false};    // the queue may hold entries the background has not seen
   std::atomic<bool> sleeping_{false};  // the background thread sleeps in io_ (or is about to)
+  // The storage of executed entries' names and shapes, handed back by the background thread
+  // (ReturnShells) for callers to build the next ones in (TakeShell): a step of the same
+  // tensors then allocates neither on the caller's thread, nor frees on the background thread
+  // what the caller's allocated.
+  struct Shell {
+    std::string name;
+    std::vector<int64_t> shape;
+  };
+  static constexpr size_t kMaxShells = 16384;
+  std::mutex shells_mu_;
+  std::vector<Shell> shells_;  // guarded by shells_mu_
 
   std::mutex elastic_mu_;  // serialises callers' use of elastic_store_
   std::unique_ptr<StoreClient> elastic_store_;  // guarded by elastic_mu_; null unless elastic
@@ -381,6 +405,9 @@ class EngineImpl {
   std::vector<NameTable<TensorEntry>::Node*> executing_nodes_;
   std::vector<size_t> counts_;
   std::vector<AllreducePiece> pieces_;
+  std::vector<Shell> returning_;  // shells of the response being executed
+  void KeepShell(Request& r);     // moves r's name and shape into returning_
+  void ReturnShells();
   std::deque<Response> to_execute_;
   std::vector<Response> spare_responses_;  // executed, their names' storage to write over
   std::unique_ptr<Timeline> timeline_;

@@ -214,6 +214,30 @@ void EngineImpl::CompleteEntries(TensorEntry* const* entries, size_t n, const St
   for (size_t i = 0; i < n; ++i) entries[i]->handle->Complete(status);
 }
 
+void EngineImpl::KeepShell(Request& r) {
+  if (r.name.capacity() <= Shell().name.capacity() && r.shape.capacity() == 0) return;
+  if (returning_.size() >= kMaxShells) return;
+  returning_.emplace_back();
+  returning_.back().name.swap(r.name);
+  returning_.back().shape.swap(r.shape);
+}
+
+void EngineImpl::ReturnShells() {
+  if (returning_.empty()) return;
+  {
+    std::lock_guard<std::mutex> l(shells_mu_);
+    if (shells_.empty()) {
+      shells_.swap(returning_);
+    } else {
+      for (auto& s : returning_) {
+        if (shells_.size() >= kMaxShells) break;
+        shells_.push_back(std::move(s));
+      }
+    }
+  }
+  returning_.clear();
+}
+
 void EngineImpl::Execute(const Response& r) {
   responses_executed_.fetch_add(1);
   ProcessSetState* ps = FindSet(r.process_set);
@@ -232,9 +256,7 @@ void EngineImpl::Execute(const Response& r) {
   entries.assign(r.names.size(), nullptr);
   bool mine = false;
   for (size_t i = 0; i < r.names.size(); ++i) {
-    auto* node = r.process_set == kGlobalProcessSet
-                     ? pending_.Find(r.names[i])
-                     : pending_.Find(PendingKey(r.process_set, r.names[i]));
+    auto* node = PendingNode(*ps, r, i);
     if (node == nullptr) continue;
     owned.push_back(node);
     entries[i] = &node->value;
@@ -269,8 +291,12 @@ void EngineImpl::Execute(const Response& r) {
   entries.erase(std::remove(entries.begin(), entries.end(), nullptr), entries.end());
   CompleteEntries(entries.data(), entries.size(), s);
   entries.clear();
-  for (auto* node : owned) pending_.Release(node);
+  for (auto* node : owned) {
+    KeepShell(node->value.request);
+    pending_.Release(node);
+  }
   owned.clear();
+  ReturnShells();
   if (comm_gone && abort_.ok()) abort_ = s;
 }
 

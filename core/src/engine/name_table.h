@@ -24,6 +24,9 @@ class NameTable {
   struct Node {
     bool live = false;
     V value{};
+    // The owner's note about the name, kept while the node lives and while it is free (not
+    // reset with the value): e.g. where the name was found in another table last time.
+    uint32_t hint = 0;
   };
 
   // The live node of `key`, or null.
@@ -68,8 +71,12 @@ class NameTable {
   void Clear() {
     map_.clear();
     live_ = 0;
+    ++erasures_;
   }
   size_t live() const { return live_; }
+  // Counts the times nodes were erased (swept or cleared): a pointer to a node kept across a
+  // change of this count may dangle. Live nodes are never erased.
+  uint64_t erasures() const { return erasures_; }
 
  private:
   static constexpr size_t kKeepFree = 4096;
@@ -85,6 +92,7 @@ class NameTable {
   }
   void MaybeSweep() {
     if (map_.size() <= 2 * live_ + kKeepFree) return;
+    ++erasures_;
     for (auto it = map_.begin(); it != map_.end();) {
       it = it->second->node.live ? std::next(it) : map_.erase(it);
     }
@@ -92,6 +100,7 @@ class NameTable {
 
   std::unordered_map<std::string_view, std::unique_ptr<Entry>> map_;
   size_t live_ = 0;
+  uint64_t erasures_ = 0;
 };
 
 }  // namespace hvd

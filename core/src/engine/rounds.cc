@@ -60,10 +60,10 @@ void TrimZeros(std::vector<uint64_t>* v) {
 }
 }  // namespace
 
-void EngineImpl::AnnounceBit(uint32_t bit) {
+void EngineImpl::AnnounceBit(uint32_t bit, Clock::time_point now) {
   Rounds& r = *rounds_;
   r.ready[bit / 64] |= Mask(bit);
-  r.since[bit] = Clock::now();
+  r.since[bit] = now;
   r.fresh = true;
 }
 
