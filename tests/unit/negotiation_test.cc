@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "coordinator/coordinator.h"
@@ -524,9 +525,21 @@ TEST(ResponseCache, RebuildAllFusesAsFuseResponsesDoes) {
       old.root = 5;
       old.error = "stale";
     }
+    std::set<const char*> stock;  // the spare names' storage
+    for (const auto& old : spare) {
+      for (const auto& name : old.names) stock.insert(name.data());
+    }
     std::vector<Response> over;
     ASSERT_TRUE(c.RebuildAll(ready, threshold, &over, &spare));
     ExpectRebuiltAs(over, want, trial);
+    size_t tensors = 0, reused = 0, left = 0;
+    for (const auto& r : over) {
+      tensors += r.names.size();
+      for (const auto& name : r.names) reused += stock.count(name.data());
+    }
+    for (const auto& old : spare) left += old.names.size();
+    EXPECT_EQ(reused, std::min(stock.size(), tensors)) << "trial " << trial;
+    EXPECT_EQ(left, stock.size() - reused) << "trial " << trial;
   }
 }
 
@@ -699,6 +712,30 @@ TEST(NameTable, ReusesNodesRefusesLiveDuplicatesAndSweeps) {
   t.Release(again);
   EXPECT_EQ(t.erasures(), erasures);  // one free node is not swept
   again = t.Insert("grad.0", std::string("third"));
+  // A step of 10,000 names, all ending before the next step starts them again: every step
+  // reuses the same nodes (none swept, so no key is built and no pointer to a node dangles).
+  std::vector<NameTable<std::string>::Node*> first;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<NameTable<std::string>::Node*> nodes;
+    for (int i = 0; i < 10000; ++i) {
+      nodes.push_back(t.Insert("step." + std::to_string(i), std::string("v")));
+      ASSERT_NE(nodes.back(), nullptr);
+    }
+    const uint64_t erasures = t.erasures();
+    for (auto* node : nodes) t.Release(node);
+    EXPECT_EQ(t.erasures(), erasures) << "step " << step;
+    if (step == 0) first = nodes;
+    EXPECT_EQ(nodes, first) << "step " << step;
+  }
+  // Then names that never recur: a sweep comes, and takes the step's free nodes too.
+  const uint64_t before = t.erasures();
+  for (int i = 0; i < 30000; ++i) {
+    const std::string name = "later." + std::to_string(i);
+    ASSERT_NE(t.Insert(name, std::string("x")), nullptr);
+    t.Release(name);
+  }
+  EXPECT_GT(t.erasures(), before);
+  EXPECT_EQ(t.Find("grad.0"), again);
   int live = 0;
   t.ReleaseIf([&](std::string& v) {
     ++live;

@@ -50,7 +50,6 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
   // Fused as they are built: no response per tensor. Each tensor is marked used here, in bit
   // order (Apply leaves these responses alone).
   ResponseFuser fuser(fusion_threshold);
-  std::vector<size_t> used;  // per response: the tensors written into it so far
   Response like;  // the fields fusion compares
   for (size_t w = 0; w < bits.size(); ++w) {
     for (uint64_t word = bits[w]; word; word &= word - 1) {
@@ -63,41 +62,38 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
       Response* into = fuser.Join(like, bytes);
       if (into == nullptr) {
         Response r;
-        if (spare != nullptr && !spare->empty()) {
-          r.names = std::move(spare->back().names);
-          r.shapes = std::move(spare->back().shapes);
-          r.bits = std::move(spare->back().bits);
-          r.bits.clear();
-          spare->pop_back();
-        } else if (n > 1) {  // usually one response takes them all
-          r.names.reserve(n);
-          r.shapes.reserve(n);
-          r.bits.reserve(n);
-          n = 0;
-        }
+        r.names.reserve(n);  // usually one response takes them all
+        r.shapes.reserve(n);
+        r.bits.reserve(n);
         FillFields(q, &r);
         r.from_cache = true;
         into = &fuser.Start(std::move(r), bytes);
-        used.push_back(0);
       }
-      // Over a spare response's k-th name and shape (their storage kept), or appended.
-      size_t& k = used[fuser.IndexOf(into)];
-      if (k < into->names.size()) {
-        into->names[k].assign(q.name);
-        into->shapes[k].assign(q.shape.begin(), q.shape.end());
+      // Written over a spare name and shape (their storage kept), or new.
+      while (spare != nullptr && !spare->empty() && spare->back().names.empty() &&
+             spare->back().shapes.empty()) {
+        spare->pop_back();
+      }
+      Response* stock = spare != nullptr && !spare->empty() ? &spare->back() : nullptr;
+      if (stock != nullptr && !stock->names.empty()) {
+        into->names.push_back(std::move(stock->names.back()));
+        stock->names.pop_back();
+        into->names.back().assign(q.name);
       } else {
         into->names.push_back(q.name);
+      }
+      if (stock != nullptr && !stock->shapes.empty()) {
+        into->shapes.push_back(std::move(stock->shapes.back()));
+        stock->shapes.pop_back();
+        into->shapes.back().assign(q.shape.begin(), q.shape.end());
+      } else {
         into->shapes.push_back(q.shape);
       }
       into->bits.push_back(bit);
-      ++k;
+      --n;
     }
   }
   *out = fuser.Take();
-  for (size_t i = 0; i < out->size(); ++i) {  // a spare's names beyond this step's
-    (*out)[i].names.resize(used[i]);
-    (*out)[i].shapes.resize(used[i]);
-  }
   return true;
 }
 

@@ -53,9 +53,10 @@ class ResponseCache {
   // `fusion_threshold` as FuseResponses would (planner/fusion.h); false if a bit is empty.
   // Marks each tensor used, in bit order, and the responses `from_cache`: Apply skips them;
   // each response's `bits` are its tensors'.
-  // Responses taken from `spare` (executed ones, see EngineImpl::Recycle) are written over,
-  // so that a step of the same tensors reuses their names' and shapes' storage instead of
-  // allocating it again per tensor.
+  // The names and shapes are written over ones taken from the ends of the `spare` responses
+  // (executed ones, see EngineImpl::Recycle; emptied ones are dropped), so that a step of the
+  // same tensors reuses their storage instead of allocating it again per tensor, however the
+  // step splits into responses.
   bool RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,
                   std::vector<Response>* out, std::vector<Response>* spare = nullptr);
   // Whether a bit holds now what it held at `epoch`: a bit announced then means the same now.

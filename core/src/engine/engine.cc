@@ -13,8 +13,69 @@ namespace hvd {
 
 namespace {
 
+// The memory of handles (each with its shared_ptr's control block), kept for the next ones: a
+// step of many tensors makes and drops as many handles, on the caller's thread and the
+// background thread, and the allocator's free lists then cost more than the handle. One size
+// is kept (the first asked for); at most kMaxBlocks blocks. Never destroyed, so that a handle
+// a caller keeps past the engine, or past exit, can still go.
+class HandleBlocks {
+ public:
+  static HandleBlocks& Get() {
+    static HandleBlocks* blocks = new HandleBlocks();
+    return *blocks;
+  }
+  void* Take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (bytes == size_ && !free_.empty()) {
+        void* p = free_.back();
+        free_.pop_back();
+        return p;
+      }
+      if (size_ == 0) size_ = bytes;
+    }
+    return ::operator new(bytes);
+  }
+  void Give(void* p, size_t bytes) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (bytes == size_ && free_.size() < kMaxBlocks) {
+        free_.push_back(p);
+        return;
+      }
+    }
+    ::operator delete(p);
+  }
+
+ private:
+  static constexpr size_t kMaxBlocks = 1 << 16;
+  std::mutex mu_;
+  size_t size_ = 0;
+  std::vector<void*> free_;
+};
+
+template <typename T>
+struct HandleAllocator {
+  using value_type = T;
+  HandleAllocator() = default;
+  template <typename U>
+  HandleAllocator(const HandleAllocator<U>&) {}  // NOLINT: rebinding, as allocators do
+  T* allocate(size_t n) { return static_cast<T*>(HandleBlocks::Get().Take(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { HandleBlocks::Get().Give(p, n * sizeof(T)); }
+  template <typename U>
+  bool operator==(const HandleAllocator<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const HandleAllocator<U>&) const { return false; }
+};
+
+}  // namespace
+
+HandlePtr NewHandle() { return std::allocate_shared<Handle>(HandleAllocator<Handle>()); }
+
+namespace {
+
 HandlePtr Failed(Status s) {
-  auto h = std::make_shared<Handle>();
+  auto h = NewHandle();
   h->refused_ = true;
   h->Complete(std::move(s));
   return h;
@@ -39,7 +100,7 @@ TensorEntry MakeEntry(EngineImpl& impl, OpType type, const std::string& name,
   e.output.data = out.data;
   e.output.dtype = out.dtype;
   e.output.device = out.device;
-  e.handle = std::make_shared<Handle>();
+  e.handle = NewHandle();
   return e;
 }
 

@@ -57,6 +57,9 @@ inline std::shared_ptr<const std::vector<uint8_t>> Payload(std::vector<uint8_t> 
 // The key of an operation in flight: its name, qualified by its process set unless global.
 std::string PendingKey(int32_t process_set, const std::string& name);
 
+// A new handle, in memory kept from handles that went (engine.cc).
+HandlePtr NewHandle();
+
 // The message of an exception caught with catch (...) (execute.cc).
 std::string ExceptionMessage(std::exception_ptr p);
 

@@ -393,7 +393,7 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
     s.request = entries[i]->request;
     s.input = TensorView(host + offsets[i], r.dtype, {});
     if (in_place) s.output = s.input;
-    s.handle = std::make_shared<Handle>();
+    s.handle = NewHandle();
     shadows[i] = &s;
   }
   Response hr = r;

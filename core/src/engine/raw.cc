@@ -57,7 +57,7 @@ Status RunRawCollective(Engine& engine, RawCollective coll, const void* in, void
   TensorEntry e;
   e.request.name = "raw";  // one at a time: the call waits, and the name refuses overlap
   e.request.shape = {0};  // the raw function carries its own buffers
-  e.handle = std::make_shared<Handle>();
+  e.handle = NewHandle();
   RawFn run = MakeRaw(coll, in, out, count, dtype, op, engine.size(),
                       engine.options().timeout_seconds);
   if (seconds) {

@@ -27,8 +27,6 @@ class ResponseFuser {
   // Appends `r` (its tensors counted as `bytes`) as a response of its own.
   Response& Start(Response r, size_t bytes);
   std::vector<Response> Take() { return std::move(out_); }
-  // The place among the responses so far of one that Join or Start returned.
-  size_t IndexOf(const Response* r) const { return static_cast<size_t>(r - out_.data()); }
 
  private:
   size_t threshold_;
