@@ -1,15 +1,22 @@
 // Process-set checks (mp_collectives_worker --process-sets, under HVD_DYNAMIC_PROCESS_SETS=1):
 // collectives inside several sets at once (the even ranks, the odd ranks, all but the last, the
 // last alone), values computed from each member's place in its set; the same name in several
-// sets at once; a set whose member is late holds back no other set; and the errors: an op on a
+// sets at once; a set whose member is late holds back no other set, nor does a collective
+// rank 0 is inside hold back a set it is not in; and the errors: an op on a
 // set this rank is not in, a root outside the set, ranks that differ across ranks, a set that
 // exists already, removing a set that does not exist, and removing a set with an operation in
 // flight. Every rank runs the same sequence of collective calls.
 //
 // --process-sets-static (without the dynamic knob) checks that only the sets given at start
 // exist and that adding one later fails.
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
 #include <memory>
+#include <thread>
 
 #include "mp_checks.h"
 
@@ -236,6 +243,84 @@ void CheckIndependence(hvd::Engine& e, Checker& ck) {
   ck.ExpectOk(e.RemoveProcessSet(b.id), "remove set b");
 }
 
+// Whether `path` exists within `seconds` (polled each millisecond).
+bool WaitForFile(const std::string& path, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (access(path.c_str(), F_OK) != 0) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+void Touch(const std::string& path) {
+  if (FILE* f = std::fopen(path.c_str(), "w")) std::fclose(f);
+}
+
+// Rank 0 coordinates every set, but a set it is not a member of does not wait for its
+// collectives. Rank 0 stays inside an allgather of set a = {0, 1}: rank 1's output allocator
+// (on its background thread, once the allgather runs) holds it until set b = {2, 3} is done.
+// Set b starts only once rank 1's allocator has been called, and runs ten allreduces one after
+// another, each negotiated by rank 0 while it waits for rank 1 (no timing involved: without
+// that each would wait for the allocator's 30 s, and fail after 15). Files in /tmp, named by a
+// token rank 0 broadcasts, pass the two signals.
+void CheckSetsAsideOfACollective(hvd::Engine& e, Checker& ck) {
+  if (e.size() < 4) return;
+  int64_t token = e.rank() == 0 ? static_cast<int64_t>(getpid()) * 1000003 + std::time(nullptr) : 0;
+  TensorView tv(&token, DataType::kInt64, {1});
+  ck.ExpectOk(WaitDone(e.Broadcast("ps.aside.token", tv, tv, 0), 30.0), "broadcast of the token");
+  const std::string held = "/tmp/hvd-test-aside-held-" + std::to_string(token);
+  const std::string done = "/tmp/hvd-test-aside-done-" + std::to_string(token);
+  Set a = AddSet(e, ck, {0, 1});
+  Set b = AddSet(e, ck, {2, 3});
+  if (e.rank() <= 1) {
+    Buffer in(DataType::kFloat32, 3);
+    for (int64_t i = 0; i < 3; ++i) Put(DataType::kFloat32, in.data(), i, e.rank() * 10 + i);
+    std::vector<float> out;
+    bool b_was_done = false;
+    hvd::OutputAllocator alloc = [&](const std::vector<int64_t>& shape) -> void* {
+      if (e.rank() == 1) {
+        Touch(held);
+        b_was_done = WaitForFile(done, 30.0);
+      }
+      out.assign(static_cast<size_t>(shape[0]), -1.0f);
+      return out.data();
+    };
+    hvd::HandlePtr h = e.Allgather("ps.aside.held", TensorView(in.data(), DataType::kFloat32, {3}),
+                                   alloc, a.id);
+    if (ck.ExpectOk(WaitDone(h, 60.0), "set a's allgather")) {
+      bool right = out.size() == 6;
+      for (size_t i = 0; right && i < 6; ++i) right = out[i] == static_cast<float>((i / 3) * 10 + i % 3);
+      ck.Expect(right, "set a's allgather values");
+    }
+    if (e.rank() == 1) {
+      ck.Expect(b_was_done, "set b finished its allreduces while rank 0 was inside set a's allgather");
+    }
+  } else if (e.rank() <= 3) {
+    ck.Expect(WaitForFile(held, 30.0), "rank 1's allocator was called (rank 0 is in the allgather)");
+    for (int k = 0; k < 10; ++k) {
+      Buffer x(DataType::kInt32, 2);
+      for (int64_t i = 0; i < 2; ++i) Put(DataType::kInt32, x.data(), i, e.rank() + k);
+      TensorView vx(x.data(), DataType::kInt32, {2});
+      if (!ck.ExpectOk(WaitDone(e.Allreduce("ps.aside." + std::to_string(k), vx, vx, ReduceOp::kSum,
+                                            1.0, 1.0, b.id), 15.0),
+                       "set b allreduce " + std::to_string(k) + " while rank 0 is in set a's allgather")) {
+        break;
+      }
+      ck.ExpectElements(DataType::kInt32, x.data(), 2, [&](int64_t) { return 5 + 2 * k; },
+                        "set b allreduce values");
+    }
+    if (e.rank() == 2) Touch(done);
+  }
+  ck.ExpectOk(WaitDone(e.Barrier(), 90.0), "the barrier after sets a and b");
+  if (e.rank() == 0) {
+    std::remove(held.c_str());
+    std::remove(done.c_str());
+  }
+  ck.ExpectOk(e.RemoveProcessSet(a.id), "remove set a");
+  ck.ExpectOk(e.RemoveProcessSet(b.id), "remove set b");
+}
+
 void CheckErrors(hvd::Engine& e, Checker& ck) {
   const int n = e.size(), me = e.rank();
   Buffer buf(DataType::kFloat32, 4);
@@ -350,6 +435,7 @@ int RunProcessSetChecks(hvd::Engine& e, Checker& ck) {
   for (const auto& s : sets) ck.ExpectOk(e.RemoveProcessSet(s.id), "remove set " + std::to_string(s.id));
   ck.Expect(e.ProcessSetIds() == std::vector<int32_t>{hvd::kGlobalProcessSet}, "only the global set is left");
   CheckIndependence(e, ck);
+  CheckSetsAsideOfACollective(e, ck);
   CheckErrors(e, ck);
   return ck.End();
 }

@@ -548,6 +548,23 @@ void EngineImpl::CoordinatorStep() {
   if (sent) CountNegotiation(now);
 }
 
+// Only sets without rank 0: rank 0 executes its own sets' responses in list order, after this
+// one, and the global set holds every rank. The lists go out in rank 0's one order of lists,
+// so two sets that share members still run in the same order on each; and, as everywhere, not
+// while rank 0's part of a round is out (rounds.cc).
+void EngineImpl::StepSetsAside(int32_t set) {
+  if (!in_collective_ || !coordinator() || (rounds_ && rounds_->sent) || !abort_.ok()) return;
+  const auto now = Clock::now();
+  bool sent = false;
+  for (auto& kv : sets_) {
+    ProcessSetState& ps = *kv.second;
+    if ((set < 0 || ps.id == set) && ps.rank < 0 && ps.coordinator) {
+      sent = CoordinatorStep(ps, now) || sent;
+    }
+  }
+  if (sent) CountNegotiation(now);
+}
+
 void EngineImpl::CountNegotiation(Clock::time_point since) {
   negotiation_ns_.fetch_add(static_cast<uint64_t>(
                                 std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -807,6 +824,7 @@ void EngineImpl::OnHeartbeatTimer() {
     }
     c->Send(static_cast<uint8_t>(MessageType::kHeartbeat), empty);
   }
+  StepSetsAside();  // stalls and HVD_CYCLE_TIME of the sets rank 0 is not in
   auto interval = std::min(std::chrono::duration<double>(1.0), limit / 4);
   heartbeat_->expires_after(std::chrono::duration_cast<Clock::duration>(interval));
   heartbeat_->async_wait([this](const asio::error_code& ec) {
@@ -840,9 +858,11 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
     const auto start = Clock::now();
     RequestList list;
     Status s = Decode(payload.data(), payload.size(), &list);
+    const int32_t set = list.process_set;
     if (s.ok()) s = OnRequests(peer, std::move(list));
     if (!s.ok()) return OnControlError(peer, s.message());
     CountNegotiation(start);
+    StepSetsAside(set);
   } else if (mt == MessageType::kResponses && !coordinator()) {
     const auto start = Clock::now();
     ResponseList list;

@@ -266,6 +266,10 @@ class EngineImpl {
   bool coordinator() const { return options_.rank == 0; }
   void CoordinatorStep();
   bool CoordinatorStep(ProcessSetState& ps, Clock::time_point now);  // whether it sent a list
+  // Rank 0 inside a collective (its data-plane waits run the io_context, and with it control
+  // messages and timers): steps the coordinators of the sets it is not a member of, whose
+  // members need not wait for this collective to end; all of them without `set`.
+  void StepSetsAside(int32_t set = -1);
   void CountNegotiation(Clock::time_point since);
   Clock::duration CycleRemaining() const;
   Status OnRequests(int peer, RequestList&& list);
@@ -434,6 +438,7 @@ class EngineImpl {
   void ReportAutotune();
   int autotune_reported_ = -1;  // the phase last logged (4: the choice)
   Comm* comm_ = nullptr;     // where the response being executed runs
+  bool in_collective_ = false;  // inside Execute's Run (control messages may arrive)
   bool abandon_ = false;       // this rank failed alone inside the response being executed
   bool joined_ = false;
   bool shutdown_sent_ = false;

@@ -269,6 +269,7 @@ void EngineImpl::Execute(const Response& r) {
   timeline_->Begin(OpTypeName(r.type), r.names, ResponseBytes(r));
   Status s;
   abandon_ = false;
+  in_collective_ = true;
   try {
     s = Run(r, entries);
   } catch (...) {
@@ -276,6 +277,7 @@ void EngineImpl::Execute(const Response& r) {
                          ExceptionMessage(std::current_exception()));
     abandon_ = comm_->size > 1;
   }
+  in_collective_ = false;
   timeline_->End(s.ok() ? "ok" : StatusCodeName(s.code()));
   bool comm_gone = r.type != OpType::kError &&
                    (s.code() == StatusCode::kPeerLost || s.code() == StatusCode::kTimeout);
