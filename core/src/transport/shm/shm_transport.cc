@@ -558,6 +558,9 @@ class ShmRouter : public Transport {
   //      into its out[b] and publishes `reduced`; once every rank has, it copies each out[b]
   //      share into the outputs;
   //   4. publish `finished`.
+  // In a split chunk only this rank reads its own share of in[b]: step 2 leaves that share
+  // out, and step 3 reads this rank's term of it straight from the pieces (unless a prescale
+  // or a joined rank's zeros must be applied first), so 1/size of the chunk is not copied.
   // Every input is read once from where its owner put it and every output written once, with
   // no fusion buffer between the tensors and the segments; the reduction order is the same on
   // every rank, so results agree bitwise.
@@ -576,17 +579,41 @@ class ShmRouter : public Transport {
       const int b = static_cast<int>(s % 2);
       if (s > 2) HVD_RETURN_IF_ERROR(WaitCounters(&Doorbell::finished, s - 2, deadline));
       uint8_t* staged = mine.in(b);
-      layout.ForEach(first, n, [&](const AllreducePiece& q, size_t off, size_t at, size_t len) {
-        if (q.in) {
-          std::memcpy(staged + at * es, static_cast<const uint8_t*>(q.in) + off * es, len * es);
-        } else {
-          std::memset(staged + at * es, 0, len * es);
-        }
-      });
-      if (prescale != 1.0) Scale(staged, n, dtype, prescale);
+      auto share = [n, p](int q, size_t* lo) {
+        const size_t base = n / p, extra = n % p;
+        *lo = q * base + std::min<size_t>(q, extra);
+        return base + (static_cast<size_t>(q) < extra ? 1 : 0);
+      };
+      const bool split = n * es > kOneStepBytes;
+      size_t own_lo = 0;
+      const size_t own_len = split ? share(me, &own_lo) : 0;
+      // This rank's term of its own share, read where the pieces lie: only with inputs as they
+      // are (no prescale, no joined rank's zeros).
+      bool direct = split && prescale == 1.0;
+      layout.ForEach(first + own_lo, own_len, [&](const AllreducePiece& q, size_t, size_t,
+                                                  size_t) { direct &= q.in != nullptr; });
+      auto stage = [&](size_t from, size_t len) {
+        layout.ForEach(first + from, len,
+                       [&](const AllreducePiece& q, size_t off, size_t at, size_t part) {
+                         uint8_t* dst = staged + (from + at) * es;
+                         if (q.in) {
+                           std::memcpy(dst, static_cast<const uint8_t*>(q.in) + off * es,
+                                       part * es);
+                         } else {
+                           std::memset(dst, 0, part * es);
+                         }
+                       });
+        if (prescale != 1.0) Scale(staged + from * es, len, dtype, prescale);
+      };
+      if (direct) {
+        stage(0, own_lo);
+        stage(own_lo + own_len, n - own_lo - own_len);
+      } else {
+        stage(0, n);
+      }
       Publish(&Doorbell::published, s);
       HVD_RETURN_IF_ERROR(WaitCounters(&Doorbell::published, s, deadline));
-      if (n * es <= kOneStepBytes) {
+      if (!split) {
         layout.ForEach(first, n, [&](const AllreducePiece& q, size_t off, size_t at, size_t len) {
           if (q.out == nullptr) return;
           uint8_t* dst = static_cast<uint8_t*>(q.out) + off * es;
@@ -594,16 +621,30 @@ class ShmRouter : public Transport {
           for (int r = 1; r < p; ++r) ReduceInto(dst, segments_[r].in(b) + at * es, len, dtype, op);
         });
       } else {
-        auto share = [n, p](int q, size_t* lo) {
-          const size_t base = n / p, extra = n % p;
-          *lo = q * base + std::min<size_t>(q, extra);
-          return base + (static_cast<size_t>(q) < extra ? 1 : 0);
-        };
-        size_t lo;
-        const size_t len = share(me, &lo);
+        const size_t lo = own_lo, len = own_len;
         uint8_t* out = mine.out(b);
-        std::memcpy(out, segments_[0].in(b) + lo * es, len * es);
-        for (int q = 1; q < p; ++q) ReduceInto(out, segments_[q].in(b) + lo * es, len, dtype, op);
+        // out = term 0 + term 1 + ..., in rank order, this rank's term from the pieces when
+        // direct.
+        for (int q = 0; q < p; ++q) {
+          if (q != me || !direct) {
+            const uint8_t* term = segments_[q].in(b) + lo * es;
+            if (q == 0) {
+              std::memcpy(out, term, len * es);
+            } else {
+              ReduceInto(out, term, len, dtype, op);
+            }
+            continue;
+          }
+          layout.ForEach(first + lo, len,
+                         [&](const AllreducePiece& t, size_t off, size_t at, size_t part) {
+                           const uint8_t* term = static_cast<const uint8_t*>(t.in) + off * es;
+                           if (q == 0) {
+                             std::memcpy(out + at * es, term, part * es);
+                           } else {
+                             ReduceInto(out + at * es, term, part, dtype, op);
+                           }
+                         });
+        }
         Publish(&Doorbell::reduced, s);
         HVD_RETURN_IF_ERROR(WaitCounters(&Doorbell::reduced, s, deadline));
         for (int q = 0; q < p; ++q) {
