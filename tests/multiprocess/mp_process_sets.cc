@@ -290,21 +290,27 @@ void CheckSetsAsideOfACollective(hvd::Engine& e, Checker& ck) {
                                    alloc, a.id);
     if (ck.ExpectOk(WaitDone(h, 60.0), "set a's allgather")) {
       bool right = out.size() == 6;
-      for (size_t i = 0; right && i < 6; ++i) right = out[i] == static_cast<float>((i / 3) * 10 + i % 3);
+      for (size_t i = 0; right && i < 6; ++i) {
+        right = out[i] == static_cast<float>((i / 3) * 10 + i % 3);
+      }
       ck.Expect(right, "set a's allgather values");
     }
     if (e.rank() == 1) {
-      ck.Expect(b_was_done, "set b finished its allreduces while rank 0 was inside set a's allgather");
+      ck.Expect(b_was_done,
+                "set b finished its allreduces while rank 0 was inside set a's allgather");
     }
   } else if (e.rank() <= 3) {
-    ck.Expect(WaitForFile(held, 30.0), "rank 1's allocator was called (rank 0 is in the allgather)");
+    ck.Expect(WaitForFile(held, 30.0),
+              "rank 1's allocator was called (rank 0 is in the allgather)");
     for (int k = 0; k < 10; ++k) {
       Buffer x(DataType::kInt32, 2);
       for (int64_t i = 0; i < 2; ++i) Put(DataType::kInt32, x.data(), i, e.rank() + k);
       TensorView vx(x.data(), DataType::kInt32, {2});
+      const std::string what =
+          "set b allreduce " + std::to_string(k) + " while rank 0 is in set a's allgather";
       if (!ck.ExpectOk(WaitDone(e.Allreduce("ps.aside." + std::to_string(k), vx, vx, ReduceOp::kSum,
                                             1.0, 1.0, b.id), 15.0),
-                       "set b allreduce " + std::to_string(k) + " while rank 0 is in set a's allgather")) {
+                       what)) {
         break;
       }
       ck.ExpectElements(DataType::kInt32, x.data(), 2, [&](int64_t) { return 5 + 2 * k; },

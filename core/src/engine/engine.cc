@@ -476,7 +476,8 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
 // ---------------------------------------------------------------- EngineImpl: process sets
 
 HandlePtr EngineImpl::EnqueueProcessSetOp(std::vector<int> ranks, int32_t remove) {
-  TensorEntry e = MakeEntry(*this, OpType::kProcessSet, "", TensorView(), TensorView(), kGlobalProcessSet);
+  TensorEntry e = MakeEntry(*this, OpType::kProcessSet, "", TensorView(), TensorView(),
+                            kGlobalProcessSet);
   e.request.shape.clear();
   e.request.root = remove;
   e.request.splits.assign(ranks.begin(), ranks.end());
@@ -688,7 +689,8 @@ std::vector<HandlePtr> Engine::GroupedAllreduce(const std::vector<std::string>& 
       for (auto& h : hs) h = Failed(s);
       return hs;
     }
-    TensorEntry e = MakeEntry(*impl_, OpType::kAllreduce, names[i], inputs[i], outputs[i], process_set);
+    TensorEntry e =
+        MakeEntry(*impl_, OpType::kAllreduce, names[i], inputs[i], outputs[i], process_set);
     e.request.op = op;
     e.request.prescale = prescale;
     e.request.postscale = postscale;
@@ -710,7 +712,8 @@ std::vector<HandlePtr> Engine::GroupedAllgather(const std::vector<std::string>& 
                                                 int32_t process_set) {
   std::vector<TensorEntry> entries;
   for (size_t i = 0; i < names.size() && i < inputs.size(); ++i) {
-    TensorEntry e = MakeEntry(*impl_, OpType::kAllgather, names[i], inputs[i], TensorView(), process_set);
+    TensorEntry e =
+        MakeEntry(*impl_, OpType::kAllgather, names[i], inputs[i], TensorView(), process_set);
     if (e.request.shape.empty()) e.request.shape = {1};
     entries.push_back(std::move(e));
   }
@@ -805,7 +808,8 @@ std::vector<HandlePtr> Engine::GroupedReducescatter(const std::vector<std::strin
       for (auto& h : hs) h = Failed(s);
       return hs;
     }
-    TensorEntry e = MakeEntry(*impl_, OpType::kReducescatter, names[i], inputs[i], TensorView(), process_set);
+    TensorEntry e = MakeEntry(*impl_, OpType::kReducescatter, names[i], inputs[i], TensorView(),
+                              process_set);
     e.request.op = op;
     e.request.prescale = prescale;
     e.request.postscale = postscale;
@@ -821,7 +825,8 @@ HandlePtr Engine::Barrier(int32_t process_set) {
 }
 
 HandlePtr Engine::Join() {
-  TensorEntry e = MakeEntry(*impl_, OpType::kJoin, "", TensorView(), TensorView(), kGlobalProcessSet);
+  TensorEntry e =
+      MakeEntry(*impl_, OpType::kJoin, "", TensorView(), TensorView(), kGlobalProcessSet);
   e.request.shape.clear();
   return impl_->Enqueue(std::move(e));
 }
