@@ -164,7 +164,11 @@ int64_t Bench::RunSize(size_t count) {
   const int iters = ItersForSize(a_, bytes * a_.tensors);
   const std::string name = std::string("bench.") + CollectiveName(a_.coll) + "." +
                            std::to_string(bytes);
-  for (int k = 1; k < a_.tensors; ++k) Fill(in_.get() + k * bytes, count, a_.dtype, rank_);
+  // --tensors: each tensor's input from its own start (a smaller size's tensors overwrote the
+  // prefix that Run() filled for the first).
+  for (int k = 0; a_.tensors > 1 && k < a_.tensors; ++k) {
+    Fill(in_.get() + k * bytes, count, a_.dtype, rank_);
+  }
   std::vector<double> samples(iters);
   // Negotiation's share of the timed steps (--tensors): this rank's counters around each step.
   double negotiation[2] = {0, 0};  // ns, request and response lists sent
