@@ -247,6 +247,16 @@ def test_unsupported_dtype_is_a_clear_error(dtype):
         hvd.allreduce(torch.zeros(3, dtype=dtype))
 
 
+def test_sparse_and_other_device_tensors_are_clear_errors():
+    with pytest.raises(TypeError, match="dense tensors only"):
+        hvd.allreduce(torch.zeros(4).to_sparse(), name="sparse")
+    with pytest.raises(TypeError, match="CPU and CUDA tensors; got a tensor on meta"):
+        hvd.allreduce(torch.empty(4, device="meta"), name="meta")
+    # The engine goes on: nothing of either reached it.
+    assert torch.equal(hvd.allreduce(torch.ones(2), name="after", op=hvd.Sum),
+                       torch.full((2,), float(hvd.size())))
+
+
 def test_exception_classes():
     assert issubclass(hvd.HvdError, RuntimeError)
     assert issubclass(hvd.InvalidArgumentError, ValueError)  # as Horovod's bad arguments

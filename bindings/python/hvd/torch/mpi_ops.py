@@ -44,10 +44,12 @@ if hasattr(torch, "uint16"):  # torch 2.3 and later
     _TO_CORE[torch.uint16] = _core.UINT16
 
 
+# Every op asks these of its tensors, so they use is_cpu / is_cuda: reading t.device.type
+# builds a torch.device each time, about ten times the cost.
 def _where(t):
     """The core's view of where a tensor lives: its address on the CPU; for a CUDA tensor the
     address, the device and the current stream, which hvd's work on it is ordered after."""
-    if t.device.type == "cpu":
+    if t.is_cpu:
         return t.data_ptr()
     return (t.data_ptr(), t.device.index, torch.cuda.current_stream(t.device).cuda_stream)
 
@@ -61,12 +63,13 @@ class _TorchAdapter:
         if code is None:
             raise TypeError("hvd does not support %s tensors; supported dtypes: %s"
                             % (t.dtype, ", ".join(str(d) for d in _TO_CORE)))
-        if t.device.type not in ("cpu", "cuda"):
-            raise TypeError("hvd.torch supports CPU and CUDA tensors; got a tensor on %s"
-                            % t.device)
-        if t.device.type == "cuda" and not _core.HAVE_CUDA:
-            raise TypeError("this hvd was built without CUDA; got a tensor on %s" % t.device)
-        if t.layout != torch.strided:
+        if not t.is_cpu:
+            if not t.is_cuda:
+                raise TypeError("hvd.torch supports CPU and CUDA tensors; got a tensor on %s"
+                                % t.device)
+            if not _core.HAVE_CUDA:
+                raise TypeError("this hvd was built without CUDA; got a tensor on %s" % t.device)
+        if t.layout is not torch.strided:
             raise TypeError("hvd.torch supports dense tensors only; got layout %s" % t.layout)
         if not t.is_contiguous():
             t = t.contiguous()
@@ -79,7 +82,7 @@ class _TorchAdapter:
     @staticmethod
     def waiter(t):
         """For a CUDA tensor: the current stream's address when the result is waited for."""
-        if t.device.type != "cuda":
+        if not t.is_cuda:
             return None
         device = t.device
         return lambda: torch.cuda.current_stream(device).cuda_stream
