@@ -186,6 +186,17 @@ Status CheckDone(const Reader& rd, const char* what) {
   return Status::OK();
 }
 
+// The plan knobs rank 0 sends with a response list or its part of a round.
+void PutKnobs(Writer& w, const PlanKnobs& k) {
+  w.Put<int32_t>(k.hierarchical_allreduce);
+  w.Put<uint64_t>(k.small_allreduce_bytes);
+}
+
+bool GetKnobs(Reader& rd, PlanKnobs* k) {
+  return rd.Get(&k->hierarchical_allreduce) && k->hierarchical_allreduce >= 0 &&
+         k->hierarchical_allreduce <= 2 && rd.Get(&k->small_allreduce_bytes);
+}
+
 }  // namespace
 
 std::vector<uint8_t> Encode(const RequestList& l) {
@@ -205,8 +216,7 @@ std::vector<uint8_t> Encode(const ResponseList& l) {
   for (const auto& r : l.responses) Put(w, r);
   w.Vec(l.ready_bits);
   w.Put<uint64_t>(l.fusion_threshold);
-  w.Put<int32_t>(l.knobs.hierarchical_allreduce);
-  w.Put<uint64_t>(l.knobs.small_allreduce_bytes);
+  PutKnobs(w, l.knobs);
   w.Put<uint64_t>(l.after_round);
   return w.Take();
 }
@@ -219,8 +229,7 @@ std::vector<uint8_t> Encode(const RoundContribution& c) {
   w.Vec(c.ready);
   w.Vec(c.withdraw);
   w.Put<uint64_t>(c.fusion_threshold);
-  w.Put<int32_t>(c.knobs.hierarchical_allreduce);
-  w.Put<uint64_t>(c.knobs.small_allreduce_bytes);
+  PutKnobs(w, c.knobs);
   return w.Take();
 }
 
@@ -297,8 +306,7 @@ Status Decode(const uint8_t* data, size_t len, ResponseList* out) {
   if (!rd.Vec(&out->ready_bits) || !rd.Get(&out->fusion_threshold)) {
     return Status::InvalidArgument("malformed response list: bad ready bits");
   }
-  if (!rd.Get(&out->knobs.hierarchical_allreduce) || out->knobs.hierarchical_allreduce < 0 ||
-      out->knobs.hierarchical_allreduce > 2 || !rd.Get(&out->knobs.small_allreduce_bytes)) {
+  if (!GetKnobs(rd, &out->knobs)) {
     return Status::InvalidArgument("malformed response list: bad plan knobs");
   }
   if (!rd.Get(&out->after_round)) {
@@ -317,9 +325,7 @@ Status Decode(const uint8_t* data, size_t len, RoundContribution* out) {
   if (!rd.Vec(&out->ready) || !rd.Vec(&out->withdraw)) {
     return Status::InvalidArgument("malformed round: bad bits");
   }
-  if (!rd.Get(&out->fusion_threshold) || !rd.Get(&out->knobs.hierarchical_allreduce) ||
-      out->knobs.hierarchical_allreduce < 0 || out->knobs.hierarchical_allreduce > 2 ||
-      !rd.Get(&out->knobs.small_allreduce_bytes)) {
+  if (!rd.Get(&out->fusion_threshold) || !GetKnobs(rd, &out->knobs)) {
     return Status::InvalidArgument("malformed round: bad plan knobs");
   }
   return CheckDone(rd, "round");

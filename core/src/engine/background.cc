@@ -539,11 +539,16 @@ Clock::duration EngineImpl::CycleRemaining() const {
 void EngineImpl::CoordinatorStep() {
   // No list goes out while rank 0's part of a round is (rounds.cc: the order of lists and rounds).
   if (rounds_ && rounds_->sent) return;
+  StepCoordinators([](const ProcessSetState&) { return true; });
+}
+
+void EngineImpl::StepCoordinators(const std::function<bool(const ProcessSetState&)>& which) {
   const auto now = Clock::now();
   bool sent = false;
   // Stepping the global set may add a set: iterators of a std::map stay valid.
   for (auto& kv : sets_) {
-    if (kv.second->coordinator) sent = CoordinatorStep(*kv.second, now) || sent;
+    ProcessSetState& ps = *kv.second;
+    if (ps.coordinator && which(ps)) sent = CoordinatorStep(ps, now) || sent;
   }
   if (sent) CountNegotiation(now);
 }
@@ -554,15 +559,8 @@ void EngineImpl::CoordinatorStep() {
 // while rank 0's part of a round is out (rounds.cc).
 void EngineImpl::StepSetsAside(int32_t set) {
   if (!in_collective_ || !coordinator() || (rounds_ && rounds_->sent) || !abort_.ok()) return;
-  const auto now = Clock::now();
-  bool sent = false;
-  for (auto& kv : sets_) {
-    ProcessSetState& ps = *kv.second;
-    if ((set < 0 || ps.id == set) && ps.rank < 0 && ps.coordinator) {
-      sent = CoordinatorStep(ps, now) || sent;
-    }
-  }
-  if (sent) CountNegotiation(now);
+  StepCoordinators(
+      [set](const ProcessSetState& ps) { return ps.rank < 0 && (set < 0 || ps.id == set); });
 }
 
 void EngineImpl::CountNegotiation(Clock::time_point since) {

@@ -270,6 +270,8 @@ class EngineImpl {
   // messages and timers): steps the coordinators of the sets it is not a member of, whose
   // members need not wait for this collective to end; all of them without `set`.
   void StepSetsAside(int32_t set = -1);
+  // Steps, in turn, the coordinator of each set `which` accepts (CoordinatorStep(ps, now)).
+  void StepCoordinators(const std::function<bool(const ProcessSetState&)>& which);
   void CountNegotiation(Clock::time_point since);
   Clock::duration CycleRemaining() const;
   Status OnRequests(int peer, RequestList&& list);
