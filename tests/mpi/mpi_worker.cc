@@ -7,11 +7,22 @@
 // (or "...: FAILED (F of K checks)"); exit status 0 only when every check passed.
 // Argument: --expect-bootstrap=store|mpi|slurm and --expect-ops=tcp|mpi fail the run when the
 // engine chose differently.
+//
+// --abort-in-allgather instead: the last rank's output allocator of an allgather throws, which
+// stops its engine, while the other ranks wait in the allgather's collective (MPI's, with
+// HVD_CPU_OPERATIONS=mpi). Their wait polls the control plane, so the abort reaches them and
+// they fail long before HVD_TIMEOUT_SECONDS, naming the last rank. Each rank prints
+//   "[mpi-worker] rank R: the allgather failed fast|slowly after S s: STATUS"
+// and exits with status 3 (MPI is left unfinalised: a collective is still posted), the last
+// rank 5 s later.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hvd/engine.h"
@@ -201,6 +212,34 @@ void CheckReducescatter(hvd::Engine& e) {
   Expect(bad == 0, "reducescatter values");
 }
 
+int AbortInAllgather(hvd::Engine& e) {
+  const int last = e.size() - 1;
+  std::vector<float> in(4, 1.0f), out;
+  hvd::OutputAllocator alloc = [&](const std::vector<int64_t>& shape) -> void* {
+    if (e.rank() == last) {
+      // The others are in the collective by now; without the poll they would wait there
+      // until HVD_TIMEOUT_SECONDS.
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      throw std::runtime_error("the test's allocator refuses");
+    }
+    out.assign(static_cast<size_t>(shape[0]) * 4, 0.0f);
+    return out.data();
+  };
+  const auto start = std::chrono::steady_clock::now();
+  hvd::Status s = e.Allgather("abort.ag", TensorView(in.data(), DataType::kFloat32, {1, 4}), alloc)
+                      ->Wait();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double limit = e.options().timeout_seconds / 2;
+  std::printf("[mpi-worker] rank %d: the allgather %s after %.1f s: %s\n", e.rank(),
+              s.ok() ? "succeeded" : took < limit ? "failed fast" : "failed slowly", took,
+              s.ToString().c_str());
+  std::fflush(stdout);
+  // The last rank outlives the others' wait (it would end the job at once when it exits), so
+  // what reaches them is its engine's abort, not its exit.
+  if (e.rank() == last) std::this_thread::sleep_for(std::chrono::seconds(5));
+  std::_Exit(3);
+}
+
 const char* BootstrapName(hvd::Options::Bootstrap b) {
   switch (b) {
     case hvd::Options::Bootstrap::kStore: return "store";
@@ -214,8 +253,10 @@ const char* BootstrapName(hvd::Options::Bootstrap b) {
 
 int main(int argc, char** argv) {
   std::string want_bootstrap, want_ops;
+  bool abort_in_allgather = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--abort-in-allgather") abort_in_allgather = true;
     if (a.rfind("--expect-bootstrap=", 0) == 0) want_bootstrap = a.substr(19);
     if (a.rfind("--expect-ops=", 0) == 0) want_ops = a.substr(13);
   }
@@ -225,6 +266,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   hvd::Engine& e = **created;
+  if (abort_in_allgather) return AbortInAllgather(e);
   const char* bootstrap = BootstrapName(e.options().bootstrap);
   const char* ops = e.options().cpu_operations == hvd::Options::CpuOperations::kMpi ? "mpi" : "tcp";
   if (!want_bootstrap.empty()) Expect(want_bootstrap == bootstrap, std::string("bootstrap is ") + bootstrap);

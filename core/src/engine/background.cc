@@ -830,6 +830,13 @@ void EngineImpl::OnHeartbeatTimer() {
   });
 }
 
+Status EngineImpl::PollControlPlane() {
+  if (poller_) poller_->Poll();
+  if (io_.stopped()) io_.restart();
+  io_.poll();
+  return abort_;
+}
+
 // A collective that broke because a survivor closed its connections names that survivor;
 // the rank that saw the real loss tells the coordinator, which tells everyone. Wait briefly
 // for that message so that every survivor reports the rank that was actually lost.

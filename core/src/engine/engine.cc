@@ -176,6 +176,10 @@ Status EngineImpl::Connect() {
   control_over_tcp_ = job->control_over_tcp;
   topology_ = job->topology;
   layout_note_ = job->layout_note;
+  // A backend's collectives that wait without the io_context keep the control plane going.
+  if (CollectiveOffload* off = transport_->offload()) {
+    off->SetWaitPoll([this] { return PollControlPlane(); });
+  }
   auto world = NewSet(kGlobalProcessSet, everyone);
   world->comm->plan.offload = transport_->offload() != nullptr;
   world->comm->plan.offload_pieces = OffersAllreducePieces(*transport_);

@@ -262,6 +262,9 @@ class EngineImpl {
                       StatusCode code = StatusCode::kPeerLost);
   void StartHeartbeat();
   void OnHeartbeatTimer();
+  // From inside a data-plane wait that does not run the io_context itself (MPI's, a device
+  // stream's): runs the control plane's ready handlers; the engine's abort status, or OK.
+  Status PollControlPlane();
   Status AwaitRootCause(const Status& local);
   bool coordinator() const { return options_.rank == 0; }
   void CoordinatorStep();

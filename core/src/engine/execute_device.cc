@@ -53,10 +53,7 @@ Status EngineImpl::RecordReady(TensorEntry& e) {
 }
 
 Status EngineImpl::PollDuringDeviceWait() {
-  if (poller_) poller_->Poll();
-  if (io_.stopped()) io_.restart();
-  io_.poll();
-  Status s = abort_;
+  Status s = PollControlPlane();
   if (s.ok() && comm_->device_collectives) s = comm_->device_collectives->Check();
   if (!s.ok() && comm_->device_collectives) comm_->device_collectives->Abort();
   return s;

@@ -8,10 +8,16 @@
 // that are equal on every rank, so all ranks decide alike), or the collective's status:
 // PeerLost or Timeout mean, as for a Transport, that the communicator is gone.
 //
+// Waiting: a collective in flight polls `poll` (SetWaitPoll) every few tens of microseconds, so
+// the engine's control plane (heartbeats, negotiation of other process sets, the relay of an
+// abort) goes on while it waits. A non-OK status from it ends the wait with that status; the
+// communicator is then gone, as after a timeout.
+//
 // Thread-safety: not thread-safe; used only by the background thread, like the transport.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -33,6 +39,9 @@ struct AllreducePiece {
 class CollectiveOffload {
  public:
   virtual ~CollectiveOffload() = default;
+
+  // Called by the engine once, before the first collective (see Waiting above).
+  virtual void SetWaitPoll(std::function<Status()> poll) = 0;
 
   // Whether AllreducePieces is offered. It depends on the backend alone, so it is the same on
   // every rank; where it is not, the caller fuses into a buffer and calls Allreduce.

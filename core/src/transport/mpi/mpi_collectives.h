@@ -28,6 +28,8 @@ class MpiCollectives : public CollectiveOffload {
   explicit MpiCollectives(MpiContext& mpi);  // `mpi` must outlive this object
   ~MpiCollectives() override;
 
+  void SetWaitPoll(std::function<Status()> poll) override { mpi_.SetWaitPoll(std::move(poll)); }
+
   std::optional<Status> Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                   Deadline deadline) override;
   std::optional<Status> Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes,

@@ -15,6 +15,9 @@ namespace {
 // (the yielding rank takes CPU from the one reducing).
 constexpr auto kYieldPhase = std::chrono::microseconds(1000);
 constexpr auto kPollSleep = std::chrono::microseconds(50);
+// How often a wait also polls the engine's control plane (an epoll syscall and the handlers it
+// runs): rarely enough that a small collective does not pay for it.
+constexpr auto kWaitPollEvery = std::chrono::microseconds(50);
 
 std::string ErrorString(int rc) {
   char buf[MPI_MAX_ERROR_STRING] = {0};
@@ -101,11 +104,17 @@ Status MpiContext::Check(int rc, const std::string& what) {
 
 Status MpiContext::Wait(MPI_Request* req, Deadline deadline, const std::string& what) {
   const Clock::time_point start = Clock::now();
+  Clock::time_point polled = start;
   while (true) {
     int done = 0;
     HVD_RETURN_IF_ERROR(Check(MPI_Test(req, &done, MPI_STATUS_IGNORE), what));
     if (done) return Status::OK();
     Clock::time_point now = Clock::now();
+    if (poll_ && now - polled >= kWaitPollEvery) {
+      polled = now;
+      Status s = poll_();
+      if (!s.ok()) return Break(s);
+    }
     if (now >= deadline) {
       return Break(Status::Timeout(what + " on rank " + std::to_string(rank_) +
                                    " did not finish before its deadline (HVD_TIMEOUT_SECONDS); "

@@ -14,12 +14,16 @@
 // cores do not starve each other. A request that outlives its deadline cannot be cancelled
 // (MPI cannot cancel collectives): the context is then broken, every later call fails at once
 // with that Timeout, and MPI_Finalize is skipped (it could wait for the lost peer forever).
+// Between polls of MPI it calls the wait poll (SetWaitPoll) at most every kWaitPollEvery: the
+// engine's control plane. A failure it returns (the engine aborted) breaks the context the same
+// way.
 //
 // Thread-safety: not thread-safe; one thread at a time (see above).
 #pragma once
 
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,6 +53,7 @@ class MpiContext {
   Status Check(int rc, const std::string& what);
   // Completes `req` (see Waiting above).
   Status Wait(MPI_Request* req, Deadline deadline, const std::string& what);
+  void SetWaitPoll(std::function<Status()> poll) { poll_ = std::move(poll); }
 
  private:
   MpiContext() = default;
@@ -59,6 +64,7 @@ class MpiContext {
   int size_ = 1;
   bool finalize_ = false;  // hvd called MPI_Init_thread, so it calls MPI_Finalize
   Status broken_;
+  std::function<Status()> poll_;
 };
 
 // The name of an MPI thread level, for messages.

@@ -423,6 +423,8 @@ class ShmRouter;
 class ShmCollectives : public CollectiveOffload {
  public:
   explicit ShmCollectives(ShmRouter* router) : router_(router) {}
+  // Its waits run the io_context, and with it the control plane, themselves (ShmRouter::Wait).
+  void SetWaitPoll(std::function<Status()>) override {}
   std::optional<Status> Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                   Deadline deadline) override;
   bool OffersAllreducePieces() const override { return true; }
