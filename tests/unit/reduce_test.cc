@@ -154,7 +154,25 @@ TEST(Conversion, SweepOfFloatsMatchesTheReferenceEncoder) {
   }
 }
 
-// ---- ReduceInto ----
+// ---- ReduceInto and ReduceTo ----
+
+// ReduceInto(dst, src) and ReduceTo(out, a, b) with copies of the same operands, both against
+// `want`; ReduceTo leaves its operands alone. (dst and src are the operands.)
+template <typename T>
+void CheckBothForms(const std::vector<T>& dst, const std::vector<T>& src, const std::vector<T>& want,
+                    DataType dtype, ReduceOp op) {
+  std::vector<T> into = dst, a = dst, b = src, out(dst.size(), T{});
+  ReduceInto(into.data(), src.data(), into.size(), dtype, op);
+  ReduceTo(out.data(), a.data(), b.data(), out.size(), dtype, op);
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(into[i], want[i]) << "ReduceInto " << DataTypeName(dtype) << " " << ReduceOpName(op)
+                                << " at " << i;
+    ASSERT_EQ(out[i], want[i]) << "ReduceTo " << DataTypeName(dtype) << " " << ReduceOpName(op)
+                               << " at " << i;
+  }
+  EXPECT_EQ(a, dst) << "ReduceTo changed its first operand";
+  EXPECT_EQ(b, src) << "ReduceTo changed its second operand";
+}
 
 // Values for element i: exact in every float format, with sums and products exact in float32
 // (so widening to float32 and rounding once is the correctly rounded result) and within range.
@@ -190,10 +208,7 @@ void CheckFloatType(DataType dtype, ToBits to_bits) {
       src[i] = to_bits(b);
       want[i] = to_bits(RefOp(a, b, op));
     }
-    ReduceInto(dst.data(), src.data(), kN, dtype, op);
-    for (size_t i = 0; i < kN; ++i) {
-      ASSERT_EQ(dst[i], want[i]) << DataTypeName(dtype) << " " << ReduceOpName(op) << " at " << i;
-    }
+    CheckBothForms(dst, src, want, dtype, op);
   }
 }
 
@@ -225,10 +240,7 @@ void CheckIntegerType(DataType dtype) {
       }
       want[i] = static_cast<T>(r);
     }
-    ReduceInto(dst.data(), src.data(), kN, dtype, op);
-    for (size_t i = 0; i < kN; ++i) {
-      ASSERT_EQ(dst[i], want[i]) << DataTypeName(dtype) << " " << ReduceOpName(op) << " at " << i;
-    }
+    CheckBothForms(dst, src, want, dtype, op);
   }
 }
 
@@ -244,16 +256,14 @@ TEST(ReduceInto, IntegersWrapAndCompareLikeTheirType) {
 TEST(ReduceInto, BoolIsOrForSumAndMaxAndForMinAndProduct) {
   for (ReduceOp op : kOps) {
     const bool is_and = op == ReduceOp::kMin || op == ReduceOp::kProduct;
-    std::vector<uint8_t> dst(kN), src(kN);
+    std::vector<uint8_t> dst(kN), src(kN), want(kN);
     for (size_t i = 0; i < kN; ++i) {
       dst[i] = static_cast<uint8_t>(i % 3);  // 2 is a non-canonical true
       src[i] = static_cast<uint8_t>((i / 3) % 2);
-    }
-    ReduceInto(dst.data(), src.data(), kN, DataType::kBool, op);
-    for (size_t i = 0; i < kN; ++i) {
       const bool a = (i % 3) != 0, b = ((i / 3) % 2) != 0;
-      ASSERT_EQ(dst[i], (is_and ? (a && b) : (a || b)) ? 1 : 0) << ReduceOpName(op) << " " << i;
+      want[i] = (is_and ? (a && b) : (a || b)) ? 1 : 0;
     }
+    CheckBothForms(dst, src, want, DataType::kBool, op);
   }
 }
 
@@ -270,6 +280,11 @@ TEST(ReduceInto, MinAndMaxPropagateNan) {
     uint16_t dh[2] = {0x7E00, 0x3C00}, sh[2] = {0x3C00, 0x7E01};
     ReduceInto(dh, sh, 2, DataType::kFloat16, op);
     EXPECT_TRUE(IsNanHalf(dh[0]) && IsNanHalf(dh[1]));
+    // ReduceTo keeps the operand order of ReduceInto (first operand = the accumulated one).
+    float a32[4] = {nan, 1.0f, nan, 2.0f}, o32[4] = {0, 0, 0, 0};
+    ReduceTo(o32, a32, s32, 4, DataType::kFloat32, op);
+    EXPECT_TRUE(std::isnan(o32[0]) && std::isnan(o32[1]) && std::isnan(o32[2]));
+    EXPECT_EQ(o32[3], op == ReduceOp::kMin ? 2.0f : 3.0f);
   }
 }
 

@@ -1,10 +1,12 @@
-// CPU reduction kernels: ReduceInto and Scale for every dtype, and the exported half/bfloat16
-// conversions.
+// CPU reduction kernels: ReduceInto, ReduceTo and Scale for every dtype, and the exported
+// half/bfloat16 conversions.
 //
 // How a call runs:
 //   1. One switch on the dtype and one on the op pick a typed kernel; no per-element switch.
 //   2. Native types run one plain contiguous loop over __restrict pointers with a small functor,
-//      which the compiler vectorises. Signed integers wrap (the arithmetic is done unsigned).
+//      which the compiler vectorises: dst op= b when the result goes to the first operand
+//      (ReduceInto), dst = a op b otherwise. Signed integers wrap (the arithmetic is done
+//      unsigned).
 //   3. float16 / bfloat16 are handled in blocks of kBlock elements: both operands are widened to
 //      float32 on the stack, combined with the float32 loop, and rounded back (nearest even).
 //      float16 blocks use the F16C conversion instructions where the CPU has them (checked once
@@ -158,56 +160,86 @@ void Combine(T* __restrict dst, const T* __restrict src, size_t n, Op op) {
 }
 
 template <typename T, typename Op>
-void CombineTyped(void* dst, const void* src, size_t n, Op op) {
-  Combine(static_cast<T*>(dst), static_cast<const T*>(src), n, op);
+void Combine3(T* __restrict dst, const T* __restrict a, const T* __restrict b, size_t n, Op op) {
+  for (size_t i = 0; i < n; ++i) dst[i] = op(a[i], b[i]);
 }
 
-template <typename T>
-void ReduceNative(void* dst, const void* src, size_t n, ReduceOp op) {
+// dst = a op b; `a` is dst itself or does not overlap it.
+template <typename T, typename Op>
+void CombineTyped(void* dst, const void* a, const void* b, size_t n, Op op) {
+  if (dst == a) {
+    Combine(static_cast<T*>(dst), static_cast<const T*>(b), n, op);
+  } else {
+    Combine3(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n, op);
+  }
+}
+
+// Calls f with the combining functor of `op`.
+template <typename F>
+void WithOp(ReduceOp op, F f) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAverage:
     case ReduceOp::kAdasum:  // not elementwise: the engine runs AdasumAllreduce, never this
-      CombineTyped<T>(dst, src, n, SumOp());
+      f(SumOp());
       return;
-    case ReduceOp::kMin: CombineTyped<T>(dst, src, n, MinOp()); return;
-    case ReduceOp::kMax: CombineTyped<T>(dst, src, n, MaxOp()); return;
-    case ReduceOp::kProduct: CombineTyped<T>(dst, src, n, ProductOp()); return;
+    case ReduceOp::kMin: f(MinOp()); return;
+    case ReduceOp::kMax: f(MaxOp()); return;
+    case ReduceOp::kProduct: f(ProductOp()); return;
   }
 }
 
-void ReduceBool(void* dst, const void* src, size_t n, ReduceOp op) {
+template <typename T>
+void ReduceNative(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
+  WithOp(op, [&](auto f) { CombineTyped<T>(dst, a, b, n, f); });
+}
+
+void ReduceBool(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
   if (op == ReduceOp::kMin || op == ReduceOp::kProduct) {
-    CombineTyped<uint8_t>(dst, src, n, AndOp());
+    CombineTyped<uint8_t>(dst, a, b, n, AndOp());
   } else {
-    CombineTyped<uint8_t>(dst, src, n, OrOp());
+    CombineTyped<uint8_t>(dst, a, b, n, OrOp());
   }
 }
 
-// Widen, combine in float32, narrow: kBlock elements at a time.
+// Widen, combine in float32, narrow: kBlock elements at a time (a block of `a` is read before
+// the same block of dst is written, so dst may be `a`).
 template <typename Op>
-void Combine16(uint16_t* dst, const uint16_t* src, size_t n, Codec16 codec, Op op) {
-  alignas(64) float a[kBlock];
-  alignas(64) float b[kBlock];
+void Combine16(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n, Codec16 codec,
+               Op op) {
+  alignas(64) float x[kBlock];
+  alignas(64) float y[kBlock];
   for (size_t base = 0; base < n; base += kBlock) {
     const size_t m = std::min(kBlock, n - base);
-    codec.decode(dst + base, a, m);
-    codec.decode(src + base, b, m);
-    Combine(a, b, m, op);
-    codec.encode(a, dst + base, m);
+    codec.decode(a + base, x, m);
+    codec.decode(b + base, y, m);
+    Combine(x, y, m, op);
+    codec.encode(x, dst + base, m);
   }
 }
 
-void Reduce16(void* dst_v, const void* src_v, size_t n, ReduceOp op, Codec16 codec) {
-  auto* dst = static_cast<uint16_t*>(dst_v);
-  const auto* src = static_cast<const uint16_t*>(src_v);
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAverage:
-    case ReduceOp::kAdasum: Combine16(dst, src, n, codec, SumOp()); return;  // see ReduceNative
-    case ReduceOp::kMin: Combine16(dst, src, n, codec, MinOp()); return;
-    case ReduceOp::kMax: Combine16(dst, src, n, codec, MaxOp()); return;
-    case ReduceOp::kProduct: Combine16(dst, src, n, codec, ProductOp()); return;
+void Reduce16(void* dst, const void* a, const void* b, size_t n, ReduceOp op, Codec16 codec) {
+  WithOp(op, [&](auto f) {
+    Combine16(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+              static_cast<const uint16_t*>(b), n, codec, f);
+  });
+}
+
+// dst = a op b for every dtype (ReduceTo's contract).
+void Reduce(void* dst, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op) {
+  if (count == 0) return;
+  switch (dtype) {
+    case DataType::kUInt8: ReduceNative<uint8_t>(dst, a, b, count, op); return;
+    case DataType::kInt8: ReduceNative<int8_t>(dst, a, b, count, op); return;
+    case DataType::kInt16: ReduceNative<int16_t>(dst, a, b, count, op); return;
+    case DataType::kUInt16: ReduceNative<uint16_t>(dst, a, b, count, op); return;
+    case DataType::kInt32: ReduceNative<int32_t>(dst, a, b, count, op); return;
+    case DataType::kInt64: ReduceNative<int64_t>(dst, a, b, count, op); return;
+    case DataType::kFloat32: ReduceNative<float>(dst, a, b, count, op); return;
+    case DataType::kFloat64: ReduceNative<double>(dst, a, b, count, op); return;
+    case DataType::kBool: ReduceBool(dst, a, b, count, op); return;
+    case DataType::kFloat16: Reduce16(dst, a, b, count, op, HalfCodec()); return;
+    case DataType::kBFloat16: Reduce16(dst, a, b, count, op, BFloat16Codec()); return;
   }
 }
 
@@ -242,20 +274,12 @@ void Scale16(void* buf, size_t n, double factor, Codec16 codec) {
 }  // namespace
 
 void ReduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) {
-  if (count == 0) return;
-  switch (dtype) {
-    case DataType::kUInt8: ReduceNative<uint8_t>(dst, src, count, op); return;
-    case DataType::kInt8: ReduceNative<int8_t>(dst, src, count, op); return;
-    case DataType::kInt16: ReduceNative<int16_t>(dst, src, count, op); return;
-    case DataType::kUInt16: ReduceNative<uint16_t>(dst, src, count, op); return;
-    case DataType::kInt32: ReduceNative<int32_t>(dst, src, count, op); return;
-    case DataType::kInt64: ReduceNative<int64_t>(dst, src, count, op); return;
-    case DataType::kFloat32: ReduceNative<float>(dst, src, count, op); return;
-    case DataType::kFloat64: ReduceNative<double>(dst, src, count, op); return;
-    case DataType::kBool: ReduceBool(dst, src, count, op); return;
-    case DataType::kFloat16: Reduce16(dst, src, count, op, HalfCodec()); return;
-    case DataType::kBFloat16: Reduce16(dst, src, count, op, BFloat16Codec()); return;
-  }
+  Reduce(dst, dst, src, count, dtype, op);
+}
+
+void ReduceTo(void* dst, const void* a, const void* b, size_t count, DataType dtype,
+              ReduceOp op) {
+  Reduce(dst, a, b, count, dtype, op);
 }
 
 void Scale(void* buf, size_t count, DataType dtype, double factor) {

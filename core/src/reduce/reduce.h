@@ -15,6 +15,11 @@ namespace hvd {
 // separate Scale step). Bool: Sum/Max = or, Min/Product = and.
 void ReduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);
 
+// dst[i] = a[i] (op) b[i]: the same result as copying `a` to dst and then ReduceInto(dst, b),
+// in one pass. `a` is dst itself or does not overlap it; `b` does not overlap dst.
+void ReduceTo(void* dst, const void* a, const void* b, size_t count, DataType dtype,
+              ReduceOp op);
+
 // buf[i] *= factor (integers: rounded to nearest, as Horovod does for prescale/postscale).
 // No-op when factor == 1.0.
 void Scale(void* buf, size_t count, DataType dtype, double factor);

@@ -586,7 +586,7 @@ class ShmRouter : public Transport {
         *lo = q * base + std::min<size_t>(q, extra);
         return base + (static_cast<size_t>(q) < extra ? 1 : 0);
       };
-      const bool split = n * es > kOneStepBytes;
+      const bool split = p > 1 && n * es > kOneStepBytes;
       size_t own_lo = 0;
       const size_t own_len = split ? share(me, &own_lo) : 0;
       // This rank's term of its own share, read where the pieces lie: only with inputs as they
@@ -619,32 +619,40 @@ class ShmRouter : public Transport {
         layout.ForEach(first, n, [&](const AllreducePiece& q, size_t off, size_t at, size_t len) {
           if (q.out == nullptr) return;
           uint8_t* dst = static_cast<uint8_t*>(q.out) + off * es;
-          std::memcpy(dst, segments_[0].in(b) + at * es, len * es);
-          for (int r = 1; r < p; ++r) ReduceInto(dst, segments_[r].in(b) + at * es, len, dtype, op);
+          const uint8_t* term0 = segments_[0].in(b) + at * es;
+          if (p == 1) {
+            std::memcpy(dst, term0, len * es);
+            return;
+          }
+          ReduceTo(dst, term0, segments_[1].in(b) + at * es, len, dtype, op);
+          for (int r = 2; r < p; ++r) ReduceInto(dst, segments_[r].in(b) + at * es, len, dtype, op);
         });
       } else {
         const size_t lo = own_lo, len = own_len;
         uint8_t* out = mine.out(b);
-        // out = term 0 + term 1 + ..., in rank order, this rank's term from the pieces when
-        // direct.
-        for (int q = 0; q < p; ++q) {
+        // out = term 0 op term 1 (one pass), then op each later term, in rank order; this
+        // rank's term from the pieces when direct (a split chunk has p >= 2).
+        auto term = [&](int q) { return segments_[q].in(b) + lo * es; };
+        if (!direct || me > 1) {
+          ReduceTo(out, term(0), term(1), len, dtype, op);
+        } else {
+          layout.ForEach(first + lo, len,
+                         [&](const AllreducePiece& t, size_t off, size_t at, size_t part) {
+                           const uint8_t* own = static_cast<const uint8_t*>(t.in) + off * es;
+                           const uint8_t* other = term(1 - me) + at * es;
+                           ReduceTo(out + at * es, me == 0 ? own : other, me == 0 ? other : own,
+                                    part, dtype, op);
+                         });
+        }
+        for (int q = 2; q < p; ++q) {
           if (q != me || !direct) {
-            const uint8_t* term = segments_[q].in(b) + lo * es;
-            if (q == 0) {
-              std::memcpy(out, term, len * es);
-            } else {
-              ReduceInto(out, term, len, dtype, op);
-            }
+            ReduceInto(out, term(q), len, dtype, op);
             continue;
           }
           layout.ForEach(first + lo, len,
                          [&](const AllreducePiece& t, size_t off, size_t at, size_t part) {
-                           const uint8_t* term = static_cast<const uint8_t*>(t.in) + off * es;
-                           if (q == 0) {
-                             std::memcpy(out + at * es, term, part * es);
-                           } else {
-                             ReduceInto(out + at * es, term, part, dtype, op);
-                           }
+                           ReduceInto(out + at * es, static_cast<const uint8_t*>(t.in) + off * es,
+                                      part, dtype, op);
                          });
         }
         Publish(&Doorbell::reduced, s);
