@@ -4,8 +4,11 @@
 // most nodes live at once since the last sweep, plus kKeepFree: a step of 10,000 tensors that
 // all end before the next step starts keeps its nodes, while names that never recur cost
 // amortised O(1) each and memory stays bounded.
-// Lookups take a string_view: no key is built to look one up (the map's keys are views of the
-// names its entries hold).
+// Lookups take a string_view: no key is built to look one up.
+// The index is open addressing with linear probing over (hash, entry) slots, at most half full:
+// a lookup reads one slot and, on a matching 64-bit hash, the entry's name. Entries are never
+// erased one by one (a value that ends only frees its node), so the index has no tombstones: a
+// sweep or a growth rebuilds it.
 //
 // Thread-safety: not thread-safe; each table is guarded by its owner.
 #pragma once
@@ -13,12 +16,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace hvd {
 
@@ -35,23 +37,24 @@ class NameTable {
 
   // The live node of `key`, or null.
   Node* Find(std::string_view key) const {
-    auto it = map_.find(key);
-    return it != map_.end() && it->second->node.live ? &it->second->node : nullptr;
+    Entry* e = slots_.empty() ? nullptr : slots_[Probe(key, Hash(key))].entry;
+    return e != nullptr && e->node.live ? &e->node : nullptr;
   }
   // Makes `key` live with `value` and returns its node; null (value untouched) if it is live
   // already.
   Node* Insert(std::string_view key, V&& value) {
-    auto it = map_.find(key);
-    if (it == map_.end()) {
-      // The map's key is a view of the name its entry holds, which never moves.
-      auto entry = std::make_unique<Entry>();
-      entry->name.assign(key.data(), key.size());
-      const std::string_view own(entry->name);
-      it = map_.emplace(own, std::move(entry)).first;
-    } else if (it->second->node.live) {
+    if (2 * (entries_.size() + 1) > slots_.size()) Reindex(2 * (entries_.size() + 1));
+    const uint64_t h = Hash(key);
+    Slot& slot = slots_[Probe(key, h)];
+    if (slot.entry == nullptr) {
+      entries_.push_back(std::make_unique<Entry>());
+      Entry* e = entries_.back().get();
+      e->name.assign(key.data(), key.size());
+      slot = Slot{h, e};
+    } else if (slot.entry->node.live) {
       return nullptr;
     }
-    Node& n = it->second->node;
+    Node& n = slot.entry->node;
     n.value = std::move(value);
     n.live = true;
     peak_ = std::max(peak_, ++live_);
@@ -66,14 +69,15 @@ class NameTable {
   // f(value) for every live value; where it returns true the value is released.
   template <typename F>
   void ReleaseIf(F f) {
-    for (auto& kv : map_) {
-      Node& n = kv.second->node;
+    for (auto& e : entries_) {
+      Node& n = e->node;
       if (n.live && f(n.value)) Free(&n);
     }
     MaybeSweep();
   }
   void Clear() {
-    map_.clear();
+    entries_.clear();
+    slots_.clear();
     live_ = 0;
     peak_ = 0;
     ++erasures_;
@@ -89,6 +93,31 @@ class NameTable {
     std::string name;
     Node node;
   };
+  struct Slot {
+    uint64_t hash = 0;
+    Entry* entry = nullptr;  // null: empty
+  };
+  static uint64_t Hash(std::string_view key) { return std::hash<std::string_view>()(key); }
+  // The slot of `key`: its entry's, or the empty one where it would go.
+  size_t Probe(std::string_view key, uint64_t h) const {
+    const size_t mask = slots_.size() - 1;
+    size_t i = static_cast<size_t>(h) & mask;
+    while (slots_[i].entry != nullptr &&
+           (slots_[i].hash != h || std::string_view(slots_[i].entry->name) != key)) {
+      i = (i + 1) & mask;
+    }
+    return i;
+  }
+  // Rebuilds the index over entries_ with room for `want` entries at most half full.
+  void Reindex(size_t want) {
+    size_t cap = 16;
+    while (cap < 2 * want) cap *= 2;
+    slots_.assign(cap, Slot());
+    for (auto& e : entries_) {
+      const uint64_t h = Hash(e->name);
+      slots_[Probe(e->name, h)] = Slot{h, e.get()};
+    }
+  }
   void Free(Node* n) {
     if (n == nullptr || !n->live) return;
     n->live = false;
@@ -96,15 +125,17 @@ class NameTable {
     --live_;
   }
   void MaybeSweep() {
-    if (map_.size() <= 2 * peak_ + kKeepFree) return;
+    if (entries_.size() <= 2 * peak_ + kKeepFree) return;
     ++erasures_;
     peak_ = live_;
-    for (auto it = map_.begin(); it != map_.end();) {
-      it = it->second->node.live ? std::next(it) : map_.erase(it);
-    }
+    entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
+                                  [](const std::unique_ptr<Entry>& e) { return !e->node.live; }),
+                   entries_.end());
+    Reindex(entries_.size());
   }
 
-  std::unordered_map<std::string_view, std::unique_ptr<Entry>> map_;
+  std::vector<std::unique_ptr<Entry>> entries_;  // every node, live or free; never moved
+  std::vector<Slot> slots_;                      // the index: a power of two, at most half full
   size_t live_ = 0;
   size_t peak_ = 0;  // the most live nodes since the last sweep
   uint64_t erasures_ = 0;
