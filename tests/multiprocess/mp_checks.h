@@ -13,6 +13,8 @@ int RunMovementChecks(hvd::Engine& e, Checker& ck);      // mp_movement.cc
 int RunReducescatterChecks(hvd::Engine& e, Checker& ck); // mp_movement.cc
 int RunBarrierAndJoinChecks(hvd::Engine& e, Checker& ck);  // mp_control.cc
 int RunThreadChecks(hvd::Engine& e, Checker& ck);        // mp_control.cc
+// The engine's work run by a waiting caller, under a long spin window.
+int RunCallerProgressChecks(hvd::Engine& e, Checker& ck);  // mp_control.cc
 int RunMismatchChecks(hvd::Engine& e, Checker& ck);      // mp_errors.cc
 // Under HVD_DYNAMIC_PROCESS_SETS=1: sets added, used at once, and removed (mp_process_sets.cc).
 int RunProcessSetChecks(hvd::Engine& e, Checker& ck);

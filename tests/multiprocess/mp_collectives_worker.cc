@@ -19,6 +19,8 @@
 //   --process-sets        the process-set checks (mp_process_sets.cc); run with
 //                          HVD_DYNAMIC_PROCESS_SETS=1.
 //   --process-sets-static the engine started with the set {0, size - 1} (Options::process_sets).
+//   --caller-progress     a waiting caller runs the engine's work (mp_control.cc); run with a long
+//                          HVD_SPIN_MICROSECONDS.
 //   --peerloss=V          rank V SIGKILLs itself after a warm-up while the others keep
 //                          submitting; every survivor must fail with PeerLost/Timeout naming
 //                          rank V within HVD_TIMEOUT_SECONDS + 10 s. Survivors print
@@ -54,6 +56,15 @@ std::unique_ptr<hvd::Engine> CreateOrDie() {
     std::exit(2);
   }
   return std::move(*e);
+}
+
+int RunCallerProgress() {
+  auto e = CreateOrDie();
+  Checker ck(e->rank(), e->size());
+  const int failures = RunCallerProgressChecks(*e, ck);
+  std::printf("[mp] rank %d of %d: caller progress %s\n", e->rank(), e->size(),
+              failures ? "FAILED" : "passed");
+  return failures ? 1 : 0;
 }
 
 int RunChecks() {
@@ -279,6 +290,7 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "--checks";
   if (mode == "--checks") return mp::RunChecks();
   if (mode == "--process-sets") return mp::RunSetChecks(false);
+  if (mode == "--caller-progress") return mp::RunCallerProgress();
   if (mode == "--process-sets-static") return mp::RunSetChecks(true);
   if (mode == "--memory") {
     return mp::RunMemory("memory", 20000, 1000, [](int) { return std::string("memory.same.name"); });
@@ -298,7 +310,7 @@ int main(int argc, char** argv) {
   if (mode.rfind("--soak=", 0) == 0) return mp::RunSoak(std::atol(mode.c_str() + 7));
   if (mode == "--chaos") return mp::RunChaos();
   std::fprintf(stderr,
-               "usage: %s [--checks | --process-sets | --process-sets-static | --memory | --memory-cycling | --soak=N | --chaos | "
+               "usage: %s [--checks | --process-sets | --process-sets-static | --caller-progress | --memory | --memory-cycling | --soak=N | --chaos | "
                "--peerloss=RANK | --peerloss-cached=RANK]\n",
                argv[0]);
   return 2;

@@ -1,4 +1,4 @@
-// Barrier, join and many caller threads.
+// Barrier, join, many caller threads, and the engine's work run by a waiting caller.
 #include <algorithm>
 #include <memory>
 #include <thread>
@@ -187,6 +187,45 @@ void CheckThreads(hvd::Engine& e, Checker& ck) {
   for (auto& th : threads) th.join();
 }
 
+// Caller-driven progress (engine/engine_impl.h): with a core per rank, a thread that waits on a
+// small operation runs the engine's work itself once the background thread is idle, so some
+// allgathers' output allocators (called where the response executes) run on the waiting thread.
+// With more ranks on the host than cores callers never help, so none may. Which thread finishes
+// a given operation depends on timing: a helping caller gives up when nothing moves for the spin
+// window, which a loaded machine's scheduling outlasts. So "at least one of 200" is asserted
+// only under a long window (HVD_SPIN_MICROSECONDS >= 10,000, as mp_caller_progress_np* set it).
+// Every result is checked either way.
+void CheckWaitRunsTheWork(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const bool helps = static_cast<unsigned>(std::max(1, e.local_size())) <= cores &&
+                     e.options().spin_microseconds != 0;
+  const bool long_window = e.options().spin_microseconds >= 10000;
+  const std::thread::id me = std::this_thread::get_id();
+  int on_caller = 0;
+  for (int k = 0; k < 200; ++k) {
+    int32_t in[2] = {r, k};
+    std::vector<int32_t> out;
+    hvd::OutputAllocator alloc = [&](const std::vector<int64_t>& shape) -> void* {
+      if (std::this_thread::get_id() == me) ++on_caller;
+      out.assign(static_cast<size_t>(shape[0]) * 2, -1);
+      return out.data();
+    };
+    auto h = e.Allgather("waitwork." + std::to_string(k % 7), TensorView(in, DataType::kInt32, {1, 2}),
+                         alloc);
+    if (!ck.ExpectOk(WaitDone(h), "allgather " + std::to_string(k))) return;
+    bool right = out.size() == static_cast<size_t>(2 * n);
+    for (int q = 0; right && q < n; ++q) right = out[2 * q] == q && out[2 * q + 1] == k;
+    ck.Expect(right, "allgather " + std::to_string(k) + " values");
+  }
+  if (helps && long_window) {
+    ck.Expect(on_caller > 0, "none of 200 allgathers ran on the thread that waited for it");
+  } else if (!helps) {
+    ck.Expect(on_caller == 0, std::to_string(on_caller) + " allgathers ran on the waiting thread, "
+                              "though callers do not help with more ranks than cores");
+  }
+}
+
 }  // namespace
 
 int RunBarrierAndJoinChecks(hvd::Engine& e, Checker& ck) {
@@ -203,6 +242,14 @@ int RunBarrierAndJoinChecks(hvd::Engine& e, Checker& ck) {
 int RunThreadChecks(hvd::Engine& e, Checker& ck) {
   ck.Begin("caller threads");
   CheckThreads(e, ck);
+  CheckWaitRunsTheWork(e, ck);
+  return ck.End();
+}
+
+int RunCallerProgressChecks(hvd::Engine& e, Checker& ck) {
+  ck.Begin("caller progress");
+  CheckWaitRunsTheWork(e, ck);
+  CheckThreads(e, ck);  // four callers at once, two of them waiting on each operation
   return ck.End();
 }
 

@@ -35,6 +35,8 @@ using OutputAllocator = std::function<void*(const std::vector<int64_t>& shape)>;
 
 // The completion state of one operation.
 // Thread-safety: all methods may be called from any thread.
+class ProgressHelper;  // engine/engine_impl.h
+
 class HVD_EXPORT Handle {
  public:
   Handle() = default;
@@ -45,7 +47,9 @@ class HVD_EXPORT Handle {
   bool Poll() const;
   // Blocks until the operation has finished; returns its status. It first polls for up to the
   // engine's spin window (HVD_SPIN_MICROSECONDS), yielding the core, as a short operation
-  // usually finishes within microseconds; then it sleeps until woken.
+  // usually finishes within microseconds; then it sleeps until woken. While it polls, the
+  // waiting thread runs the engine's work itself when the background thread is idle (see
+  // engine/engine_impl.h, caller-driven progress).
   Status Wait() const;
   // As Wait, but returns Timeout if it has not finished within `timeout` (it goes on).
   Status WaitFor(std::chrono::milliseconds timeout) const;
@@ -95,6 +99,8 @@ class HVD_EXPORT Handle {
   // whether it was refused at submission.
   std::chrono::microseconds spin_{0};
   bool refused_ = false;
+  // Engine side: the engine's caller-driven progress, or null (the handle only waits).
+  ProgressHelper* helper_ = nullptr;
 
  private:
   // Polls `finished_` for up to spin_ (or `limit`); true once it is set.

@@ -28,10 +28,29 @@ std::vector<uint8_t> IntPayload(int v) {
 // No exception leaves this thread: one that escapes the loop (a failed allocation in a message,
 // a framework's callback) stops the engine the way a lost peer does, with every operation
 // failing with Internal and the others told, instead of ending the process.
+namespace {
+// Whether this thread runs an engine's work now (the background thread, or a caller helping):
+// a callback it makes that waits on a handle must not ask for the lock it holds.
+thread_local bool t_running_engine = false;
+}  // namespace
+
+ProgressHelper* ProgressHelper::New() {
+  // Never freed (handles may outlive the engine), yet reachable for leak checkers.
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<ProgressHelper>>* all =
+      new std::vector<std::unique_ptr<ProgressHelper>>();
+  std::lock_guard<std::mutex> l(mu);
+  all->push_back(std::make_unique<ProgressHelper>());
+  return all->back().get();
+}
+
 void EngineImpl::Loop() {
+  t_running_engine = true;
+  std::unique_lock<std::mutex> run(helper_->run);
+  helper_->engine = this;
   for (int escapes = 0; escapes < 3; ++escapes) {
     try {
-      RunLoop();
+      RunLoop(run);
       break;
     } catch (...) {
       Status s = Status::Internal("rank " + std::to_string(options_.rank) +
@@ -42,31 +61,40 @@ void EngineImpl::Loop() {
     }
   }
   done_ = true;
+  helper_->engine = nullptr;  // callers that wait from now on only wait
   timeline_.reset();  // writes the file
 }
 
-void EngineImpl::RunLoop() {
+bool EngineImpl::Work(bool by_caller) {
+  bool worked = DrainQueue();
+  if (!abort_.ok()) return worked;
+  // A device tensor just drained (device_seen_ is raised before it is queued): a caller leaves
+  // everything from here on to the background thread.
+  if (by_caller && device_seen_.load()) return worked;
+  if (rounds_) {
+    CheckPeerLinks();
+    worked = TryRounds() || worked;
+  }
+  if (coordinator()) CoordinatorStep();
+  while (!to_execute_.empty() && abort_.ok()) {
+    StopPolling();  // peers ring while the collective waits
+    Response r = std::move(to_execute_.front());
+    to_execute_.pop_front();
+    Execute(r);
+    Recycle(std::move(r));
+    worked = true;
+  }
+  return worked;
+}
+
+void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
   while (!done_) {
-    bool worked = DrainQueue();
+    bool worked = Work(/*by_caller=*/false);
     if (!abort_.ok()) {
       FailAll(abort_);
       ReportLeftWorld(abort_);
       break;
     }
-    if (rounds_) {
-      CheckPeerLinks();
-      worked = TryRounds() || worked;
-    }
-    if (coordinator()) CoordinatorStep();
-    while (!to_execute_.empty() && abort_.ok()) {
-      StopPolling();  // peers ring while the collective waits
-      Response r = std::move(to_execute_.front());
-      to_execute_.pop_front();
-      Execute(r);
-      Recycle(std::move(r));
-      worked = true;
-    }
-    if (!abort_.ok()) continue;  // fails everything at the top of the loop
     if (shutdown_by_ < 0 && shutdown_sent_ && Clock::now() > shutdown_deadline_) {
       HVD_LOG(kWarning) << "no answer from rank 0 to shutdown; closing anyway";
       shutdown_by_ = options_.rank;
@@ -92,6 +120,10 @@ void EngineImpl::RunLoop() {
     // operation is usually microseconds away: poll for it (yielding the core) before sleeping
     // in the kernel. The queue is looked at without a syscall (Wake()).
     const auto now = Clock::now();
+    if (helper_->waiting.load(std::memory_order_relaxed) > 0) {
+      StepAside(run);
+      continue;
+    }
     if (spin_.count() > 0 && now - last_work_ < spin_) {
       if (queued_.load()) continue;
       if (poller_) {
@@ -120,6 +152,87 @@ void EngineImpl::RunLoop() {
     sleeping_.store(false);
     if (io_.stopped()) io_.restart();
     io_.poll();
+  }
+}
+
+void EngineImpl::StepAside(std::unique_lock<std::mutex>& run) {
+  ProgressHelper& p = *helper_;
+  {
+    std::lock_guard<std::mutex> l(p.aside_mu);
+    p.aside = true;
+  }
+  run.unlock();
+  // Yield while the caller is likely to finish soon; then block until it leaves.
+  const auto until = Clock::now() + spin_;
+  while (p.waiting.load() > 0 && Clock::now() < until) sched_yield();
+  {
+    std::unique_lock<std::mutex> l(p.aside_mu);
+    p.aside_cv.wait_for(l, kIdleTick, [&p] { return p.waiting.load() == 0; });
+    p.aside = false;
+  }
+  run.lock();
+  // What moved while a caller ran the work counts as recent: poll before sleeping.
+  last_work_ = Clock::now();
+}
+
+int EngineImpl::HelpStep() {
+  if (done_ || !abort_.ok() || shutdown_sent_ || device_seen_.load()) return -1;
+  try {
+    bool moved = Work(/*by_caller=*/true);
+    if (!abort_.ok() || shutdown_sent_ || device_seen_.load()) return -1;
+    // The control plane, as the background thread polls it while it spins.
+    if (poller_) {
+      if (!polling_) poller_->SetPolling(polling_ = true);
+      moved = poller_->Poll() || moved;
+    }
+    const auto now = Clock::now();
+    if (control_over_tcp_ || now - io_polled_ >= kIoPollEvery) {
+      io_polled_ = now;
+      if (io_.stopped()) io_.restart();
+      moved = io_.poll() > 0 || moved;
+    }
+    if (moved) last_work_ = now;
+    return moved ? 1 : 0;
+  } catch (...) {
+    // As an exception on the background thread: the engine stops, and its thread fails
+    // everything once this caller has left.
+    Status s = Status::Internal("rank " + std::to_string(options_.rank) +
+                                ": hvd's work, run by a waiting caller, stopped on an exception: " +
+                                ExceptionMessage(std::current_exception()));
+    HVD_LOG(kError) << s.message();
+    if (abort_.ok()) abort_ = s;
+    return -1;
+  }
+}
+
+void HelpProgress(ProgressHelper* p, const Handle& h, std::chrono::microseconds spin,
+                  Clock::time_point until) {
+  if (t_running_engine || spin.count() <= 0) return;
+  p->waiting.fetch_add(1);
+  std::unique_lock<std::mutex> run(p->run, std::defer_lock);
+  auto moved_at = Clock::now();
+  while (!h.Poll()) {
+    const auto now = Clock::now();
+    if (now - moved_at >= spin || now >= until) break;
+    if (!run.owns_lock() && !run.try_lock()) {
+      sched_yield();  // the background thread is busy, or about to step aside
+      continue;
+    }
+    if (p->engine == nullptr) break;
+    t_running_engine = true;
+    const int step = p->engine->HelpStep();
+    t_running_engine = false;
+    if (step < 0) break;
+    if (step > 0) {
+      moved_at = Clock::now();
+    } else {
+      sched_yield();  // the peers this step waits for may need this core
+    }
+  }
+  if (run.owns_lock()) run.unlock();
+  if (p->waiting.fetch_sub(1) == 1) {
+    std::lock_guard<std::mutex> l(p->aside_mu);
+    if (p->aside) p->aside_cv.notify_one();
   }
 }
 

@@ -114,6 +114,7 @@ TensorEntry MakeEntry(EngineImpl& impl, OpType type, const std::string& name,
   e.output.dtype = out.dtype;
   e.output.device = out.device;
   e.handle = NewHandle();
+  e.handle->helper_ = impl.helper();  // null where callers do not help (oversubscribed)
   return e;
 }
 
@@ -437,7 +438,10 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
         e.request.name = "process_set." + std::to_string(process_set_ops_++);
       }
       s = ValidateLocked(e);
-      if (s.ok() && e.input.device != kCpuDevice) s = RecordReady(e);
+      if (s.ok() && e.input.device != kCpuDevice) {
+        device_seen_.store(true);  // before any caller could help with it
+        s = RecordReady(e);
+      }
       if (s.ok() && n > 1 && !names.insert(e.request.name).second) {
         s = Status::InvalidArgument("group has the name '" + e.request.name + "' twice");
       }

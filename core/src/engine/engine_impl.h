@@ -11,11 +11,22 @@
 //     a posted enqueue, a control message, or the idle tick. It is the only thread that touches
 //     io_'s sockets, the transport, the coordinator, pending_ and the execution queue.
 //
+// Caller-driven progress. The loop's work (draining, negotiating, executing) runs under one
+// lock, ProgressHelper::run, which the background thread holds while it runs. A caller that
+// waits on a handle (Handle::Wait, while it polls) asks for the lock; once the background
+// thread has nothing to do it steps aside (releases it and blocks until no caller wants it),
+// and the caller runs the work itself until its handle finishes or nothing moves for its spin
+// window. A small operation then completes on the thread that waits for it, with no hand-off
+// between two threads of a rank (each a wake-up on a shared core). Only the background thread
+// sleeps in io_, fails everything after an abort and shuts down; a caller leaves those to it,
+// and device tensors (whose CUDA context is the background thread's) are never run by callers.
+//
 // Thread-safety: Enqueue*, Shutdown and the accessors may be called from any thread.
 #pragma once
 
 #include <asio.hpp>
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -59,6 +70,26 @@ std::string PendingKey(int32_t process_set, const std::string& name);
 
 // A new handle, in memory kept from handles that went (engine.cc).
 HandlePtr NewHandle();
+
+// What an engine and its handles share for caller-driven progress (see the file comment). It
+// outlives both: one per engine, never freed, so a handle may point at it after the engine is
+// gone.
+class ProgressHelper {
+ public:
+  static ProgressHelper* New();
+  std::mutex run;                 // held by the thread that runs the engine's work
+  EngineImpl* engine = nullptr;   // guarded by run; null once the engine has stopped
+  std::atomic<int> waiting{0};    // callers that ask for `run`
+  std::mutex aside_mu;
+  std::condition_variable aside_cv;  // the background thread, stepped aside, waits on it
+  bool aside = false;             // guarded by aside_mu
+};
+
+// Handle::Wait's part: runs the engine's work on this thread until `h` finishes, nothing moves
+// for `spin`, `until` passes (checked between passes: a collective it runs is not cut short),
+// or the engine must be left to its own thread (background.cc).
+void HelpProgress(ProgressHelper* p, const Handle& h, std::chrono::microseconds spin,
+                  Clock::time_point until);
 
 // The message of an exception caught with catch (...) (execute.cc).
 std::string ExceptionMessage(std::exception_ptr p);
@@ -223,6 +254,13 @@ class EngineImpl {
   uint64_t negotiation_messages() const {
     return negotiation_messages_.load(std::memory_order_relaxed);
   }
+  // Caller-driven progress for this engine's handles, or null: with more ranks on the host than
+  // cores, a helping caller and its stepped-aside background thread both take time slices that
+  // the peers' threads need (measured: 4 ranks on 2 cores, 4 B-16 KiB, slower in most runs).
+  ProgressHelper* helper() const { return oversubscribed_ ? nullptr : helper_; }
+  // A waiting caller's pass over the loop's work, under helper()->run (background.cc): 1 when
+  // something moved, 0 when nothing did, -1 when the caller must leave the engine to its thread.
+  int HelpStep();
 
  private:
   explicit EngineImpl(const Options& options);
@@ -246,8 +284,7 @@ class EngineImpl {
   std::string Describe(const Request& r) const;  // "allreduce 'x' on rank 3", for errors
 
   // Background thread (background.cc).
-  void Loop();
-  void RunLoop();
+  void Loop();  // the background thread
   bool DrainQueue();
   void StopPolling();  // lowers the poller's flag before a wait that does not poll it
   void Recycle(Response&& r);  // after Execute: keeps it in spare_responses_
@@ -465,6 +502,16 @@ class EngineImpl {
   std::atomic<uint64_t> negotiation_messages_{0};
   std::mutex join_mu_;  // serialises joining thread_
   std::thread thread_;
+  ProgressHelper* const helper_ = ProgressHelper::New();
+  std::atomic<bool> device_seen_{false};  // a device tensor was submitted: callers never help
+  // One pass of the loop's work: drain, rounds, rank 0's coordinators, execution; whether
+  // anything was done (background.cc). By a caller, it stops after the drain once a device
+  // tensor was submitted.
+  bool Work(bool by_caller);
+  // The background thread, idle while a caller waits: lets the caller run the work (`run` is
+  // released until no caller asks for it, or a tick passes).
+  void StepAside(std::unique_lock<std::mutex>& run);
+  void RunLoop(std::unique_lock<std::mutex>& run);
 };
 
 }  // namespace hvd

@@ -1,6 +1,7 @@
 #include <sched.h>
 
 #include "device/device.h"
+#include "engine/engine_impl.h"
 #include "hvd/engine.h"
 
 namespace hvd {
@@ -16,15 +17,14 @@ bool Handle::Spin(std::chrono::steady_clock::time_point limit) const {
   }
 }
 
-bool Handle::Poll() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return done_;
-}
+bool Handle::Poll() const { return finished_.load(std::memory_order_acquire); }
 
 // A waiter counts itself in sleepers_ under mu_ before it sleeps, and Complete reads the count
 // after setting done_ under mu_: either the waiter sees done_, or Complete sees the waiter.
 Status Handle::Wait() const {
   // Once finished_ is seen, status_ is final (Complete sets it before, and never again).
+  if (finished_.load(std::memory_order_acquire)) return status_;
+  if (helper_ != nullptr) HelpProgress(helper_, *this, spin_, Clock::time_point::max());
   if (Spin(std::chrono::steady_clock::time_point::max())) return status_;
   std::unique_lock<std::mutex> l(mu_);
   if (!done_) {
@@ -36,7 +36,11 @@ Status Handle::Wait() const {
 }
 
 Status Handle::WaitFor(std::chrono::milliseconds timeout) const {
-  Spin(std::chrono::steady_clock::now() + timeout);
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  if (helper_ != nullptr && !finished_.load(std::memory_order_acquire)) {
+    HelpProgress(helper_, *this, spin_, until);
+  }
+  Spin(until);
   std::unique_lock<std::mutex> l(mu_);
   ++sleepers_;
   const bool done = cv_.wait_for(l, timeout, [this] { return done_; });
