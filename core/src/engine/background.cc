@@ -17,6 +17,8 @@ constexpr auto kIdleTick = std::chrono::milliseconds(100);
 // While it spins with every control link polled in memory, how often the background thread
 // also polls the io_context (a syscall).
 constexpr auto kIoPollEvery = std::chrono::microseconds(20);
+// How long the background thread, stepped aside for helping callers, yields before it sleeps.
+constexpr auto kAsideYield = std::chrono::milliseconds(10);
 
 std::vector<uint8_t> IntPayload(int v) {
   std::vector<uint8_t> out(4);
@@ -157,16 +159,15 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
 
 void EngineImpl::StepAside(std::unique_lock<std::mutex>& run) {
   ProgressHelper& p = *helper_;
-  {
-    std::lock_guard<std::mutex> l(p.aside_mu);
-    p.aside = true;
-  }
   run.unlock();
-  // Yield while the caller is likely to finish soon; then block until it leaves.
-  const auto until = Clock::now() + spin_;
+  // Callers usually help one operation after another (wait, submit, wait): yield while they do,
+  // so that none of them pays for waking this thread when it leaves. Only a long stretch of
+  // help puts it to sleep, woken by the last caller to leave.
+  const auto until = Clock::now() + kAsideYield;
   while (p.waiting.load() > 0 && Clock::now() < until) sched_yield();
-  {
+  if (p.waiting.load() > 0) {
     std::unique_lock<std::mutex> l(p.aside_mu);
+    p.aside = true;
     p.aside_cv.wait_for(l, kIdleTick, [&p] { return p.waiting.load() == 0; });
     p.aside = false;
   }

@@ -114,7 +114,6 @@ TensorEntry MakeEntry(EngineImpl& impl, OpType type, const std::string& name,
   e.output.dtype = out.dtype;
   e.output.device = out.device;
   e.handle = NewHandle();
-  e.handle->helper_ = impl.helper();  // null where callers do not help (oversubscribed)
   return e;
 }
 
@@ -472,9 +471,9 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
     }
     for (TensorEntry* p = entries; p != end; ++p) {
       TensorEntry& e = *p;
-      e.handle->spin_ = !oversubscribed_ || RequestBytes(e.request) <= kSmallWaitBytes
-                            ? spin_
-                            : std::chrono::microseconds(0);
+      const bool small = RequestBytes(e.request) <= kSmallWaitBytes;
+      e.handle->spin_ = !oversubscribed_ || small ? spin_ : std::chrono::microseconds(0);
+      if (small && !oversubscribed_) e.handle->helper_ = helper_;
       queue_.push_back(std::move(e));
     }
   }
