@@ -33,10 +33,10 @@ namespace hvd {
 // the operation's dtype, owned by the caller, or nullptr to fail the operation.
 using OutputAllocator = std::function<void*(const std::vector<int64_t>& shape)>;
 
-// The completion state of one operation.
-// Thread-safety: all methods may be called from any thread.
 class ProgressHelper;  // engine/engine_impl.h
 
+// The completion state of one operation.
+// Thread-safety: all methods may be called from any thread.
 class HVD_EXPORT Handle {
  public:
   Handle() = default;
@@ -48,10 +48,12 @@ class HVD_EXPORT Handle {
   // Blocks until the operation has finished; returns its status. It first polls for up to the
   // engine's spin window (HVD_SPIN_MICROSECONDS), yielding the core, as a short operation
   // usually finishes within microseconds; then it sleeps until woken. While it polls, the
-  // waiting thread runs the engine's work itself when the background thread is idle (see
+  // waiting thread runs the engine's work itself when the background thread is idle
+  // (operations of up to 64 KiB, where the host has a core per rank; see
   // engine/engine_impl.h, caller-driven progress).
   Status Wait() const;
-  // As Wait, but returns Timeout if it has not finished within `timeout` (it goes on).
+  // As Wait, but returns Timeout if it has not finished within `timeout` (it goes on). A
+  // collective the waiting thread runs meanwhile is not cut short.
   Status WaitFor(std::chrono::milliseconds timeout) const;
   // The final status; OK while pending.
   Status status() const;

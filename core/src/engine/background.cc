@@ -27,9 +27,6 @@ std::vector<uint8_t> IntPayload(int v) {
 }
 }  // namespace
 
-// No exception leaves this thread: one that escapes the loop (a failed allocation in a message,
-// a framework's callback) stops the engine the way a lost peer does, with every operation
-// failing with Internal and the others told, instead of ending the process.
 namespace {
 // Whether this thread runs an engine's work now (the background thread, or a caller helping):
 // a callback it makes that waits on a handle must not ask for the lock it holds.
@@ -45,6 +42,10 @@ ProgressHelper* ProgressHelper::New() {
   all->push_back(std::make_unique<ProgressHelper>());
   return all->back().get();
 }
+
+// No exception leaves this thread: one that escapes the loop (a failed allocation in a message,
+// a framework's callback) stops the engine the way a lost peer does, with every operation
+// failing with Internal and the others told, instead of ending the process.
 
 void EngineImpl::Loop() {
   t_running_engine = true;

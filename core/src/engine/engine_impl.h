@@ -9,17 +9,19 @@
 //     new requests to the coordinator; on rank 0 it also computes and broadcasts responses; it
 //     executes responses in order; between those it sleeps in io_.run_one_for(), which wakes on
 //     a posted enqueue, a control message, or the idle tick. It is the only thread that touches
-//     io_'s sockets, the transport, the coordinator, pending_ and the execution queue.
+//     io_'s sockets, the transport, the coordinator, pending_ and the execution queue, save a
+//     waiting caller that runs its work in its place (below).
 //
 // Caller-driven progress. The loop's work (draining, negotiating, executing) runs under one
 // lock, ProgressHelper::run, which the background thread holds while it runs. A caller that
 // waits on a handle (Handle::Wait, while it polls) asks for the lock; once the background
-// thread has nothing to do it steps aside (releases it and blocks until no caller wants it),
-// and the caller runs the work itself until its handle finishes or nothing moves for its spin
-// window. A small operation then completes on the thread that waits for it, with no hand-off
-// between two threads of a rank (each a wake-up on a shared core). Only the background thread
-// sleeps in io_, fails everything after an abort and shuts down; a caller leaves those to it,
-// and device tensors (whose CUDA context is the background thread's) are never run by callers.
+// thread has nothing to do it steps aside (releases it and yields, then sleeps, until no
+// caller wants it), and the caller runs the work itself until its handle finishes or nothing
+// moves for its spin window. A small operation then completes on the thread that waits for it,
+// with no hand-off between two threads of a rank (each a wake-up on a shared core). Only the
+// background thread sleeps in io_, fails everything after an abort and shuts down; a caller
+// leaves those to it, and device tensors (whose CUDA context is the background thread's) are
+// never run by callers.
 //
 // Thread-safety: Enqueue*, Shutdown and the accessors may be called from any thread.
 #pragma once

@@ -43,7 +43,7 @@ Status Handle::WaitFor(std::chrono::milliseconds timeout) const {
   Spin(until);
   std::unique_lock<std::mutex> l(mu_);
   ++sleepers_;
-  const bool done = cv_.wait_for(l, timeout, [this] { return done_; });
+  const bool done = cv_.wait_until(l, until, [this] { return done_; });
   --sleepers_;
   if (!done) {
     return Status::Timeout("operation still pending after " + std::to_string(timeout.count()) +
