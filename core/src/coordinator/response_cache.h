@@ -18,7 +18,8 @@
 //      the list) with the same request; receivers rebuild it from their cache before applying
 //      the list.
 //
-// Thread-safety: not thread-safe; used by the background thread only.
+// Thread-safety: not thread-safe; used by one thread at a time, the one running the engine's
+// work (the background thread or a waiting caller; engine/engine_impl.h).
 #pragma once
 
 #include <cstdint>

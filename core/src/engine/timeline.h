@@ -6,7 +6,8 @@
 // "%r" is written by rank 0 only. Events are buffered and written when the engine shuts down
 // or the buffer grows past a few thousand events, so the hot path stays cheap.
 //
-// Thread-safety: not thread-safe; used by the background thread only.
+// Thread-safety: not thread-safe; used by one thread at a time, the one running the engine's
+// work (the background thread or a waiting caller; engine/engine_impl.h).
 #pragma once
 
 #include <cstdio>

@@ -26,7 +26,8 @@
 // last two travel with each response list as its PlanKnobs, so every member plans the list's
 // allreduces alike.
 //
-// Thread-safety: not thread-safe; rank 0's background thread only.
+// Thread-safety: not thread-safe; on rank 0, used by one thread at a time, the one running the
+// engine's work (the background thread or a waiting caller; engine/engine_impl.h).
 #pragma once
 
 #include <cstdio>

@@ -10,10 +10,12 @@
 //
 // Waiting: a collective in flight polls `poll` (SetWaitPoll) every few tens of microseconds, so
 // the engine's control plane (heartbeats, negotiation of other process sets, the relay of an
-// abort) goes on while it waits. A non-OK status from it ends the wait with that status; the
-// communicator is then gone, as after a timeout.
+// abort) goes on while it waits; a backend whose waits run the engine's io_context themselves
+// (shared memory) has no need of it. A non-OK status from it ends the wait with that status;
+// the communicator is then gone, as after a timeout.
 //
-// Thread-safety: not thread-safe; used only by the background thread, like the transport.
+// Thread-safety: not thread-safe; used only by the thread running the engine's work (see
+// engine/engine_impl.h), like the transport.
 #pragma once
 
 #include <cstddef>

@@ -12,7 +12,8 @@
 //     PeerLost naming the peer's rank; a passed deadline fails with Timeout naming the peers
 //     still awaited. After either, the transport is unusable (the communicator is gone).
 //
-// Thread-safety: not thread-safe; used only by the background thread that owns it.
+// Thread-safety: not thread-safe; used by one thread at a time, the one running the engine's
+// work (the background thread or a waiting caller; engine/engine_impl.h).
 #pragma once
 
 #include <algorithm>

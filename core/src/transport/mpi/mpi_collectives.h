@@ -13,7 +13,8 @@
 // left to hvd's algorithms (every rank sees the same sizes, so every rank decides alike);
 // alltoallv, whose sizes differ per rank, first agrees on that with a one-int MPI_Iallreduce.
 //
-// Thread-safety: not thread-safe; the background thread only.
+// Thread-safety: not thread-safe; used by one thread at a time, the one running the engine's
+// work (the background thread or a waiting caller; engine/engine_impl.h).
 #pragma once
 
 #include <vector>

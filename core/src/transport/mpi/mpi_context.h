@@ -3,10 +3,12 @@
 // Status.
 //
 // Threads: MPI is initialised by the thread that creates the engine, and used afterwards by the
-// background thread (collectives) and at shutdown by the thread that destroys the engine. That
-// needs MPI_THREAD_SERIALIZED or better when the collectives run over MPI; hvd asks for
-// MPI_THREAD_MULTIPLE so that the program may use MPI too. Only the bootstrap (on the creating
-// thread) and MPI_Finalize run when MPI merely bootstraps the TCP mesh; then any level does.
+// thread running the engine's work (collectives: the background thread, or a caller waiting on
+// a small operation in its place, one at a time) and at shutdown by the thread that destroys
+// the engine. That needs MPI_THREAD_SERIALIZED or better when the collectives run over MPI; hvd
+// asks for MPI_THREAD_MULTIPLE so that the program may use MPI too. Only the bootstrap (on the
+// creating thread) and MPI_Finalize run when MPI merely bootstraps the TCP mesh; then any level
+// does.
 //
 // Waiting: every non-blocking MPI call is completed by Wait, which polls MPI_Test until the
 // request completes or the deadline passes: it yields for the first ~1 ms (collectives of up
