@@ -28,9 +28,7 @@ std::vector<uint8_t> IntPayload(int v) {
   std::memcpy(out.data(), &v, 4);
   return out;
 }
-}  // namespace
 
-namespace {
 // Whether this thread runs an engine's work now (the background thread, or a caller helping):
 // a callback it makes that waits on a handle must not ask for the lock it holds.
 thread_local bool t_running_engine = false;
@@ -49,7 +47,6 @@ ProgressHelper* ProgressHelper::New() {
 // No exception leaves this thread: one that escapes the loop (a failed allocation in a message,
 // a framework's callback) stops the engine the way a lost peer does, with every operation
 // failing with Internal and the others told, instead of ending the process.
-
 void EngineImpl::Loop() {
   t_running_engine = true;
   std::unique_lock<std::mutex> run(helper_->run);
@@ -132,17 +129,8 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
     }
     if (spin_.count() > 0 && now - last_work_ < spin_) {
       if (queued_.load()) continue;
-      if (poller_) {
-        if (!polling_) poller_->SetPolling(polling_ = true);
-        if (poller_->Poll()) continue;
-      }
-      // TCP control links are read by the io_context: poll it every round. With every link in
-      // memory, only timers and the rest need it now and then. Yield every round: the thread
-      // that will answer may be waiting for this core.
-      if (control_over_tcp_ || now - io_polled_ >= kIoPollEvery) {
-        io_polled_ = now;
-        if (io_.poll() > 0) continue;
-      }
+      if (SpinPoll(now)) continue;
+      // Yield every round: the thread that will answer may be waiting for this core.
       sched_yield();
       continue;
     }
@@ -180,22 +168,29 @@ void EngineImpl::StepAside(std::unique_lock<std::mutex>& run) {
   last_work_ = Clock::now();
 }
 
+bool EngineImpl::SpinPoll(Clock::time_point now) {
+  if (poller_) {
+    if (!polling_) poller_->SetPolling(polling_ = true);
+    if (poller_->Poll()) return true;
+  }
+  // TCP control links are read by the io_context: poll it every round. With every link in
+  // memory, only timers and the rest need it now and then.
+  if (control_over_tcp_ || now - io_polled_ >= kIoPollEvery) {
+    io_polled_ = now;
+    if (io_.stopped()) io_.restart();
+    return io_.poll() > 0;
+  }
+  return false;
+}
+
 int EngineImpl::HelpStep() {
-  if (done_ || !abort_.ok() || shutdown_sent_ || device_seen_.load()) return -1;
+  // (A caller holding the lock found the engine running, so done_ is false.)
+  if (!abort_.ok() || shutdown_sent_ || device_seen_.load()) return -1;
   try {
     bool moved = Work(/*by_caller=*/true);
     if (!abort_.ok() || shutdown_sent_ || device_seen_.load()) return -1;
-    // The control plane, as the background thread polls it while it spins.
-    if (poller_) {
-      if (!polling_) poller_->SetPolling(polling_ = true);
-      moved = poller_->Poll() || moved;
-    }
     const auto now = Clock::now();
-    if (control_over_tcp_ || now - io_polled_ >= kIoPollEvery) {
-      io_polled_ = now;
-      if (io_.stopped()) io_.restart();
-      moved = io_.poll() > 0 || moved;
-    }
+    moved = SpinPoll(now) || moved;  // the control plane, as the background thread spins
     if (moved) last_work_ = now;
     return moved ? 1 : 0;
   } catch (...) {

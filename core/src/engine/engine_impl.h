@@ -515,6 +515,10 @@ class EngineImpl {
   // The background thread, idle while a caller waits: lets the caller run the work (`run` is
   // released until no caller asks for it, or a tick passes).
   void StepAside(std::unique_lock<std::mutex>& run);
+  // While polling after work (the background thread's spin, a helping caller): the control
+  // rings with the poller's flag up, and the io_context every kIoPollEvery (every round with
+  // TCP control links); whether anything moved.
+  bool SpinPoll(Clock::time_point now);
   void RunLoop(std::unique_lock<std::mutex>& run);
 };
 
