@@ -260,7 +260,7 @@ bool EngineImpl::DrainQueue() {
   queued_.store(false);
   wake_posted_.store(false);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<ShortMutex> l(mu_);
     batch.swap(queue_);
     shutdown = shutdown_requested_;
   }
@@ -289,7 +289,7 @@ bool EngineImpl::DrainQueue() {
     const std::string key = set == kGlobalProcessSet ? std::string() : PendingKey(set, e.request.name);
     auto* node = pending_.Insert(set == kGlobalProcessSet ? std::string_view(e.request.name)
                                                           : std::string_view(key),
-                                 std::move(e));
+                                 e.key_hash, std::move(e));
     if (node == nullptr) {  // the caller's check keeps names unique; this is its backstop
       // (its name stays in flight: it belongs to the pending one)
       e.handle->Complete(Status::InvalidArgument(Describe(e.request) +
@@ -886,7 +886,7 @@ Status EngineImpl::ExecuteProcessSet(const Response& r, std::vector<TensorEntry*
   const int32_t id = r.root;
   if (!r.sizes.empty()) {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      std::lock_guard<ShortMutex> l(mu_);
       known_sets_[id].ranks.assign(r.sizes.begin(), r.sizes.end());
     }
     for (auto* e : entries) {
@@ -895,7 +895,7 @@ Status EngineImpl::ExecuteProcessSet(const Response& r, std::vector<TensorEntry*
     return Status::OK();
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<ShortMutex> l(mu_);
     known_sets_.erase(id);
   }
   const Status gone = Status::FailedPrecondition(
@@ -1046,7 +1046,7 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
   transport_->Abort(status);
   std::vector<TensorEntry> queued;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<ShortMutex> l(mu_);
     if (dead_.ok()) dead_ = status;
     queued.swap(queue_);
     in_flight_.Clear();

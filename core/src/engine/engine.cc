@@ -38,7 +38,7 @@ class HandleBlocks {
   void* Take(size_t bytes) {
     if (!HVD_POOL_HANDLES) return ::operator new(bytes);
     {
-      std::lock_guard<std::mutex> l(mu_);
+      std::lock_guard<ShortMutex> l(mu_);
       if (bytes == size_ && !free_.empty()) {
         void* p = free_.back();
         free_.pop_back();
@@ -51,7 +51,7 @@ class HandleBlocks {
   void Give(void* p, size_t bytes) {
     if (!HVD_POOL_HANDLES) return ::operator delete(p);
     {
-      std::lock_guard<std::mutex> l(mu_);
+      std::lock_guard<ShortMutex> l(mu_);
       if (bytes == size_ && free_.size() < kMaxBlocks) {
         free_.push_back(p);
         return;
@@ -62,7 +62,7 @@ class HandleBlocks {
 
  private:
   static constexpr size_t kMaxBlocks = 1 << 16;
-  std::mutex mu_;
+  ShortMutex mu_;
   size_t size_ = 0;
   std::vector<void*> free_;
 };
@@ -289,7 +289,7 @@ void EngineImpl::Wake() {
 
 Status EngineImpl::Shutdown() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<ShortMutex> l(mu_);
     shutdown_requested_ = true;
   }
   Wake();
@@ -396,7 +396,7 @@ Status EngineImpl::CheckProcessSetLocked(Request& r) const {
 }
 
 void EngineImpl::TakeShell(Request* r) {
-  std::lock_guard<std::mutex> l(shells_mu_);
+  std::lock_guard<ShortMutex> l(shells_mu_);
   if (shells_.empty()) return;
   r->name.swap(shells_.back().name);
   r->shape.swap(shells_.back().shape);
@@ -420,7 +420,7 @@ std::vector<HandlePtr> EngineImpl::EnqueueGroup(std::vector<TensorEntry> entries
 void EngineImpl::Submit(TensorEntry* entries, size_t n) {
   TensorEntry* const end = entries + n;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<ShortMutex> l(mu_);
     Status s = dead_;
     if (s.ok() && shutdown_requested_) s = Status::Aborted("hvd has been shut down");
     std::unordered_set<std::string> names;  // of a group (one tensor needs no check)
@@ -445,9 +445,11 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
         s = Status::InvalidArgument("group has the name '" + e.request.name + "' twice");
       }
       if (s.ok()) {  // in flight from here until it completes (CompleteEntries)
-        e.in_flight = e.request.process_set == kGlobalProcessSet
-                          ? in_flight_.Insert(e.request.name, true)
-                          : in_flight_.Insert(PendingKey(e.request.process_set, e.request.name), true);
+        const bool global = e.request.process_set == kGlobalProcessSet;
+        const std::string key = global ? std::string() : PendingKey(e.request.process_set, e.request.name);
+        const std::string_view k = global ? std::string_view(e.request.name) : std::string_view(key);
+        e.key_hash = NameTable<bool>::Hash(k);
+        e.in_flight = in_flight_.Insert(k, e.key_hash, true);
         if (e.in_flight == nullptr) {
           s = Status::InvalidArgument(Describe(e.request) + ": a tensor with this name is already "
                                       "in flight on this rank; wait for it before reusing the name");
@@ -523,13 +525,13 @@ Status EngineImpl::RemoveProcessSet(int32_t id) {
 }
 
 std::vector<int> EngineImpl::ProcessSetRanks(int32_t id) const {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<ShortMutex> l(mu_);
   auto it = known_sets_.find(id);
   return it == known_sets_.end() ? std::vector<int>() : it->second.ranks;
 }
 
 std::vector<int32_t> EngineImpl::ProcessSetIds() const {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<ShortMutex> l(mu_);
   std::vector<int32_t> ids;
   for (const auto& kv : known_sets_) ids.push_back(kv.first);
   return ids;

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "bootstrap/store.h"
+#include "common/short_mutex.h"
 #include "collectives/collectives.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/messages.h"
@@ -137,6 +138,8 @@ struct TensorEntry {
   std::function<Status(Transport&, ScratchBuffer&)> raw;
   // Its name's node in EngineImpl::in_flight_ from submission until it completes (under mu_).
   NameTable<bool>::Node* in_flight = nullptr;
+  // NameTable's hash of its key (its PendingKey()), computed once at submission for both tables.
+  uint64_t key_hash = 0;
 };
 
 // The ranks a response runs on (the world, or a process set's members) and what running
@@ -397,7 +400,7 @@ class EngineImpl {
   const Options options_;
 
   // Caller side, guarded by mu_.
-  mutable std::mutex mu_;
+  mutable ShortMutex mu_;
   std::vector<TensorEntry> queue_;
   NameTable<bool> in_flight_;  // PendingKey()s queued or pending on this rank
   Status dead_;                                // set once: later operations fail with it
@@ -422,7 +425,7 @@ class EngineImpl {
     std::vector<int64_t> shape;
   };
   static constexpr size_t kMaxShells = 16384;
-  std::mutex shells_mu_;
+  ShortMutex shells_mu_;
   std::vector<Shell> shells_;  // guarded by shells_mu_
 
   std::mutex elastic_mu_;  // serialises callers' use of elastic_store_

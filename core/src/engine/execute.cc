@@ -205,7 +205,7 @@ void EngineImpl::CompleteEntry(TensorEntry& e, const Status& status) {
 // One lock for all of a response's tensors, each releasing its node of in_flight_.
 void EngineImpl::CompleteEntries(TensorEntry* const* entries, size_t n, const Status& status) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<ShortMutex> l(mu_);
     for (size_t i = 0; i < n; ++i) {
       in_flight_.Release(entries[i]->in_flight);
       entries[i]->in_flight = nullptr;
@@ -225,7 +225,7 @@ void EngineImpl::KeepShell(Request& r) {
 void EngineImpl::ReturnShells() {
   if (returning_.empty()) return;
   {
-    std::lock_guard<std::mutex> l(shells_mu_);
+    std::lock_guard<ShortMutex> l(shells_mu_);
     if (shells_.empty()) {
       shells_.swap(returning_);
     } else {
@@ -350,7 +350,7 @@ void EngineImpl::KeepBarrierCount(const Response& r) {
   const size_t dot = name.rfind('.');
   if (dot == std::string::npos) return;
   const uint64_t next = std::strtoull(name.c_str() + dot + 1, nullptr, 10) + 1;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<ShortMutex> l(mu_);
   auto it = known_sets_.find(r.process_set);
   if (it != known_sets_.end()) it->second.barriers = std::max(it->second.barriers, next);
 }

@@ -35,16 +35,21 @@ class NameTable {
     uint32_t hint = 0;
   };
 
+  // The hash a lookup of `key` computes: a key looked up in two tables (or twice) can be hashed
+  // once and passed to the overloads that take it.
+  static uint64_t Hash(std::string_view key) { return std::hash<std::string_view>()(key); }
+
   // The live node of `key`, or null.
-  Node* Find(std::string_view key) const {
-    Entry* e = slots_.empty() ? nullptr : slots_[Probe(key, Hash(key))].entry;
+  Node* Find(std::string_view key) const { return Find(key, Hash(key)); }
+  Node* Find(std::string_view key, uint64_t h) const {
+    Entry* e = slots_.empty() ? nullptr : slots_[Probe(key, h)].entry;
     return e != nullptr && e->node.live ? &e->node : nullptr;
   }
   // Makes `key` live with `value` and returns its node; null (value untouched) if it is live
   // already.
-  Node* Insert(std::string_view key, V&& value) {
+  Node* Insert(std::string_view key, V&& value) { return Insert(key, Hash(key), std::move(value)); }
+  Node* Insert(std::string_view key, uint64_t h, V&& value) {
     if (2 * (entries_.size() + 1) > slots_.size()) Reindex(2 * (entries_.size() + 1));
-    const uint64_t h = Hash(key);
     Slot& slot = slots_[Probe(key, h)];
     if (slot.entry == nullptr) {
       entries_.push_back(std::make_unique<Entry>());
@@ -97,7 +102,6 @@ class NameTable {
     uint64_t hash = 0;
     Entry* entry = nullptr;  // null: empty
   };
-  static uint64_t Hash(std::string_view key) { return std::hash<std::string_view>()(key); }
   // The slot of `key`: its entry's, or the empty one where it would go.
   size_t Probe(std::string_view key, uint64_t h) const {
     const size_t mask = slots_.size() - 1;
