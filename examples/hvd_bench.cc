@@ -171,7 +171,8 @@ int64_t Bench::RunSize(size_t count) {
   }
   std::vector<double> samples(iters);
   // Negotiation's share of the timed steps (--tensors): this rank's counters around each step.
-  double negotiation[2] = {0, 0};  // ns, request and response lists sent
+  // ns, request and response lists (or round parts) sent, ns of it per-tensor bookkeeping
+  double negotiation[3] = {0, 0, 0};
   for (int it = -a_.warmup; it < iters; ++it) {
     hvd::Status st;
     double seconds = 0;
@@ -187,6 +188,9 @@ int64_t Bench::RunSize(size_t count) {
     if (it >= 0) {
       negotiation[0] += static_cast<double>(after.nanoseconds - before.nanoseconds) / iters;
       negotiation[1] += static_cast<double>(after.messages - before.messages) / iters;
+      negotiation[2] +=
+          static_cast<double>(after.bookkeeping_nanoseconds - before.bookkeeping_nanoseconds) /
+          iters;
     }
     if (!st.ok()) Die(rank_, std::string(CollectiveName(a_.coll)) + " of " + std::to_string(bytes) + " bytes", st);
     if (!a_.raw) seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -205,14 +209,21 @@ int64_t Bench::RunSize(size_t count) {
   if (!st.ok()) Die(rank_, "allreduce sum of the wrong counts", st);
   if (world_rank_ == 0) PrintRow(count, samples, wrong);
   if (a_.tensors > 1 && !a_.raw) {
-    double busiest[2] = {negotiation[0], negotiation[1]};
-    hvd::TensorView nv(busiest, hvd::DataType::kFloat64, {2});
+    // Each the most of any rank; the agreement's share too.
+    double busiest[4] = {negotiation[0], negotiation[1], negotiation[2],
+                         negotiation[0] - negotiation[2]};
+    hvd::TensorView nv(busiest, hvd::DataType::kFloat64, {4});
     st = engine_.Allreduce(name + ".negotiation", nv, nv, hvd::ReduceOp::kMax)->Wait();
     if (!st.ok()) Die(rank_, "allreduce max of the negotiation times", st);
     if (world_rank_ == 0 && !a_.csv) {
       std::printf("# negotiation per step (mean): %.1f us on the busiest rank (%.0f ns per tensor), "
-                  "%.1f us on rank 0; at most %.1f request or response lists sent by a rank\n",
+                  "%.1f us on rank 0; at most %.1f request or response lists (or round parts) "
+                  "sent by a rank\n",
                   busiest[0] / 1e3, busiest[0] / a_.tensors, negotiation[0] / 1e3, busiest[1]);
+      std::printf("#   of it, on the busiest rank for each: per-tensor bookkeeping %.1f us (%.0f ns "
+                  "per tensor: the pending table, the cache lookup, responses built from bits); "
+                  "the agreement %.1f us (parts and lists made, sent, read and ANDed)\n",
+                  busiest[2] / 1e3, busiest[2] / a_.tensors, busiest[3] / 1e3);
       std::fflush(stdout);
     }
   }

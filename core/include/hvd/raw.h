@@ -38,6 +38,9 @@ struct NegotiationCounters {
   uint64_t nanoseconds = 0;
   uint64_t messages = 0;
   uint64_t cache_hits = 0;
+  // Of nanoseconds: the per-tensor part (the pending table and the response-cache lookup of each
+  // tensor taken in, the agreed responses built from cache bits). The rest is the agreement.
+  uint64_t bookkeeping_nanoseconds = 0;
 };
 HVD_EXPORT NegotiationCounters ReadNegotiationCounters(Engine& engine);
 

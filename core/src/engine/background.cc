@@ -299,7 +299,7 @@ bool EngineImpl::DrainQueue() {
     requests[set].push_back(node);
   }
   for (auto& [set, list] : requests) Announce(*sets_.at(set), list, start);
-  if (!requests.empty()) CountNegotiation(start);
+  if (!requests.empty()) CountBookkeeping(CountNegotiation(start));
   if (shutdown && !shutdown_sent_) {
     shutdown_sent_ = true;
     shutdown_deadline_ = DeadlineAfterSeconds(options_.timeout_seconds);
@@ -563,10 +563,12 @@ Status EngineImpl::OnResponses(ResponseList&& list) {
   }
   if (!list.ready_bits.empty()) {
     std::vector<Response> cached;
+    const auto rebuild = Clock::now();
     if (!ps.cache->RebuildAll(list.ready_bits, list.fusion_threshold, &cached,
                               &spare_responses_)) {
       return Status::InvalidArgument("ready bits name an empty response-cache bit");
     }
+    CountBookkeeping(Clock::now() - rebuild);
     for (auto& r : cached) list.responses.push_back(std::move(r));
   }
   for (auto& r : list.responses) {
@@ -676,12 +678,18 @@ void EngineImpl::StepSetsAside(int32_t set) {
       [set](const ProcessSetState& ps) { return ps.rank < 0 && (set < 0 || ps.id == set); });
 }
 
-void EngineImpl::CountNegotiation(Clock::time_point since) {
-  negotiation_ns_.fetch_add(static_cast<uint64_t>(
-                                std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                    Clock::now() - since)
-                                    .count()),
-                            std::memory_order_relaxed);
+Clock::duration EngineImpl::CountNegotiation(Clock::time_point since) {
+  const Clock::duration d = Clock::now() - since;
+  negotiation_ns_.fetch_add(
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()),
+      std::memory_order_relaxed);
+  return d;
+}
+
+void EngineImpl::CountBookkeeping(Clock::duration d) {
+  bookkeeping_ns_.fetch_add(
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()),
+      std::memory_order_relaxed);
 }
 
 // One response list of a set, sent to its members: the coordinator's responses (after
@@ -736,7 +744,9 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
   }
   if (!agreed.empty()) {
     std::vector<Response> cached;
+    const auto rebuild = Clock::now();
     ps.cache->RebuildAll(agreed, threshold, &cached, &spare_responses_);
+    CountBookkeeping(Clock::now() - rebuild);
     for (auto& r : cached) {
       r.process_set = ps.id;
       r.knobs = knobs;

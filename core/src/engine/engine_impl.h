@@ -259,6 +259,11 @@ class EngineImpl {
   uint64_t negotiation_messages() const {
     return negotiation_messages_.load(std::memory_order_relaxed);
   }
+  // Of negotiation_ns(), the part whose cost is per tensor: taking submitted tensors into the
+  // pending table and looking them up in the response cache, and building the agreed responses
+  // from cache bits. The rest is the agreement itself (parts and lists encoded, sent, read and
+  // ANDed), a few messages per step whatever the number of tensors.
+  uint64_t bookkeeping_ns() const { return bookkeeping_ns_.load(std::memory_order_relaxed); }
   // A waiting caller's pass over the loop's work, under helper_->run (background.cc): 1 when
   // something moved, 0 when nothing did, -1 when the caller must leave the engine to its thread.
   int HelpStep();
@@ -313,7 +318,10 @@ class EngineImpl {
   void StepSetsAside(int32_t set = -1);
   // Steps, in turn, the coordinator of each set `which` accepts (CoordinatorStep(ps, now)).
   void StepCoordinators(const std::function<bool(const ProcessSetState&)>& which);
-  void CountNegotiation(Clock::time_point since);
+  // Adds the time since `since` to negotiation_ns() and returns that time; CountBookkeeping
+  // adds it to bookkeeping_ns() too (call it only inside a counted stretch, or with both).
+  Clock::duration CountNegotiation(Clock::time_point since);
+  void CountBookkeeping(Clock::duration d);
   Clock::duration CycleRemaining() const;
   Status OnRequests(int peer, RequestList&& list);
   // Rank 0's fast path for cached tensors (background.cc); ranks count in the set.
@@ -501,6 +509,7 @@ class EngineImpl {
   std::atomic<uint64_t> cache_hits_{0};
   std::atomic<uint64_t> negotiation_ns_{0};
   std::atomic<uint64_t> negotiation_messages_{0};
+  std::atomic<uint64_t> bookkeeping_ns_{0};
   std::mutex join_mu_;  // serialises joining thread_
   std::thread thread_;
   // Caller-driven progress. Submit gives it to the handles of operations of up to

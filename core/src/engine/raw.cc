@@ -80,6 +80,7 @@ NegotiationCounters ReadNegotiationCounters(Engine& engine) {
   c.nanoseconds = engine.impl()->negotiation_ns();
   c.messages = engine.impl()->negotiation_messages();
   c.cache_hits = engine.impl()->cache_hits();
+  c.bookkeeping_nanoseconds = engine.impl()->bookkeeping_ns();
   return c;
 }
 

@@ -104,6 +104,11 @@ void EngineImpl::SendPart() {
   Rounds& r = *rounds_;
   ProcessSetState& world = World();
   const auto now = Clock::now();
+  struct Counted {  // the part's making and sending are negotiation too
+    EngineImpl* e;
+    Clock::time_point since;
+    ~Counted() { e->CountNegotiation(since); }
+  } counted{this, now};
   RoundContribution c;
   c.round = r.done + 1;
   c.rank = options_.rank;
@@ -154,6 +159,7 @@ Status EngineImpl::OnRoundPart(int peer, const std::vector<uint8_t>& payload) {
         "all linked to each other)");
   }
   Rounds& r = *rounds_;
+  const auto start = Clock::now();
   RoundContribution c;
   HVD_RETURN_IF_ERROR(Decode(payload.data(), payload.size(), &c));
   const std::string what = "part of round " + std::to_string(c.round) + " from rank " +
@@ -176,6 +182,7 @@ Status EngineImpl::OnRoundPart(int peer, const std::vector<uint8_t>& payload) {
   const bool current = c.round == r.done + 1;
   *slot = std::move(c);
   if (current) ++r.have;
+  CountNegotiation(start);  // TryRounds counts its own
   TryRounds();
   return Status::OK();
 }
@@ -240,6 +247,7 @@ Status EngineImpl::CompleteRound() {
   for (auto& p : r.early) p.reset();
   for (const auto& p : r.parts) r.have += p.has_value() ? 1 : 0;
   if (any) {
+    const auto rebuild = Clock::now();
     std::vector<Response> cached;
     if (!cache.RebuildAll(agreed, threshold, &cached, &spare_responses_)) {
       return Status::InvalidArgument("round " + std::to_string(round) +
@@ -252,6 +260,7 @@ Status EngineImpl::CompleteRound() {
       bytes += ResponseBytes(resp);
     }
     cache.Apply(cached);  // every rank alike: the epoch moves with a round that agreed
+    CountBookkeeping(Clock::now() - rebuild);
     if (autotune_) {
       autotune_->Record(bytes, Clock::now());
       ReportAutotune();
