@@ -446,8 +446,10 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
       }
       if (s.ok()) {  // in flight from here until it completes (CompleteEntries)
         const bool global = e.request.process_set == kGlobalProcessSet;
-        const std::string key = global ? std::string() : PendingKey(e.request.process_set, e.request.name);
-        const std::string_view k = global ? std::string_view(e.request.name) : std::string_view(key);
+        const std::string key =
+            global ? std::string() : PendingKey(e.request.process_set, e.request.name);
+        const std::string_view k =
+            global ? std::string_view(e.request.name) : std::string_view(key);
         e.key_hash = NameTable<bool>::Hash(k);
         e.in_flight = in_flight_.Insert(k, e.key_hash, true);
         if (e.in_flight == nullptr) {
