@@ -104,11 +104,6 @@ void EngineImpl::SendPart() {
   Rounds& r = *rounds_;
   ProcessSetState& world = World();
   const auto now = Clock::now();
-  struct Counted {  // the part's making and sending are negotiation too
-    EngineImpl* e;
-    Clock::time_point since;
-    ~Counted() { e->CountNegotiation(since); }
-  } counted{this, now};
   RoundContribution c;
   c.round = r.done + 1;
   c.rank = options_.rank;
@@ -150,6 +145,7 @@ void EngineImpl::SendPart() {
   }
   r.parts[options_.rank] = std::move(c);
   ++r.have;
+  CountNegotiation(now);  // making and sending the part
 }
 
 Status EngineImpl::OnRoundPart(int peer, const std::vector<uint8_t>& payload) {
