@@ -50,10 +50,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       hvd::Hello h = hvd::UnpackHello(got);
       if (hvd::PackHello(h) != got) std::abort();
       for (int rank : {0, 1, 5}) {
-        hvd::Status s = hvd::CheckHello(h, rank, 8);
-        bool want = h.magic == hvd::kHelloMagic && h.target == rank && h.rank > rank && h.rank < 8 &&
-                    (h.kind == hvd::kKindData || (h.kind == hvd::kKindControl && rank == 0));
-        if (s.ok() != want) std::abort();
+        for (bool links : {false, true}) {
+          hvd::Status s = hvd::CheckHello(h, rank, 8, links);
+          bool want = h.magic == hvd::kHelloMagic && h.target == rank && h.rank > rank &&
+                      h.rank < 8 &&
+                      (h.kind == hvd::kKindData || h.kind == hvd::kKindDataWorkerLinks ||
+                       (h.kind == hvd::kKindControl && (rank == 0 || links)));
+          if (s.ok() != want) std::abort();
+        }
       }
     }
   }

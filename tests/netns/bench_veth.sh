@@ -12,11 +12,16 @@
 # With AUTOTUNE=1 it runs a step of TENSORS allreduces of SIZE (default 32 x 64K) on the same
 # hosts and links: flat, hierarchical, the automatic choice, then autotune, and prints the
 # autotuned choice.
+# With SYMMETRIC=1 it runs hvd on 3 hosts x 1 rank and 2 hosts x 2 ranks with
+# HVD_SYMMETRIC_NEGOTIATION=off (rank 0 answers) and on (rounds between every pair of ranks,
+# over TCP across hosts), alternating REPEATS (default 3) times: a 4-byte allreduce and a step
+# of TENSORS (default 100) allreduces of 4 KiB; the table rows and the negotiation lines.
 set -u
 HVDRUN=$1 BENCH=$2 MAX=${3:-64M}
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/netns_hosts.sh"
-netns_hosts_up 2 || { echo "cannot set up the fake hosts"; exit 1; }
+netns_hosts_up "$([ "${SYMMETRIC:-0}" = 1 ] && echo 3 || echo 2)" ||
+  { echo "cannot set up the fake hosts"; exit 1; }
 H1=${NETNS_ADDR[1]} H2=${NETNS_ADDR[2]}
 SSH_FLAGS=(--ssh-config "$NETNS_SSH_CONFIG" -i "$NETNS_SSH_KEY" -p "$NETNS_SSH_PORT")
 cd "$NETNS_DIR" || exit 1
@@ -40,6 +45,24 @@ if [ "${AUTOTUNE:-0}" = 1 ]; then
   done
   echo "=== autotune's choice (last line of its log)"
   tail -1 "$log"
+  exit 0
+fi
+
+if [ "${SYMMETRIC:-0}" = 1 ]; then
+  H3=${NETNS_ADDR[3]}
+  for spec in "$H1:1,$H2:1,$H3:1" "$H1:2,$H2:2"; do
+    for rep in $(seq "${REPEATS:-3}"); do
+      for mode in off on; do
+        echo "=== hvd -H $spec, HVD_SYMMETRIC_NEGOTIATION=$mode (run $rep)"
+        for what in "-b 4 -e 4 -n 2000" "--tensors ${TENSORS:-100} -b 4K -e 4K -n 300"; do
+          # shellcheck disable=SC2086
+          env HVD_SYMMETRIC_NEGOTIATION="$mode" HVD_CACHE_CAPACITY=16384 timeout 300 \
+            ip netns exec "$NETNS_L" "$HVDRUN" "${SSH_FLAGS[@]}" --no-prefix -H "$spec" \
+            "$BENCH" $what | grep -E '^ +[0-9]|^# negotiation|^#   of it'
+        done
+      done
+    done
+  done
   exit 0
 fi
 

@@ -201,9 +201,17 @@ Status EngineImpl::Connect() {
                                             options_.autotune_log, scope);
   }
   sets_[kGlobalProcessSet] = std::move(world);
-  auto symmetric = SymmetricNegotiation(job->all_linked, cores, deadline);
+  auto symmetric = SymmetricNegotiation(job->all_linked, job->links_in_memory, cores, deadline);
   if (!symmetric.ok()) {
     return symmetric.status().WithContext("rank " + std::to_string(options_.rank));
+  }
+  if (options_.rank == 0 && options_.size > 1) {
+    const char* how = !*symmetric ? "rank 0 answers"
+                      : job->links_in_memory
+                          ? "rounds between every pair of ranks, in shared memory"
+                          : "rounds between every pair of ranks, over TCP where they do not "
+                            "share memory";
+    HVD_LOG(kInfo) << "negotiation of cached tensors: " << how << " (HVD_SYMMETRIC_NEGOTIATION)";
   }
   if (*symmetric) {  // engine/rounds.cc
     rounds_ = std::make_unique<Rounds>();
@@ -220,17 +228,19 @@ Status EngineImpl::Connect() {
 }
 
 // Whether the global set agrees on cached tensors in rounds (engine/rounds.cc): where every rank
-// links to every other (one host sharing memory) and HVD_SYMMETRIC_NEGOTIATION allows it (auto:
-// when the host has a core per rank). Whether all are linked every rank finds alike (the ranks
-// of a host agree on who shares its segments); the rest the linked ranks agree on by one
-// allreduce over shared memory (the lowest wins), so a launcher's layout or an environment that
-// differs between ranks cannot split them. Jobs over several hosts skip it.
-StatusOr<bool> EngineImpl::SymmetricNegotiation(bool all_linked, unsigned cores,
-                                                Deadline deadline) {
+// links to every other and HVD_SYMMETRIC_NEGOTIATION allows it. `auto`: where every link is in
+// one host's memory and the host has a core per rank. `on`: also across hosts, over TCP (links
+// between workers: transport/tcp/mesh_hello.h); there `auto` keeps rank 0 answering, which
+// measured faster on the fake hosts of tests/netns (README). Whether all are linked every rank
+// finds alike; the rest the linked ranks agree on by one allreduce (the lowest wins), so a
+// launcher's layout or an environment that differs between ranks cannot split them.
+StatusOr<bool> EngineImpl::SymmetricNegotiation(bool all_linked, bool links_in_memory,
+                                                unsigned cores, Deadline deadline) {
   if (!all_linked) return false;
   const Options::Toggle knob = options_.symmetric_negotiation;
   int32_t yes = knob == Options::Toggle::kOn ||
-                (knob == Options::Toggle::kAuto && static_cast<unsigned>(options_.size) <= cores);
+                (knob == Options::Toggle::kAuto && (links_in_memory || options_.size == 1) &&
+                 static_cast<unsigned>(options_.size) <= cores);
   if (options_.size == 1) return yes == 1;
   Status s = Allreduce(*transport_, &yes, 1, DataType::kInt32, ReduceOp::kMin, scratch_, deadline);
   if (!s.ok()) return s.WithContext("agreeing on how the ranks negotiate");

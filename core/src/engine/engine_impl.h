@@ -272,7 +272,8 @@ class EngineImpl {
   explicit EngineImpl(const Options& options);
   Status Connect();
   Status SetUpViews(Comm& comm, const Topology& topology, const std::string& why);
-  StatusOr<bool> SymmetricNegotiation(bool all_linked, unsigned cores, Deadline deadline);
+  StatusOr<bool> SymmetricNegotiation(bool all_linked, bool links_in_memory, unsigned cores,
+                                      Deadline deadline);
   void Wake();
   HandlePtr EnqueueProcessSetOp(std::vector<int> ranks, int32_t remove);
 
@@ -448,7 +449,8 @@ class EngineImpl {
   Topology topology_;  // where each rank runs (empty for a world of one)
   std::string layout_note_;  // why the layout does not allow hierarchical collectives
   std::vector<std::shared_ptr<ControlLink>> control_;  // rank 0: [peer]; worker: [0]
-  std::vector<std::shared_ptr<ControlLink>> peers_;  // a worker: links to its host's workers
+  // A worker: links to the other workers (JobConnections::peers), for the rounds.
+  std::vector<std::shared_ptr<ControlLink>> peers_;
   std::unique_ptr<Rounds> rounds_;  // the symmetric fast path, or null (rank 0 answers bits)
   std::shared_ptr<ControlPoller> poller_;  // links the io_context alone does not drive; or null
   bool polling_ = false;  // poller_ is told this thread polls it (only while it spins idle)

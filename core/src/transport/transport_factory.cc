@@ -10,6 +10,7 @@
 #include "transport/group_view.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/control_channel.h"
+#include "transport/tcp/mesh_hello.h"
 #include "transport/tcp/tcp_mesh.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -198,32 +199,41 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
   // the ranks of a host agree on who shares its segments), and its TCP connection is closed.
   auto shm_control = SharedMemoryControl(*job.transport);
   job.poller = shm_control;
-  auto& control = (*mesh)->control;
-  job.control.resize(control.size());
-  for (size_t i = 0; i < control.size(); ++i) {
-    if (!control[i]) continue;
-    const int peer = static_cast<int>(i);
-    if (shm_control && shm_control->Has(peer)) {
-      asio::error_code ec;
-      control[i]->close(ec);
-      job.control[i] = shm_control->Link(peer, on_message, on_error);
-      continue;
-    }
-    auto link = std::make_shared<ControlChannel>(peer, std::move(control[i]), on_message, on_error);
-    link->Start();
-    job.control_over_tcp = true;
-    job.control[i] = std::move(link);
-  }
-  // When every rank shares this host's memory, links between workers too (the symmetric fast
-  // path, engine/rounds.cc): both ends make them.
-  job.all_linked = shm_control != nullptr;
+  // Whether every rank links to every other: with every rank on this host sharing memory (the
+  // ranks of a host agree on who shares its segments), in a job of two, or over the mesh's
+  // control connections between workers (WorkerLinks: with HVD_SYMMETRIC_NEGOTIATION=on every
+  // rank of such a job has them, since the mesh formed). Every rank finds the same. Then a
+  // worker's links to the other workers (the symmetric fast path, engine/rounds.cc) go in
+  // `peers`: through shared memory to a worker of this host (both ends make them), else over
+  // their control connection.
+  job.links_in_memory = shm_control != nullptr;
   for (int peer = 0; peer < o.size; ++peer) {
-    if (peer != o.rank) job.all_linked = job.all_linked && shm_control->Has(peer);
+    if (peer != o.rank) job.links_in_memory = job.links_in_memory && shm_control->Has(peer);
   }
-  if (job.all_linked && o.rank != 0) {
-    job.peers.resize(o.size);
-    for (int peer = 1; peer < o.size; ++peer) {
-      if (peer != o.rank) job.peers[peer] = shm_control->Link(peer, on_message, on_error);
+  job.all_linked = o.size <= 2 || job.links_in_memory ||
+                   WorkerLinks(o.size, o.symmetric_negotiation == Options::Toggle::kOn);
+  auto& control = (*mesh)->control;
+  const bool worker = o.rank != 0;
+  job.control.resize(worker ? 1 : o.size);
+  if (worker && job.all_linked) job.peers.resize(o.size);
+  for (int peer = 0; peer < o.size; ++peer) {
+    if (peer == o.rank) continue;
+    const bool to_peer = !worker || peer == 0 || job.all_linked;
+    std::unique_ptr<asio::ip::tcp::socket> tcp;  // closed as it goes, unless a link takes it
+    if (static_cast<size_t>(peer) < control.size()) tcp = std::move(control[peer]);
+    std::shared_ptr<ControlLink> link;
+    if (shm_control && shm_control->Has(peer)) {
+      if (to_peer) link = shm_control->Link(peer, on_message, on_error);
+    } else if (tcp && to_peer) {
+      auto channel = std::make_shared<ControlChannel>(peer, std::move(tcp), on_message, on_error);
+      channel->Start();
+      job.control_over_tcp = true;
+      link = std::move(channel);
+    }
+    if (!worker || peer == 0) {
+      job.control[worker ? 0 : peer] = std::move(link);
+    } else if (job.all_linked) {
+      job.peers[peer] = std::move(link);
     }
   }
   job.backends = std::move(backends);

@@ -56,12 +56,16 @@ struct JobConnections {
   std::unique_ptr<Transport> transport;
   std::vector<std::shared_ptr<ControlLink>> control;  // rank 0: [peer]; a worker: [0]
   // A worker of a job with all_linked: [peer] a link to each other worker (for the symmetric
-  // fast path, engine/rounds.cc); null at 0 and itself. Otherwise empty.
+  // fast path, engine/rounds.cc), through shared memory or TCP; null at 0 and itself.
+  // Otherwise empty.
   std::vector<std::shared_ptr<ControlLink>> peers;
   // Every other rank is linked to this one directly (control or peers): the ranks of one host
-  // sharing memory. Every rank of such a job finds the same (the ranks of a host agree on who
-  // shares its segments).
+  // sharing memory, a job of two, or, with HVD_SYMMETRIC_NEGOTIATION=on, a job of up to
+  // kWorkerLinksUpTo ranks (transport/tcp/mesh_hello.h), whose workers link to each other over
+  // TCP too. Every rank of a job finds the same.
   bool all_linked = false;
+  // Every link to another rank is in shared memory (one host).
+  bool links_in_memory = false;
   // Polled by the engine for the links that the io_context alone does not drive; may be null.
   std::shared_ptr<ControlPoller> poller;
   bool control_over_tcp = false;  // some link is a TCP ControlChannel (read by the io_context)

@@ -21,6 +21,9 @@
 #                100 ms netem delay where the kernel has netem (else says it skipped that)
 #   partition    host 2 cut off mid-allreduce (HVD_TIMEOUT_SECONDS=5): every rank fails within
 #                5 + 5 s naming a rank on the other side, hvdrun exits non-zero
+#   symmetric    the checked job for 20 rounds with HVD_SYMMETRIC_NEGOTIATION=on: cached
+#                tensors agreed in rounds, over TCP links between workers across the hosts
+#   symmetric_partition  the partition with HVD_SYMMETRIC_NEGOTIATION=on
 #   reboot       host 2 lost at once (port down, its processes killed, namespace deleted)
 #                mid-allreduce: the same for the ranks on host 1
 #   elastic_kill --min-np 2, 4 ranks over 2 hosts (mp_elastic_worker beside WORKER): a rank on
@@ -336,6 +339,23 @@ case_partition() {
     sleep 0.1
   done
   echo "30 s after the link came back, sshd sessions left: ${left:-none}"
+}
+
+# Symmetric negotiation across hosts (HVD_SYMMETRIC_NEGOTIATION=on): the ranks agree on cached
+# tensors in rounds, over shared memory within a host and TCP links between workers across.
+case_symmetric() {
+  export HVD_SYMMETRIC_NEGOTIATION=on HVD_LOG_LEVEL=info
+  rounds_job "symmetric negotiation" 20
+  cat "$OUT" "$ERR" | grep -q "rounds between every pair of ranks, over TCP" ||
+    fail "rank 0 does not say it negotiates in rounds over TCP"
+  echo "MEASURE symmetric negotiation across hosts: $ROUND_MS ms per round"
+  no_leftovers
+}
+
+# The partition with the survivors waiting in rounds across the cut.
+case_symmetric_partition() {
+  export HVD_SYMMETRIC_NEGOTIATION=on
+  case_partition
 }
 
 case_reboot() {

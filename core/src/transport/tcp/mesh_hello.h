@@ -15,7 +15,10 @@
 namespace hvd {
 
 constexpr uint32_t kHelloMagic = 0x31445648;  // "HVD1"
-constexpr uint8_t kKindData = 0, kKindControl = 1;
+// A data connection from a rank that also makes control connections to the workers
+// (WorkerLinks) says so: a rank that decides otherwise fails set-up at once, naming the knob.
+constexpr uint8_t kKindData = 0, kKindControl = 1, kKindDataWorkerLinks = 2;
+inline bool IsData(uint8_t kind) { return kind == kKindData || kind == kKindDataWorkerLinks; }
 constexpr size_t kHelloBytes = 13;
 
 struct Hello {
@@ -44,15 +47,29 @@ inline Hello UnpackHello(const std::string& s) {
   return h;
 }
 
+// With HVD_SYMMETRIC_NEGOTIATION=on (`wanted`) and up to this many ranks, every pair of ranks
+// has a control connection, not only each worker and rank 0: the links between workers carry
+// the symmetric fast path's rounds (engine/rounds.cc) across hosts. Above it a rank would hold
+// twice the sockets (a data and a control connection per peer), and a round's N x (N-1)
+// messages cost more than the coordinator's 2 x (N-1). Every rank must decide alike (the same
+// knob): a rank that expects a link another does not make says so when set-up times out.
+constexpr int kWorkerLinksUpTo = 32;
+inline bool WorkerLinks(int size, bool wanted) {
+  return wanted && size > 2 && size <= kWorkerLinksUpTo;
+}
+
 // The claim a connection accepted by rank `rank` of `size` may make: addressed to this rank
 // (else InvalidArgument: a stale address), from a higher rank (every rank dials the lower ones),
-// a data connection, or a control connection to rank 0 (else FailedPrecondition).
-inline Status CheckHello(const Hello& h, int rank, int size) {
+// a data connection (either kind), or a control connection to rank 0 (to any rank with
+// `worker_links`) (else FailedPrecondition).
+inline Status CheckHello(const Hello& h, int rank, int size, bool worker_links = false) {
   if (h.magic != kHelloMagic || h.target != rank) {
     return Status::InvalidArgument("hello for rank " + std::to_string(h.target) + " reached rank " +
                                    std::to_string(rank) + " (a stale address?)");
   }
-  if (h.rank <= rank || h.rank >= size || !(h.kind == kKindData || (h.kind == kKindControl && rank == 0))) {
+  const bool control_ok = rank == 0 || worker_links;
+  if (h.rank <= rank || h.rank >= size ||
+      !(IsData(h.kind) || (h.kind == kKindControl && control_ok))) {
     return Status::FailedPrecondition("unexpected hello (rank " + std::to_string(h.rank) +
                                       ", kind " + std::to_string(h.kind) + ") at rank " +
                                       std::to_string(rank));

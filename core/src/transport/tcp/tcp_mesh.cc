@@ -130,9 +130,9 @@ class Acceptor {
   // Connections are accepted until `deadline` (the job's start deadline), and each has until
   // then to authenticate.
   Acceptor(asio::io_context& io, tcp::acceptor& acc, TcpMesh& mesh, int rank, int size,
-           std::string secret, Deadline deadline)
-      : io_(io), acc_(acc), mesh_(mesh), rank_(rank), size_(size), secret_(std::move(secret)),
-        deadline_(deadline) {}
+           bool worker_links, std::string secret, Deadline deadline)
+      : io_(io), acc_(acc), mesh_(mesh), rank_(rank), size_(size), worker_links_(worker_links),
+        secret_(std::move(secret)), deadline_(deadline) {}
 
   void Start() { AcceptNext(); }
   int remaining() const { return expected_ - got_; }
@@ -147,6 +147,9 @@ class Acceptor {
     }
   }
   int pending() const { return pending_; }
+  // A higher rank whose data connection said it makes links between workers where this rank
+  // does not, or the reverse (-1: none).
+  int knob_mismatch() const { return knob_mismatch_; }
 
  private:
   struct Incoming {
@@ -173,7 +176,7 @@ class Acceptor {
   void ReadHello(std::shared_ptr<Incoming> in) {
     ++pending_;
     auto check = [this](const std::string& context) {
-      return CheckHello(UnpackHello(context), rank_, size_);
+      return CheckHello(UnpackHello(context), rank_, size_, worker_links_);
     };
     auto left = std::max<Clock::duration>(deadline_ - Clock::now(), std::chrono::milliseconds(1));
     auth::AcceptHandshake(*in->sock, secret_, kHelloBytes, in,
@@ -190,8 +193,12 @@ class Acceptor {
   }
 
   void Place(const Hello& h, std::unique_ptr<tcp::socket> sock) {
-    bool ok = CheckHello(h, rank_, size_).ok();
-    auto& slot = !ok ? sock : (h.kind == kKindData ? mesh_.data[h.rank] : mesh_.control[h.rank]);
+    bool ok = CheckHello(h, rank_, size_, worker_links_).ok();
+    if (ok && IsData(h.kind) && (h.kind == kKindDataWorkerLinks) != worker_links_ &&
+        knob_mismatch_ < 0) {
+      knob_mismatch_ = h.rank;
+    }
+    auto& slot = !ok ? sock : (IsData(h.kind) ? mesh_.data[h.rank] : mesh_.control[h.rank]);
     if (!ok || slot) {
       HVD_LOG(kWarning) << "dropped a connection with an unexpected hello (magic " << std::hex
                         << h.magic << std::dec << ", rank " << h.rank << ", kind " << int(h.kind)
@@ -209,10 +216,11 @@ class Acceptor {
   tcp::acceptor& acc_;
   TcpMesh& mesh_;
   const int rank_, size_;
+  const bool worker_links_;
   const std::string secret_;
   const Deadline deadline_;
   std::vector<std::weak_ptr<Incoming>> incoming_;
-  int expected_ = 0, got_ = 0, pending_ = 0;
+  int expected_ = 0, got_ = 0, pending_ = 0, knob_mismatch_ = -1;
   bool stopped_ = false;
 };
 
@@ -272,7 +280,10 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
                                                   StoreClient& store, Deadline deadline) {
   auto mesh = std::make_unique<TcpMesh>();
   mesh->data.resize(o.size);
-  mesh->control.resize(o.rank == 0 ? o.size : 1);
+  const bool worker_links =
+      WorkerLinks(o.size, o.symmetric_negotiation == Options::Toggle::kOn);
+  mesh->control.resize(o.rank == 0 || worker_links ? o.size : 1);
+  const bool control_from_higher = o.rank == 0 || worker_links;
 
   // 1. Listen and publish.
   asio::error_code ec;
@@ -287,19 +298,19 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
   addr << acc.local_endpoint().address().to_string() << ":" << acc.local_endpoint().port();
   HVD_RETURN_IF_ERROR(store.Set("hvd/addr/" + std::to_string(o.rank), addr.str(), deadline));
 
-  Acceptor acceptor(io, acc, *mesh, o.rank, o.size, o.secret, deadline);
-  acceptor.set_expected((o.size - 1 - o.rank) + (o.rank == 0 ? o.size - 1 : 0));
+  Acceptor acceptor(io, acc, *mesh, o.rank, o.size, worker_links, o.secret, deadline);
+  acceptor.set_expected((o.size - 1 - o.rank) * (control_from_higher ? 2 : 1));
   acceptor.Start();
 
   // 2. Dial the lower ranks.
   for (int j = 0; j < o.rank; ++j) {
-    auto s = DialRank(io, store, o, j, kKindData, deadline);
+    auto s = DialRank(io, store, o, j, worker_links ? kKindDataWorkerLinks : kKindData, deadline);
     if (!s.ok()) return s.status();
     mesh->data[j] = std::move(*s);
-    if (j == 0) {
-      auto c = DialRank(io, store, o, 0, kKindControl, deadline);
+    if (j == 0 || worker_links) {
+      auto c = DialRank(io, store, o, j, kKindControl, deadline);
       if (!c.ok()) return c.status();
-      mesh->control[0] = std::move(*c);
+      mesh->control[j] = std::move(*c);
     }
   }
 
@@ -308,7 +319,7 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
   int gone = -1;
   Clock::time_point next_check = Clock::now();
   bool all = RunUntil(io, deadline, [&] {
-    if (acceptor.remaining() == 0) return true;
+    if (acceptor.remaining() == 0 || acceptor.knob_mismatch() >= 0) return true;
     if (Clock::now() < next_check) return false;
     next_check = Clock::now() + std::chrono::milliseconds(100);
     for (int j = 0; j < o.size && gone < 0; ++j) {
@@ -320,6 +331,13 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
   acceptor.Stop();
   acc.close(ec);
   RunUntil(io, Clock::now() + std::chrono::seconds(2), [&] { return acceptor.pending() == 0; });
+  if (acceptor.knob_mismatch() >= 0) {
+    const std::string j = std::to_string(acceptor.knob_mismatch()), me = std::to_string(o.rank);
+    return Status::FailedPrecondition(
+        "HVD_SYMMETRIC_NEGOTIATION differs between ranks: rank " + (worker_links ? me : j) +
+        " has it on and rank " + (worker_links ? j : me) + " does not (rank " + j +
+        "'s connection says so); it must be the same on every rank");
+  }
   if (gone >= 0) {
     const std::string why = GaveUpReason(store, gone);
     std::ostringstream os;
@@ -337,7 +355,7 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
     os << "rank " << o.rank << " timed out waiting for connections from ranks [";
     bool first = true;
     for (int j = o.rank + 1; j < o.size; ++j) {
-      if (!mesh->data[j] || (o.rank == 0 && !mesh->control[j])) {
+      if (!mesh->data[j] || (control_from_higher && !mesh->control[j])) {
         os << (first ? "" : ", ") << j;
         first = false;
       }
