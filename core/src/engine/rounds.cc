@@ -5,9 +5,10 @@
 // tensors.
 //
 // Where. On every rank of a job whose ranks all link to each other directly: the ranks of one
-// host that share memory (the control rings of transport/shm), or a world of one. Elsewhere
-// (several hosts), and for process sets, rank 0 still ANDs the bits the workers send it
-// (background.cc).
+// host that share memory (the control rings of transport/shm), a world of one, or, with
+// HVD_SYMMETRIC_NEGOTIATION=on, any job of up to 32 ranks, whose workers then also link over
+// TCP where they share no memory (transport/tcp/mesh_hello.h). Elsewhere, and for process
+// sets, rank 0 still ANDs the bits the workers send it (background.cc).
 //
 // A round. A rank's part (RoundContribution) is its row of ready bits at its cache epoch and the
 // bits it moves to the coordinator; rank 0's also carries the fusion threshold and plan knobs
