@@ -102,7 +102,7 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
       HVD_LOG(kWarning) << "no answer from rank 0 to shutdown; closing anyway";
       shutdown_by_ = options_.rank;
     }
-    if (shutdown_by_ >= 0) {
+    if (shutdown_by_ >= 0 && !RoundsLeftAtShutdown()) {
       FinishShutdown(shutdown_by_);
       break;
     }
@@ -1007,9 +1007,13 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
     }
     if (!s.ok()) return OnControlError(peer, s.message());
     CountNegotiation(start);
-  } else if (mt == MessageType::kShutdown && payload.size() == 4) {
+  } else if (mt == MessageType::kShutdown && (payload.size() == 4 || payload.size() == 12)) {
+    // The rank that called shutdown; from rank 0, also the rounds it completed (rounds.cc).
     int by;
     std::memcpy(&by, payload.data(), 4);
+    if (payload.size() == 12 && !coordinator()) {
+      std::memcpy(&shutdown_after_round_, payload.data() + 4, 8);
+    }
     if (shutdown_by_ < 0) shutdown_by_ = (by >= 0 && by < options_.size) ? by : peer;
   } else if (mt == MessageType::kAbort) {
     std::string why(payload.begin(), payload.end());
@@ -1079,7 +1083,11 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
 
 void EngineImpl::FinishShutdown(int requested_by) {
   if (coordinator() && options_.size > 1) {
-    BroadcastControl(static_cast<uint8_t>(MessageType::kShutdown), Payload(IntPayload(requested_by)));
+    std::vector<uint8_t> p = IntPayload(requested_by);
+    const uint64_t done = rounds_ ? rounds_->done : 0;  // the workers run these rounds first
+    p.resize(12);
+    std::memcpy(p.data() + 4, &done, 8);
+    BroadcastControl(static_cast<uint8_t>(MessageType::kShutdown), Payload(std::move(p)));
   }
   Status s = Status::Aborted("hvd has been shut down (rank " + std::to_string(requested_by) +
                              " called shutdown)");

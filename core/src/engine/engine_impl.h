@@ -347,6 +347,8 @@ class EngineImpl {
   bool TryRounds();
   bool RoundNews(Clock::time_point now) const;
   void SendPart();
+  // At shutdown: whether a round some rank may run is still to complete here (rounds.cc).
+  bool RoundsLeftAtShutdown();
   Status CompleteRound();
   Status OnRoundPart(int peer, const std::vector<uint8_t>& payload);
   // Bits of this rank's ready row whose cache entry a list changed go to the coordinator.
@@ -497,6 +499,11 @@ class EngineImpl {
   bool shutdown_sent_ = false;
   Deadline shutdown_deadline_ = NoDeadline();
   int shutdown_by_ = -1;   // the rank whose shutdown ends the job, once known
+  // The fast path at shutdown (rounds.cc): a worker runs the rounds rank 0 completed before it
+  // stopped (from rank 0's shutdown message), waiting at most until the deadline.
+  uint64_t shutdown_after_round_ = 0;
+  Deadline shutdown_rounds_deadline_ = NoDeadline();
+  bool shutdown_rounds_waiting_ = false;
   Status abort_;           // set by a control message or a lost peer
   std::unique_ptr<asio::steady_timer> heartbeat_;
   std::chrono::microseconds spin_{0};  // polling window before sleeping (HVD_SPIN_MICROSECONDS)

@@ -80,8 +80,9 @@ bool EngineImpl::TryRounds() {
   WithdrawLateBits(Clock::now());
   while (abort_.ok() && !done_) {
     if (!r.sent) {
-      // Another rank's part of round done+1 is here: answer it at once.
-      if (r.have == 0 && !RoundNews(Clock::now())) break;
+      // Another rank's part of round done+1 is here: answer it at once. Once shutdown is
+      // decided, no rank starts a round (RoundsLeftAtShutdown).
+      if (r.have == 0 && (shutdown_by_ >= 0 || !RoundNews(Clock::now()))) break;
       SendPart();
       did = true;
     }
@@ -273,6 +274,29 @@ Status EngineImpl::CompleteRound() {
   }
   CountNegotiation(start);
   return Status::OK();
+}
+
+// Shutdown at a round boundary. Some rank may have run a round that this rank has not
+// completed: a worker whose part reached every rank runs it as soon as it holds every part, and
+// may then call shutdown before the others have theirs. So, once shutdown is decided, rank 0
+// finishes the round under way (one whose part it sent, or answers: every rank then sends its
+// part, so every part comes) and starts none, then tells the workers how many rounds it
+// completed; a worker completes those (every rank sent its part of each) before it stops, and
+// no more (a later one lacks rank 0's part). Bounded by HVD_TIMEOUT_SECONDS, should a rank
+// have died meanwhile.
+bool EngineImpl::RoundsLeftAtShutdown() {
+  if (!rounds_ || !abort_.ok() || options_.size == 1) return false;
+  const Rounds& r = *rounds_;
+  const bool left = coordinator() ? r.sent || r.have > 0 : r.done < shutdown_after_round_;
+  if (!left) return false;
+  if (!shutdown_rounds_waiting_) {
+    shutdown_rounds_waiting_ = true;
+    shutdown_rounds_deadline_ = DeadlineAfterSeconds(options_.timeout_seconds);
+  }
+  if (Clock::now() < shutdown_rounds_deadline_) return true;
+  HVD_LOG(kWarning) << "shutdown: round " << r.done + 1
+                    << " of the fast path did not complete in time; stopping without it";
+  return false;
 }
 
 void EngineImpl::OnCacheChanged(const std::vector<std::pair<uint32_t, Request>>& changed) {
