@@ -500,10 +500,10 @@ class EngineImpl {
   Deadline shutdown_deadline_ = NoDeadline();
   int shutdown_by_ = -1;   // the rank whose shutdown ends the job, once known
   // The fast path at shutdown (rounds.cc): a worker runs the rounds rank 0 completed before it
-  // stopped (from rank 0's shutdown message), waiting at most until the deadline.
+  // stopped (from rank 0's shutdown message), waiting at most until the deadline (set when the
+  // wait starts).
   uint64_t shutdown_after_round_ = 0;
   Deadline shutdown_rounds_deadline_ = NoDeadline();
-  bool shutdown_rounds_waiting_ = false;
   Status abort_;           // set by a control message or a lost peer
   std::unique_ptr<asio::steady_timer> heartbeat_;
   std::chrono::microseconds spin_{0};  // polling window before sleeping (HVD_SPIN_MICROSECONDS)

@@ -35,14 +35,13 @@ class NameTable {
     uint32_t hint = 0;
   };
 
-  // The hash a lookup of `key` computes: a key looked up in two tables (or twice) can be hashed
-  // once and passed to the overloads that take it.
+  // The hash a lookup of `key` computes: a key inserted in two tables can be hashed once and
+  // passed to the Insert that takes it.
   static uint64_t Hash(std::string_view key) { return std::hash<std::string_view>()(key); }
 
   // The live node of `key`, or null.
-  Node* Find(std::string_view key) const { return Find(key, Hash(key)); }
-  Node* Find(std::string_view key, uint64_t h) const {
-    Entry* e = slots_.empty() ? nullptr : slots_[Probe(key, h)].entry;
+  Node* Find(std::string_view key) const {
+    Entry* e = slots_.empty() ? nullptr : slots_[Probe(key, Hash(key))].entry;
     return e != nullptr && e->node.live ? &e->node : nullptr;
   }
   // Makes `key` live with `value` and returns its node; null (value untouched) if it is live

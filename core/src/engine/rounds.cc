@@ -289,8 +289,7 @@ bool EngineImpl::RoundsLeftAtShutdown() {
   const Rounds& r = *rounds_;
   const bool left = coordinator() ? r.sent || r.have > 0 : r.done < shutdown_after_round_;
   if (!left) return false;
-  if (!shutdown_rounds_waiting_) {
-    shutdown_rounds_waiting_ = true;
+  if (shutdown_rounds_deadline_ == NoDeadline()) {
     shutdown_rounds_deadline_ = DeadlineAfterSeconds(options_.timeout_seconds);
   }
   if (Clock::now() < shutdown_rounds_deadline_) return true;
