@@ -54,6 +54,15 @@ if(HVD_HAVE_CUDA AND NOT HVD_WITH_NCCL_MODE STREQUAL "OFF")
   endif()
 endif()
 hvd_resolve_option(NCCL "${_nccl_found}")
+# hvd.nccl_built() returns the NCCL version the build compiled against, as Horovod's does
+# (NCCL_VERSION_CODE, e.g. 22809 for 2.28.9), or 0 without NCCL.
+set(HVD_NCCL_VERSION_CODE 0)
+if(HVD_HAVE_NCCL)
+  file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_code REGEX "^#define NCCL_VERSION_CODE [0-9]+")
+  if(_nccl_code MATCHES "NCCL_VERSION_CODE ([0-9]+)")
+    set(HVD_NCCL_VERSION_CODE ${CMAKE_MATCH_1})
+  endif()
+endif()
 
 set(_mpi_found FALSE)
 if(NOT HVD_WITH_MPI_MODE STREQUAL "OFF")

@@ -569,6 +569,7 @@ std::string HelpText() {
       "  HVD_LOCAL_RANK, HVD_LOCAL_SIZE   rank and rank count on this host\n"
       "  HVD_CROSS_RANK, HVD_CROSS_SIZE   host index and host count (for this local rank)\n"
       "  HVD_HOSTNAME                     the host name from the host list\n"
+      "  HOROVOD_RANK, ..._HOSTNAME       the same seven, under horovodrun's names\n"
       "  HVD_RENDEZVOUS_ADDR/_PORT        the rendezvous store hosted by hvdrun\n"
       "  HVD_SECRET                       the job's random secret (64 hex digits)\n"
       "  HVD_BIND_ADDR                    (multi-host jobs) where this rank listens\n"

@@ -46,9 +46,11 @@ std::vector<std::string> MpirunCommand(const LaunchOptions& opts,
   for (const std::string& name : environ_names) {
     bool ours = name.rfind("HVD_", 0) == 0 || name.rfind("HOROVOD_", 0) == 0;
     // Identity and rendezvous variables would contradict mpirun's; HVD_MPIRUN is hvdrun's own.
-    bool contract = name == "HVD_RANK" || name == "HVD_SIZE" || name == "HVD_LOCAL_RANK" ||
-                    name == "HVD_LOCAL_SIZE" || name == "HVD_CROSS_RANK" ||
-                    name == "HVD_CROSS_SIZE" || name == "HVD_RENDEZVOUS_ADDR" ||
+    // (under either prefix: hvdrun gives its ranks both).
+    const std::string bare = ours ? name.substr(name.rfind("HOROVOD_", 0) == 0 ? 8 : 4) : "";
+    bool identity = bare == "RANK" || bare == "SIZE" || bare == "LOCAL_RANK" ||
+                    bare == "LOCAL_SIZE" || bare == "CROSS_RANK" || bare == "CROSS_SIZE";
+    bool contract = identity || name == "HVD_RENDEZVOUS_ADDR" ||
                     name == "HVD_RENDEZVOUS_PORT" || name == "HVD_MPIRUN";
     if (ours && !contract && !exported.count(name)) cmd.insert(cmd.end(), {"-x", name});
   }

@@ -117,6 +117,12 @@ std::map<std::string, std::string> ContractVariables(const Placement& p, const J
   set["HVD_CROSS_RANK"] = std::to_string(p.cross_rank);
   set["HVD_CROSS_SIZE"] = std::to_string(p.cross_size);
   set["HVD_HOSTNAME"] = p.host;
+  // The same identity under the names horovodrun gives its ranks, for scripts (and Horovod's
+  // own tests) that read them.
+  for (const char* name : {"RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK",
+                           "CROSS_SIZE", "HOSTNAME"}) {
+    set[std::string("HOROVOD_") + name] = set[std::string("HVD_") + name];
+  }
   set["HVD_RENDEZVOUS_ADDR"] = job.rendezvous_addr;
   set["HVD_RENDEZVOUS_PORT"] = std::to_string(job.rendezvous_port);
   set["HVD_SECRET"] = job.secret;

@@ -147,10 +147,24 @@ TEST_P(EnvContract, EveryRankGetsItsIdentity) {
   Result r = RunHvdrun({"-np", std::to_string(np), "sh", "-c",
                   "echo \"$HVD_RANK $HVD_SIZE $HVD_LOCAL_RANK $HVD_LOCAL_SIZE $HVD_CROSS_RANK "
                   "$HVD_CROSS_SIZE $HVD_HOSTNAME $HVD_RENDEZVOUS_ADDR $HVD_RENDEZVOUS_PORT "
-                  "$HVD_SECRET\""});
+                  "$HVD_SECRET\"; echo \"horovod $HOROVOD_RANK $HOROVOD_SIZE $HOROVOD_LOCAL_RANK "
+                  "$HOROVOD_LOCAL_SIZE $HOROVOD_CROSS_RANK $HOROVOD_CROSS_SIZE $HOROVOD_HOSTNAME\""});
   ASSERT_EQ(0, r.code) << r.err;
-  auto lines = Lines(r.out);
+  std::vector<std::string> lines, horovod;
+  for (const auto& line : Lines(r.out)) {
+    (line.find(":horovod ") != std::string::npos ? horovod : lines).push_back(line);
+  }
   ASSERT_EQ(static_cast<size_t>(np), lines.size()) << r.out;
+  // horovodrun's names carry the same identity.
+  ASSERT_EQ(static_cast<size_t>(np), horovod.size()) << r.out;
+  for (const auto& line : horovod) {
+    int tag = -1;
+    ASSERT_EQ(1, std::sscanf(line.c_str(), "[%d]", &tag)) << line;
+    EXPECT_EQ("[" + std::to_string(tag) + "]<stdout>:horovod " + std::to_string(tag) + " " +
+                  std::to_string(np) + " " + std::to_string(tag) + " " + std::to_string(np) +
+                  " 0 1 localhost",
+              line);
+  }
   std::set<int> ranks;
   std::set<std::string> secrets, ports;
   for (const auto& line : lines) {

@@ -54,7 +54,8 @@ TEST(MpirunCommand, SshNetworkRootAndPrefix) {
 
 TEST(MpirunCommand, ForwardsKnobsButNotTheContract) {
   Words env = {"PATH", "HVD_CPU_OPERATIONS", "HOROVOD_CYCLE_TIME", "HVD_RANK", "HVD_SIZE",
-               "HVD_RENDEZVOUS_ADDR", "HVD_SECRET", "HVD_TIMEOUT_SECONDS"};
+               "HVD_RENDEZVOUS_ADDR", "HVD_SECRET", "HVD_TIMEOUT_SECONDS", "HOROVOD_RANK",
+               "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "_", "X"};
   Words c = MpirunCommand(TwoHosts(), env, false);
   EXPECT_TRUE(Has(c, {"-x", "HVD_CPU_OPERATIONS"}));
   EXPECT_TRUE(Has(c, {"-x", "HOROVOD_CYCLE_TIME"}));
@@ -63,6 +64,11 @@ TEST(MpirunCommand, ForwardsKnobsButNotTheContract) {
   EXPECT_FALSE(Has(c, {"-x", "HVD_RANK"}));
   EXPECT_FALSE(Has(c, {"-x", "HVD_SIZE"}));
   EXPECT_FALSE(Has(c, {"-x", "HVD_RENDEZVOUS_ADDR"}));
+  // hvdrun's ranks get their identity under horovodrun's names too: also mpirun's to give.
+  EXPECT_FALSE(Has(c, {"-x", "HOROVOD_RANK"}));
+  EXPECT_FALSE(Has(c, {"-x", "HOROVOD_LOCAL_SIZE"}));
+  EXPECT_FALSE(Has(c, {"-x", "HOROVOD_CROSS_RANK"}));
+  EXPECT_FALSE(Has(c, {"-x", "_"}));
   EXPECT_FALSE(Has(c, {"-x", "HVD_TIMEOUT_SECONDS"}));  // the flag's value wins
 }
 

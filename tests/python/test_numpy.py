@@ -1,9 +1,13 @@
 """hvd.numpy: the collectives on NumPy arrays, sync and async."""
 
+import os
+import re
+
 import numpy as np
 import pytest
 
 import hvd.numpy as hvd
+from hvd import nccl_built
 from conftest import pattern, world
 
 DTYPES = [np.uint8, np.int8, np.int16, np.uint16, np.int32, np.int64, np.float16, np.float32,
@@ -80,3 +84,20 @@ def test_errors():
             hvd.allreduce(np.zeros(2 + r), name="np.mismatch")
     np.testing.assert_array_equal(hvd.allreduce(np.ones(1), op=hvd.Sum), np.full(1, float(n)))
     hvd.barrier()
+
+
+def test_nccl_built_is_the_version_code():
+    """As Horovod's: NCCL_VERSION_CODE of the header the build used, or 0 without NCCL."""
+    code = nccl_built()
+    assert type(code) is int
+    header = os.environ.get("HVD_TEST_NCCL_HEADER")
+    if header is None:
+        assert code == 0
+        return
+    text = open(header).read()
+    major, minor, patch = (int(re.search(r"#define NCCL_%s (\d+)" % k, text).group(1))
+                           for k in ("MAJOR", "MINOR", "PATCH"))
+    # NCCL's own formula: two digits for the minor version from 2.9 on.
+    want = (major * 1000 + minor * 100 + patch if major <= 2 and minor <= 8
+            else major * 10000 + minor * 100 + patch)
+    assert code == want

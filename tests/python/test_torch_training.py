@@ -179,6 +179,34 @@ def test_broadcast_optimizer_state_created_lazily_on_root_only():
     assert all(torch.equal(gathered[q], flat) for q in range(n))
 
 
+def test_broadcast_optimizer_state_fresh_gives_zero_grads():
+    """As Horovod: a fresh optimizer's parameters that require grad get zero gradients (equal
+    on every rank); one that does not keeps None; the parameters themselves do not move."""
+    r, n = world()
+
+    class NoGrad(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.tensor([1, 3], dtype=torch.int32),
+                                        requires_grad=False)
+            self.b = torch.nn.Parameter(torch.arange(4, dtype=torch.float32) + r)
+
+    model = NoGrad()
+    opt = torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9,
+                          nesterov=True)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert model.a.grad is None
+    assert torch.equal(model.b.grad, torch.zeros(4))
+    assert torch.equal(model.b.detach(), torch.arange(4, dtype=torch.float32))
+    assert torch.equal(hvd.broadcast(model.b.grad, root_rank=n - 1), torch.zeros(4))
+    # A gradient that exists is left as it is.
+    model.b.grad.fill_(2.0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert torch.equal(model.b.grad, torch.full((4,), 2.0))
+
+
 def test_broadcast_parameters_forms():
     r, n = world()
     model = make_model(seed=r)

@@ -262,8 +262,9 @@ def gloo_enabled():
 
 
 def nccl_built():
-    """True when this build runs CUDA tensors' collectives through NCCL."""
-    return bool(_core.HAVE_NCCL)
+    """The NCCL version this build runs CUDA tensors' collectives through, as Horovod reports
+    it (NCCL_VERSION_CODE: 22809 for 2.28.9), or 0 when it has no NCCL."""
+    return int(_core.NCCL_VERSION_CODE) if _core.HAVE_NCCL else 0
 
 
 def cuda_built():

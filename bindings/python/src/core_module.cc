@@ -277,6 +277,7 @@ void BindConstants(py::module_& m) {
   m.attr("ADASUM") = static_cast<int>(hvd::ReduceOp::kAdasum);
   m.attr("HAVE_CUDA") = bool(HVD_HAVE_CUDA);
   m.attr("HAVE_NCCL") = bool(HVD_HAVE_NCCL);
+  m.attr("NCCL_VERSION_CODE") = int(HVD_NCCL_VERSION_CODE);
   m.attr("HAVE_MPI") = bool(HVD_HAVE_MPI);
   m.attr("VERSION") = HVD_VERSION_STRING;
 }

@@ -106,10 +106,19 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     State that an optimizer creates lazily on its first step works too: the root describes its
     state (a pickled broadcast), other ranks create missing tensors with the same shapes and
     drop state the root does not have, then every tensor is broadcast in place.
+
+    As in Horovod, on a rank whose optimizer has no state yet every parameter that requires a
+    gradient and has none gets a zero gradient (Horovod then takes a step to create the state;
+    here the parameters and the optimizer's counters stay as they are).
     """
     _process_set_id(process_set)
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("broadcast_optimizer_state does not support LBFGS")
+    if len(optimizer.state) == 0:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
     layout = broadcast_object(_state_layout(optimizer) if _core.rank() == root_rank else None,
                               root_rank, name="optimizer_state", process_set=process_set)
     if len(layout["groups"]) != len(optimizer.param_groups):
