@@ -51,17 +51,22 @@ def train_reference(kind, passes, predivide=1.0):
 
 
 def train_distributed(kind, passes, named=True, compression=hvd.Compression.none,
-                      predivide=1.0):
+                      predivide=1.0, positional=False):
     r, n = world()
     model = make_model(seed=1 + r)  # a different start on every rank
     if r == 0:
         model.load_state_dict(make_model().state_dict())  # the reference's start, on the root
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = make_opt(kind, model.parameters())
-    opt = hvd.DistributedOptimizer(
-        opt, named_parameters=model.named_parameters() if named else None,
-        compression=compression, backward_passes_per_step=passes,
-        gradient_predivide_factor=predivide)
+    named_parameters = model.named_parameters() if named else None
+    if positional:  # horovod.torch's order: ..., predivide, num_groups, groups, sparse_as_dense
+        with pytest.warns(UserWarning, match="num_groups"):
+            opt = hvd.DistributedOptimizer(opt, named_parameters, compression, passes,
+                                           hvd.Average, predivide, 2, None, False)
+    else:
+        opt = hvd.DistributedOptimizer(
+            opt, named_parameters=named_parameters, compression=compression,
+            backward_passes_per_step=passes, gradient_predivide_factor=predivide)
     for step in range(STEPS):
         opt.zero_grad()
         for micro in range(passes):
@@ -86,6 +91,10 @@ def test_distributed_optimizer_matches_single_process(kind, passes):
 def test_distributed_optimizer_unnamed_and_predivide():
     assert_same_params(train_distributed("sgd", 1, named=False, predivide=2.0),
                        train_reference("sgd", 1))
+
+
+def test_distributed_optimizer_arguments_in_horovods_order():
+    assert_same_params(train_distributed("sgd", 2, positional=True), train_reference("sgd", 2))
 
 
 def test_distributed_optimizer_fp16_compression_is_close():

@@ -216,8 +216,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=_core.AVERAGE,
-                         gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
-                         process_set=None):
+                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=None):
     """Wraps a torch optimizer so that step() uses gradients averaged (op) over the ranks of
     process_set (all of them by default).
 
@@ -226,12 +226,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     backward_passes_per_step (local accumulation), op (Average, Sum, Adasum, ...),
     gradient_predivide_factor (divide by f before the sum and multiply by f/size after).
     sparse_as_dense: sparse gradients are made dense and allreduced (else allgathered as
-    sparse). groups is accepted for compatibility: the engine fuses ready gradients on its own.
+    sparse). num_groups and groups are accepted for compatibility (in horovod.torch's order of
+    arguments): the engine fuses ready gradients on its own.
     """
     _process_set_id(process_set)
-    if groups is not None:
-        warnings.warn("DistributedOptimizer(groups=...) is ignored: the engine fuses gradients "
-                      "that are ready together")
+    if num_groups or groups is not None:
+        warnings.warn("DistributedOptimizer(%s=...) is ignored: the engine fuses gradients "
+                      "that are ready together" % ("groups" if groups is not None else "num_groups"))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
