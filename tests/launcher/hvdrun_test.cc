@@ -147,8 +147,9 @@ TEST_P(EnvContract, EveryRankGetsItsIdentity) {
   Result r = RunHvdrun({"-np", std::to_string(np), "sh", "-c",
                   "echo \"$HVD_RANK $HVD_SIZE $HVD_LOCAL_RANK $HVD_LOCAL_SIZE $HVD_CROSS_RANK "
                   "$HVD_CROSS_SIZE $HVD_HOSTNAME $HVD_RENDEZVOUS_ADDR $HVD_RENDEZVOUS_PORT "
-                  "$HVD_SECRET\"; echo \"horovod $HOROVOD_RANK $HOROVOD_SIZE $HOROVOD_LOCAL_RANK "
-                  "$HOROVOD_LOCAL_SIZE $HOROVOD_CROSS_RANK $HOROVOD_CROSS_SIZE $HOROVOD_HOSTNAME\""});
+                  "$HVD_SECRET\"; echo \"horovod $HOROVOD_RANK $HOROVOD_SIZE "
+                  "$HOROVOD_LOCAL_RANK $HOROVOD_LOCAL_SIZE $HOROVOD_CROSS_RANK "
+                  "$HOROVOD_CROSS_SIZE $HOROVOD_HOSTNAME\""});
   ASSERT_EQ(0, r.code) << r.err;
   std::vector<std::string> lines, horovod;
   for (const auto& line : Lines(r.out)) {

@@ -231,8 +231,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """
     _process_set_id(process_set)
     if num_groups or groups is not None:
+        which = "groups" if groups is not None else "num_groups"
         warnings.warn("DistributedOptimizer(%s=...) is ignored: the engine fuses gradients "
-                      "that are ready together" % ("groups" if groups is not None else "num_groups"))
+                      "that are ready together" % which)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
