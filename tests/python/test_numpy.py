@@ -94,7 +94,8 @@ def test_nccl_built_is_the_version_code():
     if header is None:
         assert code == 0
         return
-    text = open(header).read()
+    with open(header) as f:
+        text = f.read()
     major, minor, patch = (int(re.search(r"#define NCCL_%s (\d+)" % k, text).group(1))
                            for k in ("MAJOR", "MINOR", "PATCH"))
     # NCCL's own formula: two digits for the minor version from 2.9 on.
