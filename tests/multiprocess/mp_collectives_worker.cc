@@ -18,7 +18,8 @@
 //                          "CHAOS-ERROR rank r: <status>" last (scripts/chaos.sh kills ranks).
 //   --process-sets        the process-set checks (mp_process_sets.cc); run with
 //                          HVD_DYNAMIC_PROCESS_SETS=1.
-//   --process-sets-static the engine started with the set {0, size - 1} (Options::process_sets).
+//   --process-sets-static the engine started with the set {0, size - 1} (Options::process_sets),
+//                         given again in another order, and the world's ranks (both skipped).
 //   --caller-progress     a waiting caller runs the engine's work (mp_control.cc); run with a long
 //                          HVD_SPIN_MICROSECONDS.
 //   --peerloss=V          rank V SIGKILLs itself after a warm-up while the others keep
@@ -88,7 +89,13 @@ int RunSetChecks(bool at_start) {
   std::unique_ptr<hvd::Engine> e;
   if (at_start) {
     auto o = hvd::Options::FromEnvironment();
-    if (o.ok()) o->process_sets = {{0, o->size - 1}};
+    if (o.ok()) {
+      // The set {0, size - 1}, then (skipped, as in Horovod) the same ranks in another order
+      // and the world's ranks.
+      std::vector<int> world(o->size);
+      for (int r = 0; r < o->size; ++r) world[r] = o->size - 1 - r;
+      o->process_sets = {{0, o->size - 1}, {o->size - 1, 0}, world};
+    }
     hvd::StatusOr<std::unique_ptr<hvd::Engine>> created =
         o.ok() ? hvd::Engine::Create(*o) : hvd::StatusOr<std::unique_ptr<hvd::Engine>>(o.status());
     if (!created.ok()) {

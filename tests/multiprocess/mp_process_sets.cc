@@ -449,7 +449,8 @@ int RunProcessSetChecks(hvd::Engine& e, Checker& ck) {
 int RunStaticProcessSetChecks(hvd::Engine& e, Checker& ck) {
   ck.Begin("process sets given at start");
   const int n = e.size();
-  ck.Expect(e.ProcessSetIds() == std::vector<int32_t>({0, 1}), "the set given at start has id 1");
+  ck.Expect(e.ProcessSetIds() == std::vector<int32_t>({0, 1}),
+            "the set given at start has id 1; the same ranks again and the world's add none");
   std::vector<int> want = {0};
   if (n > 1) want.push_back(n - 1);
   ck.Expect(e.ProcessSetRanks(1) == want, "its ranks");

@@ -155,9 +155,12 @@ def init(comm=None, process_sets=None):
         return
     _core.init([ps.ranks for ps in sets if ps is not global_process_set], dynamic)
     global_process_set.ranks = list(range(_core.size()))
-    ids = [i for i in _core.process_set_ids() if i != 0]
-    for ps, i in zip([ps for ps in sets if ps is not global_process_set], ids):
-        _register(ps, i)
+    # As in Horovod, a set whose ranks are the world's or an earlier set's was not added again:
+    # each ProcessSet takes the id of the set with its ranks.
+    ids = {tuple(ranks): i for i, ranks in get_process_set_ids_and_ranks().items()}
+    for ps in sets:
+        if ps is not global_process_set:
+            _register(ps, ids[tuple(ps.ranks)])
 
 
 def add_process_set(process_set):
@@ -193,6 +196,19 @@ def remove_process_set(process_set):
 def process_sets():
     """The known process sets, one object per id, in id order."""
     return [_process_sets[i][0] for i in sorted(_process_sets)]
+
+
+def process_set_by_id(process_set_id):
+    """The first ProcessSet object registered under ``process_set_id``."""
+    if process_set_id not in _process_sets:
+        raise ValueError("No known process set with id %s" % (process_set_id,))
+    return _process_sets[process_set_id][0]
+
+
+def get_process_set_ids_and_ranks():
+    """``{process set id: its world ranks, ascending}`` for every set this rank knows, the
+    global set (id 0) included."""
+    return {i: list(_core.process_set_ranks(i)) for i in _core.process_set_ids()}
 
 
 def shutdown():

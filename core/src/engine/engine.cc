@@ -141,7 +141,15 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(const Options& options)
   std::unique_ptr<EngineImpl> impl(new EngineImpl(options));
   HVD_RETURN_IF_ERROR(impl->Connect());
   impl->thread_ = std::thread([p = impl.get()] { p->Loop(); });
-  for (const auto& ranks : options.process_sets) {
+  // As in Horovod, a set given at start whose ranks (in any order) equal the world's or an
+  // earlier set's names that set: it adds nothing and takes no id.
+  std::vector<std::vector<int>> added(1, std::vector<int>(options.size));
+  for (int r = 0; r < options.size; ++r) added[0][r] = r;
+  for (const auto& given : options.process_sets) {
+    std::vector<int> ranks = given;
+    std::sort(ranks.begin(), ranks.end());
+    if (std::find(added.begin(), added.end(), ranks) != added.end()) continue;
+    added.push_back(ranks);
     auto id = impl->AddProcessSet(ranks, /*at_init=*/true);
     if (!id.ok()) return id.status().WithContext("rank " + std::to_string(options.rank) +
                                                  ": adding the process sets given at start");
