@@ -194,7 +194,11 @@ def test_adasum_allreduce_matches_its_formula():
     got32 = hvd.allreduce(vec(r).float(), op=hvd.Adasum, name="adasum.f32")
     assert torch.allclose(got32.double(), _adasum_tree([vec(q).float().double()
                                                         for q in range(n)]), atol=1e-5)
-    with pytest.raises(ValueError, match="float32 and float64"):
+    got16 = hvd.allreduce(vec(r).half(), op=hvd.Adasum, name="adasum.f16")
+    want16 = _adasum_tree([vec(q).half().double() for q in range(n)])
+    assert got16.dtype == torch.float16
+    assert torch.allclose(got16.double(), want16, rtol=1e-3, atol=1e-3), (got16, want16)
+    with pytest.raises(ValueError, match="float16, float32 and float64"):
         hvd.allreduce(torch.ones(3, dtype=torch.int32), op=hvd.Adasum, name="adasum.int")
 
 

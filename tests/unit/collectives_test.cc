@@ -17,6 +17,7 @@
 
 #include "collectives/pipeline.h"
 #include "inproc_transport.h"
+#include "reduce/half_convert.h"
 
 namespace hvd {
 namespace {
@@ -231,8 +232,10 @@ TEST(Allreduce, RanksAgreeBitwiseOnRoundedFloatSums) {
 
 // ---- Adasum ----
 
-// The Adasum of two vectors, from its definition, in float64.
-std::vector<double> RefAdasumPair(const std::vector<double>& a, const std::vector<double>& b) {
+// The Adasum of two vectors, from its definition, in float64; `round` takes each element of the
+// result to the dtype's precision.
+std::vector<double> RefAdasumPair(const std::vector<double>& a, const std::vector<double>& b,
+                                  const std::function<double(double)>& round) {
   double dot = 0, aa = 0, bb = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     dot += a[i] * b[i];
@@ -241,15 +244,17 @@ std::vector<double> RefAdasumPair(const std::vector<double>& a, const std::vecto
   }
   const double ca = aa >= 1e-8 ? 1 - dot / (2 * aa) : 1, cb = bb >= 1e-8 ? 1 - dot / (2 * bb) : 1;
   std::vector<double> out(a.size());
-  for (size_t i = 0; i < a.size(); ++i) out[i] = ca * a[i] + cb * b[i];
+  for (size_t i = 0; i < a.size(); ++i) out[i] = round(ca * a[i] + cb * b[i]);
   return out;
 }
 
-// The binary tree over ranks in order: pairs (0, 1), (2, 3), ..., then pairs of pairs.
-std::vector<double> RefAdasum(std::vector<std::vector<double>> level) {
+// The binary tree over ranks in order: pairs (0, 1), (2, 3), ..., then pairs of pairs. Each
+// level's vectors are held in the dtype (`round`), as a rank holds them.
+std::vector<double> RefAdasum(std::vector<std::vector<double>> level,
+                              const std::function<double(double)>& round = [](double v) { return v; }) {
   while (level.size() > 1) {
     std::vector<std::vector<double>> next;
-    for (size_t i = 0; i < level.size(); i += 2) next.push_back(RefAdasumPair(level[i], level[i + 1]));
+    for (size_t i = 0; i < level.size(); i += 2) next.push_back(RefAdasumPair(level[i], level[i + 1], round));
     level = std::move(next);
   }
   return level[0];
@@ -262,14 +267,34 @@ double AdasumInput(int r, size_t tensor, size_t i) {
 
 // Every rank ends with the tree of adasum combinations of the ranks' tensors, each tensor of a
 // fused buffer with its own dot products: sizes 1, 2, 4, 8; tensors of 0, 1, odd and large
-// counts; a rank of zeros (as a joined rank gives) takes coefficient 1; float32 and float64.
+// counts; a rank of zeros (as a joined rank gives) takes coefficient 1; float16, float32 and
+// float64 (the reference takes the inputs as rounded to the dtype, and computes in float64).
 TEST(Adasum, MatchesTheFormulaTensorByTensor) {
   const std::vector<size_t> counts = {0, 1, 7, 1000, 3};
   size_t total = 0;
   for (size_t c : counts) total += c;
   for (int size : {1, 2, 4, 8}) {
-    for (DataType dtype : {DataType::kFloat32, DataType::kFloat64}) {
-      const bool wide = dtype == DataType::kFloat64;
+    for (DataType dtype : {DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
+      // Element i of a buffer of `dtype`, read and written as float64.
+      auto get = [dtype](const std::vector<uint8_t>& b, size_t i) -> double {
+        if (dtype == DataType::kFloat64) return reinterpret_cast<const double*>(b.data())[i];
+        if (dtype == DataType::kFloat32) return reinterpret_cast<const float*>(b.data())[i];
+        return detail::DecodeHalf(reinterpret_cast<const uint16_t*>(b.data())[i]);
+      };
+      auto put = [dtype](std::vector<uint8_t>& b, size_t i, double v) {
+        if (dtype == DataType::kFloat64) reinterpret_cast<double*>(b.data())[i] = v;
+        else if (dtype == DataType::kFloat32) reinterpret_cast<float*>(b.data())[i] = static_cast<float>(v);
+        else reinterpret_cast<uint16_t*>(b.data())[i] = detail::EncodeHalf(static_cast<float>(v));
+      };
+      // float16: every level of the tree holds its vectors in float16 (rounded through
+      // float32), so the reference rounds each level the same way.
+      const bool half = dtype == DataType::kFloat16;
+      auto round = [half](double v) {
+        return half ? static_cast<double>(detail::DecodeHalf(detail::EncodeHalf(static_cast<float>(v)))) : v;
+      };
+      const double tolerance = dtype == DataType::kFloat64   ? 1e-12
+                               : dtype == DataType::kFloat32 ? 1e-5
+                                                             : 1e-3;
       InProcWorld world(size);
       std::vector<std::vector<double>> in(size, std::vector<double>(total));
       std::vector<std::vector<uint8_t>> bufs(size, std::vector<uint8_t>(total * 8));
@@ -277,11 +302,8 @@ TEST(Adasum, MatchesTheFormulaTensorByTensor) {
         size_t at = 0;
         for (size_t k = 0; k < counts.size(); ++k) {
           for (size_t i = 0; i < counts[k]; ++i, ++at) {
-            double v = (size > 2 && r == size - 1) ? 0.0 : AdasumInput(r, k, i);
-            if (!wide) v = static_cast<float>(v);
-            in[r][at] = v;
-            if (wide) reinterpret_cast<double*>(bufs[r].data())[at] = v;
-            else reinterpret_cast<float*>(bufs[r].data())[at] = static_cast<float>(v);
+            put(bufs[r], at, (size > 2 && r == size - 1) ? 0.0 : AdasumInput(r, k, i));
+            in[r][at] = get(bufs[r], at);  // as rounded to the dtype
           }
         }
       }
@@ -296,12 +318,11 @@ TEST(Adasum, MatchesTheFormulaTensorByTensor) {
       for (size_t k = 0; k < counts.size(); ++k) {
         std::vector<std::vector<double>> per_rank(size);
         for (int r = 0; r < size; ++r) per_rank[r].assign(in[r].begin() + at, in[r].begin() + at + counts[k]);
-        const std::vector<double> want = counts[k] ? RefAdasum(per_rank) : std::vector<double>();
+        const std::vector<double> want = counts[k] ? RefAdasum(per_rank, round) : std::vector<double>();
         for (size_t i = 0; i < counts[k]; ++i) {
           for (int r = 0; r < size; ++r) {
-            const double got = wide ? reinterpret_cast<double*>(bufs[r].data())[at + i]
-                                    : reinterpret_cast<float*>(bufs[r].data())[at + i];
-            ASSERT_NEAR(got, want[i], (wide ? 1e-12 : 1e-5) * (1 + std::fabs(want[i])))
+            const double got = get(bufs[r], at + i);
+            ASSERT_NEAR(got, want[i], tolerance * (1 + std::fabs(want[i])))
                 << "size " << size << " " << DataTypeName(dtype) << " tensor " << k
                 << " element " << i << " rank " << r;
           }
@@ -327,7 +348,7 @@ TEST(Adasum, RefusesWorldsThatAreNotPowersOfTwoAndIntegerTypes) {
     ScratchBuffer scratch;
     return AdasumAllreduce(t, x, {4}, DataType::kInt32, scratch, Soon());
   });
-  for (const auto& s : st) EXPECT_NE(s.message().find("float32 and float64"), std::string::npos) << s.ToString();
+  for (const auto& s : st) EXPECT_NE(s.message().find("float16, float32 and float64"), std::string::npos) << s.ToString();
 }
 
 // ---- Allgatherv ----

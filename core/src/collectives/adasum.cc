@@ -18,12 +18,14 @@
 // swapping its segment for its partner's, until every rank has all of it.
 //
 // Arithmetic: products and sums in float64, the result rounded once to the dtype (float32 or
-// float64).
+// float64); float16 elements are read exactly and the result rounded to float32, then to
+// float16 (Horovod's CPU Adasum also takes float16 through float32).
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "reduce/half_convert.h"
 
 namespace hvd {
 namespace {
@@ -33,9 +35,29 @@ struct Segment {
   size_t size() const { return end - begin; }
 };
 
+// A float16 element, stored as its bits.
+struct Half {
+  uint16_t bits;
+};
+
 template <typename T>
 double Get(const void* p, size_t i) {
   return static_cast<double>(static_cast<const T*>(p)[i]);
+}
+
+template <>
+double Get<Half>(const void* p, size_t i) {
+  return static_cast<double>(detail::DecodeHalf(static_cast<const Half*>(p)[i].bits));
+}
+
+template <typename T>
+T FromDouble(double v) {
+  return static_cast<T>(v);
+}
+
+template <>
+Half FromDouble<Half>(double v) {
+  return Half{detail::EncodeHalf(static_cast<float>(v))};
 }
 
 // Per tensor k: [3k] dot(A, B), [3k+1] |A|^2, [3k+2] |B|^2 over the elements of `seg`, where
@@ -72,7 +94,7 @@ void Combine(const void* a, const void* b, void* out, Segment seg,
     const size_t lo = std::max(starts[k], seg.begin), hi = std::min(starts[k + 1], seg.end);
     for (size_t i = lo; i < hi; ++i) {
       const size_t j = i - seg.begin;
-      static_cast<T*>(out)[j] = static_cast<T>(ca * Get<T>(a, j) + cb * Get<T>(b, j));
+      static_cast<T*>(out)[j] = FromDouble<T>(ca * Get<T>(a, j) + cb * Get<T>(b, j));
     }
   }
 }
@@ -140,10 +162,11 @@ Status AdasumAllreduce(Transport& t, void* buf, const std::vector<size_t>& count
                                    std::to_string(n));
   }
   switch (dtype) {
+    case DataType::kFloat16: return Run<Half>(t, buf, counts, scratch, deadline);
     case DataType::kFloat32: return Run<float>(t, buf, counts, scratch, deadline);
     case DataType::kFloat64: return Run<double>(t, buf, counts, scratch, deadline);
     default:
-      return Status::InvalidArgument(std::string("adasum reduces float32 and float64, not ") +
+      return Status::InvalidArgument(std::string("adasum reduces float16, float32 and float64, not ") +
                                      DataTypeName(dtype));
   }
 }

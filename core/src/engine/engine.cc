@@ -679,9 +679,10 @@ Status CheckAllreduceArgs(const std::string& name, const TensorView& in, const T
   if (in.dtype == DataType::kBool && op == ReduceOp::kAverage) {
     return Status::InvalidArgument("allreduce '" + name + "': average is not defined for bool");
   }
-  if (op == ReduceOp::kAdasum && in.dtype != DataType::kFloat32 && in.dtype != DataType::kFloat64) {
-    return Status::InvalidArgument("allreduce '" + name + "': Adasum reduces float32 and float64 "
-                                   "tensors, not " + DataTypeName(in.dtype));
+  if (op == ReduceOp::kAdasum && in.dtype != DataType::kFloat16 &&
+      in.dtype != DataType::kFloat32 && in.dtype != DataType::kFloat64) {
+    return Status::InvalidArgument("allreduce '" + name + "': Adasum reduces float16, float32 "
+                                   "and float64 tensors, not " + DataTypeName(in.dtype));
   }
   return Status::OK();
 }
