@@ -18,8 +18,8 @@
 // swapping its segment for its partner's, until every rank has all of it.
 //
 // Arithmetic: products and sums in float64, the result rounded once to the dtype (float32 or
-// float64); float16 elements are read exactly and the result rounded to float32, then to
-// float16 (Horovod's CPU Adasum also takes float16 through float32).
+// float64); float16 elements are read exactly and each result rounded to float32, then to
+// float16, so every level of the tree holds its vectors in float16.
 #include <cmath>
 #include <cstring>
 #include <vector>
