@@ -139,7 +139,9 @@ def init(comm=None, process_sets=None):
     A process started without a launcher is a world of size 1. Calling it again is a no-op.
     ``process_sets``: ProcessSets every rank adds as the engine starts (in the same order on
     every rank), or ``"dynamic"`` to allow ``add_process_set`` and ``remove_process_set``
-    later, as HOROVOD_DYNAMIC_PROCESS_SETS=1 does. MPI communicators (``comm``) are not taken.
+    later, as HOROVOD_DYNAMIC_PROCESS_SETS=1 does. As in Horovod, duplicates are not allowed:
+    an entry with the world's ranks or an earlier entry's is left without an id, and init
+    raises ValueError naming it (the engine runs, with every other entry added). MPI communicators (``comm``) are not taken.
     """
     if comm is not None:
         raise ValueError("hvd.init(comm=...): MPI communicators are not supported")
@@ -155,12 +157,28 @@ def init(comm=None, process_sets=None):
         return
     _core.init([ps.ranks for ps in sets if ps is not global_process_set], dynamic)
     global_process_set.ranks = list(range(_core.size()))
-    # As in Horovod, a set whose ranks are the world's or an earlier set's was not added again:
-    # each ProcessSet takes the id of the set with its ranks.
+    # As in Horovod, a set whose ranks are the world's or an earlier entry's is a duplicate: the
+    # engine added it once (or not at all), the duplicate entry is left without an id, and init
+    # raises ValueError naming it once every other entry has its id.
     ids = {tuple(ranks): i for i, ranks in get_process_set_ids_and_ranks().items()}
-    for ps in sets:
-        if ps is not global_process_set:
-            _register(ps, ids[tuple(ps.ranks)])
+    seen, duplicates = {0}, []
+    for index, ps in enumerate(sets):
+        if ps is global_process_set:
+            continue
+        process_set_id = ids[tuple(ps.ranks)]
+        if process_set_id in seen:
+            duplicates.append((index, ps))
+            continue
+        seen.add(process_set_id)
+        _register(ps, process_set_id)
+    if duplicates:
+        index, ps = duplicates[0]
+        message = ("hvd.init: process_sets entry number %d is a duplicate: its ranks %s are those "
+                   "of %s" % (index, ps.ranks, "the global process set" if
+                              ids[tuple(ps.ranks)] == 0 else "an earlier entry"))
+        for _, ps in duplicates:
+            ps._invalidate()
+        raise ValueError(message)
 
 
 def add_process_set(process_set):

@@ -106,9 +106,9 @@ struct HVD_EXPORT Options {
   int autotune_warmup_samples = 3;
   int autotune_steps_per_sample = 10;
   // Process sets every rank adds as the engine starts (ids 1, 2, ... in this order); each is a
-  // list of distinct ranks. As in Horovod, one whose ranks (in any order) are the world's or an
-  // earlier one's is skipped: it names that set and takes no id. Set by the caller, not read
-  // from the environment.
+  // list of distinct ranks. As in Horovod's engine, one whose ranks (in any order) are the
+  // world's or an earlier one's is skipped and takes no id (hvd.init then raises, as Horovod's
+  // Python layer does). Set by the caller, not read from the environment.
   std::vector<std::vector<int>> process_sets;
 
   // Elastic jobs (hvdrun --min-np / --max-np / --host-discovery-script; docs/ELASTIC.md).
