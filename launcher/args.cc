@@ -79,7 +79,7 @@ cxxopts::Options BuildOptions() {
       ("tcp", "TCP only: -> HVD_SHM=off")
       ("mpi-args", "Words for mpirun (implies --mpi)", s(), "ARGS")
       ("binding-args", "As --mpi-args", s(), "ARGS")
-      ("timeline-mark-cycles", "Accepted; hvd's timeline has no cycle marks")
+      ("timeline-mark-cycles", "Mark the engine's cycles in the timeline -> HVD_TIMELINE_MARK_CYCLES=1")
       ("mpi-threads-disable", "Accepted; hvd does not call MPI from several threads")
       ("num-nccl-streams", "Accepted; hvd runs one NCCL stream per rank", s(), "N")
       ("thread-affinity", "Accepted; hvd does not pin its background thread", s(), "CPU")
@@ -418,6 +418,7 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
                       "mpirun (--mpi); it does not use jsrun");
   }
   if (has("gloo") && out->mpi) throw LaunchError("give either --gloo or --mpi, not both");
+  if (has("timeline-mark-cycles")) out->knobs["HVD_TIMELINE_MARK_CYCLES"] = "1";
   if (has("timeline-filename")) {
     if (has("timeline")) throw LaunchError("give either --timeline or --timeline-filename");
     if (get("timeline-filename").empty()) throw LaunchError("--timeline-filename needs a file name");
@@ -474,7 +475,6 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
   } no_effect[] = {
       {"autotune-bayes-opt-max-samples", "hvd's autotune samples a fixed grid of settings"},
       {"autotune-gaussian-process-noise", "hvd's autotune samples a fixed grid of settings"},
-      {"timeline-mark-cycles", "hvd's timeline has no cycle marks"},
       {"mpi-threads-disable", "hvd does not call MPI from several threads"},
       {"num-nccl-streams", "hvd runs one NCCL stream per rank"},
       {"thread-affinity", "hvd does not pin its background thread"},

@@ -283,7 +283,8 @@ std::string Refusal(std::vector<std::string> args) {
 // saying why it does nothing, or is refused saying what hvd does instead.
 TEST(Args, HorovodrunSpellingsMap) {
   std::vector<std::string> line = {
-      "--num-proc", "4", "--timeline-filename", "/tmp/t.json", "--output-filename", "/tmp/out",
+      "--num-proc", "4", "--timeline-filename", "/tmp/t.json", "--timeline-mark-cycles",
+      "--output-filename", "/tmp/out",
       "--disable-cache", "--hierarchical-allreduce", "--no-hierarchical-allgather", "--autotune",
       "--autotune-log-file", "/tmp/a.csv", "--autotune-warmup-samples", "2",
       "--autotune-steps-per-sample", "5", "--autotune-bayes-opt-max-samples", "20",
@@ -295,6 +296,7 @@ TEST(Args, HorovodrunSpellingsMap) {
   LaunchOptions o = ParseArgs(static_cast<int>(argv.size()), argv.data());
   EXPECT_EQ(4, o.np);
   EXPECT_EQ("/tmp/t.json", o.knobs["HVD_TIMELINE"]);
+  EXPECT_EQ("1", o.knobs["HVD_TIMELINE_MARK_CYCLES"]);
   EXPECT_EQ("/tmp/out", o.output_dir);
   EXPECT_EQ("0", o.knobs["HVD_CACHE_CAPACITY"]);
   EXPECT_EQ("1", o.knobs["HVD_HIERARCHICAL_ALLREDUCE"]);

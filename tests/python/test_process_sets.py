@@ -231,6 +231,33 @@ def test_errors_users_meet(halves):
     assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.full((1,), float(n)))
 
 
+def test_a_removed_set_is_added_again_and_init_binds_by_ranks():
+    """As in Horovod: removing a set leaves its object's ranks (so it can be added again, and
+    included() still answers), and a later hvd.init(process_sets=[...]) gives new objects the
+    ids of the sets with their ranks; one that names no set is a ValueError."""
+    r, n = world()
+    if n < 2:
+        pytest.skip("a set of one rank is the global set in a world of 1")
+    lone = hvd.add_process_set([n - 1])
+    assert hvd.remove_process_set(lone)
+    assert lone.process_set_id is None and lone.ranks == [n - 1]
+    assert lone.included() == (r == n - 1)
+    assert hvd.add_process_set(lone) is lone and lone.process_set_id is not None
+    same = hvd.ProcessSet([n - 1])
+    hvd.init(process_sets=[same])
+    assert same.process_set_id == lone.process_set_id, (same, lone)
+    if r == n - 1:
+        got = hvd.allreduce(torch.full((3,), 2.0), op=hvd.Sum, process_set=same)
+        assert torch.equal(got, torch.full((3,), 2.0))
+    with pytest.raises(ValueError, match="names no process set"):
+        hvd.init(process_sets=[hvd.ProcessSet(list(range(n - 1)) + [n])])
+    with pytest.raises(ValueError, match="entry number 1 is a duplicate"):
+        hvd.init(process_sets=[same, hvd.ProcessSet([n - 1])])
+    assert hvd.remove_process_set(lone)
+    assert same.process_set_id is None  # every object of the id
+    hvd.barrier()
+
+
 def test_a_slow_set_does_not_block_another():
     """Set a = {0, 1} waits for rank 1, which submits once set b = {0, 2} has run its ten
     allreduces; b's finish while a's is still pending."""

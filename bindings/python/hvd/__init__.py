@@ -74,8 +74,8 @@ class ProcessSet:
         self.ranks = ranks
 
     def _invalidate(self):
+        # As in Horovod, the ranks stay: the object can be added again.
         self.process_set_id = None
-        self.ranks = None
 
     def size(self):
         """The number of ranks in the set, or None before it is added."""
@@ -95,10 +95,10 @@ class ProcessSet:
         return ranks.index(_core.rank())
 
     def included(self):
-        """Whether this rank is a member, or None before the set is added."""
-        if self.process_set_id is None:
+        """Whether this rank is one of the set's ranks (None for a set without ranks)."""
+        if self.ranks is None:
             return None
-        return _core.rank() in _core.process_set_ranks(self.process_set_id)
+        return _core.rank() in self.ranks
 
     def __str__(self):
         return "ProcessSet(process_set_id=%s, ranks=%s, mpi_comm=None)" % (
@@ -136,12 +136,15 @@ def _register(process_set, process_set_id):
 def init(comm=None, process_sets=None):
     """Starts the engine from the environment (HVD_* or HOROVOD_* variables, mpirun, Slurm).
 
-    A process started without a launcher is a world of size 1. Calling it again is a no-op.
+    A process started without a launcher is a world of size 1. Calling it again starts
+    nothing; as in Horovod it gives the ProcessSets passed to it the ids of the sets with
+    their ranks.
     ``process_sets``: ProcessSets every rank adds as the engine starts (in the same order on
     every rank), or ``"dynamic"`` to allow ``add_process_set`` and ``remove_process_set``
     later, as HOROVOD_DYNAMIC_PROCESS_SETS=1 does. As in Horovod, duplicates are not allowed:
     an entry with the world's ranks or an earlier entry's is left without an id, and init
-    raises ValueError naming it (the engine runs, with every other entry added). MPI communicators (``comm``) are not taken.
+    raises ValueError naming it (the engine runs, with every other entry added). MPI
+    communicators (``comm``) are not taken.
     """
     if comm is not None:
         raise ValueError("hvd.init(comm=...): MPI communicators are not supported")
@@ -153,32 +156,40 @@ def init(comm=None, process_sets=None):
     for ps in sets:
         if not isinstance(ps, ProcessSet):
             raise ValueError("hvd.init(process_sets=...) takes ProcessSets, got %r" % (ps,))
-    if _core.is_initialized():
-        return
-    _core.init([ps.ranks for ps in sets if ps is not global_process_set], dynamic)
-    global_process_set.ranks = list(range(_core.size()))
-    # As in Horovod, a set whose ranks are the world's or an earlier entry's is a duplicate: the
-    # engine added it once (or not at all), the duplicate entry is left without an id, and init
-    # raises ValueError naming it once every other entry has its id.
+    if not _core.is_initialized():
+        _core.init([ps.ranks for ps in sets if ps is not global_process_set], dynamic)
+        global_process_set.ranks = list(range(_core.size()))
+    _bind_process_sets(sets)
+
+
+def _bind_process_sets(sets):
+    """Gives each ProcessSet passed to init the id of the set with its ranks, as Horovod does on
+    every init (so a second init binds new objects to the sets the engine has).
+
+    As in Horovod, duplicates are not allowed: an entry whose ranks are the world's or an
+    earlier entry's is left without an id, and ValueError names the first such entry once every
+    other entry has its id."""
     ids = {tuple(ranks): i for i, ranks in get_process_set_ids_and_ranks().items()}
     seen, duplicates = {0}, []
     for index, ps in enumerate(sets):
         if ps is global_process_set:
             continue
-        process_set_id = ids[tuple(ps.ranks)]
+        process_set_id = ids.get(tuple(ps.ranks))
+        if process_set_id is None:
+            raise ValueError("hvd.init: process_sets entry number %d (%s) names no process set; "
+                             "the engine started already, add it with hvd.add_process_set"
+                             % (index, ps))
         if process_set_id in seen:
             duplicates.append((index, ps))
+            ps._invalidate()
             continue
         seen.add(process_set_id)
         _register(ps, process_set_id)
     if duplicates:
         index, ps = duplicates[0]
-        message = ("hvd.init: process_sets entry number %d is a duplicate: its ranks %s are those "
-                   "of %s" % (index, ps.ranks, "the global process set" if
-                              ids[tuple(ps.ranks)] == 0 else "an earlier entry"))
-        for _, ps in duplicates:
-            ps._invalidate()
-        raise ValueError(message)
+        raise ValueError("hvd.init: process_sets entry number %d is a duplicate: its ranks %s are "
+                         "those of %s" % (index, ps.ranks, "the global process set" if
+                                          ids[tuple(ps.ranks)] == 0 else "an earlier entry"))
 
 
 def add_process_set(process_set):
@@ -240,6 +251,29 @@ def shutdown():
     for process_set_id in [i for i in _process_sets if i != 0]:
         for ps in _process_sets.pop(process_set_id):
             ps._invalidate()
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing a timeline to ``file_path`` (closing any before), as Horovod's: rank 0
+    writes it, or each rank its own where the path has ``%r``. Operations submitted after it
+    returns are in it. Needs HOROVOD_TIMELINE (or HVD_TIMELINE) set when the engine started:
+    DYNAMIC for no file until now. Raises ValueError otherwise, or before hvd.init()."""
+    if not file_path:
+        raise ValueError("start_timeline needs the path of the file to write")
+    try:
+        _core.start_timeline(str(file_path), bool(mark_cycles))
+    except FailedPreconditionError as e:
+        raise ValueError(str(e)) from None
+
+
+def stop_timeline():
+    """Stops the timeline started by start_timeline (or HOROVOD_TIMELINE) and closes its file
+    before the engine's next operation. Raises ValueError before hvd.init(), or without
+    HOROVOD_TIMELINE set when the engine started."""
+    try:
+        _core.stop_timeline()
+    except FailedPreconditionError as e:
+        raise ValueError(str(e)) from None
 
 
 def is_initialized():

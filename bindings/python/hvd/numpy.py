@@ -44,6 +44,8 @@ from hvd import (  # noqa: F401  (re-exported)
     remove_process_set,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from hvd import _core, _ops, _process_set_id
 

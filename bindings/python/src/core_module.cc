@@ -307,6 +307,14 @@ void BindEngine(py::module_& m) {
   });
   m.def("process_set_ranks", [](int32_t id) { return Eng().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return Eng().ProcessSetIds(); });
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    hvd::Status s = Eng().StartTimeline(path, mark_cycles);
+    if (!s.ok()) throw StatusError(s);
+  });
+  m.def("stop_timeline", [] {
+    hvd::Status s = Eng().StopTimeline();
+    if (!s.ok()) throw StatusError(s);
+  });
   m.def("shutdown", &Shutdown, "Stops the engine; pending operations fail with AbortedError.");
   m.def("is_initialized", [] { return static_cast<bool>(g_engine); });
   m.def("hosts_updated", [] {

@@ -182,6 +182,14 @@ class HVD_EXPORT Engine {
   std::vector<int> ProcessSetRanks(int32_t id) const;
   std::vector<int32_t> ProcessSetIds() const;
 
+  // The timeline while the job runs (Horovod's hvd.start_timeline / stop_timeline): start
+  // writing one to `path` ("%r": each rank its own; else rank 0 only), closing any before;
+  // stop closes it. Operations submitted after Start returns are in it. Both need the engine
+  // started with a timeline (Options::timeline_path, HVD_TIMELINE=DYNAMIC for none at first):
+  // FailedPrecondition otherwise. Not collective: each rank starts and stops its own.
+  Status StartTimeline(const std::string& path, bool mark_cycles = false);
+  Status StopTimeline();
+
   // Every operation below returns a handle; invalid arguments give a handle that has already
   // failed with InvalidArgument. Inputs must stay valid until the handle finishes.
   //

@@ -55,7 +55,10 @@ struct HVD_EXPORT Options {
   int spin_microseconds = -1;
   double stall_check_seconds = 60.0;          // HVD_STALL_CHECK_TIME_SECONDS; 0 disables
   double stall_shutdown_seconds = 0.0;        // HVD_STALL_SHUTDOWN_TIME_SECONDS; 0 disables
-  std::string timeline_path;                  // HVD_TIMELINE
+  // HVD_TIMELINE (HOROVOD_TIMELINE): the timeline's file ("%r": the rank's), or DYNAMIC for none
+  // until Engine::StartTimeline; HVD_TIMELINE_MARK_CYCLES: CYCLE_START marks in it.
+  std::string timeline_path;
+  bool timeline_mark_cycles = false;
   LogLevel log_level = LogLevel::kWarning;    // HVD_LOG_LEVEL
   std::string bind_addr = "127.0.0.1";        // HVD_BIND_ADDR: where this rank listens
 

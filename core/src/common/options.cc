@@ -260,6 +260,9 @@ Status ReadKnobs(Options* o) {
     HVD_RETURN_IF_ERROR(ParseToggle("HVD_SYMMETRIC_NEGOTIATION", v, &o->symmetric_negotiation));
   }
   if (const char* v = Knob("TIMELINE", &var)) o->timeline_path = v;
+  if (const char* v = Knob("TIMELINE_MARK_CYCLES", &var)) {
+    HVD_RETURN_IF_ERROR(ParseBool(var, v, &o->timeline_mark_cycles));
+  }
   if (const char* v = Knob("ELASTIC", &var)) HVD_RETURN_IF_ERROR(ParseBool(var, v, &o->elastic));
   if (const char* v = Knob("ELASTIC_ID", &var)) o->elastic_id = v;
   if (const char* v = Knob("ELASTIC_TIMEOUT", &var)) {

@@ -69,7 +69,19 @@ void EngineImpl::Loop() {
 }
 
 bool EngineImpl::Work(bool by_caller) {
+  const auto cycle_start = timeline_->marks_cycles() ? Clock::now() : Clock::time_point();
   bool worked = DrainQueue();
+  struct MarkCycle {  // on the way out, once the cycle is known to have done something
+    EngineImpl* e;
+    Clock::time_point start;
+    bool* worked;
+    ~MarkCycle() {
+      if (*worked) {
+        e->timeline_->MarkCycle(start);
+        e->timeline_->Tick(/*idle=*/false);
+      }
+    }
+  } mark{this, cycle_start, &worked};
   if (!abort_.ok()) return worked;
   // A device tensor just drained (device_seen_ is raised before it is queued): a caller leaves
   // everything from here on to the background thread.
@@ -139,6 +151,7 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
       StopPolling();
       if (poller_->Poll()) continue;
     }
+    timeline_->Tick(/*idle=*/true);
     Clock::duration sleep = kIdleTick;
     if (auto left = CycleRemaining(); left > Clock::duration::zero()) sleep = std::min(sleep, left);
     sleeping_.store(true);
@@ -257,12 +270,20 @@ bool EngineImpl::DrainQueue() {
   std::vector<TensorEntry>& batch = draining_;
   batch.clear();
   bool shutdown;
+  std::unique_ptr<TimelineSwitch> timeline_switch;
   queued_.store(false);
   wake_posted_.store(false);
   {
     std::lock_guard<ShortMutex> l(mu_);
     batch.swap(queue_);
     shutdown = shutdown_requested_;
+    timeline_switch.swap(timeline_switch_);
+  }
+  if (timeline_switch) {
+    // Before this batch: what was submitted after StartTimeline returned is in the new one.
+    timeline_.reset();  // closes the file before a new one (perhaps the same) opens
+    timeline_ = std::make_unique<Timeline>(timeline_switch->path, options_.rank,
+                                           timeline_switch->mark_cycles);
   }
   const auto start = batch.empty() ? Clock::time_point() : Clock::now();
   // By process set: the entries moved into pending_ (whose nodes stay put).

@@ -158,7 +158,9 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(const Options& options)
 }
 
 Status EngineImpl::Connect() {
-  timeline_ = std::make_unique<Timeline>(options_.timeline_path, options_.rank);
+  timeline_ = std::make_unique<Timeline>(
+      IsDynamicTimeline(options_.timeline_path) ? std::string() : options_.timeline_path,
+      options_.rank, options_.timeline_mark_cycles);
   std::vector<int> everyone(options_.size);
   for (int r = 0; r < options_.size; ++r) everyone[r] = r;
   known_sets_[kGlobalProcessSet].ranks = everyone;
@@ -550,6 +552,38 @@ std::vector<int> EngineImpl::ProcessSetRanks(int32_t id) const {
   return it == known_sets_.end() ? std::vector<int>() : it->second.ranks;
 }
 
+Status EngineImpl::StartTimeline(const std::string& path, bool mark_cycles) {
+  if (options_.timeline_path.empty()) {
+    return Status::FailedPrecondition(
+        "starting a timeline while the job runs needs HVD_TIMELINE=DYNAMIC (HOROVOD_TIMELINE) "
+        "or a timeline file when the engine starts");
+  }
+  if (path.empty() || IsDynamicTimeline(path)) {
+    return Status::InvalidArgument("start_timeline needs the path of the file to write, got '" +
+                                   path + "'");
+  }
+  {
+    std::lock_guard<ShortMutex> l(mu_);
+    timeline_switch_ = std::make_unique<TimelineSwitch>(TimelineSwitch{path, mark_cycles});
+  }
+  Wake();
+  return Status::OK();
+}
+
+Status EngineImpl::StopTimeline() {
+  if (options_.timeline_path.empty()) {
+    return Status::FailedPrecondition(
+        "stopping a timeline needs HVD_TIMELINE=DYNAMIC (HOROVOD_TIMELINE) or a timeline file "
+        "when the engine starts");
+  }
+  {
+    std::lock_guard<ShortMutex> l(mu_);
+    timeline_switch_ = std::make_unique<TimelineSwitch>();
+  }
+  Wake();
+  return Status::OK();
+}
+
 std::vector<int32_t> EngineImpl::ProcessSetIds() const {
   std::lock_guard<ShortMutex> l(mu_);
   std::vector<int32_t> ids;
@@ -666,6 +700,12 @@ StatusOr<int32_t> Engine::AddProcessSet(std::vector<int> ranks) {
 Status Engine::RemoveProcessSet(int32_t id) { return impl_->RemoveProcessSet(id); }
 std::vector<int> Engine::ProcessSetRanks(int32_t id) const { return impl_->ProcessSetRanks(id); }
 std::vector<int32_t> Engine::ProcessSetIds() const { return impl_->ProcessSetIds(); }
+
+Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
+  return impl_->StartTimeline(path, mark_cycles);
+}
+
+Status Engine::StopTimeline() { return impl_->StopTimeline(); }
 
 namespace {
 

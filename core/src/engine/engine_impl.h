@@ -240,6 +240,8 @@ class EngineImpl {
   // The ranks of a set this rank knows (empty: none with that id).
   std::vector<int> ProcessSetRanks(int32_t id) const;
   std::vector<int32_t> ProcessSetIds() const;
+  Status StartTimeline(const std::string& path, bool mark_cycles);
+  Status StopTimeline();
   // Elastic jobs (engine.cc): the store hvdrun publishes its worlds in, and the newest
   // generation it names (read by rank 0 for Engine::HostsUpdated).
   void set_elastic_store(std::unique_ptr<StoreClient> store) {
@@ -416,6 +418,12 @@ class EngineImpl {
   NameTable<bool> in_flight_;  // PendingKey()s queued or pending on this rank
   Status dead_;                                // set once: later operations fail with it
   bool shutdown_requested_ = false;
+  // A timeline to switch to (StartTimeline, StopTimeline: an empty path), taken by DrainQueue.
+  struct TimelineSwitch {
+    std::string path;
+    bool mark_cycles = false;
+  };
+  std::unique_ptr<TimelineSwitch> timeline_switch_;
   // The process sets this rank has executed the addition of and not the removal: their ranks
   // and how many barriers were submitted on each.
   struct KnownSet {

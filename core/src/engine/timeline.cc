@@ -1,5 +1,6 @@
 #include "engine/timeline.h"
 
+#include <cctype>
 #include <sstream>
 
 #include "common/logging.h"
@@ -18,9 +19,20 @@ std::string JsonEscape(const std::string& s) {
   return out;
 }
 
+std::string Upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+constexpr auto kIdleFlush = std::chrono::milliseconds(100);
+constexpr auto kBusyFlush = std::chrono::seconds(1);
+
 }  // namespace
 
-Timeline::Timeline(const std::string& pattern, int rank) : start_(Clock::now()) {
+bool IsDynamicTimeline(const std::string& path) { return Upper(path) == "DYNAMIC"; }
+
+Timeline::Timeline(const std::string& pattern, int rank, bool mark_cycles)
+    : mark_cycles_(mark_cycles), start_(Clock::now()), flushed_(start_ - kBusyFlush) {
   if (pattern.empty()) return;
   std::string path = pattern;
   auto pos = path.find("%r");
@@ -50,8 +62,22 @@ void Timeline::Emit(const std::string& event) {
   if (buffer_.size() >= 4096) Flush();
 }
 
+void Timeline::Tick(bool idle) {
+  if (!file_ || buffer_.empty()) return;
+  const auto since = Clock::now() - flushed_;
+  if (since >= kBusyFlush || (idle && since >= kIdleFlush)) Flush();
+}
+
+void Timeline::MarkCycle(Clock::time_point t) {
+  if (!file_ || !mark_cycles_) return;
+  std::ostringstream os;
+  os << "{\"name\":\"CYCLE_START\",\"ph\":\"i\",\"s\":\"g\",\"pid\":0,\"ts\":" << Micros(t) << "}";
+  Emit(os.str());
+}
+
 void Timeline::Flush() {
   if (!file_) return;
+  flushed_ = Clock::now();
   for (const auto& e : buffer_) {
     std::fputs(first_ ? "" : ",\n", file_);
     std::fputs(e.c_str(), file_);
@@ -68,13 +94,13 @@ void Timeline::Negotiate(const std::string& name) {
 void Timeline::Begin(const std::string& op, const std::vector<std::string>& names, size_t bytes) {
   if (!file_) return;
   begin_ = Clock::now();
-  op_ = op;
+  op_ = Upper(op);
   names_ = names;
   for (const auto& n : names) {
     auto it = negotiating_.find(n);
     if (it == negotiating_.end()) continue;
     std::ostringstream os;
-    os << "{\"name\":\"NEGOTIATE\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << JsonEscape(n)
+    os << "{\"name\":\"NEGOTIATE_" << op_ << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << JsonEscape(n)
        << "\",\"ts\":" << Micros(it->second) << ",\"dur\":" << Micros(begin_) - Micros(it->second)
        << "}";
     Emit(os.str());

@@ -56,6 +56,8 @@ from hvd import (  # noqa: F401  (re-exported)
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from hvd.torch.compression import Compression  # noqa: F401
 from hvd.torch.functions import (  # noqa: F401
