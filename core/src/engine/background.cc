@@ -152,7 +152,7 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
       if (poller_->Poll()) continue;
     }
     timeline_->Tick(/*idle=*/true);
-    Clock::duration sleep = kIdleTick;
+    Clock::duration sleep = std::min<Clock::duration>(kIdleTick, timeline_->IdleFlushIn());
     if (auto left = CycleRemaining(); left > Clock::duration::zero()) sleep = std::min(sleep, left);
     sleeping_.store(true);
     if (!queued_.load()) io_.run_one_for(sleep);

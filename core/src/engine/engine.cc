@@ -555,7 +555,7 @@ std::vector<int> EngineImpl::ProcessSetRanks(int32_t id) const {
 Status EngineImpl::StartTimeline(const std::string& path, bool mark_cycles) {
   if (options_.timeline_path.empty()) {
     return Status::FailedPrecondition(
-        "starting a timeline while the job runs needs HVD_TIMELINE=DYNAMIC (HOROVOD_TIMELINE) "
+        "starting a timeline while the job runs needs HOROVOD_TIMELINE=DYNAMIC (or HVD_) "
         "or a timeline file when the engine starts");
   }
   if (path.empty() || IsDynamicTimeline(path)) {
@@ -573,7 +573,7 @@ Status EngineImpl::StartTimeline(const std::string& path, bool mark_cycles) {
 Status EngineImpl::StopTimeline() {
   if (options_.timeline_path.empty()) {
     return Status::FailedPrecondition(
-        "stopping a timeline needs HVD_TIMELINE=DYNAMIC (HOROVOD_TIMELINE) or a timeline file "
+        "stopping a timeline needs HOROVOD_TIMELINE=DYNAMIC (or HVD_) or a timeline file "
         "when the engine starts");
   }
   {

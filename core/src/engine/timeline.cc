@@ -24,7 +24,7 @@ std::string Upper(std::string s) {
   return s;
 }
 
-constexpr auto kIdleFlush = std::chrono::milliseconds(100);
+constexpr auto kIdleFlush = std::chrono::milliseconds(10);
 constexpr auto kBusyFlush = std::chrono::seconds(1);
 
 }  // namespace
@@ -66,6 +66,12 @@ void Timeline::Tick(bool idle) {
   if (!file_ || buffer_.empty()) return;
   const auto since = Clock::now() - flushed_;
   if (since >= kBusyFlush || (idle && since >= kIdleFlush)) Flush();
+}
+
+Clock::duration Timeline::IdleFlushIn() const {
+  if (!file_ || buffer_.empty()) return Clock::duration::max();
+  const auto since = Clock::now() - flushed_;
+  return since >= kIdleFlush ? Clock::duration::zero() : kIdleFlush - since;
 }
 
 void Timeline::MarkCycle(Clock::time_point t) {

@@ -6,7 +6,7 @@
 //
 // Every rank writes its own file: "%r" in the path is replaced by the rank; a path without
 // "%r" is written by rank 0 only. Events are buffered and written when the engine goes idle
-// (at most every 100 ms), at least every second while it is busy, and when it shuts down, so
+// (at most every 10 ms), at least every second while it is busy, and when it shuts down, so
 // the hot path stays cheap and a job that hangs or is killed leaves its timeline on disk.
 //
 // Thread-safety: not thread-safe; used by one thread at a time, the one running the engine's
@@ -36,8 +36,10 @@ class Timeline {
   void Begin(const std::string& op, const std::vector<std::string>& names, size_t bytes);
   void End(const std::string& status);
   void MarkCycle(Clock::time_point start);  // a CYCLE_START mark, with mark_cycles
-  // Writes what is buffered: when `idle` at most every kIdleFlush, else every kBusyFlush.
+  // Writes what is buffered: when `idle` at most every kIdleFlush (10 ms), else every
+  // kBusyFlush (1 s). IdleFlushIn: how long an idle engine may sleep before its next Tick.
   void Tick(bool idle);
+  Clock::duration IdleFlushIn() const;
   void Flush();
 
  private:

@@ -1,0 +1,85 @@
+"""The timeline under hvdrun -np 2, as Horovod users read it (Horovod's test_timeline and its
+start_timeline / stop_timeline). Prints TIMELINE-OK on success.
+
+1. HOROVOD_TIMELINE=<file> and HOROVOD_TIMELINE_MARK_CYCLES=1 set before hvd.init(): 0.1 s after
+   an allreduce named 'test_allreduce', rank 0's file (written while the job runs) holds
+   'allreduce.test_allreduce', NEGOTIATE_ALLREDUCE, ALLREDUCE and CYCLE_START; at shutdown it is
+   a JSON array whose ALLREDUCE event of that tensor has its bytes, and rank 1 wrote none.
+2. HOROVOD_TIMELINE=DYNAMIC: nothing is written until hvd.start_timeline(path); operations
+   between start and stop_timeline are in that file, those after are not; no CYCLE_START
+   without mark_cycles. Without HOROVOD_TIMELINE set, start_timeline raises ValueError.
+"""
+
+import json
+import os
+import tempfile
+import time
+
+import torch
+
+import hvd.torch as hvd
+
+rank = int(os.environ["HOROVOD_RANK"])
+workdir = os.environ.get("TIMELINE_DIR") or tempfile.gettempdir()
+static_path = os.path.join(workdir, "hvd_timeline_static_%d.json" % os.getpid())
+# Rank 0 names the files; rank 1's pid differs, so each rank names its own and checks only
+# that it wrote nothing (a path without %r is rank 0's alone).
+for key, value in {"HOROVOD_TIMELINE": static_path, "HOROVOD_TIMELINE_MARK_CYCLES": "1"}.items():
+    os.environ[key] = value
+hvd.init()
+hvd.allreduce(torch.tensor([1, 2, 3], dtype=torch.float32), name="test_allreduce")
+time.sleep(0.1)
+if rank == 0:
+    with open(static_path) as f:
+        text = f.read()
+    for want in ("allreduce.test_allreduce", "NEGOTIATE_ALLREDUCE", '"ALLREDUCE"', "CYCLE_START"):
+        assert want in text, (want, text)
+hvd.shutdown()
+if rank == 0:
+    with open(static_path) as f:
+        events = json.load(f)
+    ours = [e for e in events if e.get("tid") == "allreduce.test_allreduce"]
+    assert [e["name"] for e in ours] == ["NEGOTIATE_ALLREDUCE", "ALLREDUCE"], ours
+    assert ours[1]["args"]["bytes"] == 12 and ours[1]["args"]["status"] == "ok", ours
+    assert any(e["name"] == "CYCLE_START" for e in events), events
+    os.unlink(static_path)
+else:
+    assert not os.path.exists(static_path), static_path
+
+# The dynamic timeline.
+os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
+del os.environ["HOROVOD_TIMELINE_MARK_CYCLES"]
+hvd.init()
+dynamic_path = os.path.join(workdir, "hvd_timeline_dynamic_%d.json" % os.getpid())
+hvd.allreduce(torch.ones(2), name="before")
+hvd.start_timeline(dynamic_path)
+hvd.allreduce(torch.ones(4), name="during")
+hvd.allgather(torch.ones(3), name="gathered")
+hvd.stop_timeline()
+hvd.allreduce(torch.ones(2), name="after")
+hvd.barrier()  # the stop is taken before the next operation: the file is closed now
+if rank == 0:
+    with open(dynamic_path) as f:
+        events = json.load(f)
+    names = {(e.get("tid"), e["name"]) for e in events}
+    assert ("allreduce.during", "ALLREDUCE") in names, events
+    assert ("allgather.gathered", "ALLGATHER") in names, events
+    assert ("allgather.gathered", "NEGOTIATE_ALLGATHER") in names, events
+    assert not any(t in ("allreduce.before", "allreduce.after") for t, _ in names), events
+    assert not any(e["name"] == "CYCLE_START" for e in events), events
+    os.unlink(dynamic_path)
+else:
+    assert not os.path.exists(dynamic_path), dynamic_path
+hvd.shutdown()
+
+# Without HOROVOD_TIMELINE, as in Horovod: a ValueError that says what to set.
+del os.environ["HOROVOD_TIMELINE"]
+hvd.init()
+try:
+    hvd.start_timeline(dynamic_path)
+    raise AssertionError("start_timeline without HOROVOD_TIMELINE must raise ValueError")
+except ValueError as e:
+    assert "HOROVOD_TIMELINE=DYNAMIC" in str(e), str(e)
+hvd.barrier()
+hvd.shutdown()
+print("TIMELINE-OK rank %d" % rank, flush=True)
