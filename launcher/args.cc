@@ -79,7 +79,8 @@ cxxopts::Options BuildOptions() {
       ("tcp", "TCP only: -> HVD_SHM=off")
       ("mpi-args", "Words for mpirun (implies --mpi)", s(), "ARGS")
       ("binding-args", "As --mpi-args", s(), "ARGS")
-      ("timeline-mark-cycles", "Mark the engine's cycles in the timeline -> HVD_TIMELINE_MARK_CYCLES=1")
+      ("timeline-mark-cycles",
+       "Mark the engine's cycles in the timeline -> HVD_TIMELINE_MARK_CYCLES=1")
       ("mpi-threads-disable", "Accepted; hvd does not call MPI from several threads")
       ("num-nccl-streams", "Accepted; hvd runs one NCCL stream per rank", s(), "N")
       ("thread-affinity", "Accepted; hvd does not pin its background thread", s(), "CPU")

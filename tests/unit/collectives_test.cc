@@ -251,10 +251,13 @@ std::vector<double> RefAdasumPair(const std::vector<double>& a, const std::vecto
 // The binary tree over ranks in order: pairs (0, 1), (2, 3), ..., then pairs of pairs. Each
 // level's vectors are held in the dtype (`round`), as a rank holds them.
 std::vector<double> RefAdasum(std::vector<std::vector<double>> level,
-                              const std::function<double(double)>& round = [](double v) { return v; }) {
+                              const std::function<double(double)>& round =
+                                  [](double v) { return v; }) {
   while (level.size() > 1) {
     std::vector<std::vector<double>> next;
-    for (size_t i = 0; i < level.size(); i += 2) next.push_back(RefAdasumPair(level[i], level[i + 1], round));
+    for (size_t i = 0; i < level.size(); i += 2) {
+      next.push_back(RefAdasumPair(level[i], level[i + 1], round));
+    }
     level = std::move(next);
   }
   return level[0];
@@ -283,14 +286,16 @@ TEST(Adasum, MatchesTheFormulaTensorByTensor) {
       };
       auto put = [dtype](std::vector<uint8_t>& b, size_t i, double v) {
         if (dtype == DataType::kFloat64) reinterpret_cast<double*>(b.data())[i] = v;
-        else if (dtype == DataType::kFloat32) reinterpret_cast<float*>(b.data())[i] = static_cast<float>(v);
+        else if (dtype == DataType::kFloat32)
+          reinterpret_cast<float*>(b.data())[i] = static_cast<float>(v);
         else reinterpret_cast<uint16_t*>(b.data())[i] = detail::EncodeHalf(static_cast<float>(v));
       };
       // float16: every level of the tree holds its vectors in float16 (rounded through
       // float32), so the reference rounds each level the same way.
       const bool half = dtype == DataType::kFloat16;
       auto round = [half](double v) {
-        return half ? static_cast<double>(detail::DecodeHalf(detail::EncodeHalf(static_cast<float>(v)))) : v;
+        if (!half) return v;
+        return static_cast<double>(detail::DecodeHalf(detail::EncodeHalf(static_cast<float>(v))));
       };
       const double tolerance = dtype == DataType::kFloat64   ? 1e-12
                                : dtype == DataType::kFloat32 ? 1e-5
@@ -318,7 +323,8 @@ TEST(Adasum, MatchesTheFormulaTensorByTensor) {
       for (size_t k = 0; k < counts.size(); ++k) {
         std::vector<std::vector<double>> per_rank(size);
         for (int r = 0; r < size; ++r) per_rank[r].assign(in[r].begin() + at, in[r].begin() + at + counts[k]);
-        const std::vector<double> want = counts[k] ? RefAdasum(per_rank, round) : std::vector<double>();
+        const std::vector<double> want =
+            counts[k] ? RefAdasum(per_rank, round) : std::vector<double>();
         for (size_t i = 0; i < counts[k]; ++i) {
           for (int r = 0; r < size; ++r) {
             const double got = get(bufs[r], at + i);
@@ -348,7 +354,9 @@ TEST(Adasum, RefusesWorldsThatAreNotPowersOfTwoAndIntegerTypes) {
     ScratchBuffer scratch;
     return AdasumAllreduce(t, x, {4}, DataType::kInt32, scratch, Soon());
   });
-  for (const auto& s : st) EXPECT_NE(s.message().find("float16, float32 and float64"), std::string::npos) << s.ToString();
+  for (const auto& s : st) {
+    EXPECT_NE(s.message().find("float16, float32 and float64"), std::string::npos) << s.ToString();
+  }
 }
 
 // ---- Allgatherv ----
