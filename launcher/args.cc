@@ -89,8 +89,10 @@ cxxopts::Options BuildOptions() {
       ("log-hide-timestamp", "As --log-without-timestamp")
       ("config-file", "Refused: pass the flags on the command line", s(), "FILE")
       ("jsrun", "Refused: hvd starts ranks itself, over ssh or mpirun")
-      ("min-np", "Elastic: fewest ranks the job goes on with (default: -np)", s(), "N")
-      ("max-np", "Elastic: most ranks the job grows to (default: every slot)", s(), "N")
+      ("min-np", "Elastic: fewest ranks the job goes on with (default: -np); also "
+                 "--min-num-proc", s(), "N")
+      ("max-np", "Elastic: most ranks the job grows to (default: every slot); also "
+                 "--max-num-proc", s(), "N")
       ("slots-per-host", "Elastic: slots of a discovered host printed without ':slots' "
                          "(default 1)", s(), "N")
       ("elastic-timeout", "Elastic: seconds to wait for --min-np slots before the job fails "
@@ -155,6 +157,13 @@ void SplitArgs(int argc, const char* const* argv, std::vector<std::string>* flag
     std::string name = FlagName(a, &inline_value);
     if (a.rfind("-np", 0) == 0) a = "-" + a;  // cxxopts spells it --np
     if (a == "-cb") a = "--check-build";
+    // horovodrun's long spellings of the elastic bounds.
+    for (const char* bound : {"min", "max"}) {
+      if (name == std::string(bound) + "-num-proc") {
+        a = "--" + std::string(bound) + "-np" + a.substr(2 + name.size());
+        name = std::string(bound) + "-np";
+      }
+    }
     auto known = FlagTakesValue().find(name);
     if (known == FlagTakesValue().end()) {
       throw LaunchError("unknown flag '" + std::string(argv[i]) + "' (see hvdrun --help)");

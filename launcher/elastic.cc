@@ -257,6 +257,7 @@ bool ElasticDriver::Start() {
 // Step 4 (and step 1's first world).
 void ElasticDriver::Reform(const std::string& why) {
   if (failed_ || finishing_) return;
+  RefreshFormed();
   std::vector<int> keep;
   for (int w : world_) {
     if (workers_[w].alive && !workers_[w].retired) keep.push_back(w);
@@ -264,6 +265,17 @@ void ElasticDriver::Reform(const std::string& why) {
   if (keep.empty() && generation_ > 0) {
     Fail("every worker of world " + std::to_string(generation_) +
          " is gone, so none holds the committed state");
+    return;
+  }
+  // Once a world has formed, the state lives in the workers that joined one: the new world's
+  // rank 0, whose state every rank takes, must be one of them. Workers started for a world
+  // that never formed hold only the initial state.
+  auto holds = [this](int w) { return workers_[w].joined; };
+  std::stable_partition(keep.begin(), keep.end(), holds);
+  if (formed_ > 0 && !holds(keep.front())) {
+    Fail("every worker that holds the committed state is gone (the " +
+         std::to_string(keep.size()) + " left were started for world " +
+         std::to_string(generation_) + ", which never formed)");
     return;
   }
   std::vector<std::pair<std::string, int>> free = FreeSlots();
@@ -375,6 +387,7 @@ bool ElasticDriver::OnRankExit(const RankProcess& r, bool ok, const std::string&
   if (it->retired) return true;
   if (ok) {
     finishing_ = true;  // step 5: the others are expected to finish too
+    StopUnjoinedIfFinished();
     return false;
   }
   if (finishing_ || failed_) return false;
@@ -389,9 +402,40 @@ bool ElasticDriver::OnRankExit(const RankProcess& r, bool ok, const std::string&
   return true;
 }
 
+// A world has formed once every worker of it is ready (bootstrap/elastic.h): its members then
+// hold the state. Looked at for the newest world only; an older one that formed was seen then
+// (every Reform looks before it publishes a newer one).
+void ElasticDriver::RefreshFormed() {
+  if (generation_ == 0 || formed_ == generation_) return;
+  for (int w : world_) {
+    std::string v;
+    auto ready = store_->TryGet(ElasticReadyKey(generation_, workers_[w].id), &v,
+                                Clock::now() + std::chrono::seconds(2));
+    if (!ready.ok() || !*ready) return;
+  }
+  formed_ = generation_;
+  for (int w : world_) workers_[w].joined = true;
+}
+
+// Training is over once every worker that joined a world has exited 0: workers started for a
+// world that never formed (a host that appeared near the end) would wait for it until
+// --elastic-timeout. Stop them; the job ends with 0.
+void ElasticDriver::StopUnjoinedIfFinished() {
+  RefreshFormed();
+  for (const Worker& w : workers_) {
+    if (w.alive && !w.retired && w.joined) return;
+  }
+  for (Worker& w : workers_) {
+    if (w.alive && !w.retired) {
+      Retire(w, "training finished before the world it was started for formed");
+    }
+  }
+}
+
 void ElasticDriver::CheckHung(TimePoint now) {
   if (now < next_hang_check_ || generation_ == 0) return;
   next_hang_check_ = now + std::chrono::milliseconds(500);
+  RefreshFormed();
   std::vector<Worker*> stayed;
   std::string left_id, why;
   for (int w : world_) {

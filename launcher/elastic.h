@@ -91,6 +91,9 @@ class ElasticDriver : public RankEvents {
     pid_t pid = -1;
     bool alive = true;
     bool retired = false;  // stopped by hvdrun (host blacklisted or removed): its exit is no failure
+    // A member of a world that formed: it went on from the committed state (or the initial
+    // state, in the first world). A worker started for a world that never formed holds none.
+    bool joined = false;
   };
   struct Blacklisted {
     int failures = 0;
@@ -110,6 +113,8 @@ class ElasticDriver : public RankEvents {
   bool StartWorkers(const std::vector<int>& added, const std::vector<int>& world);
   void Fail(const std::string& why);
   void CheckHung(TimePoint now);
+  void RefreshFormed();
+  void StopUnjoinedIfFinished();
   void Say(const std::string& line) const;
 
   ElasticOptions options_;
@@ -121,6 +126,7 @@ class ElasticDriver : public RankEvents {
   std::vector<Worker> workers_;   // every worker ever started, by label
   std::vector<int> world_;        // labels of the current world, in rank order
   int64_t generation_ = 0;
+  int64_t formed_ = 0;  // the newest generation known to have formed (its members joined)
   int resets_ = 0;
   bool finishing_ = false;  // a worker exited 0
   bool failed_ = false;

@@ -343,6 +343,15 @@ TEST(Args, ElasticFlags) {
   EXPECT_DOUBLE_EQ(10, o.cooldown_min_seconds);
   EXPECT_DOUBLE_EQ(100, o.cooldown_max_seconds);
   EXPECT_EQ((std::vector<std::string>{"python", "t.py"}), o.command);
+  // horovodrun's spellings: --min-num-proc, --max-num-proc (and with '='); a command's own
+  // flags of that name stay its own.
+  const char* long_names[] = {"hvdrun", "-np", "2", "--min-num-proc", "1", "--max-num-proc=3",
+                              "-H", "localhost:4", "python", "t.py", "--min-num-proc", "9"};
+  LaunchOptions l = ParseArgs(12, long_names);
+  EXPECT_TRUE(l.elastic);
+  EXPECT_EQ(1, l.min_np);
+  EXPECT_EQ(3, l.max_np);
+  EXPECT_EQ((std::vector<std::string>{"python", "t.py", "--min-num-proc", "9"}), l.command);
   // -np defaults to --min-np; --min-np to -np; the comma spelling of the range.
   const char* min_only[] = {"hvdrun", "--min-np", "3", "--host-discovery-script", "h", "x"};
   LaunchOptions m = ParseArgs(6, min_only);

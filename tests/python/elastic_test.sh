@@ -15,11 +15,19 @@
 #                 saying why
 #     hung        a rank is SIGSTOPped: the others leave its world; hvdrun kills it once it has
 #                 not left HVD_TIMEOUT_SECONDS + 5 s after them, and the job goes on without it
+#     grow-from-one  1 rank, then a host is added: the DistributedOptimizer made in a world of
+#                 one allreduces in the world of 2 (as Horovod's, in an elastic job)
+#     state-lost  the only host holding the commit fails before the grown world hvdrun started
+#                 workers for has formed: the job fails, saying why, instead of training the
+#                 new workers from the initial state (elastic_edges.py)
+#     late-host   a host appears after training ended: hvdrun stops the workers it started for
+#                 it, and the job ends with 0 (elastic_edges.py)
 set -uo pipefail
 HVDRUN=$1
 PY=$2
 CASE=$3
 JOB="$(cd "$(dirname "$0")" && pwd)/elastic_job.py"
+EDGES="$(cd "$(dirname "$0")" && pwd)/elastic_edges.py"
 DIR=$(mktemp -d /tmp/hvd_elastic.XXXXXX)
 trap 'rm -rf "$DIR"' EXIT
 export OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
@@ -112,6 +120,48 @@ case "$CASE" in
       || fail "hvdrun did not find the stopped worker"
     grep -q "ELASTIC-DONE size 2 .* sizes \[3, 2\] lost 0 " "$DIR/a.log" \
       || fail "the job did not go on without the stopped worker"
+    ;;
+  grow-from-one)
+    echo "127.0.0.1:1" >"$DIR/hosts"
+    printf '#!/bin/sh\ncat "%s"\n' "$DIR/hosts" >"$DIR/discover.sh"
+    chmod +x "$DIR/discover.sh"
+    HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 1 --min-num-proc 1 --max-num-proc 2 \
+      --host-discovery-script "$DIR/discover.sh" "$PY" "$JOB" --epochs 3 --step-sleep 0.1 \
+      --add-host localhost:1 --add-at-step 5 || fail "the elastic job failed"
+    grep -q "world 2: 2 rank(s) (hosts changed), 1 new worker(s)" "$DIR/a.log" \
+      || fail "the added host did not join"
+    grep -q "ELASTIC-DONE size 2 .* sizes \[1, 2\] lost 0 " "$DIR/a.log" \
+      || fail "the job did not grow from 1 to 2 ranks without losing a sample"
+    ;;
+  state-lost)
+    echo "127.0.0.1:2" >"$DIR/hosts"
+    printf '#!/bin/sh\ncat "%s"\n' "$DIR/hosts" >"$DIR/discover.sh"
+    chmod +x "$DIR/discover.sh"
+    HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 2 --min-np 2 --max-np 4 \
+      --host-discovery-script "$DIR/discover.sh" "$PY" "$EDGES" --mode state-lost \
+      --add-host localhost:2
+    rc=$?
+    [ $rc -ne 0 ] || fail "hvdrun exited 0"
+    grep -q "every worker that holds the committed state is gone" "$DIR/a.log" \
+      || fail "hvdrun did not say the committed state was lost"
+    if grep -q "EDGE-STEP host localhost" "$DIR/a.log"; then
+      fail "the new host's workers trained from the initial state"
+    fi
+    ;;
+  late-host)
+    echo "127.0.0.1:1" >"$DIR/hosts"
+    printf '#!/bin/sh\ncat "%s"\n' "$DIR/hosts" >"$DIR/discover.sh"
+    chmod +x "$DIR/discover.sh"
+    start=$(date +%s)
+    HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 1 --min-np 1 --max-np 2 \
+      --host-discovery-script "$DIR/discover.sh" "$PY" "$EDGES" --mode late-host \
+      --add-host localhost:1 || fail "the finished job did not end with 0"
+    grep -q "EDGE-DONE rank 0 step 5" "$DIR/a.log" || fail "training did not finish"
+    if grep -q "world 2:" "$DIR/a.log"; then
+      grep -q "stopping worker localhost:0#1 (training finished before the world it was" \
+        "$DIR/a.log" || fail "hvdrun did not stop the worker of the world that never formed"
+    fi
+    [ $(($(date +%s) - start)) -lt 60 ] || fail "the job took too long to end"
     ;;
   *)
     fail "unknown case"

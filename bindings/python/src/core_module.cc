@@ -307,6 +307,8 @@ void BindEngine(py::module_& m) {
   });
   m.def("process_set_ranks", [](int32_t id) { return Eng().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return Eng().ProcessSetIds(); });
+  m.def("elastic", [] { return Eng().options().elastic; },
+        "Whether this rank is a worker of an elastic job (HVD_ELASTIC=1).");
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     hvd::Status s = Eng().StartTimeline(path, mark_cycles);
     if (!s.ok()) throw StatusError(s);

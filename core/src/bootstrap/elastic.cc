@@ -73,8 +73,7 @@ StatusOr<int64_t> WaitReady(StoreClient& store, const std::vector<Line>& lines, 
   while (true) {
     while (next < lines.size()) {
       std::string ignored;
-      auto found = store.TryGet("elastic/ready/" + std::to_string(g) + "/" + lines[next].id,
-                                &ignored, deadline);
+      auto found = store.TryGet(ElasticReadyKey(g, lines[next].id), &ignored, deadline);
       if (!found.ok()) return found.status();
       if (!*found) break;
       ++next;
@@ -138,6 +137,10 @@ std::string ElasticWorldKey(int64_t generation) {
   return "elastic/world/" + std::to_string(generation);
 }
 
+std::string ElasticReadyKey(int64_t generation, const std::string& id) {
+  return "elastic/ready/" + std::to_string(generation) + "/" + id;
+}
+
 std::string ElasticLeftKey(int64_t generation, const std::string& id) {
   return "elastic/left/" + std::to_string(generation) + "/" + id;
 }
@@ -166,8 +169,7 @@ Status JoinWorld(StoreClient& store, Options* o, Deadline deadline) {
     std::vector<Line> lines;
     HVD_RETURN_IF_ERROR(ParseWorld(*world, *g, &lines));
     HVD_RETURN_IF_ERROR(PlaceInLines(lines, o->elastic_id, *g, o));
-    HVD_RETURN_IF_ERROR(store.Set("elastic/ready/" + std::to_string(*g) + "/" + o->elastic_id,
-                                  "", deadline));
+    HVD_RETURN_IF_ERROR(store.Set(ElasticReadyKey(*g, o->elastic_id), "", deadline));
     auto ready = WaitReady(store, lines, *g, deadline);
     if (ready.ok() && *ready == *g) {
       HVD_LOG(kInfo) << "worker " << o->elastic_id << " joins world " << *g << " as rank "

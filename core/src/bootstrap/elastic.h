@@ -39,6 +39,9 @@ namespace hvd {
 // The store key of a generation's world, and of the newest generation.
 std::string ElasticWorldKey(int64_t generation);
 std::string ElasticLeftKey(int64_t generation, const std::string& id);
+// Set by a worker once it has its place in world `generation`; the world forms once every
+// worker of it has set its key.
+std::string ElasticReadyKey(int64_t generation, const std::string& id);
 constexpr const char* kElasticLatestKey = "elastic/latest";
 
 // The newest generation hvdrun has published; 0 when none yet.

@@ -67,8 +67,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ordered = []        # the parameters that require grad, in param_groups order
         self._synchronized = False
         self._should_synchronize = True
-        # Ranks outside the process set step on their own gradients, as in Horovod.
-        self._communicates = self.process_set.included() and self.process_set.size() > 1
+        # Ranks outside the process set step on their own gradients, as in Horovod. As there, an
+        # elastic job communicates even in a world of one rank: the world may grow.
+        self._communicates = self.process_set.included() and (
+            self.process_set.size() > 1 or _core.elastic())
         if self._communicates:
             self._register_hooks()
 
