@@ -375,6 +375,7 @@ bool ElasticDriver::Publish(const std::vector<int>& world) {
   }
   generation_ = g;
   world_ = world;
+  unformed_.emplace_back(g, world);
   first_left_ = TimePoint::max();
   return true;
 }
@@ -403,18 +404,27 @@ bool ElasticDriver::OnRankExit(const RankProcess& r, bool ok, const std::string&
 }
 
 // A world has formed once every worker of it is ready (bootstrap/elastic.h): its members then
-// hold the state. Looked at for the newest world only; an older one that formed was seen then
-// (every Reform looks before it publishes a newer one).
+// hold the state. Every published world is looked at until it or a newer one has formed.
 void ElasticDriver::RefreshFormed() {
-  if (generation_ == 0 || formed_ == generation_) return;
-  for (int w : world_) {
-    std::string v;
-    auto ready = store_->TryGet(ElasticReadyKey(generation_, workers_[w].id), &v,
-                                Clock::now() + std::chrono::seconds(2));
-    if (!ready.ok() || !*ready) return;
+  for (auto& [g, world] : unformed_) {
+    bool all = true;
+    for (int w : world) {
+      std::string v;
+      auto ready = store_->TryGet(ElasticReadyKey(g, workers_[w].id), &v,
+                                  Clock::now() + std::chrono::seconds(2));
+      if (!ready.ok() || !*ready) {
+        all = false;
+        break;
+      }
+    }
+    if (!all) continue;
+    formed_ = std::max(formed_, g);
+    for (int w : world) workers_[w].joined = true;
   }
-  formed_ = generation_;
-  for (int w : world_) workers_[w].joined = true;
+  const int64_t formed = formed_;
+  unformed_.erase(std::remove_if(unformed_.begin(), unformed_.end(),
+                                 [formed](const auto& u) { return u.first <= formed; }),
+                  unformed_.end());
 }
 
 // Training is over once every worker that joined a world has exited 0: workers started for a

@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bootstrap/store.h"
@@ -127,6 +128,9 @@ class ElasticDriver : public RankEvents {
   std::vector<int> world_;        // labels of the current world, in rank order
   int64_t generation_ = 0;
   int64_t formed_ = 0;  // the newest generation known to have formed (its members joined)
+  // Published worlds not yet seen to form, newer than formed_: a world may still form after a
+  // newer one is published (its workers were all ready just before).
+  std::vector<std::pair<int64_t, std::vector<int>>> unformed_;
   int resets_ = 0;
   bool finishing_ = false;  // a worker exited 0
   bool failed_ = false;
