@@ -42,6 +42,28 @@ run() {
   cat "$log"
   return $rc
 }
+# discovery HOSTS: a discovery script that prints the file $DIR/hosts, which starts as HOSTS
+# (the job's rank 0 appends to it, through HOSTS_FILE).
+discovery() {
+  echo "$1" >"$DIR/hosts"
+  printf '#!/bin/sh\ncat "%s"\n' "$DIR/hosts" >"$DIR/discover.sh"
+  chmod +x "$DIR/discover.sh"
+}
+# grow_by_one SLOTS NP FLAGS...: NP ranks on host 127.0.0.1 (SLOTS slots); rank 0 adds host
+# localhost (SLOTS slots) at step 5, and the job, whose FLAGS allow one rank more, grows to
+# NP + 1 ranks without losing a sample.
+grow_by_one() {
+  local slots=$1 np=$2
+  shift 2
+  discovery "127.0.0.1:$slots"
+  HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np "$np" "$@" \
+    --host-discovery-script "$DIR/discover.sh" "$PY" "$JOB" --epochs 3 --step-sleep 0.1 \
+    --add-host "localhost:$slots" --add-at-step 5 || fail "the elastic job failed"
+  grep -q "world 2: $((np + 1)) rank(s) (hosts changed), 1 new worker(s)" "$DIR/a.log" \
+    || fail "the added host did not join"
+  grep -q "ELASTIC-DONE size $((np + 1)) .* sizes \[$np, $((np + 1))\] lost 0 " "$DIR/a.log" \
+    || fail "the job did not grow from $np to $((np + 1)) ranks without losing a sample"
+}
 same_params() {  # same_params A.json B.json: the final parameters agree to 1e-12
   "$PY" - "$1" "$2" <<'EOF'
 import json, sys
@@ -71,16 +93,7 @@ case "$CASE" in
     "$PY" -c "print('death to first step of the new world: %.3f s' % ($first - $die))"
     ;;
   add)
-    echo "127.0.0.1:2" >"$DIR/hosts"
-    printf '#!/bin/sh\ncat "%s"\n' "$DIR/hosts" >"$DIR/discover.sh"
-    chmod +x "$DIR/discover.sh"
-    HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 2 --max-np 3 \
-      --host-discovery-script "$DIR/discover.sh" "$PY" "$JOB" --epochs 3 --step-sleep 0.1 \
-      --add-host localhost:2 --add-at-step 5 || fail "the elastic job failed"
-    grep -q "world 2: 3 rank(s) (hosts changed), 1 new worker(s)" "$DIR/a.log" \
-      || fail "the added host did not join (--max-np 3 allows one of its slots)"
-    grep -q "ELASTIC-DONE size 3 .* sizes \[2, 3\] lost 0 " "$DIR/a.log" \
-      || fail "the job did not grow to 3 ranks without losing a sample"
+    grow_by_one 2 2 --max-np 3
     ;;
   below-min)
     start=$(date +%s)
@@ -122,21 +135,10 @@ case "$CASE" in
       || fail "the job did not go on without the stopped worker"
     ;;
   grow-from-one)
-    echo "127.0.0.1:1" >"$DIR/hosts"
-    printf '#!/bin/sh\ncat "%s"\n' "$DIR/hosts" >"$DIR/discover.sh"
-    chmod +x "$DIR/discover.sh"
-    HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 1 --min-num-proc 1 --max-num-proc 2 \
-      --host-discovery-script "$DIR/discover.sh" "$PY" "$JOB" --epochs 3 --step-sleep 0.1 \
-      --add-host localhost:1 --add-at-step 5 || fail "the elastic job failed"
-    grep -q "world 2: 2 rank(s) (hosts changed), 1 new worker(s)" "$DIR/a.log" \
-      || fail "the added host did not join"
-    grep -q "ELASTIC-DONE size 2 .* sizes \[1, 2\] lost 0 " "$DIR/a.log" \
-      || fail "the job did not grow from 1 to 2 ranks without losing a sample"
+    grow_by_one 1 1 --min-num-proc 1 --max-num-proc 2
     ;;
   state-lost)
-    echo "127.0.0.1:2" >"$DIR/hosts"
-    printf '#!/bin/sh\ncat "%s"\n' "$DIR/hosts" >"$DIR/discover.sh"
-    chmod +x "$DIR/discover.sh"
+    discovery "127.0.0.1:2"
     HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 2 --min-np 2 --max-np 4 \
       --host-discovery-script "$DIR/discover.sh" "$PY" "$EDGES" --mode state-lost \
       --add-host localhost:2
@@ -149,9 +151,7 @@ case "$CASE" in
     fi
     ;;
   late-host)
-    echo "127.0.0.1:1" >"$DIR/hosts"
-    printf '#!/bin/sh\ncat "%s"\n' "$DIR/hosts" >"$DIR/discover.sh"
-    chmod +x "$DIR/discover.sh"
+    discovery "127.0.0.1:1"
     start=$(date +%s)
     HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 1 --min-np 1 --max-np 2 \
       --host-discovery-script "$DIR/discover.sh" "$PY" "$EDGES" --mode late-host \
