@@ -31,8 +31,21 @@ host = os.environ["HOROVOD_HOSTNAME"]
 
 
 def add_host():
+    """Appends the host to the discovery script's file and waits until the script has printed
+    it (SEEN_FILE), then 2 s more: hvdrun publishes its grown world and starts its new
+    workers right after it reads the script's output."""
     with open(os.environ["HOSTS_FILE"], "a") as f:
         f.write(args.add_host + "\n")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with open(os.environ["SEEN_FILE"]) as f:
+                if args.add_host in f.read().split():
+                    break
+        except FileNotFoundError:
+            pass
+        time.sleep(0.05)
+    time.sleep(2)
 
 
 @hvd.elastic.run
@@ -45,8 +58,7 @@ def train(state):
         print("EDGE-STEP host %s rank %d size %d step %d" % (host, hvd.rank(), hvd.size(),
                                                               state.step), flush=True)
         if args.mode == "state-lost" and state.step == 10 and hvd.rank() == 0:
-            add_host()
-            time.sleep(3)  # hvdrun publishes the grown world and starts its new workers
+            add_host()  # hvdrun publishes the grown world and starts its new workers
             raise RuntimeError("the first host fails before the grown world formed")
         time.sleep(0.05)
 
@@ -54,6 +66,5 @@ def train(state):
 train(state)
 if args.mode == "late-host":
     if hvd.rank() == 0:
-        add_host()
-    time.sleep(5)  # e.g. writing a checkpoint: hvdrun sees the host meanwhile
+        add_host()  # e.g. while writing a checkpoint: hvdrun sees the host meanwhile
 print("EDGE-DONE rank %d step %d" % (hvd.rank(), state.step), flush=True)

@@ -43,10 +43,12 @@ run() {
   return $rc
 }
 # discovery HOSTS: a discovery script that prints the file $DIR/hosts, which starts as HOSTS
-# (the job's rank 0 appends to it, through HOSTS_FILE).
+# (the job's rank 0 appends to it, through HOSTS_FILE), and copies what it printed to
+# $DIR/seen (SEEN_FILE: a job can wait until hvdrun has seen a host it added).
 discovery() {
   echo "$1" >"$DIR/hosts"
-  printf '#!/bin/sh\ncat "%s"\n' "$DIR/hosts" >"$DIR/discover.sh"
+  printf '#!/bin/sh\ncat "%s"\ncp "%s" "%s.tmp" && mv "%s.tmp" "%s"\n' "$DIR/hosts" \
+    "$DIR/hosts" "$DIR/seen" "$DIR/seen" "$DIR/seen" >"$DIR/discover.sh"
   chmod +x "$DIR/discover.sh"
 }
 # grow_by_one SLOTS NP FLAGS...: NP ranks on host 127.0.0.1 (SLOTS slots); rank 0 adds host
@@ -139,8 +141,8 @@ case "$CASE" in
     ;;
   state-lost)
     discovery "127.0.0.1:2"
-    HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 2 --min-np 2 --max-np 4 \
-      --host-discovery-script "$DIR/discover.sh" "$PY" "$EDGES" --mode state-lost \
+    HOSTS_FILE="$DIR/hosts" SEEN_FILE="$DIR/seen" run "$DIR/a.log" -np 2 --min-np 2 \
+      --max-np 4 --host-discovery-script "$DIR/discover.sh" "$PY" "$EDGES" --mode state-lost \
       --add-host localhost:2
     rc=$?
     [ $rc -ne 0 ] || fail "hvdrun exited 0"
@@ -153,14 +155,14 @@ case "$CASE" in
   late-host)
     discovery "127.0.0.1:1"
     start=$(date +%s)
-    HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 1 --min-np 1 --max-np 2 \
-      --host-discovery-script "$DIR/discover.sh" "$PY" "$EDGES" --mode late-host \
+    HOSTS_FILE="$DIR/hosts" SEEN_FILE="$DIR/seen" run "$DIR/a.log" -np 1 --min-np 1 \
+      --max-np 2 --host-discovery-script "$DIR/discover.sh" "$PY" "$EDGES" --mode late-host \
       --add-host localhost:1 || fail "the finished job did not end with 0"
     grep -q "EDGE-DONE rank 0 step 5" "$DIR/a.log" || fail "training did not finish"
-    if grep -q "world 2:" "$DIR/a.log"; then
-      grep -q "stopping worker localhost:0#1 (training finished before the world it was" \
-        "$DIR/a.log" || fail "hvdrun did not stop the worker of the world that never formed"
-    fi
+    grep -q "world 2: 2 rank(s) (hosts changed), 1 new worker(s)" "$DIR/a.log" \
+      || fail "hvdrun did not start a worker for the added host"
+    grep -q "stopping worker localhost:0#1 (training finished before the world it was" \
+      "$DIR/a.log" || fail "hvdrun did not stop the worker of the world that never formed"
     [ $(($(date +%s) - start)) -lt 60 ] || fail "the job took too long to end"
     ;;
   *)
