@@ -167,8 +167,7 @@ Status AdasumAllreduce(Transport& t, void* buf, const std::vector<size_t>& count
     case DataType::kFloat64: return Run<double>(t, buf, counts, scratch, deadline);
     default:
       return Status::InvalidArgument(
-          std::string("adasum reduces float16, float32 and float64, not ") +
-                                     DataTypeName(dtype));
+          std::string("adasum reduces float16, float32 and float64, not ") + DataTypeName(dtype));
   }
 }
 
