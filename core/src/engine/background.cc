@@ -69,19 +69,17 @@ void EngineImpl::Loop() {
 }
 
 bool EngineImpl::Work(bool by_caller) {
-  const auto cycle_start = timeline_->marks_cycles() ? Clock::now() : Clock::time_point();
+  const auto start = timeline_->marks_cycles() ? Clock::now() : Clock::time_point();
+  const bool worked = WorkCycle(by_caller);
+  if (worked) {  // a cycle that did something: its mark, and the timeline written now and then
+    timeline_->MarkCycle(start);
+    timeline_->Tick(/*idle=*/false);
+  }
+  return worked;
+}
+
+bool EngineImpl::WorkCycle(bool by_caller) {
   bool worked = DrainQueue();
-  struct MarkCycle {  // on the way out, once the cycle is known to have done something
-    EngineImpl* e;
-    Clock::time_point start;
-    bool* worked;
-    ~MarkCycle() {
-      if (*worked) {
-        e->timeline_->MarkCycle(start);
-        e->timeline_->Tick(/*idle=*/false);
-      }
-    }
-  } mark{this, cycle_start, &worked};
   if (!abort_.ok()) return worked;
   // A device tensor just drained (device_seen_ is raised before it is queued): a caller leaves
   // everything from here on to the background thread.

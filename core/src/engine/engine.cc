@@ -553,32 +553,26 @@ std::vector<int> EngineImpl::ProcessSetRanks(int32_t id) const {
 }
 
 Status EngineImpl::StartTimeline(const std::string& path, bool mark_cycles) {
-  if (options_.timeline_path.empty()) {
-    return Status::FailedPrecondition(
-        "starting a timeline while the job runs needs HOROVOD_TIMELINE=DYNAMIC (or HVD_) "
-        "or a timeline file when the engine starts");
-  }
-  if (path.empty() || IsDynamicTimeline(path)) {
+  // Without a timeline at start, SwitchTimeline's error comes first.
+  if (!options_.timeline_path.empty() && (path.empty() || IsDynamicTimeline(path))) {
     return Status::InvalidArgument("start_timeline needs the path of the file to write, got '" +
                                    path + "'");
   }
-  {
-    std::lock_guard<ShortMutex> l(mu_);
-    timeline_switch_ = std::make_unique<TimelineSwitch>(TimelineSwitch{path, mark_cycles});
-  }
-  Wake();
-  return Status::OK();
+  return SwitchTimeline(path, mark_cycles, "starting a timeline while the job runs");
 }
 
-Status EngineImpl::StopTimeline() {
+Status EngineImpl::StopTimeline() { return SwitchTimeline("", false, "stopping a timeline"); }
+
+Status EngineImpl::SwitchTimeline(std::string path, bool mark_cycles, const char* what) {
   if (options_.timeline_path.empty()) {
-    return Status::FailedPrecondition(
-        "stopping a timeline needs HOROVOD_TIMELINE=DYNAMIC (or HVD_) or a timeline file "
-        "when the engine starts");
+    return Status::FailedPrecondition(std::string(what) +
+                                      " needs HOROVOD_TIMELINE=DYNAMIC (or HVD_) or a timeline "
+                                      "file when the engine starts");
   }
   {
     std::lock_guard<ShortMutex> l(mu_);
-    timeline_switch_ = std::make_unique<TimelineSwitch>();
+    timeline_switch_ =
+        std::make_unique<TimelineSwitch>(TimelineSwitch{std::move(path), mark_cycles});
   }
   Wake();
   return Status::OK();

@@ -242,6 +242,9 @@ class EngineImpl {
   std::vector<int32_t> ProcessSetIds() const;
   Status StartTimeline(const std::string& path, bool mark_cycles);
   Status StopTimeline();
+  // Hands DrainQueue a timeline to switch to (an empty path: none), if the engine started with
+  // one; `what` names the call in the error.
+  Status SwitchTimeline(std::string path, bool mark_cycles, const char* what);
   // Elastic jobs (engine.cc): the store hvdrun publishes its worlds in, and the newest
   // generation it names (read by rank 0 for Engine::HostsUpdated).
   void set_elastic_store(std::unique_ptr<StoreClient> store) {
@@ -539,8 +542,9 @@ class EngineImpl {
   std::atomic<bool> device_seen_{false};  // a device tensor was submitted: callers never help
   // One pass of the loop's work: drain, rounds, rank 0's coordinators, execution; whether
   // anything was done (background.cc). By a caller, it stops after the drain once a device
-  // tensor was submitted.
+  // tensor was submitted. Work marks the cycle in the timeline; WorkCycle is the pass itself.
   bool Work(bool by_caller);
+  bool WorkCycle(bool by_caller);
   // The background thread, idle while a caller waits: lets the caller run the work (`run` is
   // released until no caller asks for it, or a tick passes).
   void StepAside(std::unique_lock<std::mutex>& run);
