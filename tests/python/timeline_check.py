@@ -8,6 +8,11 @@ start_timeline / stop_timeline). Prints TIMELINE-OK on success.
 2. HOROVOD_TIMELINE=DYNAMIC: nothing is written until hvd.start_timeline(path); operations
    between start and stop_timeline are in that file, those after are not; no CYCLE_START
    without mark_cycles. Without HOROVOD_TIMELINE set, start_timeline raises ValueError.
+3. Each rank's readiness is a tick under NEGOTIATE_ALLREDUCE (an event named by the rank), as
+   in Horovod, with rank 0 answering (HVD_SYMMETRIC_NEGOTIATION=off) and with the ranks
+   agreeing in rounds (on), for a first request and for cached ones: rank 0's file has one tick
+   per rank inside each bar, the bar starts at the first, and rank 1, which submits 300 ms
+   after rank 0 each step, ticks at least 100 ms after it.
 """
 
 import json
@@ -46,8 +51,10 @@ if rank == 0:
     with open(static_path) as f:
         events = json.load(f)
     ours = [e for e in events if e.get("tid") == "allreduce.test_allreduce"]
-    assert [e["name"] for e in ours] == ["NEGOTIATE_ALLREDUCE", "ALLREDUCE"], ours
-    assert ours[1]["args"]["bytes"] == 12 and ours[1]["args"]["status"] == "ok", ours
+    names = [e["name"] for e in ours]
+    assert names[0] == "NEGOTIATE_ALLREDUCE" and names[-1] == "ALLREDUCE", ours
+    assert sorted(names[1:-1]) == ["0", "1"], ours  # each rank's tick
+    assert ours[-1]["args"]["bytes"] == 12 and ours[-1]["args"]["status"] == "ok", ours
     assert any(e["name"] == "CYCLE_START" for e in events), events
     os.unlink(static_path)
 else:
@@ -78,6 +85,35 @@ if rank == 0:
 else:
     assert not os.path.exists(dynamic_path), dynamic_path
 hvd.shutdown()
+
+# Each rank's tick, with either way of negotiating; rank 1 is late by 300 ms each step.
+for mode in ("off", "on"):
+    ticks_path = os.path.join(workdir, "hvd_timeline_ticks_%s_%d.json" % (mode, os.getpid()))
+    os.environ["HOROVOD_TIMELINE"] = ticks_path
+    os.environ["HVD_SYMMETRIC_NEGOTIATION"] = mode
+    hvd.init()
+    for step in range(3):  # the first request, then cached ones
+        if rank == 1:
+            time.sleep(0.3)
+        hvd.allreduce(torch.ones(5), name="late")
+    hvd.barrier()
+    hvd.shutdown()
+    if rank != 0:
+        continue
+    with open(ticks_path) as f:
+        rows = [e for e in json.load(f) if e.get("tid") == "allreduce.late"]
+    bars = [i for i, e in enumerate(rows) if e["name"] == "NEGOTIATE_ALLREDUCE"]
+    assert len(bars) == 3, (mode, rows)
+    for i in bars:
+        bar, ticks = rows[i], rows[i + 1:i + 3]
+        assert sorted(t["name"] for t in ticks) == ["0", "1"], (mode, rows)
+        at = {t["name"]: t["ts"] for t in ticks}
+        assert bar["ts"] == min(at.values()), (mode, bar, ticks)
+        assert all(bar["ts"] <= t <= bar["ts"] + bar["dur"] for t in at.values()), (mode, rows)
+        assert at["1"] - at["0"] >= 100e3, (mode, bar, ticks)  # microseconds
+        assert rows[i + 3]["name"] == "ALLREDUCE", (mode, rows)
+    os.unlink(ticks_path)
+del os.environ["HVD_SYMMETRIC_NEGOTIATION"]
 
 # Without HOROVOD_TIMELINE, as in Horovod: a ValueError that says what to set.
 del os.environ["HOROVOD_TIMELINE"]

@@ -480,9 +480,16 @@ namespace {
 constexpr auto kBitPatience = std::chrono::seconds(1);
 }  // namespace
 
+void EngineImpl::TickReady(const ProcessSetState& ps, int rank, const std::string& name) {
+  if (ps.rank >= 0 && timeline_->enabled()) {
+    timeline_->RankReady(name, ps.ranks[rank], Clock::now());
+  }
+}
+
 void EngineImpl::OfferBit(ProcessSetState& ps, int rank, uint32_t bit) {
   const Request* r = ps.cache->At(bit);
   if (r == nullptr) return;  // checked by the caller
+  TickReady(ps, rank, r->name);
   if (ps.coordinator->any_joined() || ps.coordinator->Has(r->name)) {
     ps.coordinator->AddRequests(rank, {*r});
     return;
@@ -493,6 +500,9 @@ void EngineImpl::OfferBit(ProcessSetState& ps, int rank, uint32_t bit) {
 }
 
 void EngineImpl::AddFull(ProcessSetState& ps, int rank, std::vector<Request> requests) {
+  if (timeline_->enabled()) {
+    for (const auto& r : requests) TickReady(ps, rank, r.name);
+  }
   if (Symmetric(ps)) {
     // Other ranks may hold bits of these names, or (a join) of any: rank 0's next part of a
     // round withdraws them (rounds.cc).

@@ -231,6 +231,8 @@ Status EngineImpl::Connect() {
     rounds_->since.assign(bits, Clock::time_point());
     rounds_->parts.resize(options_.size);
     rounds_->early.resize(options_.size);
+    rounds_->arrived.resize(options_.size);
+    rounds_->early_arrived.resize(options_.size);
   }
   if (options_.size == 1) return Status::OK();
   StartHeartbeat();

@@ -212,6 +212,7 @@ struct Rounds {
   bool coordinator_news = false;
   // [rank] the parts of round done+1 and (sent by ranks that completed it first) done+2.
   std::vector<std::optional<RoundContribution>> parts, early;
+  std::vector<Clock::time_point> arrived, early_arrived;  // [rank] when its part came (timeline)
   int have = 0;  // parts present
   // A worker: response lists that rank 0 sent after a round not completed here yet.
   std::deque<ResponseList> held;
@@ -332,6 +333,8 @@ class EngineImpl {
   Status OnRequests(int peer, RequestList&& list);
   // Rank 0's fast path for cached tensors (background.cc); ranks count in the set.
   void OfferBit(ProcessSetState& ps, int rank, uint32_t bit);
+  // The timeline's tick: member `rank` of `ps` was seen ready for `name` (rank 0 sees them all).
+  void TickReady(const ProcessSetState& ps, int rank, const std::string& name);
   void AddFull(ProcessSetState& ps, int rank, std::vector<Request> requests);
   void DemoteBit(ProcessSetState& ps, uint32_t bit, const Request* as = nullptr);
   // The AND of every member's row; empty if none.

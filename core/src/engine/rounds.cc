@@ -146,6 +146,7 @@ void EngineImpl::SendPart() {
     negotiation_messages_.fetch_add(1, std::memory_order_relaxed);
   }
   r.parts[options_.rank] = std::move(c);
+  r.arrived[options_.rank] = now;
   ++r.have;
   CountNegotiation(now);  // making and sending the part
 }
@@ -178,6 +179,7 @@ Status EngineImpl::OnRoundPart(int peer, const std::vector<uint8_t>& payload) {
   }
   if (slot->has_value()) return Status::InvalidArgument("a second " + what);
   const bool current = c.round == r.done + 1;
+  (current ? r.arrived : r.early_arrived)[peer] = start;
   *slot = std::move(c);
   if (current) ++r.have;
   CountNegotiation(start);  // TryRounds counts its own
@@ -222,6 +224,14 @@ Status EngineImpl::CompleteRound() {
       agreed[w] &= w < c.ready.size() ? valid(c, w, c.ready[w]) : 0;
       if (w < c.withdraw.size()) out[w] |= valid(c, w, c.withdraw[w]);
     }
+    if (timeline_->enabled()) {  // each rank's readiness as its part came (a tick per rank)
+      for (size_t w = 0; w < c.ready.size(); ++w) {
+        for (uint64_t x = valid(c, w, c.ready[w]); x; x &= x - 1) {
+          const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(x));
+          if (const Request* req = cache.At(bit)) timeline_->RankReady(req->name, q, r.arrived[q]);
+        }
+      }
+    }
   }
   // This rank's row: agreed bits leave it, withdrawn ones go to the coordinator.
   std::vector<Request> leaving;
@@ -241,6 +251,7 @@ Status EngineImpl::CompleteRound() {
   r.done = round;
   r.sent = false;
   r.parts.swap(r.early);
+  r.arrived.swap(r.early_arrived);
   r.have = 0;
   for (auto& p : r.early) p.reset();
   for (const auto& p : r.parts) r.have += p.has_value() ? 1 : 0;

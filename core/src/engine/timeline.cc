@@ -1,5 +1,6 @@
 #include "engine/timeline.h"
 
+#include <algorithm>
 #include <cctype>
 #include <sstream>
 
@@ -32,7 +33,7 @@ constexpr auto kBusyFlush = std::chrono::seconds(1);
 bool IsDynamicTimeline(const std::string& path) { return Upper(path) == "DYNAMIC"; }
 
 Timeline::Timeline(const std::string& pattern, int rank, bool mark_cycles)
-    : mark_cycles_(mark_cycles), start_(Clock::now()), flushed_(start_ - kBusyFlush) {
+    : rank_(rank), mark_cycles_(mark_cycles), start_(Clock::now()), flushed_(start_ - kBusyFlush) {
   if (pattern.empty()) return;
   std::string path = pattern;
   auto pos = path.find("%r");
@@ -94,7 +95,16 @@ void Timeline::Flush() {
 }
 
 void Timeline::Negotiate(const std::string& name) {
-  if (file_) negotiating_[name] = Clock::now();
+  if (file_) RankReady(name, rank_, Clock::now());
+}
+
+void Timeline::RankReady(const std::string& name, int rank, Clock::time_point t) {
+  if (!file_) return;
+  auto& ready = negotiating_[name].ready;
+  for (const auto& seen : ready) {
+    if (seen.first == rank) return;
+  }
+  ready.emplace_back(rank, t);
 }
 
 void Timeline::Begin(const std::string& op, const std::vector<std::string>& names, size_t bytes) {
@@ -104,12 +114,22 @@ void Timeline::Begin(const std::string& op, const std::vector<std::string>& name
   names_ = names;
   for (const auto& n : names) {
     auto it = negotiating_.find(n);
-    if (it == negotiating_.end()) continue;
+    if (it == negotiating_.end() || it->second.ready.empty()) continue;
+    auto& ready = it->second.ready;
+    std::sort(ready.begin(), ready.end(),
+              [](const auto& a, const auto& b) { return a.second < b.second; });
+    const std::string tid = JsonEscape(n);
+    const double first = Micros(ready.front().second);
     std::ostringstream os;
-    os << "{\"name\":\"NEGOTIATE_" << op_ << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << JsonEscape(n)
-       << "\",\"ts\":" << Micros(it->second) << ",\"dur\":" << Micros(begin_) - Micros(it->second)
-       << "}";
+    os << "{\"name\":\"NEGOTIATE_" << op_ << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << tid
+       << "\",\"ts\":" << first << ",\"dur\":" << Micros(begin_) - first << "}";
     Emit(os.str());
+    for (const auto& [rank, t] : ready) {  // Horovod's ticks: zero-length, named by the rank
+      std::ostringstream tick;
+      tick << "{\"name\":\"" << rank << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << tid
+           << "\",\"ts\":" << Micros(t) << ",\"dur\":0}";
+      Emit(tick.str());
+    }
     negotiating_.erase(it);
   }
   bytes_ = bytes;

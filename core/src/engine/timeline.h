@@ -1,8 +1,14 @@
 // The timeline (HVD_TIMELINE=path, or HOROVOD_TIMELINE): a Chrome trace (chrome://tracing,
 // Perfetto) of what the engine did with each tensor, in Horovod's names: NEGOTIATE_ALLREDUCE
-// (announced until its response ran), then ALLREDUCE (the collective, with bytes and the number
-// of fused tensors as arguments), one row per tensor; with mark_cycles (HVD_TIMELINE_MARK_CYCLES)
-// a CYCLE_START mark each time the engine's loop starts a cycle of work.
+// (from the first rank known ready until its response ran), then ALLREDUCE (the collective, with
+// bytes and the number of fused tensors as arguments), one row per tensor; with mark_cycles
+// (HVD_TIMELINE_MARK_CYCLES) a CYCLE_START mark each time the engine's loop starts a cycle of
+// work.
+//
+// Under NEGOTIATE_ALLREDUCE each rank's readiness is a tick (a zero-length event named by the
+// rank), as in Horovod, so a late rank shows: this rank's own when it announced the tensor, and
+// the others' as their announcements reached it (rank 0 sees every rank's: the requests and
+// cached bits the coordinator takes, and the parts of each symmetric round).
 //
 // Every rank writes its own file: "%r" in the path is replaced by the rank; a path without
 // "%r" is written by rank 0 only. Events are buffered and written when the engine goes idle
@@ -32,7 +38,9 @@ class Timeline {
   bool enabled() const { return file_ != nullptr; }
   bool marks_cycles() const { return file_ != nullptr && mark_cycles_; }
 
-  void Negotiate(const std::string& name);  // a tensor was announced
+  void Negotiate(const std::string& name);  // this rank announced a tensor
+  // World rank `rank` was seen ready for `name` at `t` (its first sighting counts).
+  void RankReady(const std::string& name, int rank, Clock::time_point t);
   void Begin(const std::string& op, const std::vector<std::string>& names, size_t bytes);
   void End(const std::string& status);
   void MarkCycle(Clock::time_point start);  // a CYCLE_START mark, with mark_cycles
@@ -46,11 +54,17 @@ class Timeline {
   double Micros(Clock::time_point t) const;
   void Emit(const std::string& event);
 
+  // A tensor being negotiated: the ranks seen ready, each with its first sighting.
+  struct Negotiation {
+    std::vector<std::pair<int, Clock::time_point>> ready;
+  };
+
   FILE* file_ = nullptr;
+  int rank_ = 0;
   bool mark_cycles_ = false;
   Clock::time_point start_;
   Clock::time_point flushed_;
-  std::unordered_map<std::string, Clock::time_point> negotiating_;
+  std::unordered_map<std::string, Negotiation> negotiating_;
   std::vector<std::string> names_;  // of the response in progress
   std::string op_;
   size_t bytes_ = 0;
