@@ -51,7 +51,7 @@ def train_reference(kind, passes, predivide=1.0):
 
 
 def train_distributed(kind, passes, named=True, compression=hvd.Compression.none,
-                      predivide=1.0, positional=False):
+                      predivide=1.0, positional=False, groups=None):
     r, n = world()
     model = make_model(seed=1 + r)  # a different start on every rank
     if r == 0:
@@ -60,13 +60,16 @@ def train_distributed(kind, passes, named=True, compression=hvd.Compression.none
     opt = make_opt(kind, model.parameters())
     named_parameters = model.named_parameters() if named else None
     if positional:  # horovod.torch's order: ..., predivide, num_groups, groups, sparse_as_dense
-        with pytest.warns(UserWarning, match="num_groups"):
+        with pytest.warns(DeprecationWarning, match="num_groups"):
             opt = hvd.DistributedOptimizer(opt, named_parameters, compression, passes,
                                            hvd.Average, predivide, 2, None, False)
     else:
+        if groups == "lists":  # [w0, b0, w2] and [b2, w1]; b1 alone
+            p = list(model.parameters())
+            groups = [[p[0], p[1], p[4]], [p[5], p[2]]]
         opt = hvd.DistributedOptimizer(
             opt, named_parameters=named_parameters, compression=compression,
-            backward_passes_per_step=passes, gradient_predivide_factor=predivide)
+            backward_passes_per_step=passes, gradient_predivide_factor=predivide, groups=groups)
     for step in range(STEPS):
         opt.zero_grad()
         for micro in range(passes):
@@ -95,6 +98,69 @@ def test_distributed_optimizer_unnamed_and_predivide():
 
 def test_distributed_optimizer_arguments_in_horovods_order():
     assert_same_params(train_distributed("sgd", 2, positional=True), train_reference("sgd", 2))
+
+
+def record_grouped_allreduces(monkeypatch):
+    """The number of tensors in each grouped allreduce DistributedOptimizer submits."""
+    import hvd.torch.optimizer as optimizer_module
+    sizes = []
+    submit = optimizer_module.grouped_allreduce_async_
+
+    def record(tensors, *args, **kwargs):
+        sizes.append(len(tensors))
+        return submit(tensors, *args, **kwargs)
+    monkeypatch.setattr(optimizer_module, "grouped_allreduce_async_", record)
+    return sizes
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("groups", [4, "lists"])
+def test_groups_go_out_together_and_match_single_process(groups, passes, monkeypatch):
+    sizes = record_grouped_allreduces(monkeypatch)
+    assert_same_params(train_distributed("sgd", passes, groups=groups),
+                       train_reference("sgd", passes))
+    # 4 groups of the 6 parameters: runs of 2, 2, 1 and 1 (one alone is a plain allreduce).
+    # A world of one communicates nothing.
+    per_step = [2, 2] if groups == 4 else [3, 2]
+    assert sorted(sizes) == (sorted(per_step * STEPS) if world()[1] > 1 else []), sizes
+
+
+def test_num_groups_splits_as_groups(monkeypatch):
+    sizes = record_grouped_allreduces(monkeypatch)
+    assert_same_params(train_distributed("sgd", 2, positional=True), train_reference("sgd", 2))
+    assert sizes == ([3, 3] * STEPS if world()[1] > 1 else []), sizes
+
+
+def test_a_group_member_without_a_gradient_goes_out_as_zeros():
+    r, n = world()
+    model = make_model()
+    unused = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))  # in no loss
+    params = list(model.parameters())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params + [unused], lr=0.1),
+                                   groups=[[params[0], unused], [params[3], params[1]]])
+    x, y = global_batch(0, 0, n)
+    shard = slice(r * BATCH, (r + 1) * BATCH)
+    torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
+    opt.step()
+    ref = make_model()
+    torch.nn.functional.mse_loss(ref(x), y).backward()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    assert_same_params(model, ref)
+    if n > 1:  # a world of one leaves it without a gradient, as torch does
+        assert torch.equal(unused.grad, torch.zeros(3, dtype=torch.float64))
+    assert torch.equal(unused.detach(), torch.ones(3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("groups, match", [
+    (-1, "number of groups"), ("two", "number of groups"), ([[1.0]], "torch.Tensor"),
+    ([7], "groups\\[0\\] must be a list"), ("twice", "twice")])
+def test_bad_groups_are_refused(groups, match):
+    model = make_model()
+    p = list(model.parameters())
+    if groups == "twice":
+        groups = [[p[0], p[1]], [p[2], p[0]]]
+    with pytest.raises(ValueError, match=match):
+        hvd.DistributedOptimizer(torch.optim.SGD(p, lr=0.1), groups=groups)
 
 
 def test_distributed_optimizer_fp16_compression_is_close():

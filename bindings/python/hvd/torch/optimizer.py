@@ -17,6 +17,11 @@ With backward_passes_per_step = k, gradients accumulate locally for k backward p
 allreduce is enqueued on the k-th. Parameters that got no gradient in a step are allreduced in
 synchronize() (with zero gradients) so every rank submits the same names.
 
+groups (Horovod's): a number N splits the parameters, in rank 0's order, into N runs of about
+equal length; a list of lists of parameters names the groups (the others stay alone). A group's
+gradients go out together as one grouped allreduce once the last of them is ready, and are
+fused and negotiated as one.
+
 Thread-safety: like the torch optimizer it wraps, one per training loop.
 """
 
@@ -27,13 +32,15 @@ import torch
 
 from hvd import _core, _process_set_id, global_process_set
 from hvd.torch.compression import Compression
-from hvd.torch.mpi_ops import allreduce_async_, sparse_allreduce_async, synchronize
+from hvd.torch.functions import broadcast_object
+from hvd.torch.mpi_ops import (allreduce_async_, grouped_allreduce_async_,
+                               sparse_allreduce_async, synchronize)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=_core.AVERAGE, gradient_predivide_factor=1.0, process_set=None,
-                 sparse_as_dense=False):
+                 sparse_as_dense=False, groups=None):
         super(self.__class__, self).__init__(params)
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set if process_set is not None else global_process_set
@@ -60,7 +67,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             self._parameter_names = {p: "noname.%d" % i for i, p in enumerate(all_params)}
 
-        self._handles = {}        # parameter -> (handle or None, compression ctx)
+        # parameter, or a group's tuple of parameters -> (handle or None, compression ctx)
+        self._handles = {}
+        self._group_of = {}       # parameter -> its group (a tuple), for grouped parameters
+        self._group_ready = {}    # group -> its parameters whose gradient is ready
         self._grad_accs = []      # keeps the accumulator nodes (and so the hooks) alive
         self._allreduce_delay = {}
         self._requires_update = set()
@@ -73,7 +83,40 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.process_set.size() > 1 or _core.elastic())
         if self._communicates:
             self._register_hooks()
+            if groups and op != _core.ADASUM:  # Horovod's Adasum optimizer takes no groups
+                self._form_groups(groups)
 
+    def _form_groups(self, groups):
+        """Horovod's groups: a count splits the parameters, in the order of the set's first
+        rank, into that many runs of near-equal length (the first runs one longer); lists name
+        the groups, and the parameters in none stay alone."""
+        params = list(self._ordered)
+        if isinstance(groups, int):
+            names = [self._parameter_names[p] for p in params]
+            root = _core.process_set_ranks(_process_set_id(self.process_set))[0]
+            order = broadcast_object(names, root_rank=root, name="DistributedOptimizer.groups",
+                                     process_set=self.process_set)
+            if sorted(order) != sorted(names):
+                raise ValueError("DistributedOptimizer(groups=%d): rank %d's parameters differ "
+                                 "from rank %d's: %s against %s"
+                                 % (groups, _core.rank(), root, names, order))
+            at = {n: i for i, n in enumerate(order)}
+            params.sort(key=lambda p: at[self._parameter_names[p]])
+            base, extra = divmod(len(params), groups)
+            formed, start = [], 0
+            for i in range(groups):
+                end = start + base + (1 if i < extra else 0)
+                formed.append(params[start:end])
+                start = end
+        else:
+            wanted = set(params)
+            formed = [[p for p in g if p in wanted] for g in groups]
+        for group in formed:
+            if len(group) < 2:
+                continue  # alone: its own allreduce, as before
+            group = tuple(group)
+            for p in group:
+                self._group_of[p] = group
     def _register_hooks(self):
         for group in self.param_groups:
             for p in group["params"]:
@@ -89,17 +132,55 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*_):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError(
-                        "gradients were computed more than backward_passes_per_step times "
-                        "before step(); raise backward_passes_per_step to accumulate locally")
-            handle, ctx = None, None
+            if self._allreduce_delay[p] <= 0:  # its allreduce is out (or its group's awaited)
+                raise AssertionError(
+                    "gradients were computed more than backward_passes_per_step times "
+                    "before step(); raise backward_passes_per_step to accumulate locally")
             self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
-                handle, ctx = self._allreduce_grad_async(p)
-            self._handles[p] = (handle, ctx)
+            group = self._group_of.get(p)
+            if self._allreduce_delay[p] > 0 or group is None:
+                handle, ctx = None, None
+                if self._allreduce_delay[p] == 0:
+                    handle, ctx = self._allreduce_grad_async(p)
+                self._handles[p] = (handle, ctx)
+                return
+            ready = self._group_ready.setdefault(group, set())
+            ready.add(p)
+            self._handles[p] = (None, None)
+            if len(ready) == len(group):
+                self._submit_group(group)
         return hook
+
+    def _submit_group(self, group):
+        for p in group:
+            self._handles.pop(p, None)
+        self._group_ready.pop(group, None)
+        self._handles[group] = self._grouped_allreduce_grad_async(group)
+
+    def _grouped_allreduce_grad_async(self, group):
+        compressed, ctxs = [], []
+        for p in group:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            if p.grad.is_sparse:
+                if not self.sparse_as_dense:
+                    raise ValueError(
+                        "DistributedOptimizer: parameter '%s' has a sparse gradient, which a "
+                        "group cannot allreduce; pass sparse_as_dense=True or leave it out of "
+                        "groups" % self._parameter_names[p])
+                p.grad = p.grad.to_dense()
+            c, ctx = self._compression.compress(p.grad)
+            compressed.append(c)
+            ctxs.append(ctx)
+        prescale, postscale = 1.0, 1.0
+        if self.op == _core.AVERAGE:
+            prescale = 1.0 / self.gradient_predivide_factor
+            postscale = self.gradient_predivide_factor
+        handle = grouped_allreduce_async_(compressed, name=self._parameter_names[group[0]],
+                                          op=self.op, prescale_factor=prescale,
+                                          postscale_factor=postscale,
+                                          process_set=self.process_set)
+        return handle, ctxs
 
     def _allreduce_grad_async(self, p):
         if p.grad is None:
@@ -167,21 +248,33 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._synchronized = True
             return
         for p in self._ordered:
-            if p not in self._handles or self._handles[p][0] is None:
+            group = self._group_of.get(p)
+            if group is not None:
+                if group not in self._handles:  # some member got no gradient (zeros, then)
+                    self._submit_group(group)
+            elif p not in self._handles or self._handles[p][0] is None:
                 self._handles[p] = self._allreduce_grad_async(p)
         try:
-            for p, (handle, ctx) in self._handles.items():
+            for key, (handle, ctx) in self._handles.items():
                 output = synchronize(handle)
-                self._allreduce_delay[p] = self.backward_passes_per_step
-                if output.is_sparse:
-                    p.grad = output.coalesce()
-                    continue
-                result = self._compression.decompress(output, ctx)
-                if result is not p.grad:
-                    p.grad.copy_(result)
+                if isinstance(key, tuple):
+                    for p, out, c in zip(key, output, ctx):
+                        self._apply_reduced(p, out, c)
+                else:
+                    self._apply_reduced(key, output, ctx)
         finally:
             self._handles.clear()
+            self._group_ready.clear()
         self._synchronized = True
+
+    def _apply_reduced(self, p, output, ctx):
+        self._allreduce_delay[p] = self.backward_passes_per_step
+        if output.is_sparse:
+            p.grad = output.coalesce()
+            return
+        result = self._compression.decompress(output, ctx)
+        if result is not p.grad:
+            p.grad.copy_(result)
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -228,15 +321,41 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     backward_passes_per_step (local accumulation), op (Average, Sum, Adasum, ...),
     gradient_predivide_factor (divide by f before the sum and multiply by f/size after).
     sparse_as_dense: sparse gradients are made dense and allreduced (else allgathered as
-    sparse). num_groups and groups are accepted for compatibility (in horovod.torch's order of
-    arguments): the engine fuses ready gradients on its own.
+    sparse). groups: a number of groups to split the parameters into, or lists of parameters;
+    each group's gradients are allreduced together once all are ready (constructing the
+    optimizer with a number is collective: the order comes from the set's first rank).
+    num_groups: the older spelling of groups=N.
     """
     _process_set_id(process_set)
-    if num_groups or groups is not None:
-        which = "groups" if groups is not None else "num_groups"
-        warnings.warn("DistributedOptimizer(%s=...) is ignored: the engine fuses gradients "
-                      "that are ready together" % which)
+    if num_groups:
+        warnings.warn("DistributedOptimizer(num_groups=...) is the older spelling of "
+                      "groups=...; use groups", DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    _check_groups(groups)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, process_set, sparse_as_dense)
+               op, gradient_predivide_factor, process_set, sparse_as_dense, groups)
+
+
+def _check_groups(groups):
+    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
+                          and groups >= 0):
+        return
+    if not isinstance(groups, (list, tuple)):
+        raise ValueError("DistributedOptimizer: groups must be a number of groups (0 or more) "
+                         "or a list of lists of torch.Tensor parameters; got %r" % (groups,))
+    seen = set()
+    for i, group in enumerate(groups):
+        if not isinstance(group, (list, tuple)):
+            raise ValueError("DistributedOptimizer: groups[%d] must be a list of torch.Tensor "
+                             "parameters; got %s" % (i, type(group).__name__))
+        for p in group:
+            if not isinstance(p, torch.Tensor):
+                raise ValueError("DistributedOptimizer: groups[%d] holds a %s; groups must "
+                                 "consist of torch.Tensor parameters" % (i, type(p).__name__))
+            if id(p) in seen:
+                raise ValueError("DistributedOptimizer: a parameter is in groups twice "
+                                 "(groups[%d]); each may appear in one group once" % i)
+            seen.add(id(p))
