@@ -255,7 +255,7 @@ bool ElasticDriver::Start() {
 }
 
 // Step 4 (and step 1's first world).
-void ElasticDriver::Reform(const std::string& why) {
+void ElasticDriver::Reform(const std::string& why, bool again) {
   if (failed_ || finishing_) return;
   RefreshFormed();
   std::vector<int> keep;
@@ -283,7 +283,7 @@ void ElasticDriver::Reform(const std::string& why) {
   if (options_.max_np > 0) room = std::min(room, options_.max_np - static_cast<int>(keep.size()));
   room = std::max(room, 0);
   const bool lost = keep.size() < world_.size();
-  if (!lost && room == 0 && generation_ > 0) return;  // nothing would change
+  if (!lost && room == 0 && generation_ > 0 && !again) return;  // nothing would change
   const int total = static_cast<int>(keep.size()) + room;
   if (total < options_.min_np) {
     if (waiting_since_ == TimePoint::max()) {
@@ -462,9 +462,26 @@ void ElasticDriver::CheckHung(TimePoint now) {
       why = v;
     }
   }
-  if (left_id.empty() || stayed.empty()) return;
+  if (left_id.empty()) return;
   if (first_left_ == TimePoint::max()) first_left_ = now;
   if (now - first_left_ < Seconds(options_.hang_seconds)) return;
+  if (stayed.empty()) {  // every member left, and none failed (step 6)
+    first_left_ = TimePoint::max();
+    if (formed_ > retried_formed_) {
+      retried_formed_ = formed_;
+      retries_ = 0;
+    }
+    if (++retries_ > kMaxRetries) {
+      Fail(std::to_string(retries_) + " worlds in a row, the last world " +
+           std::to_string(generation_) + ", were left by every worker without one forming "
+           "(worker " + left_id + ": " + why + ")");
+      return;
+    }
+    Reform("every worker left world " + std::to_string(generation_) + "; worker " + left_id +
+               ": " + why,
+           /*again=*/true);
+    return;
+  }
   for (Worker* w : stayed) {
     std::ostringstream os;
     os << "worker " << w->id << " has not left world " << generation_ << " "

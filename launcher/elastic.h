@@ -17,9 +17,13 @@
 //      With fewer than --min-np workers possible, no world is published; the job fails once
 //      that lasts --elastic-timeout seconds. --reset-limit bounds the number of new worlds.
 //   5. A worker that exits 0 ends the elastic phase: from then on the job ends as a plain one.
-//   6. A worker whose world broke says so in the store (elastic/left/<g>/<id>). A worker of the
-//      current world that has not, hang_seconds after another has, is hung (SIGSTOPped, cut
-//      off, deadlocked): it is killed and handled as in step 2.
+//   6. A worker whose world broke, or never formed, says so in the store
+//      (elastic/left/<g>/<id>). A worker of the current world that has not, hang_seconds after
+//      another has, is hung (SIGSTOPped, cut off, deadlocked): it is killed and handled as in
+//      step 2. When every member has left and none failed (a world that timed out forming, a
+//      link that broke and healed), nothing else would start a new world: step 4 runs with
+//      the same workers, and after kMaxRetries such worlds in a row without one forming the
+//      job fails, saying why the last did not.
 //
 // Thread-safety: one thread (hvdrun's supervisor loop).
 #pragma once
@@ -108,7 +112,8 @@ class ElasticDriver : public RankEvents {
   std::vector<std::pair<std::string, int>> FreeSlots() const;
   void Retire(Worker& w, const std::string& why);
   void Blacklist(const std::string& host);
-  void Reform(const std::string& why);
+  // again: publish a new world even with the same workers (every member left the last).
+  void Reform(const std::string& why, bool again = false);
   std::vector<int> Order(const std::vector<int>& keep, const std::vector<int>& added) const;
   bool Publish(const std::vector<int>& world);
   bool StartWorkers(const std::vector<int>& added, const std::vector<int>& world);
@@ -138,6 +143,11 @@ class ElasticDriver : public RankEvents {
   TimePoint next_discovery_;
   TimePoint next_hang_check_;
   TimePoint first_left_ = TimePoint::max();  // when a worker of world_ first left it
+  // Worlds published again because every member left (step 6), since formed_ was
+  // retried_formed_; more than kMaxRetries in a row fail the job.
+  static constexpr int kMaxRetries = 3;
+  int retries_ = 0;
+  int64_t retried_formed_ = 0;
 };
 
 }  // namespace launcher

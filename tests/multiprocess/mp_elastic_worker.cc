@@ -5,8 +5,10 @@
 // S steps it is S in any world, provided rollback and state sync are right; every step also
 // checks that the sum of the ranks' 1.0 equals the world's size. The state is committed every
 // two steps. The worker started as number --die-worker kills itself at step --die-at-step of
-// its first world; --step-ms sleeps after each step. Rank 0 prints ELASTIC-NATIVE-OK with the
-// final world size.
+// its first world; --step-ms sleeps after each step. The worker started as number
+// --hang-worker reaches the rendezvous only --hang-ms after its start (a start that hangs, a
+// host cut off while the first world forms; default: never, it sleeps until hvdrun kills it).
+// Rank 0 prints ELASTIC-NATIVE-OK with the final world size.
 #include <signal.h>
 #include <unistd.h>
 
@@ -41,15 +43,19 @@ hvd::Status Sync(hvd::Engine& e, State* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 20, die_worker = -1, die_at = -1, step_ms = 0;
+  int steps = 20, die_worker = -1, die_at = -1, step_ms = 0, hang_worker = -1;
+  int hang_ms = 300000;  // bounded: the test's timeout ends it sooner
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--die-worker")) die_worker = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--die-at-step")) die_at = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--step-ms")) step_ms = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--hang-worker")) hang_worker = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--hang-ms")) hang_ms = std::atoi(argv[i + 1]);
   }
   const char* id = std::getenv("HVD_ELASTIC_ID");
   const int number = id && std::strchr(id, '#') ? std::atoi(std::strchr(id, '#') + 1) : -1;
+  if (number == hang_worker) ::usleep(static_cast<useconds_t>(hang_ms) * 1000);
   auto created = hvd::Engine::CreateFromEnvironment();
   if (!created.ok()) return Fail("init: " + created.status().ToString());
   std::unique_ptr<hvd::Engine> e = std::move(*created);

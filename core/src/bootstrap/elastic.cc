@@ -66,9 +66,10 @@ StatusOr<int64_t> WaitNewer(StoreClient& store, int64_t after, Deadline deadline
 }
 
 // Step 3: polls until every worker of world g is ready. Returns the newer generation that
-// superseded g (no wait), or g once all are ready.
+// superseded g (no wait), or g once all are ready; Timeout once `patience` has passed (the
+// caller tells the others and waits for the next world) or `deadline`.
 StatusOr<int64_t> WaitReady(StoreClient& store, const std::vector<Line>& lines, int64_t g,
-                            Deadline deadline) {
+                            Deadline patience, Deadline deadline) {
   size_t next = 0;  // workers before `next` are known to be ready
   while (true) {
     while (next < lines.size()) {
@@ -81,10 +82,12 @@ StatusOr<int64_t> WaitReady(StoreClient& store, const std::vector<Line>& lines, 
     if (next == lines.size()) return g;
     auto latest = LatestGeneration(store, deadline);
     if (!latest.ok() || *latest > g) return latest;
-    if (Clock::now() + kPollEvery >= deadline) {
+    const auto now = Clock::now();
+    if (now + kPollEvery >= std::min(patience, deadline)) {
       return Status::Timeout("worker " + lines[next].id + " on host " + lines[next].host +
-                             " never joined world " + std::to_string(g) +
-                             " within HVD_ELASTIC_TIMEOUT");
+                             " never joined world " + std::to_string(g) + " within " +
+                             (now + kPollEvery >= deadline ? "HVD_ELASTIC_TIMEOUT"
+                                                           : "HVD_START_TIMEOUT"));
     }
     std::this_thread::sleep_for(kPollEvery);
   }
@@ -170,11 +173,23 @@ Status JoinWorld(StoreClient& store, Options* o, Deadline deadline) {
     HVD_RETURN_IF_ERROR(ParseWorld(*world, *g, &lines));
     HVD_RETURN_IF_ERROR(PlaceInLines(lines, o->elastic_id, *g, o));
     HVD_RETURN_IF_ERROR(store.Set(ElasticReadyKey(*g, o->elastic_id), "", deadline));
-    auto ready = WaitReady(store, lines, *g, deadline);
+    auto ready = WaitReady(store, lines, *g, DeadlineAfterSeconds(o->start_timeout_seconds),
+                           deadline);
     if (ready.ok() && *ready == *g) {
       HVD_LOG(kInfo) << "worker " << o->elastic_id << " joins world " << *g << " as rank "
                      << o->rank << " of " << o->size;
       return Status::OK();
+    }
+    if (!ready.ok() && ready.status().code() == StatusCode::kTimeout &&
+        Clock::now() < deadline) {
+      // A worker that never came (not started, its host cut off): say so, so that hvdrun
+      // stops it and forms the next world, and wait for that one.
+      const std::string why = "world " + std::to_string(*g) + " did not form: " +
+                              ready.status().message();
+      HVD_LOG(kWarning) << why << "; waiting for hvdrun's next world";
+      Status told = store.Set(ElasticLeftKey(*g, o->elastic_id), why, DeadlineAfterSeconds(2));
+      if (!told.ok()) return told.WithContext("worker " + o->elastic_id + " leaving a world");
+      ready = WaitNewer(store, *g, deadline);
     }
     g = ready;  // superseded: join the newer world instead
   }

@@ -6,9 +6,10 @@
 //   elastic/world/<g>        the world of generation g: one line per rank, in rank order,
 //                            "<worker id> <host>"
 //   elastic/ready/<g>/<id>   written by worker <id> once it has read world g
-//   elastic/left/<g>/<id>    written by worker <id>'s engine when world g broke under it (a
-//                            peer lost or silent): hvdrun stops a worker of the current world
-//                            that has not written it long after another has (it is hung)
+//   elastic/left/<g>/<id>    written by worker <id> when world g broke under it (a peer lost
+//                            or silent) or did not form: hvdrun stops a worker of the current
+//                            world that has not written it long after another has (it is hung
+//                            or cut off), and forms the next world once every worker has
 //   g<g>/...                 the keys of the engine that forms world g (addresses, gave-up
 //                            notes): PrefixStore keeps the generations apart
 //
@@ -18,10 +19,12 @@
 //   2. Read that world and find this worker's line. None: hvdrun has left this worker out
 //      (its host was blacklisted or removed, or --max-np is reached): FailedPrecondition.
 //   3. Write elastic/ready/<g>/<id> and poll until every worker of the world has. If a newer
-//      generation appears meanwhile (a worker died, a host came), go to 2 with it.
+//      generation appears meanwhile (a worker died, a host came), go to 2 with it. If one has
+//      not within HVD_START_TIMEOUT (its host cut off, its start hung), write
+//      elastic/left/<g>/<id> and go to 1.
 //   4. The engine forms the world with the store keys under g<g>/. Formation that fails with
-//      PeerLost or Timeout (a worker died while forming) waits for the next world, up to
-//      HVD_ELASTIC_TIMEOUT (Engine::Create).
+//      PeerLost or Timeout (a worker died while forming) writes elastic/left/<g>/<id> and waits
+//      for the next world, up to HVD_ELASTIC_TIMEOUT (Engine::Create).
 // Ranks are the line numbers; a rank's local rank and size count the lines of its host, and its
 // cross rank counts the hosts, in order of first appearance, that have that local rank.
 //

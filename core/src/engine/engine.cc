@@ -638,6 +638,16 @@ StatusOr<std::unique_ptr<EngineImpl>> CreateElastic(const Options& options) {
     if (code != StatusCode::kPeerLost && code != StatusCode::kTimeout) return impl.status();
     HVD_LOG(kWarning) << "world " << o.elastic_generation << " did not form ("
                       << impl.status().ToString() << "); waiting for hvdrun's next world";
+    // As a worker whose world broke: hvdrun then stops a member that never came (a host cut
+    // off while the world formed), or publishes the next world once every member has left.
+    Status told = (*store)->Set(ElasticLeftKey(o.elastic_generation, o.elastic_id),
+                                "world " + std::to_string(o.elastic_generation) +
+                                    " did not form: " + impl.status().message(),
+                                DeadlineAfterSeconds(2));
+    if (!told.ok()) {
+      HVD_LOG(kWarning) << "could not tell hvdrun this worker left its world: "
+                        << told.ToString();
+    }
     after = o.elastic_generation;
   }
 }

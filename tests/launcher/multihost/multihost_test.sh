@@ -32,7 +32,9 @@
 #                2 to 4 ranks over ssh
 #   elastic_partition  host 2 cut off mid-job (HVD_TIMEOUT_SECONDS=3): host 1's ranks give up on
 #                it; hvdrun kills host 2's ranks once they have not left their world 3 + 5 s
-#                later, blacklists host 2, and the job ends on host 1's 2 ranks
+#                later, blacklists host 2, and the job ends on host 1's 2 ranks (the same when
+#                the cut comes while world 1 still forms: host 1's ranks give it up after
+#                --start-timeout)
 # After every job no process but sshd's listener is left in the host namespaces (after a
 # partition: no process of hvd's; sshd's own sessions wait for the link to come back).
 # Exit 0: pass; 77: skipped (no namespaces here); anything else: fail.
@@ -81,12 +83,15 @@ show() { echo "--- stdout"; cat "$OUT"; echo "--- stderr"; cat "$ERR"; echo "---
 # no_leftovers: within 10 s, nothing but sshd's listener runs on the hosts.
 no_leftovers() {
   local i left=""
-  for i in $(seq 1 100); do
+  # Up to 30 s: after a heal, a cut-off worker still connecting to the store gets through only
+  # at its next SYN (the kernel's backoff), learns it has no place in the new world, and exits.
+  for i in $(seq 1 300); do
     left="$(netns_leftovers 1) $(netns_leftovers 2)"
     [ -z "${left// /}" ] && return 0
     sleep 0.1
   done
-  fail "processes left on the hosts:"; ps -o pid,ppid,pgid,args -p "${left// /,}"
+  left=$(echo $left | tr ' ' ',')
+  fail "processes left on the hosts:"; ps -o pid,ppid,pgid,args -p "$left"
 }
 
 # wait_pid_files DIR N: until N files pid.0..pid.N-1 exist (at most 60 s).
@@ -411,7 +416,8 @@ case_elastic_partition() {
   [ "$RC" = 0 ] || fail "hvdrun exited $RC"
   has "$ERR" "has not left world 1 8 s after" || fail "hvdrun did not find the cut-off ranks"
   has "$ERR" "host $H2 is blacklisted" || fail "host 2 was not blacklisted"
-  has "$OUT" "ELASTIC-NATIVE-OK size 2 generation 2 resets 1" || fail "no world of 2 finished"
+  # resets 0: on a loaded machine the cut can come while world 1 still forms (it never does)
+  has "$OUT" "ELASTIC-NATIVE-OK size 2 generation 2 resets [01]" || fail "no world of 2 finished"
   [ "$FAILED" = 0 ] || show
   netns_heal 2
   no_leftovers

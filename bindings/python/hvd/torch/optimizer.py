@@ -132,12 +132,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*_):
-            if self._allreduce_delay[p] <= 0:  # its allreduce is out (or its group's awaited)
+            group = self._group_of.get(p)
+            if group is None:
+                out = p in self._handles and self._handles[p][0] is not None
+            else:  # its group's allreduce is out, or waits for the group's other gradients
+                out = group in self._handles or p in self._group_ready.get(group, ())
+            if out and self._allreduce_delay[p] <= 0:
                 raise AssertionError(
                     "gradients were computed more than backward_passes_per_step times "
                     "before step(); raise backward_passes_per_step to accumulate locally")
             self._allreduce_delay[p] -= 1
-            group = self._group_of.get(p)
             if self._allreduce_delay[p] > 0 or group is None:
                 handle, ctx = None, None
                 if self._allreduce_delay[p] == 0:
@@ -262,9 +266,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         self._apply_reduced(p, out, c)
                 else:
                     self._apply_reduced(key, output, ctx)
-        finally:
+        finally:  # after a failure too (an elastic reset), the next step starts afresh
             self._handles.clear()
             self._group_ready.clear()
+            for p in self._ordered:
+                self._allreduce_delay[p] = self.backward_passes_per_step
         self._synchronized = True
 
     def _apply_reduced(self, p, output, ctx):
