@@ -355,5 +355,6 @@ def ccl_built():
 _atexit.register(_core.shutdown)
 
 # Elastic training uses the names above, so it is imported last.
+from hvd.runner import run  # noqa: E402,F401
 from hvd import elastic  # noqa: E402,F401
 from hvd.elastic import HostsUpdatedInterrupt  # noqa: E402,F401

@@ -1,0 +1,44 @@
+"""A rank of hvd.run (hvd/runner.py): runs the pickled function from HVD_RUN_TASK and prints
+its result as one marked line for hvd.run to take out of the output."""
+
+import base64
+import os
+import pickle
+import sys
+
+from hvd.runner import RESULT_MARK, TASK_VAR, _pickler
+
+
+def _rank():
+    """This rank's rank now (an elastic world may have changed it), else hvdrun's."""
+    try:
+        import hvd
+        if hvd.is_initialized():
+            return hvd.rank()
+    except Exception:  # shut down, or never initialized: the launcher's number stands
+        pass
+    return int(os.environ.get("HVD_RANK", os.environ.get("HOROVOD_RANK", "0")))
+
+
+def main():
+    text = os.environ.pop(TASK_VAR, None)
+    if not text:
+        sys.stderr.write("hvd._run_task: %s is not set; this module is run by hvd.run\n"
+                         % TASK_VAR)
+        return 2
+    if text.startswith("@"):
+        with open(text[1:], "rb") as f:
+            task = f.read()
+    else:
+        task = base64.b64decode(text)
+    func, args, kwargs = pickle.loads(task)
+    result = func(*args, **kwargs)
+    data = base64.b64encode(_pickler().dumps(result)).decode("ascii")
+    sys.stdout.flush()
+    sys.stdout.write("%s%d %s\n" % (RESULT_MARK, _rank(), data))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

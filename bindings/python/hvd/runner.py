@@ -1,0 +1,157 @@
+"""hvd.run: Horovod's run API (``horovod.run``). Runs a Python function on every rank of a job
+that hvdrun starts, and returns what each rank's call returned, in rank order.
+
+The function and its arguments travel to the ranks pickled (with cloudpickle, so a function
+defined in a script or a lambda travels by value; Debian's python3-cloudpickle) in the
+environment; each rank imports hvd._run_task, calls the function and prints its result as one
+marked line of its output, which this process takes out of the stream it passes on.
+
+Thread-safety: each call runs its own hvdrun; calls from several threads do not share state.
+"""
+
+import base64
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+
+# A rank's result line: the marker, then "<rank> <base64 of the pickled result>".
+RESULT_MARK = "\x1fhvd.run result "
+TASK_VAR = "HVD_RUN_TASK"
+# What hvdrun (or mpirun) puts before a rank's line: "[3]<stdout>:", "[1,3]<stdout>:".
+_RANK_PREFIX = re.compile(r"(\[[0-9,]+\]<stdout>: ?)?")
+# A pickled task longer than this goes in a file instead of the environment (one variable of
+# the environment may hold at most 128 KiB on Linux); ranks on other hosts need that file at
+# the same path.
+_MAX_ENV_TASK = 96 * 1024
+
+
+def _pickler():
+    try:
+        import cloudpickle
+        return cloudpickle
+    except ImportError:
+        return pickle
+
+
+def _hvdrun():
+    """The hvdrun to start: HVDRUN, the one installed in the package, the build tree's, PATH."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.environ.get("HVDRUN"), os.path.join(here, "bin", "hvdrun"),
+                  os.path.join(here, os.pardir, os.pardir, "bin", "hvdrun"),
+                  shutil.which("hvdrun")]
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return os.path.abspath(c)
+    raise RuntimeError("hvd.run: no hvdrun found (set HVDRUN to its path, or install hvd with "
+                       "pip so that hvdrun is on PATH)")
+
+
+def _flags(np, min_np, max_np, slots, reset_limit, cooldown_range, hosts, hostfile,
+           start_timeout, ssh_port, ssh_identity_file, disable_cache, output_filename, verbose,
+           use_mpi, mpi_args, network_interface):
+    f = ["-np", str(int(np))]
+    if hosts:
+        f += ["-H", hosts]
+    if hostfile:
+        f += ["--hostfile", hostfile]
+    if min_np is not None:
+        f += ["--min-np", str(int(min_np))]
+    if max_np is not None:
+        f += ["--max-np", str(int(max_np))]
+    if slots is not None:
+        f += ["--slots-per-host", str(int(slots))]
+    if reset_limit is not None:
+        f += ["--reset-limit", str(int(reset_limit))]
+    if cooldown_range is not None:
+        low, high = cooldown_range
+        f += ["--blacklist-cooldown-range", str(low), str(high)]
+    if start_timeout is not None:
+        f += ["--start-timeout", str(start_timeout)]
+    if ssh_port is not None:
+        f += ["-p", str(int(ssh_port))]
+    if ssh_identity_file:
+        f += ["-i", ssh_identity_file]
+    if disable_cache:
+        f += ["--disable-cache"]
+    if output_filename:
+        f += ["--output-filename", output_filename]
+    if verbose:
+        f += ["--verbose"]
+    if use_mpi or mpi_args:
+        f += ["--mpi"]
+    if mpi_args:
+        f += ["--mpi-args", mpi_args]
+    if network_interface:
+        f += ["--network-interface", network_interface]
+    return f
+
+
+def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
+        reset_limit=None, cooldown_range=None, hosts=None, hostfile=None, start_timeout=None,
+        ssh_port=None, ssh_identity_file=None, disable_cache=None, output_filename=None,
+        verbose=None, use_gloo=None, use_mpi=None, mpi_args=None, network_interface=None,
+        executable=None):
+    """Runs func(*args, **kwargs) on np ranks started by hvdrun (on hosts / hostfile, as
+    ``hvdrun -H``) and returns the list of their results, in rank order. The arguments are
+    horovod.run's; min_np / max_np make the job elastic. use_gloo selects hvd's own controller
+    (the default), use_mpi mpirun. executable: the Python the ranks run (this one by default).
+    Raises RuntimeError when the job fails or a rank returns nothing."""
+    if use_gloo and use_mpi:
+        raise ValueError("hvd.run: use_gloo and use_mpi exclude each other")
+    if not callable(func):
+        raise ValueError("hvd.run: func must be callable, got %r" % (func,))
+    pickler = _pickler()
+    try:
+        task = pickler.dumps((func, tuple(args), dict(kwargs or {})))
+    except Exception as e:  # a function pickle cannot carry by value
+        raise ValueError("hvd.run: cannot pickle the function and its arguments (%s); install "
+                         "python3-cloudpickle to send functions defined in a script" % e) from e
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [here, env.get("PYTHONPATH")] if p)
+    task_file = None
+    encoded = base64.b64encode(task).decode("ascii")
+    if len(encoded) <= _MAX_ENV_TASK:
+        env[TASK_VAR] = encoded
+    else:
+        import tempfile
+        fd, task_file = tempfile.mkstemp(prefix="hvd_run_task_", suffix=".pkl")
+        with os.fdopen(fd, "wb") as f:
+            f.write(task)
+        env[TASK_VAR] = "@" + task_file
+    cmd = [_hvdrun()] + _flags(np, min_np, max_np, slots, reset_limit, cooldown_range, hosts,
+                               hostfile, start_timeout, ssh_port, ssh_identity_file,
+                               disable_cache, output_filename, verbose, use_mpi, mpi_args,
+                               network_interface)
+    cmd += [executable or sys.executable, "-m", "hvd._run_task"]
+    results = {}
+    try:
+        with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True,
+                              errors="replace") as job:
+            for line in job.stdout:
+                at = line.find(RESULT_MARK)
+                if at < 0:
+                    sys.stdout.write(line)
+                    continue
+                if not _RANK_PREFIX.fullmatch(line[:at]):  # the rank's last line had no end
+                    sys.stdout.write(line[:at] + "\n")
+                rank, _, data = line[at + len(RESULT_MARK):].strip().partition(" ")
+                results[int(rank)] = pickle.loads(base64.b64decode(data))
+            sys.stdout.flush()
+            rc = job.wait()
+    finally:
+        if task_file:
+            os.unlink(task_file)
+    if rc != 0:
+        raise RuntimeError("hvd.run: the job failed (hvdrun exited with %d); its ranks' output "
+                           "above says why" % rc)
+    if not results:
+        raise RuntimeError("hvd.run: the job ended without a result from any rank")
+    size = max(results) + 1
+    missing = [r for r in range(size) if r not in results]
+    if missing:
+        raise RuntimeError("hvd.run: no result from rank(s) %s" % missing)
+    return [results[r] for r in range(size)]

@@ -1,0 +1,77 @@
+"""hvd.run (Horovod's run API): a function run on every rank of a job hvdrun starts, each rank's
+result returned in rank order.
+
+These tests start their own jobs, so they run once, in the single-process session (python_single);
+in the sessions under hvdrun every rank would start them again.
+"""
+
+import pytest
+
+import hvd
+from conftest import world
+
+
+@pytest.fixture(autouse=True)
+def single_session_only():
+    if world()[1] > 1:
+        pytest.skip("hvd.run starts its own jobs; the single-process session runs these")
+
+
+@pytest.mark.parametrize("np", [1, 2, 3])
+def test_results_come_back_in_rank_order(np):
+    # Defined in the test, so it travels by value (a module-level function would be pickled by
+    # reference, and this test module cannot be imported on the ranks).
+    def train(scale, name):
+        import torch
+        import hvd.torch as h
+        h.init()
+        total = h.allreduce(torch.tensor([float(h.rank() + 1)]) * scale, op=h.Sum, name=name)
+        rank, size = h.rank(), h.size()
+        h.shutdown()
+        return rank, size, float(total)
+
+    results = hvd.run(train, args=(2.0,), kwargs={"name": "t"}, np=np)
+    # The sum over ranks r of 2 (r + 1) is n (n + 1).
+    assert results == [(r, np, float(np * (np + 1))) for r in range(np)]
+
+
+def test_a_lambda_and_a_closure_travel_by_value():
+    base = 40
+    assert hvd.run(lambda x: x + base, args=(2,), np=2) == [42, 42]
+
+
+def test_a_large_argument_goes_through_a_file():
+    blob = bytes(range(256)) * 1024  # 256 KiB, more than the environment takes
+    results = hvd.run(lambda b: (len(b), b[255], b[-1]), args=(blob,), np=2)
+    assert results == [(262144, 255, 255)] * 2
+
+
+def test_the_ranks_output_passes_through_and_the_result_lines_do_not(capfd):
+    def talk():
+        import os
+        import sys
+        sys.stdout.write("rank %s speaks" % os.environ["HVD_RANK"])  # no end of line
+        return "done"
+
+    assert hvd.run(talk, np=2) == ["done", "done"]
+    out = capfd.readouterr().out
+    assert "rank 0 speaks" in out and "rank 1 speaks" in out, out
+    assert "hvd.run result" not in out, out
+
+
+def test_a_failing_rank_raises():
+    def fail():
+        import os
+        if os.environ["HVD_RANK"] == "1":
+            raise ValueError("rank 1 fails")
+        return 0
+
+    with pytest.raises(RuntimeError, match="the job failed"):
+        hvd.run(fail, np=2)
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="callable"):
+        hvd.run(42, np=2)
+    with pytest.raises(ValueError, match="use_gloo and use_mpi"):
+        hvd.run(lambda: 0, np=2, use_gloo=True, use_mpi=True)
