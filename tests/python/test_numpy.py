@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import hvd.numpy as hvd
-from hvd import nccl_built
+from hvd import mpi_enabled, nccl_built
 from conftest import pattern, world
 
 DTYPES = [np.uint8, np.int8, np.int16, np.uint16, np.int32, np.int64, np.float16, np.float32,
@@ -84,6 +84,11 @@ def test_errors():
             hvd.allreduce(np.zeros(2 + r), name="np.mismatch")
     np.testing.assert_array_equal(hvd.allreduce(np.ones(1), op=hvd.Sum), np.full(1, float(n)))
     hvd.barrier()
+
+
+def test_mpi_enabled_is_false_without_mpi():
+    """These sessions run under hvdrun's own controller (tests/mpi runs one under mpirun)."""
+    assert mpi_enabled() is False
 
 
 def test_nccl_built_is_the_version_code():

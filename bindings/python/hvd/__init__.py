@@ -314,7 +314,9 @@ def mpi_built():
 
 
 def mpi_enabled():
-    return False
+    """True when this job uses MPI at run time, as in Horovod: its ranks were started by
+    mpirun (hvdrun --mpi) or its collectives run over MPI (HVD_CPU_OPERATIONS=mpi)."""
+    return bool(_core.mpi_enabled())
 
 
 def mpi_threads_supported():

@@ -309,6 +309,11 @@ void BindEngine(py::module_& m) {
   m.def("process_set_ids", [] { return Eng().ProcessSetIds(); });
   m.def("elastic", [] { return Eng().options().elastic; },
         "Whether this rank is a worker of an elastic job (HVD_ELASTIC=1).");
+  m.def("mpi_enabled", [] {
+    const hvd::Options& o = Eng().options();
+    return o.size > 1 && (o.bootstrap == hvd::Options::Bootstrap::kMpi ||
+                          o.cpu_operations == hvd::Options::CpuOperations::kMpi);
+  }, "Whether this job uses MPI: started by mpirun, or HVD_CPU_OPERATIONS=mpi.");
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     hvd::Status s = Eng().StartTimeline(path, mark_cycles);
     if (!s.ok()) throw StatusError(s);
