@@ -7,7 +7,9 @@ start_timeline / stop_timeline). Prints TIMELINE-OK on success.
    a JSON array whose ALLREDUCE event of that tensor has its bytes, and rank 1 wrote none.
 2. HOROVOD_TIMELINE=DYNAMIC: nothing is written until hvd.start_timeline(path); operations
    between start and stop_timeline are in that file, those after are not; no CYCLE_START
-   without mark_cycles. Without HOROVOD_TIMELINE set, start_timeline raises ValueError.
+   without mark_cycles. Without HOROVOD_TIMELINE set, start_timeline raises ValueError. As in
+   Horovod's test_timeline_api, a file read as soon as stop_timeline returns is whole JSON with
+   start_time_since_epoch_in_micros, and no event's timestamp is negative.
 3. Each rank's readiness is a tick under NEGOTIATE_ALLREDUCE (an event named by the rank), as
    in Horovod, with rank 0 answering (HVD_SYMMETRIC_NEGOTIATION=off) and with the ranks
    agreeing in rounds (on), for a first request and for cached ones: rank 0's file has one tick
@@ -84,6 +86,34 @@ if rank == 0:
     os.unlink(dynamic_path)
 else:
     assert not os.path.exists(dynamic_path), dynamic_path
+
+
+def read_at_once(path, cycles):
+    """Read right after stop_timeline returns: the file is whole (Horovod's test_timeline_api
+    reads it so), starts with Horovod's process_name event, and every timestamp counts from
+    the file's start."""
+    with open(path) as f:
+        events = json.load(f)
+    assert "start_time_since_epoch_in_micros" in events[0]["args"], events[:2]
+    names = {e["name"] for e in events}
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= names, events
+    assert ("CYCLE_START" in names) == cycles, events
+    assert all(e["ts"] >= 0 for e in events if "ts" in e), events
+    os.unlink(path)
+
+
+# Start (with cycle marks), stop and start again, as Horovod's test_timeline_api does; the
+# first start's cycle began before its file (a mark from then would be negative).
+for i, cycles in enumerate((True, True, False)):
+    path = os.path.join(workdir, "hvd_timeline_api_%d_%d.json" % (i, os.getpid()))
+    hvd.start_timeline(path, mark_cycles=cycles)
+    hvd.allreduce(torch.tensor([1.0, 2.0, 3.0]), name="test_allreduce")
+    time.sleep(0.2)
+    hvd.stop_timeline()
+    if rank == 0:
+        read_at_once(path, cycles)
+    else:
+        assert not os.path.exists(path), path
 hvd.shutdown()
 
 # Each rank's tick, with either way of negotiating; rank 1 is late by 300 ms each step.

@@ -282,6 +282,7 @@ bool EngineImpl::DrainQueue() {
     timeline_.reset();  // closes the file before a new one (perhaps the same) opens
     timeline_ = std::make_unique<Timeline>(timeline_switch->path, options_.rank,
                                            timeline_switch->mark_cycles);
+    timeline_switched_.store(timeline_switch->ticket);
   }
   const auto start = batch.empty() ? Clock::time_point() : Clock::now();
   // By process set: the entries moved into pending_ (whose nodes stay put).

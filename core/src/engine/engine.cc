@@ -2,6 +2,7 @@
 #include "engine/engine_impl.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "bootstrap/elastic.h"
 #include "bootstrap/store.h"
@@ -571,12 +572,30 @@ Status EngineImpl::SwitchTimeline(std::string path, bool mark_cycles, const char
                                       " needs HOROVOD_TIMELINE=DYNAMIC (or HVD_) or a timeline "
                                       "file when the engine starts");
   }
+  uint64_t ticket;
   {
     std::lock_guard<ShortMutex> l(mu_);
+    ticket = ++timeline_switches_;
     timeline_switch_ =
-        std::make_unique<TimelineSwitch>(TimelineSwitch{std::move(path), mark_cycles});
+        std::make_unique<TimelineSwitch>(TimelineSwitch{std::move(path), mark_cycles, ticket});
   }
   Wake();
+  // Returns once the switch is applied, as Horovod's does: the stopped file is whole on disk
+  // (a caller reads it next), and what is submitted from now on goes to the new one.
+  const Deadline deadline = DeadlineAfterSeconds(options_.timeout_seconds);
+  while (timeline_switched_.load() < ticket) {
+    {
+      std::lock_guard<ShortMutex> l(mu_);
+      if (!dead_.ok()) return dead_.WithContext(what);
+      if (shutdown_requested_) return Status::Aborted(std::string(what) + ": hvd is shutting down");
+    }
+    if (Clock::now() >= deadline) {
+      return Status::Timeout(std::string(what) + ": the engine did not take it within " +
+                             std::to_string(options_.timeout_seconds) + " s");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    Wake();
+  }
   return Status::OK();
 }
 

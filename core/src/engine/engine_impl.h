@@ -424,12 +424,17 @@ class EngineImpl {
   NameTable<bool> in_flight_;  // PendingKey()s queued or pending on this rank
   Status dead_;                                // set once: later operations fail with it
   bool shutdown_requested_ = false;
-  // A timeline to switch to (StartTimeline, StopTimeline: an empty path), taken by DrainQueue.
+  // A timeline to switch to (StartTimeline, StopTimeline: an empty path), taken by DrainQueue;
+  // `ticket` counts the switches asked for, and timeline_switched_ is the last one applied (the
+  // old file closed, the new one open), which SwitchTimeline waits for.
   struct TimelineSwitch {
     std::string path;
     bool mark_cycles = false;
+    uint64_t ticket = 0;
   };
   std::unique_ptr<TimelineSwitch> timeline_switch_;
+  uint64_t timeline_switches_ = 0;
+  std::atomic<uint64_t> timeline_switched_{0};
   // The process sets this rank has executed the addition of and not the removal: their ranks
   // and how many barriers were submitted on each.
   struct KnownSet {

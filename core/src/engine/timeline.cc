@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <sstream>
 
 #include "common/logging.h"
@@ -45,6 +46,16 @@ Timeline::Timeline(const std::string& pattern, int rank, bool mark_cycles)
     return;
   }
   std::fputs("[\n", file_);
+  // Horovod's first events: the process's name with the wall-clock time the timestamps count
+  // from, which tools use to line up the files of several ranks.
+  const auto epoch_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+  std::ostringstream os;
+  os << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"hvd rank " << rank
+     << "\",\"start_time_since_epoch_in_micros\":" << epoch_us << "}}";
+  Emit(os.str());
+  Emit("{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":0,\"args\":{\"sort_index\":0}}");
 }
 
 Timeline::~Timeline() {
@@ -76,7 +87,8 @@ Clock::duration Timeline::IdleFlushIn() const {
 }
 
 void Timeline::MarkCycle(Clock::time_point t) {
-  if (!file_ || !mark_cycles_) return;
+  // A cycle that began before this file did (it was switched to within the cycle) has no mark.
+  if (!file_ || !mark_cycles_ || t < start_) return;
   std::ostringstream os;
   os << "{\"name\":\"CYCLE_START\",\"ph\":\"i\",\"s\":\"g\",\"pid\":0,\"ts\":" << Micros(t) << "}";
   Emit(os.str());
