@@ -572,6 +572,7 @@ Status EngineImpl::SwitchTimeline(std::string path, bool mark_cycles, const char
                                       " needs HOROVOD_TIMELINE=DYNAMIC (or HVD_) or a timeline "
                                       "file when the engine starts");
   }
+  const bool stopping = path.empty();
   uint64_t ticket;
   {
     std::lock_guard<ShortMutex> l(mu_);
@@ -586,8 +587,13 @@ Status EngineImpl::SwitchTimeline(std::string path, bool mark_cycles, const char
   while (timeline_switched_.load() < ticket) {
     {
       std::lock_guard<ShortMutex> l(mu_);
-      if (!dead_.ok()) return dead_.WithContext(what);
-      if (shutdown_requested_) return Status::Aborted(std::string(what) + ": hvd is shutting down");
+      // An engine that has ended (another rank shut the job down) closes its file as it stops:
+      // a stop has nothing left to do.
+      if (!dead_.ok()) return stopping ? Status::OK() : dead_.WithContext(what);
+      if (shutdown_requested_) {
+        return stopping ? Status::OK()
+                        : Status::Aborted(std::string(what) + ": hvd is shutting down");
+      }
     }
     if (Clock::now() >= deadline) {
       return Status::Timeout(std::string(what) + ": the engine did not take it within " +
