@@ -581,7 +581,7 @@ Status EngineImpl::SwitchTimeline(std::string path, bool mark_cycles, const char
         std::make_unique<TimelineSwitch>(TimelineSwitch{std::move(path), mark_cycles, ticket});
   }
   Wake();
-  // Returns once the switch is applied, as Horovod's does: the stopped file is whole on disk
+  // Returns once the switch is applied: the stopped file is whole on disk
   // (a caller reads it next), and what is submitted from now on goes to the new one.
   const Deadline deadline = DeadlineAfterSeconds(options_.timeout_seconds);
   while (timeline_switched_.load() < ticket) {
