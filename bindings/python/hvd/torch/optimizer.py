@@ -117,6 +117,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             group = tuple(group)
             for p in group:
                 self._group_of[p] = group
+
     def _register_hooks(self):
         for group in self.param_groups:
             for p in group["params"]:
@@ -176,10 +177,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             c, ctx = self._compression.compress(p.grad)
             compressed.append(c)
             ctxs.append(ctx)
-        prescale, postscale = 1.0, 1.0
-        if self.op == _core.AVERAGE:
-            prescale = 1.0 / self.gradient_predivide_factor
-            postscale = self.gradient_predivide_factor
+        prescale, postscale = self._scale_factors()
         handle = grouped_allreduce_async_(compressed, name=self._parameter_names[group[0]],
                                           op=self.op, prescale_factor=prescale,
                                           postscale_factor=postscale,
@@ -197,15 +195,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                 op=self.op, process_set=self.process_set)
                 return handle, None
             p.grad = p.grad.to_dense()
-        prescale, postscale = 1.0, 1.0
-        if self.op == _core.AVERAGE:
-            prescale = 1.0 / self.gradient_predivide_factor
-            postscale = self.gradient_predivide_factor
+        prescale, postscale = self._scale_factors()
         compressed, ctx = self._compression.compress(p.grad)
         handle = allreduce_async_(compressed, name=self._parameter_names[p], op=self.op,
                                   prescale_factor=prescale, postscale_factor=postscale,
                                   process_set=self.process_set)
         return handle, ctx
+
+    def _scale_factors(self):
+        """Average with gradient_predivide_factor f: divide by f before the sum, multiply by f
+        (and the engine by 1/size) after."""
+        if self.op == _core.AVERAGE:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
 
     def _adasum_delta_async(self, p):
         """Steps p alone on this rank's gradient and enqueues the Adasum of the change."""
@@ -274,7 +276,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = True
 
     def _apply_reduced(self, p, output, ctx):
-        self._allreduce_delay[p] = self.backward_passes_per_step
         if output.is_sparse:
             p.grad = output.coalesce()
             return
