@@ -148,6 +148,11 @@ std::string ElasticLeftKey(int64_t generation, const std::string& id) {
   return "elastic/left/" + std::to_string(generation) + "/" + id;
 }
 
+Status ReportLeft(StoreClient& store, int64_t generation, const std::string& id,
+                  const std::string& why) {
+  return store.Set(ElasticLeftKey(generation, id), why, DeadlineAfterSeconds(2));
+}
+
 StatusOr<int64_t> LatestGeneration(StoreClient& store, Deadline deadline) {
   std::string v;
   auto found = store.TryGet(kElasticLatestKey, &v, deadline);
@@ -187,7 +192,7 @@ Status JoinWorld(StoreClient& store, Options* o, Deadline deadline) {
       const std::string why = "world " + std::to_string(*g) + " did not form: " +
                               ready.status().message();
       HVD_LOG(kWarning) << why << "; waiting for hvdrun's next world";
-      Status told = store.Set(ElasticLeftKey(*g, o->elastic_id), why, DeadlineAfterSeconds(2));
+      Status told = ReportLeft(store, *g, o->elastic_id, why);
       if (!told.ok()) return told.WithContext("worker " + o->elastic_id + " leaving a world");
       ready = WaitNewer(store, *g, deadline);
     }

@@ -42,6 +42,9 @@ namespace hvd {
 // The store key of a generation's world, and of the newest generation.
 std::string ElasticWorldKey(int64_t generation);
 std::string ElasticLeftKey(int64_t generation, const std::string& id);
+// Writes elastic/left/<generation>/<id> = why (within 2 s): worker `id` left that world.
+Status ReportLeft(StoreClient& store, int64_t generation, const std::string& id,
+                  const std::string& why);
 // Set by a worker once it has its place in world `generation`; the world forms once every
 // worker of it has set its key.
 std::string ElasticReadyKey(int64_t generation, const std::string& id);

@@ -628,8 +628,8 @@ StatusOr<int64_t> EngineImpl::LatestGeneration() {
 void EngineImpl::ReportLeftWorld(const Status& why) {
   std::lock_guard<std::mutex> l(elastic_mu_);
   if (!elastic_store_) return;
-  Status s = elastic_store_->Set(ElasticLeftKey(options_.elastic_generation, options_.elastic_id),
-                                 why.message(), DeadlineAfterSeconds(2));
+  Status s = ReportLeft(*elastic_store_, options_.elastic_generation, options_.elastic_id,
+                        why.message());
   if (!s.ok()) {
     HVD_LOG(kWarning) << "could not tell hvdrun this worker left its world: " << s.ToString();
   }
@@ -665,10 +665,9 @@ StatusOr<std::unique_ptr<EngineImpl>> CreateElastic(const Options& options) {
                       << impl.status().ToString() << "); waiting for hvdrun's next world";
     // As a worker whose world broke: hvdrun then stops a member that never came (a host cut
     // off while the world formed), or publishes the next world once every member has left.
-    Status told = (*store)->Set(ElasticLeftKey(o.elastic_generation, o.elastic_id),
-                                "world " + std::to_string(o.elastic_generation) +
-                                    " did not form: " + impl.status().message(),
-                                DeadlineAfterSeconds(2));
+    Status told = ReportLeft(**store, o.elastic_generation, o.elastic_id,
+                             "world " + std::to_string(o.elastic_generation) +
+                                 " did not form: " + impl.status().message());
     if (!told.ok()) {
       HVD_LOG(kWarning) << "could not tell hvdrun this worker left its world: "
                         << told.ToString();
