@@ -1,7 +1,7 @@
 // Device tensors end to end: every collective on device memory under hvdrun, results checked
 // against the formulas of mp_common.h.
 //
-//   hvdrun -np N mp_device_worker [--fake=shared|own]
+//   hvdrun -np N mp_device_worker [--fake=shared|own] [--fake-collectives]
 //
 // Without --fake it runs on the CUDA devices (rank r on device r % count): one rank goes
 // through NCCL, ranks that share a GPU are staged through host memory. Without a CUDA device
@@ -11,19 +11,28 @@
 // one GPU; "own" gives each rank its own, which stages only under HVD_GPU_OPERATIONS=cpu (or in
 // a build without NCCL). The engine's device path (ready events, device fusion buffer, batched
 // copies, scaling, staging, device outputs) thus runs in CI without a GPU.
+// --fake-collectives (with --fake=own) stands hvd's host algorithms in for NCCL (the fake
+// device's memory is host memory), so the collectives path runs too: fused and single
+// allreduces on the communicator, hierarchical allreduce with a communicator per host, the
+// ragged collectives, a process set's own communicator, and the 16-bit integers it cannot
+// reduce staged. It prints how many calls each communicator size took, for the tests to check.
 //
 // The inputs are copied to the device on the worker's own stream without waiting: the engine
 // must order its work after that stream (the ready events), or it reads stale memory.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "collectives/collectives.h"
 #include "device/device.h"
 #include "mp_common.h"
 #include "reduce/reduce.h"
+#include "transport/device_collectives.h"
+#include "transport/transport.h"
 
 namespace mp {
 namespace {
@@ -97,6 +106,66 @@ class FakeRuntime : public hvd::DeviceRuntime {
  private:
   std::string uuid_;
 };
+
+// ---------------------------------------------------------------- collectives over host memory
+
+// Calls taken by the fake communicators, by communicator size (background thread only).
+std::map<int, int> g_fake_calls;
+
+// Device collectives standing in for NCCL on the fake device: hvd's host algorithms over the
+// communicator's transport (the world, a process set's view, or a host's members). As NCCL,
+// it has no 16-bit integers and leaves Adasum to the host path; set-up meets every member.
+class FakeCollectives : public hvd::DeviceCollectives {
+ public:
+  explicit FakeCollectives(hvd::Transport& t) : t_(t) {}
+  const char* name() const override { return "fake collectives"; }
+  bool Reduces(DataType dtype, ReduceOp op) const override {
+    return op != ReduceOp::kAdasum && dtype != DataType::kInt16 && dtype != DataType::kUInt16;
+  }
+  hvd::Status Allreduce(const void* in, void* out, size_t count, DataType dtype,
+                        ReduceOp op) override {
+    HVD_RETURN_IF_ERROR(Enter());
+    if (in != out && count) std::memcpy(out, in, count * hvd::DataTypeSize(dtype));
+    return hvd::Allreduce(t_, out, count, dtype, op, scratch_, Deadline());
+  }
+  hvd::Status Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override {
+    HVD_RETURN_IF_ERROR(Enter());
+    return hvd::Allgatherv(t_, in, out, bytes, Deadline());
+  }
+  hvd::Status Broadcast(void* buf, size_t bytes, int root) override {
+    HVD_RETURN_IF_ERROR(Enter());
+    return hvd::Broadcast(t_, buf, bytes, root, Deadline());
+  }
+  hvd::Status Alltoallv(const void* in, const std::vector<size_t>& send, void* out,
+                        const std::vector<size_t>& recv) override {
+    HVD_RETURN_IF_ERROR(Enter());
+    return hvd::Alltoallv(t_, in, send, out, recv, Deadline());
+  }
+  hvd::Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                            DataType dtype, ReduceOp op) override {
+    HVD_RETURN_IF_ERROR(Enter());
+    return hvd::ReduceScatter(t_, in, out, counts, dtype, op, scratch_, Deadline());
+  }
+  hvd::Status Check() override { return hvd::Status::OK(); }
+  void Abort() override { aborted_ = true; }
+
+ private:
+  static hvd::Deadline Deadline() { return hvd::DeadlineAfterSeconds(60); }
+  hvd::Status Enter() {
+    if (aborted_) return hvd::Status::Aborted("the fake communicator was aborted");
+    ++g_fake_calls[t_.size()];
+    return hvd::Status::OK();
+  }
+  hvd::Transport& t_;
+  hvd::ScratchBuffer scratch_;
+  bool aborted_ = false;
+};
+
+hvd::StatusOr<std::unique_ptr<hvd::DeviceCollectives>> MakeFakeCollectives(
+    hvd::Transport& t, hvd::Device&, hvd::Deadline deadline, hvd::PollFn) {
+  HVD_RETURN_IF_ERROR(hvd::Barrier(t, deadline));
+  return std::unique_ptr<hvd::DeviceCollectives>(new FakeCollectives(t));
+}
 
 // ---------------------------------------------------------------- device buffers
 
@@ -313,15 +382,82 @@ void CheckReducescatter(Env& env, Checker& ck) {
   ck.End();
 }
 
+// With HVD_DYNAMIC_PROCESS_SETS=1 and three ranks or more: allreduces on device tensors in a
+// process set of the even ranks, one tensor and three fused, which runs on a communicator of
+// its own (the world's cannot serve it).
+void CheckProcessSet(Env& env, Checker& ck) {
+  const int r = env.e->rank(), n = env.e->size();
+  if (n < 3 || !env.e->options().dynamic_process_sets) return;
+  ck.Begin("device allreduce in a process set");
+  std::vector<int> even;
+  for (int q = 0; q < n; q += 2) even.push_back(q);
+  auto id = env.e->AddProcessSet(even);
+  if (!ck.ExpectOk(id.status(), "AddProcessSet of the even ranks")) {
+    ck.End();
+    return;
+  }
+  const int m = static_cast<int>(even.size());
+  if (r % 2 == 0) {
+    int64_t salt = 1000;
+    for (DataType t : {DataType::kFloat32, DataType::kInt32}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+        if (t == DataType::kInt32 && op == ReduceOp::kAverage) continue;
+        for (int tensors : {1, 3}) {
+          std::vector<std::unique_ptr<DevBuf>> bufs;
+          std::vector<hvd::HandlePtr> hs;
+          std::vector<int64_t> salts;
+          const int64_t count = 1001;
+          for (int k = 0; k < tensors; ++k) {
+            salts.push_back(++salt);
+            Buffer host(t, count);
+            for (int64_t i = 0; i < count; ++i) {
+              Put(t, host.data(), i, ReduceInput(t, op, r / 2, m, i, salts.back()));
+            }
+            bufs.push_back(std::make_unique<DevBuf>(env, host));
+            TensorView v = bufs.back()->View(t, {count});
+            hs.push_back(env.e->Allreduce("dev.set." + std::to_string(salts.back()), v, v, op,
+                                          1.0, 1.0, *id));
+          }
+          for (int k = 0; k < tensors; ++k) {
+            const std::string what = "set allreduce " + Str(t) + " " + Str(op) + " of " +
+                                     std::to_string(tensors) + ", tensor " + std::to_string(k);
+            if (!ck.ExpectOk(Done(env, hs[k]), what)) continue;
+            auto got = ToHost(env, bufs[k]->p, static_cast<size_t>(count) * hvd::DataTypeSize(t));
+            ck.ExpectElements(t, got.data(), count, [&](int64_t i) {
+              return ExpectedReduce(t, op, m, i, salts[k]);
+            }, what);
+          }
+        }
+      }
+    }
+  }
+  ck.ExpectOk(env.e->RemoveProcessSet(*id), "RemoveProcessSet");
+  ck.End();
+}
+
 }  // namespace
 }  // namespace mp
 
 int main(int argc, char** argv) {
   std::string fake;
+  bool fake_collectives = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a.rfind("--fake=", 0) == 0) fake = a.substr(7);
+    if (a.rfind("--fake=", 0) == 0) {
+      fake = a.substr(7);
+    } else if (a == "--fake-collectives") {
+      fake_collectives = true;
+    } else {
+      std::fprintf(stderr, "unknown argument %s: expected --fake=shared|own, --fake-collectives\n",
+                   a.c_str());
+      return 2;
+    }
   }
+  if (fake_collectives && fake.empty()) {
+    std::fprintf(stderr, "--fake-collectives needs --fake=shared|own\n");
+    return 2;
+  }
+  if (fake_collectives) hvd::SetDeviceCollectivesForTesting(mp::MakeFakeCollectives);
   std::unique_ptr<mp::FakeRuntime> fake_rt;
   const char* rank_env = std::getenv("HVD_RANK");
   const int rank = rank_env ? std::atoi(rank_env) : 0;
@@ -357,6 +493,12 @@ int main(int argc, char** argv) {
   mp::CheckFused(env, ck);
   mp::CheckMovement(env, ck);
   mp::CheckReducescatter(env, ck);
+  mp::CheckProcessSet(env, ck);
   e.Shutdown();
+  if (fake_collectives) {  // read after the background thread has stopped
+    for (const auto& [size, calls] : mp::g_fake_calls) {
+      std::printf("rank %d: fake collectives of %d ranks took %d calls\n", e.rank(), size, calls);
+    }
+  }
   return ck.total_failures() ? 1 : 0;
 }

@@ -166,6 +166,9 @@ struct Comm {
   enum class DevicePath { kUnknown, kCollectives, kStaging };
   DevicePath device_path = DevicePath::kUnknown;
   std::unique_ptr<DeviceCollectives> device_collectives;
+  // On the collectives path, the communicator of this host's members (over `local`), set up at
+  // the first hierarchical device allreduce (planner/plan.h).
+  std::unique_ptr<DeviceCollectives> local_device_collectives;
 };
 
 // What negotiation needs for one process set (id 0: every rank). Kept on its members, and on
@@ -409,6 +412,10 @@ class EngineImpl {
   Status RunDeviceCollective(const Response& r, std::vector<TensorEntry*>& entries);
   Status RunStaged(const Response& r, std::vector<TensorEntry*>& entries, bool* host_failed);
   Status DeviceAllreduce(const Response& r, std::vector<TensorEntry*>& entries);
+  Status DeviceHierarchicalAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                                     const PlanContext& pc);
+  Status CheckDeviceCollectives();
+  void AbortDeviceCollectives();
   Status DeviceAllgather(const Response& r, TensorEntry* e);
   Status DeviceBroadcast(const Response& r, TensorEntry* e);
   Status DeviceAlltoall(const Response& r, TensorEntry* e);
@@ -495,11 +502,12 @@ class EngineImpl {
   ScratchBuffer scratch_;
   ScratchBuffer fusion_;
   // Device tensors (execute_device.cc): this rank's device, opened at its first device
-  // response; the device fusion buffer and the pinned host staging buffer. Declared before
-  // sets_, whose NCCL communicators go first.
+  // response; the device fusion buffer, the pinned host staging buffer and the share buffer of
+  // hierarchical allreduce. Declared before sets_, whose NCCL communicators go first.
   std::shared_ptr<Device> device_;
   DeviceBuffer device_fusion_;
   DeviceBuffer host_staging_{true};
+  DeviceBuffer device_share_;  // a hierarchical allreduce's share of this rank
   // Process sets by id, 0 (every rank) included; ids are never reused, so a late message for a
   // removed set cannot be taken for a newer one.
   std::map<int32_t, std::unique_ptr<ProcessSetState>> sets_;

@@ -13,7 +13,9 @@
 //    A reduction NCCL cannot do (16-bit integers) is staged on the collectives path too.
 // 3. Collectives path. Allreduce of one tensor runs on it in place (or out of place); several
 //    are packed into the device fusion buffer by one batched copy kernel at 16-byte aligned
-//    offsets, scaled by kernels, reduced, scaled and unpacked by one more batched copy.
+//    offsets, scaled by kernels, reduced, scaled and unpacked by one more batched copy. With
+//    HVD_HIERARCHICAL_ALLREDUCE on and hosts that allow it, the reduction is hierarchical: the
+//    collectives among a host's members, the host path across hosts through pinned memory.
 // 4. Staging path. Inputs go to pinned host memory (several tensors are packed on the device
 //    first and cross in one copy), the host path runs the response on host stand-ins of the
 //    entries, and the results come back the same way.
@@ -22,6 +24,7 @@
 //    it, for the caller's stream to wait on). The wait polls the control plane, so
 //    heartbeats and an abort relayed by the coordinator are seen; a lost peer or a failed
 //    communicator aborts NCCL, and the deadline (HVD_TIMEOUT_SECONDS) bounds it all.
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -52,16 +55,32 @@ Status EngineImpl::RecordReady(TensorEntry& e) {
   return Status::OK();
 }
 
+// The communicators' asynchronous errors (a peer's failure the library saw).
+Status EngineImpl::CheckDeviceCollectives() {
+  for (auto* d : {comm_->device_collectives.get(), comm_->local_device_collectives.get()}) {
+    if (d == nullptr) continue;
+    Status s = d->Check();
+    if (!s.ok()) return s;
+  }
+  return Status::OK();
+}
+
+void EngineImpl::AbortDeviceCollectives() {
+  for (auto* d : {comm_->device_collectives.get(), comm_->local_device_collectives.get()}) {
+    if (d) d->Abort();
+  }
+}
+
 Status EngineImpl::PollDuringDeviceWait() {
   Status s = PollControlPlane();
-  if (s.ok() && comm_->device_collectives) s = comm_->device_collectives->Check();
-  if (!s.ok() && comm_->device_collectives) comm_->device_collectives->Abort();
+  if (s.ok()) s = CheckDeviceCollectives();
+  if (!s.ok()) AbortDeviceCollectives();
   return s;
 }
 
 Status EngineImpl::DeviceSynchronize() {
   Status s = device_->Synchronize(CollectiveDeadline(), [this] { return PollDuringDeviceWait(); });
-  if (!s.ok() && comm_->device_collectives) comm_->device_collectives->Abort();
+  if (!s.ok()) AbortDeviceCollectives();
   return s;
 }
 
@@ -185,10 +204,7 @@ Status EngineImpl::ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>&
     }
   }
   // Work queued before (async completion) may have failed since.
-  if (comm_->device_collectives) {
-    Status s = comm_->device_collectives->Check();
-    if (!s.ok()) return s;
-  }
+  if (Status queued = CheckDeviceCollectives(); !queued.ok()) return queued;
   const bool collectives = comm_->device_path == Comm::DevicePath::kCollectives &&
                            (!IsReduction(r.type) || comm_->device_collectives->Reduces(r.dtype, r.op));
   bool host_failed = false;  // the host path's failures already say whether to abandon
@@ -250,6 +266,13 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
   const ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
   double post = r.postscale;
   if (r.op == ReduceOp::kAverage) post /= comm_->size;
+  const PlanContext pc = WithKnobs(comm_->plan, r.knobs);  // rank 0's, the same on every member
+  const bool hierarchical = PlanHierarchicalDeviceAllreduce(pc);
+  auto reduce = [&](const void* in, void* out, size_t count) -> Status {
+    if (!hierarchical) return c.Allreduce(in, out, count, r.dtype, op);
+    if (in != out) HVD_RETURN_IF_ERROR(d.Copy(out, in, count * esize));
+    return DeviceHierarchicalAllreduce(out, count, r.dtype, op, pc);
+  };
   if (entries.size() == 1 && entries[0] != nullptr) {
     TensorEntry* e = entries[0];
     const size_t count = static_cast<size_t>(NumElements(r.shapes[0]));
@@ -260,7 +283,7 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
       HVD_RETURN_IF_ERROR(d.Scale(out, count, r.dtype, r.prescale));
       in = out;
     }
-    HVD_RETURN_IF_ERROR(c.Allreduce(in, out, count, r.dtype, op));
+    HVD_RETURN_IF_ERROR(reduce(in, out, count));
     HVD_RETURN_IF_ERROR(d.Scale(out, count, r.dtype, post));
     return DeviceDone(entries);
   }
@@ -283,10 +306,63 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
   const size_t count = total / esize;
   HVD_RETURN_IF_ERROR(d.BatchedCopy(in));
   HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, r.prescale));
-  HVD_RETURN_IF_ERROR(c.Allreduce(buf, buf, count, r.dtype, op));
+  HVD_RETURN_IF_ERROR(reduce(buf, buf, count));
   HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, post));
   HVD_RETURN_IF_ERROR(d.BatchedCopy(out));
   return DeviceDone(entries);
+}
+
+// Hierarchical allreduce of the `count` elements in `buf` (device memory, in place): a
+// reduce-scatter among this host's members on the device, this member's share reduced across
+// hosts by the host path (pinned host memory, over `cross`: shm or TCP), an allgather among
+// this host's members. The communicator inside the host is set up at the first one; every
+// member runs the same responses with the same plan, so each host's members meet there.
+Status EngineImpl::DeviceHierarchicalAllreduce(void* buf, size_t count, DataType dtype,
+                                               ReduceOp op, const PlanContext& pc) {
+  Comm& c = *comm_;
+  Device& d = *device_;
+  if (count == 0) return Status::OK();
+  if (!c.local_device_collectives) {
+    auto local = CreateDeviceCollectives(*c.local, d, CollectiveDeadline(),
+                                         [this] { return PollDuringDeviceWait(); });
+    if (!local.ok()) {
+      abandon_ = c.size > 1;  // the other hosts go on to the allreduce across hosts
+      return local.status().WithContext("setting up device collectives inside the host");
+    }
+    c.local_device_collectives = std::move(*local);
+    HVD_LOG(kInfo) << "hierarchical device allreduce: " << c.local_device_collectives->name()
+                   << " among this host's " << c.local->size() << " ranks, the host path across "
+                   << c.cross->size() << " hosts";
+  }
+  DeviceCollectives& inside = *c.local_device_collectives;
+  const int n = c.local->size(), me = c.local->rank();
+  const size_t es = DataTypeSize(dtype);
+  std::vector<size_t> counts(n), bytes(n);
+  for (int q = 0; q < n; ++q) {
+    counts[q] = count / n + (static_cast<size_t>(q) < count % n ? 1 : 0);
+    bytes[q] = counts[q] * es;
+  }
+  const size_t share = counts[me];
+  // The members with this one's local index share equal counts; the scratch is reserved for
+  // the largest share, so that every member reserves alike.
+  PlanContext across = pc;
+  across.size = c.cross->size();
+  across.offload = across.offload_pieces = across.hierarchical = false;
+  const AllreducePlan plan = PlanAllreduce(counts[0], dtype, across);
+  MemoryNeeds need;
+  need.scratch = PlanScratchBytes(plan, counts[0], dtype, across);
+  HVD_RETURN_IF_ERROR(Reserve(need, 0, nullptr));
+  void* dshare = nullptr;
+  void* host = nullptr;
+  HVD_RETURN_IF_ERROR(device_share_.Get(&d, std::max<size_t>(share * es, 1), &dshare));
+  HVD_RETURN_IF_ERROR(host_staging_.Get(&d, std::max<size_t>(share * es, 1), &host));
+  HVD_RETURN_IF_ERROR(inside.ReduceScatter(buf, dshare, counts, dtype, op));
+  if (share > 0) HVD_RETURN_IF_ERROR(d.Copy(host, dshare, share * es));
+  HVD_RETURN_IF_ERROR(DeviceSynchronize());
+  HVD_RETURN_IF_ERROR(hvd::Allreduce(*c.cross, host, share, dtype, op, scratch_,
+                                     CollectiveDeadline(), plan.algorithm));
+  if (share > 0) HVD_RETURN_IF_ERROR(d.Copy(dshare, host, share * es));
+  return inside.Allgatherv(dshare, buf, bytes);
 }
 
 Status EngineImpl::DeviceAllgather(const Response& r, TensorEntry* e) {

@@ -41,6 +41,10 @@ AllreducePlan PlanAllreduce(size_t count, DataType dtype, const PlanContext& c) 
   return plan;
 }
 
+bool PlanHierarchicalDeviceAllreduce(const PlanContext& c) {
+  return c.hierarchical && c.hierarchical_allreduce == Options::Toggle::kOn;
+}
+
 // Measured over rate-limited veth (2 hosts x 2 ranks, 2 Gbit/s): hierarchical allgather is
 // 1.1-1.6x the flat ring from 256 KiB of output up, and slower below (0.6x at 64 KiB).
 constexpr size_t kHierarchicalAllgatherBytes = 256 << 10;

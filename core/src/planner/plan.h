@@ -50,6 +50,12 @@ AllreduceAlgorithm FlatAllreduceAlgorithm(size_t bytes, size_t small_bytes = kSm
 
 AllreducePlan PlanAllreduce(size_t count, DataType dtype, const PlanContext& c);
 
+// Device tensors on device collectives (NCCL, engine/execute_device.cc): hierarchical, the
+// collectives inside each host and the host path across hosts through pinned host memory, only
+// when HVD_HIERARCHICAL_ALLREDUCE is on (or tuned on) and the layout allows it. `auto` leaves
+// the whole allreduce to NCCL, which spans hosts itself (as Horovod does by default).
+bool PlanHierarchicalDeviceAllreduce(const PlanContext& c);
+
 // Allgather: hierarchical (collectives/hierarchical.cc) or the flat ring, from the output's size.
 bool PlanHierarchicalAllgather(size_t total_bytes, const PlanContext& c);
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -48,7 +49,7 @@ class DeviceCollectives {
 // Polled while a communicator is being set up or a call settles: its error ends the wait.
 using PollFn = std::function<Status()>;
 
-// Whether this build has a device collectives backend (NCCL).
+// Whether this build has a device collectives backend (NCCL), or a test installed one.
 bool DeviceCollectivesBuilt();
 
 // Sets up the communicator of `world`'s ranks on `device`: rank 0 draws the unique id and
@@ -58,5 +59,12 @@ StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(Transport& 
                                                                      Device& device,
                                                                      Deadline deadline,
                                                                      PollFn poll);
+
+// Tests: communicators come from `factory` instead of the build's backend (an empty one
+// restores it), and DeviceCollectivesBuilt() is true while one is installed. Install it before
+// an engine starts; the background threads call it.
+using DeviceCollectivesFactory = std::function<StatusOr<std::unique_ptr<DeviceCollectives>>(
+    Transport& world, Device& device, Deadline deadline, PollFn poll)>;
+void SetDeviceCollectivesForTesting(DeviceCollectivesFactory factory);
 
 }  // namespace hvd

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <mutex>
+
 #include "bootstrap/elastic.h"
 #include "bootstrap/store.h"
 #include "common/logging.h"
@@ -14,6 +16,9 @@
 #include "transport/tcp/tcp_mesh.h"
 #include "transport/tcp/tcp_transport.h"
 
+#if HVD_HAVE_NCCL
+#include "transport/nccl/nccl_collectives.h"
+#endif
 #if HVD_HAVE_MPI
 #include "transport/mpi/mpi_bootstrap.h"
 #include "transport/mpi/mpi_collectives.h"
@@ -240,14 +245,37 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
   return job;
 }
 
-#if !HVD_HAVE_NCCL
-// A build without NCCL stages device tensors through host memory (engine/execute_device.cc).
-bool DeviceCollectivesBuilt() { return false; }
+// Device collectives: NCCL where the build has it; a build without stages device tensors
+// through host memory (engine/execute_device.cc). Tests may install a stand-in.
+namespace {
+std::mutex g_device_collectives_mu;
+DeviceCollectivesFactory g_device_collectives_for_testing;
 
-StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(Transport&, Device&, Deadline,
-                                                                     PollFn) {
-  return Status::FailedPrecondition("this build has no NCCL");
+DeviceCollectivesFactory DeviceCollectivesForTesting() {
+  std::lock_guard<std::mutex> l(g_device_collectives_mu);
+  return g_device_collectives_for_testing;
 }
+}  // namespace
+
+void SetDeviceCollectivesForTesting(DeviceCollectivesFactory factory) {
+  std::lock_guard<std::mutex> l(g_device_collectives_mu);
+  g_device_collectives_for_testing = std::move(factory);
+}
+
+bool DeviceCollectivesBuilt() { return HVD_HAVE_NCCL || DeviceCollectivesForTesting() != nullptr; }
+
+StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(Transport& world,
+                                                                     Device& device,
+                                                                     Deadline deadline,
+                                                                     PollFn poll) {
+  if (DeviceCollectivesFactory f = DeviceCollectivesForTesting()) {
+    return f(world, device, deadline, std::move(poll));
+  }
+#if HVD_HAVE_NCCL
+  return CreateNcclCollectives(world, device, deadline, std::move(poll));
+#else
+  return Status::FailedPrecondition("this build has no NCCL");
 #endif
+}
 
 }  // namespace hvd

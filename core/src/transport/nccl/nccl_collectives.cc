@@ -17,6 +17,7 @@
 #include "collectives/collectives.h"
 #include "device/device.h"
 #include "transport/device_collectives.h"
+#include "transport/nccl/nccl_collectives.h"
 #include "transport/transport.h"
 
 namespace hvd {
@@ -275,12 +276,10 @@ class NcclCollectives : public DeviceCollectives {
 
 }  // namespace
 
-bool DeviceCollectivesBuilt() { return true; }
-
-StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(Transport& world,
-                                                                     Device& device,
-                                                                     Deadline deadline,
-                                                                     PollFn poll) {
+StatusOr<std::unique_ptr<DeviceCollectives>> CreateNcclCollectives(Transport& world,
+                                                                   Device& device,
+                                                                   Deadline deadline,
+                                                                   PollFn poll) {
   ncclUniqueId id{};
   if (world.rank() == 0) {
     ncclResult_t r = ncclGetUniqueId(&id);
