@@ -1,7 +1,7 @@
 // Device tensors end to end: every collective on device memory under hvdrun, results checked
 // against the formulas of mp_common.h.
 //
-//   hvdrun -np N mp_device_worker [--fake=shared|own] [--fake-collectives]
+//   hvdrun -np N mp_device_worker [--fake=shared|own] [--fake-collectives] [--peerloss=V]
 //
 // Without --fake it runs on the CUDA devices (rank r on device r % count): one rank goes
 // through NCCL, ranks that share a GPU are staged through host memory. Without a CUDA device
@@ -16,15 +16,22 @@
 // allreduces on the communicator, hierarchical allreduce with a communicator per host, the
 // ragged collectives, a process set's own communicator, and the 16-bit integers it cannot
 // reduce staged. It prints how many calls each communicator size took, for the tests to check.
+// --peerloss=V: instead of the checks, every rank runs device allreduces of 32 MiB, and rank V
+// SIGKILLs itself 0.3 s in, most likely inside one (they take most of the time); each survivor must fail within HVD_TIMEOUT_SECONDS (+10 s) with PeerLost
+// or Timeout naming rank V, and its next operation fail at once. Each prints "PEERLOSS-OK rank
+// r" (or "PEERLOSS-FAIL ...").
 //
 // The inputs are copied to the device on the worker's own stream without waiting: the engine
 // must order its work after that stream (the ready events), or it reads stale memory.
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/collectives.h"
@@ -435,21 +442,64 @@ void CheckProcessSet(Env& env, Checker& ck) {
   ck.End();
 }
 
+int RunPeerLoss(Env& env, int victim) {
+  hvd::Engine& e = *env.e;
+  const int r = e.rank();
+  const double timeout = e.options().timeout_seconds;
+  const int64_t count = 8 << 20;
+  Buffer host(DataType::kFloat32, count);
+  DevBuf buf(env, host);
+  TensorView v = buf.View(DataType::kFloat32, {count});
+  hvd::Status warm = Done(env, e.Allreduce("peerloss.warmup", v, v, ReduceOp::kSum));
+  if (!warm.ok()) {
+    std::printf("PEERLOSS-FAIL rank %d: warm-up failed: %s\n", r, warm.ToString().c_str());
+    return 1;
+  }
+  if (r == victim) {  // most likely inside a step's collective, which takes most of the time
+    std::thread([r] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::printf("[mp] rank %d kills itself\n", r);
+      std::fflush(stdout);
+      std::raise(SIGKILL);
+    }).detach();
+  }
+  const auto t0 = Clock::now();
+  hvd::Status st;
+  int steps = 0;
+  while (st.ok() && SecondsSince(t0) < timeout + 20) {
+    st = Done(env, e.Allreduce("peerloss.step" + std::to_string(steps++), v, v, ReduceOp::kSum));
+  }
+  const double took = SecondsSince(t0);
+  const std::string named = "rank " + std::to_string(victim);
+  bool ok = (st.code() == hvd::StatusCode::kPeerLost || st.code() == hvd::StatusCode::kTimeout) &&
+            st.message().find(named) != std::string::npos && took < timeout + 10;
+  hvd::Status later = WaitDone(e.Allreduce("peerloss.later", v, v, ReduceOp::kSum), 5.0);
+  ok = ok && !later.ok() && later.code() != hvd::StatusCode::kTimeout;
+  std::printf("%s rank %d: failed after %.2f s and %d steps with %s; the next operation: %s\n",
+              ok ? "PEERLOSS-OK" : "PEERLOSS-FAIL", r, took, steps, st.ToString().c_str(),
+              later.ToString().c_str());
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace mp
 
 int main(int argc, char** argv) {
   std::string fake;
   bool fake_collectives = false;
+  int victim = -1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--fake=", 0) == 0) {
       fake = a.substr(7);
     } else if (a == "--fake-collectives") {
       fake_collectives = true;
+    } else if (a.rfind("--peerloss=", 0) == 0) {
+      victim = std::atoi(a.c_str() + 11);
     } else {
-      std::fprintf(stderr, "unknown argument %s: expected --fake=shared|own, --fake-collectives\n",
-                   a.c_str());
+      std::fprintf(stderr, "unknown argument %s: expected --fake=shared|own, --fake-collectives, "
+                   "--peerloss=RANK\n", a.c_str());
       return 2;
     }
   }
@@ -488,6 +538,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   mp::Env env{&e, dev->get(), ordinal};
+  if (victim >= 0) return mp::RunPeerLoss(env, victim);
   mp::Checker ck(e.rank(), e.size());
   mp::CheckAllreduce(env, ck);
   mp::CheckFused(env, ck);
