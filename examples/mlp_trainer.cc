@@ -168,8 +168,12 @@ double ForwardBackward(const Params& p, const double* x, int y, Params* g) {
   return loss;
 }
 
+// rank < 0: before the engine knows it; the launcher's HVD_RANK then names it, if set.
 [[noreturn]] void Fail(int rank, const std::string& what, const hvd::Status& st) {
-  std::fprintf(stderr, "mlp_trainer: rank %d: %s failed: %s\n", rank, what.c_str(),
+  const char* env_rank = std::getenv("HVD_RANK");
+  const std::string who = rank >= 0 ? "rank " + std::to_string(rank)
+                                    : env_rank ? std::string("rank ") + env_rank : "this process";
+  std::fprintf(stderr, "mlp_trainer: %s: %s failed: %s\n", who.c_str(), what.c_str(),
                st.ToString().c_str());
   std::exit(1);
 }

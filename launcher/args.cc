@@ -233,6 +233,13 @@ void ParseHosts(const cxxopts::ParseResult& r, LaunchOptions* out) {
   }
 }
 
+// Seconds for hvdrun's own timers and the ranks': at most a million, so deadlines cannot overflow.
+double ParseSeconds(const std::string& flag, const std::string& text, bool zero_ok) {
+  double v = zero_ok ? ParseNonNegative(flag, text) : ParsePositive(flag, text);
+  if (v > 1e6) throw LaunchError("bad value '" + text + "' for " + flag + " (at most 1e6 s)");
+  return v;
+}
+
 void ParseKnobs(const cxxopts::ParseResult& r, LaunchOptions* out) {
   auto has = [&](const char* f) { return r.count(f) > 0; };
   auto get = [&](const char* f) { return r[f].as<std::string>(); };
@@ -242,7 +249,11 @@ void ParseKnobs(const cxxopts::ParseResult& r, LaunchOptions* out) {
     out->knobs["HVD_FUSION_THRESHOLD"] = std::to_string(std::llround(mb * 1048576.0));
   }
   if (has("cycle-time-ms")) {
-    out->knobs["HVD_CYCLE_TIME"] = Str(ParseNonNegative("--cycle-time-ms", get("cycle-time-ms")));
+    const double ms = ParseNonNegative("--cycle-time-ms", get("cycle-time-ms"));
+    if (ms > 1e6) {
+      throw LaunchError("bad value '" + get("cycle-time-ms") + "' for --cycle-time-ms (at most 1e6 ms)");
+    }
+    out->knobs["HVD_CYCLE_TIME"] = Str(ms);
   }
   if (has("cache-capacity")) {
     double n = ParseNonNegative("--cache-capacity", get("cache-capacity"));
@@ -253,11 +264,11 @@ void ParseKnobs(const cxxopts::ParseResult& r, LaunchOptions* out) {
     out->knobs["HVD_CACHE_CAPACITY"] = std::to_string(static_cast<int>(n));
   }
   if (has("timeout")) {
-    out->knobs["HVD_TIMEOUT_SECONDS"] = Str(ParsePositive("--timeout", get("timeout")));
+    out->knobs["HVD_TIMEOUT_SECONDS"] = Str(ParseSeconds("--timeout", get("timeout"), false));
   }
   if (has("stall-check-seconds")) {
     out->knobs["HVD_STALL_CHECK_TIME_SECONDS"] =
-        Str(ParseNonNegative("--stall-check-seconds", get("stall-check-seconds")));
+        Str(ParseSeconds("--stall-check-seconds", get("stall-check-seconds"), true));
   }
   if (has("log-level")) {
     LogLevel level;
@@ -273,13 +284,6 @@ void ParseKnobs(const cxxopts::ParseResult& r, LaunchOptions* out) {
   }
 }
 
-// Seconds for hvdrun's own timers: at most a million, so deadlines cannot overflow.
-double ParseSeconds(const std::string& flag, const std::string& text, bool zero_ok) {
-  double v = zero_ok ? ParseNonNegative(flag, text) : ParsePositive(flag, text);
-  if (v > 1e6) throw LaunchError("bad value '" + text + "' for " + flag + " (at most 1e6 s)");
-  return v;
-}
-
 void ParseJobFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
   out->verbose = r.count("verbose") > 0;
   out->mpi = r.count("mpi") > 0;
@@ -291,9 +295,18 @@ void ParseJobFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
     out->kill_after_seconds =
         ParseSeconds("--kill-after-seconds", r["kill-after-seconds"].as<std::string>(), true);
   }
+  // The flag, else the environment's value (as the ranks read it), else the default; hvdrun
+  // waits as long as the ranks do.
   if (r.count("start-timeout")) {
     out->start_timeout_seconds =
         ParseSeconds("--start-timeout", r["start-timeout"].as<std::string>(), false);
+  } else {
+    for (const char* var : {"HVD_START_TIMEOUT", "HOROVOD_START_TIMEOUT"}) {
+      const char* v = std::getenv(var);
+      if (v == nullptr) continue;
+      out->start_timeout_seconds = ParseSeconds(var, v, false);
+      break;
+    }
   }
   out->knobs["HVD_START_TIMEOUT"] = Str(out->start_timeout_seconds);
 }
@@ -461,16 +474,16 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
   }
   if (has("no-stall-check")) out->knobs["HVD_STALL_CHECK_TIME_SECONDS"] = "0";
   if (has("stall-check-warning-time-seconds")) {
-    out->knobs["HVD_STALL_CHECK_TIME_SECONDS"] = Str(ParseNonNegative(
-        "--stall-check-warning-time-seconds", get("stall-check-warning-time-seconds")));
+    out->knobs["HVD_STALL_CHECK_TIME_SECONDS"] = Str(ParseSeconds(
+        "--stall-check-warning-time-seconds", get("stall-check-warning-time-seconds"), true));
   }
   if (has("stall-check-shutdown-time-seconds")) {
-    out->knobs["HVD_STALL_SHUTDOWN_TIME_SECONDS"] = Str(ParseNonNegative(
-        "--stall-check-shutdown-time-seconds", get("stall-check-shutdown-time-seconds")));
+    out->knobs["HVD_STALL_SHUTDOWN_TIME_SECONDS"] = Str(ParseSeconds(
+        "--stall-check-shutdown-time-seconds", get("stall-check-shutdown-time-seconds"), true));
   }
   if (has("gloo-timeout-seconds") && !has("timeout")) {
     out->knobs["HVD_TIMEOUT_SECONDS"] =
-        Str(ParsePositive("--gloo-timeout-seconds", get("gloo-timeout-seconds")));
+        Str(ParseSeconds("--gloo-timeout-seconds", get("gloo-timeout-seconds"), false));
   }
   if (has("tcp")) out->knobs["HVD_SHM"] = "off";
   for (const char* f : {"mpi-args", "binding-args"}) {

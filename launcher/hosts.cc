@@ -61,6 +61,14 @@ HostSlots ParseHostColonSlots(const std::string& item, const std::string& contex
     h.host = item.substr(0, colon);
     h.slots = ParseSlots(item.substr(colon + 1), context);
   }
+  if (!bracketed && h.host.find(':') != std::string::npos) {
+    throw LaunchError("bad entry '" + item + "' in " + context +
+                      ": expected host or host:slots (an IPv6 address in brackets: [::1]:2)");
+  }
+  if (bracketed && h.host.back() != ']') {
+    throw LaunchError("bad entry '" + item + "' in " + context +
+                      ": expected [address] or [address]:slots after the brackets");
+  }
   CheckHostName(h.host, context);
   return h;
 }
@@ -72,6 +80,8 @@ std::vector<HostSlots> ParseHostList(const std::string& spec) {
   std::stringstream ss(spec);
   std::string item;
   const std::string context = "-H '" + spec + "'";
+  const std::string trimmed = Trim(spec);
+  if (!trimmed.empty() && trimmed.back() == ',') throw LaunchError("empty entry in " + context);
   while (std::getline(ss, item, ',')) {
     item = Trim(item);
     if (item.empty()) throw LaunchError("empty entry in " + context);

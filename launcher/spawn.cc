@@ -146,8 +146,14 @@ std::string ResolveProgram(const std::string& program) {
     return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
   };
   if (program.find('/') != std::string::npos) {
-    if (!runnable(program)) throw LaunchError("cannot execute '" + program + "'");
-    return program;
+    if (runnable(program)) return program;
+    struct stat st;
+    std::string why = "no such file";
+    if (::stat(program.c_str(), &st) == 0) {
+      why = !S_ISREG(st.st_mode) ? "not a regular file"
+                                 : "not executable (chmod +x it, or name its interpreter first)";
+    }
+    throw LaunchError("cannot execute '" + program + "': " + why);
   }
   const char* path_env = std::getenv("PATH");
   std::string path = path_env ? path_env : "/usr/local/bin:/usr/bin:/bin";

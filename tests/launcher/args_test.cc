@@ -58,7 +58,8 @@ TEST(HostList, Ipv6InBrackets) {
 }
 
 TEST(HostList, Errors) {
-  for (const char* bad : {"", "a:0", "a:-1", "a:x", "a:", ",a", "a,,b", ":2", "a b:2", "a:99999999999"}) {
+  for (const char* bad : {"", "a:0", "a:-1", "a:x", "a:", ",a", "a,,b", "a,", ":2", "a b:2",
+                          "a:99999999999", "localhost:1:2", "[::1]x:2"}) {
     EXPECT_THROW(ParseHostList(bad), LaunchError) << bad;
   }
 }
@@ -177,6 +178,35 @@ TEST(Args, KnobsMapToEnvironment) {
   EXPECT_EQ("/tmp/tl.json", o.knobs["HVD_TIMELINE"]);
   EXPECT_EQ("7", o.knobs["HVD_START_TIMEOUT"]);
   EXPECT_DOUBLE_EQ(7.0, o.start_timeout_seconds);
+}
+
+// Durations a deadline could not hold are refused, as hvdrun's own timers' are.
+TEST(Args, DurationsHaveACeiling) {
+  EXPECT_NE(ErrorOf({"-np", "1", "--timeout", "1e10", "x"}).find("(at most 1e6 s)"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf({"-np", "1", "--stall-check-shutdown-time-seconds", "inf", "x"}).find("bad value"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf({"-np", "1", "--cycle-time-ms", "1e13", "x"}).find("(at most 1e6 ms)"),
+            std::string::npos);
+  EXPECT_EQ("1000000", Parse({"-np", "1", "--timeout", "1e6", "x"}).knobs["HVD_TIMEOUT_SECONDS"]);
+}
+
+// Without --start-timeout, hvdrun waits for the ranks as long as they wait for each other: the
+// environment's value (HVD_, else HOROVOD_), passed on unchanged.
+TEST(Args, StartTimeoutFromTheEnvironment) {
+  unsetenv("HVD_START_TIMEOUT");
+  setenv("HOROVOD_START_TIMEOUT", "12", 1);
+  EXPECT_DOUBLE_EQ(12.0, Parse({"-np", "1", "x"}).start_timeout_seconds);
+  setenv("HVD_START_TIMEOUT", "7.5", 1);
+  auto o = Parse({"-np", "1", "x"});
+  EXPECT_DOUBLE_EQ(7.5, o.start_timeout_seconds);
+  EXPECT_EQ("7.5", o.knobs["HVD_START_TIMEOUT"]);
+  EXPECT_DOUBLE_EQ(3.0, Parse({"-np", "1", "--start-timeout", "3", "x"}).start_timeout_seconds);
+  setenv("HVD_START_TIMEOUT", "1e10", 1);
+  EXPECT_NE(ErrorOf({"-np", "1", "x"}).find("HVD_START_TIMEOUT (at most 1e6 s)"), std::string::npos);
+  unsetenv("HVD_START_TIMEOUT");
+  unsetenv("HOROVOD_START_TIMEOUT");
+  EXPECT_DOUBLE_EQ(30.0, Parse({"-np", "1", "x"}).start_timeout_seconds);
 }
 
 TEST(Args, KnobsAbsentWhenNotGiven) {

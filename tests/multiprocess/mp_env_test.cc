@@ -95,6 +95,17 @@ TEST(BadEnvironment, SizeWithAddressButNoPort) {
 
 TEST(BadEnvironment, TimeoutNotANumber) { ExpectRefused({{"HVD_TIMEOUT_SECONDS", "abc"}}, "HVD_TIMEOUT_SECONDS"); }
 
+// A duration no deadline could hold (nanoseconds in 64 bits) is refused, not wrapped around
+// into an instant timeout.
+TEST(BadEnvironment, DurationsHaveACeiling) {
+  ExpectRefused({{"HVD_TIMEOUT_SECONDS", "1e10"}},
+                "HVD_TIMEOUT_SECONDS='1e10': expected a number from 0.001 to 1e+06");
+  ExpectRefused({{"HOROVOD_TIMEOUT_SECONDS", "inf"}}, "HOROVOD_TIMEOUT_SECONDS");
+  ExpectRefused({{"HVD_START_TIMEOUT", "1e12"}}, "HVD_START_TIMEOUT");
+  ExpectRefused({{"HVD_STALL_SHUTDOWN_TIME_SECONDS", "1e99"}}, "HVD_STALL_SHUTDOWN_TIME_SECONDS");
+  ExpectRefused({{"HVD_CYCLE_TIME", "1e13"}}, "HVD_CYCLE_TIME='1e13': expected a number from 0 to 1e+09");
+}
+
 TEST(BadEnvironment, OtherKnobsNotParsable) {
   ExpectRefused({{"HVD_FUSION_THRESHOLD", "-1"}}, "HVD_FUSION_THRESHOLD");
   ExpectRefused({{"HVD_CACHE_CAPACITY", "lots"}}, "HVD_CACHE_CAPACITY");

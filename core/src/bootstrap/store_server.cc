@@ -37,6 +37,37 @@ namespace {
 using asio::ip::tcp;
 constexpr int kFrameSeconds = 30;
 constexpr size_t kMaxPendingHandshakes = 256;
+
+// A stranger may open thousands of connections that fail the handshake: the first few are
+// logged one by one, then at most one line every kDroppedLogSeconds with the count since.
+constexpr int kDroppedLoggedEach = 10;
+constexpr int kDroppedLogSeconds = 10;
+
+void LogDropped(const std::string& why) {
+  static std::mutex mu;
+  static int logged = 0;
+  static uint64_t since = 0;
+  static std::chrono::steady_clock::time_point last;
+  std::lock_guard<std::mutex> l(mu);
+  const auto now = std::chrono::steady_clock::now();
+  if (logged < kDroppedLoggedEach) {
+    ++logged;
+    last = now;
+    HVD_LOG(kWarning) << "store: dropped a connection: " << why;
+    if (logged == kDroppedLoggedEach) {
+      HVD_LOG(kWarning) << "store: further dropped connections are counted, one line at most every "
+                        << kDroppedLogSeconds << " s";
+    }
+    return;
+  }
+  ++since;
+  if (now - last < std::chrono::seconds(kDroppedLogSeconds)) return;
+  HVD_LOG(kWarning) << "store: dropped " << since << " more connections in the last "
+                    << std::chrono::duration_cast<std::chrono::seconds>(now - last).count()
+                    << " s; the last: " << why;
+  since = 0;
+  last = now;
+}
 const std::string kAuthContext = "store";
 
 class StoreServerImpl;
@@ -133,7 +164,7 @@ void Session::Start(const std::string& secret, Clock::duration handshake_timeout
       [self](const Status& st, const std::string&) {
         if (self->closed_) return;
         if (!st.ok()) {
-          HVD_LOG(kWarning) << "store: dropped a connection: " << st.message();
+          LogDropped(st.message());
           return self->Close();
         }
         self->authenticated_ = true;

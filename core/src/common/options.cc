@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "bootstrap/slurm.h"
@@ -12,6 +13,10 @@
 namespace hvd {
 
 namespace {
+
+// The longest duration a knob takes (11.6 days): as hvdrun's flags, and far from where a
+// deadline in nanoseconds would overflow.
+constexpr double kMaxSeconds = 1e6;
 
 // The value of HVD_<name>, or of its Horovod alias HOROVOD_<name>; nullptr if neither is set.
 const char* Knob(const char* name, std::string* which) {
@@ -41,13 +46,15 @@ Status ParseInt(const std::string& var, const char* v, long lo, long hi, long* o
   return Status::OK();
 }
 
-Status ParseDouble(const std::string& var, const char* v, double lo, double* out) {
+// A number in [lo, hi]. Durations are bounded (kMaxSeconds) so that no deadline overflows.
+Status ParseDouble(const std::string& var, const char* v, double lo, double hi, double* out) {
   char* end = nullptr;
   errno = 0;
   double x = std::strtod(v, &end);
-  if (errno || end == v || *end != '\0' || !(x >= lo)) {
-    std::string expected = "a number >= " + std::to_string(lo);
-    return BadValue(var, v, expected.c_str());
+  if (errno || end == v || *end != '\0' || !(x >= lo) || !(x <= hi)) {
+    std::ostringstream expected;
+    expected << "a number from " << lo << " to " << hi;
+    return BadValue(var, v, expected.str().c_str());
   }
   *out = x;
   return Status::OK();
@@ -187,27 +194,27 @@ Status ReadKnobs(Options* o) {
     o->fusion_threshold_bytes = static_cast<size_t>(x);
   }
   if (const char* v = Knob("CYCLE_TIME", &var)) {
-    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.0, &o->cycle_time_ms));
+    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.0, kMaxSeconds * 1000, &o->cycle_time_ms));
   }
   if (const char* v = Knob("CACHE_CAPACITY", &var)) {
     HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, 1 << 24, &x));
     o->cache_capacity = static_cast<int>(x);
   }
   if (const char* v = Knob("TIMEOUT_SECONDS", &var)) {
-    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.001, &o->timeout_seconds));
+    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.001, kMaxSeconds, &o->timeout_seconds));
   }
   if (const char* v = Knob("SPIN_MICROSECONDS", &var)) {
     HVD_RETURN_IF_ERROR(ParseInt(var, v, -1, 1000000, &x));
     o->spin_microseconds = static_cast<int>(x);
   }
   if (const char* v = Knob("START_TIMEOUT", &var)) {
-    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.001, &o->start_timeout_seconds));
+    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.001, kMaxSeconds, &o->start_timeout_seconds));
   }
   if (const char* v = Knob("STALL_SHUTDOWN_TIME_SECONDS", &var)) {
-    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.0, &o->stall_shutdown_seconds));
+    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.0, kMaxSeconds, &o->stall_shutdown_seconds));
   }
   if (const char* v = Knob("STALL_CHECK_TIME_SECONDS", &var)) {
-    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.0, &o->stall_check_seconds));
+    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.0, kMaxSeconds, &o->stall_check_seconds));
   }
   if (const char* v = Knob("CPU_OPERATIONS", &var)) {
     std::string c = v;
@@ -266,7 +273,7 @@ Status ReadKnobs(Options* o) {
   if (const char* v = Knob("ELASTIC", &var)) HVD_RETURN_IF_ERROR(ParseBool(var, v, &o->elastic));
   if (const char* v = Knob("ELASTIC_ID", &var)) o->elastic_id = v;
   if (const char* v = Knob("ELASTIC_TIMEOUT", &var)) {
-    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.001, &o->elastic_timeout_seconds));
+    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.001, kMaxSeconds, &o->elastic_timeout_seconds));
   }
   if (const char* v = Knob("LOG_LEVEL", &var)) {
     if (!ParseLogLevel(v, &o->log_level)) {
@@ -313,6 +320,25 @@ Status Options::Validate() const {
         "HVD_ELASTIC=1 needs the rendezvous store of hvdrun's elastic mode (HVD_RENDEZVOUS_ADDR, "
         "HVD_RENDEZVOUS_PORT and HVD_ELASTIC_ID, which hvdrun --min-np/--max-np/"
         "--host-discovery-script sets): start the job with those flags");
+  }
+  const struct {
+    const char* what;
+    double value, lo, hi;
+  } durations[] = {
+      {"timeout_seconds (HVD_TIMEOUT_SECONDS)", timeout_seconds, 0.001, kMaxSeconds},
+      {"start_timeout_seconds (HVD_START_TIMEOUT)", start_timeout_seconds, 0.001, kMaxSeconds},
+      {"elastic_timeout_seconds (HVD_ELASTIC_TIMEOUT)", elastic_timeout_seconds, 0.001, kMaxSeconds},
+      {"stall_check_seconds (HVD_STALL_CHECK_TIME_SECONDS)", stall_check_seconds, 0, kMaxSeconds},
+      {"stall_shutdown_seconds (HVD_STALL_SHUTDOWN_TIME_SECONDS)", stall_shutdown_seconds, 0,
+       kMaxSeconds},
+      {"cycle_time_ms (HVD_CYCLE_TIME)", cycle_time_ms, 0, kMaxSeconds * 1000},
+  };
+  for (const auto& d : durations) {
+    if (!(d.value >= d.lo) || !(d.value <= d.hi)) {
+      std::ostringstream os;
+      os << d.what << " is " << d.value << ": expected a number from " << d.lo << " to " << d.hi;
+      return Status::InvalidArgument(os.str());
+    }
   }
   if (size > 1 && bootstrap == Bootstrap::kSlurm && rendezvous_addr.empty()) {
     return Status::InvalidArgument(
