@@ -49,11 +49,16 @@ def test_grouped_reducescatter_gradient():
     ys = hvd.grouped_reducescatter(xs, op=hvd.Average)
     assert ys[0].shape == (2,) and ys[1].shape == (1, 3)
     ((ys[0] * (r + 1)).sum() + (ys[1] * weights((1, 3), r)).sum()).backward()
-    # Each member's gradient is the allgather of the output gradients, divided by size.
-    g0 = torch.cat([torch.full((2,), float(q + 1), dtype=torch.float64) for q in range(n)]) / n
-    g1 = torch.cat([weights((1, 3), q) for q in range(n)]) / n
+    # Each member's gradient is the allgather of the output gradients (Average: as is).
+    g0 = torch.cat([torch.full((2,), float(q + 1), dtype=torch.float64) for q in range(n)])
+    g1 = torch.cat([weights((1, 3), q) for q in range(n)])
     assert torch.allclose(xs[0].grad, g0)
     assert torch.allclose(xs[1].grad, g1)
+    # Sum: times the size, as in Horovod.
+    xs = [torch.ones(2 * n, dtype=torch.float64, requires_grad=True)]
+    ys = hvd.grouped_reducescatter(xs, op=hvd.Sum)
+    (ys[0] * (r + 1)).sum().backward()
+    assert torch.allclose(xs[0].grad, g0 * n)
 
 
 def test_allgather_gradient():
@@ -89,8 +94,10 @@ def test_alltoall_gradient():
 
 
 def test_reducescatter_gradient():
+    """Horovod's convention (its test_horovod_reducescatter_grad and _grad_average): the
+    allgather of the output gradients, times the size for Sum, as is for Average."""
     r, n = world()
-    for op, scale in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / n)):
+    for op, scale in ((hvd.Sum, float(n)), (hvd.Average, 1.0)):
         x = torch.ones(n, 2, dtype=torch.float64, requires_grad=True)
         y = hvd.reducescatter(x, op=op)
         (y * weights((1, 2), r)).sum().backward()

@@ -439,6 +439,32 @@ def test_sparse_embedding_trains_as_horovod(sparse_as_dense):
     (emb(_embedding_indices(r)) * (r + 1)).sum().backward()
     opt.step()
     assert torch.allclose(emb.weight.detach(), _embedding_reference(n, 0.5, w0), atol=1e-12)
+    assert emb.weight.grad.is_sparse  # made sparse again after sparse_as_dense, as in Horovod
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_adam_takes_the_reduced_gradient(sparse_as_dense):
+    """SparseAdam (which refuses dense gradients) under DistributedOptimizer, as Horovod's
+    test_sparse_embeddings runs it: one step equals SparseAdam on the averaged gradient."""
+    r, n = world()
+    w0 = torch.arange(24, dtype=torch.float64).reshape(8, 3) / 10
+    emb = torch.nn.Embedding(8, 3, sparse=True).double()
+    with torch.no_grad():
+        emb.weight.copy_(w0)
+    opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1),
+                                   named_parameters=emb.named_parameters(),
+                                   sparse_as_dense=sparse_as_dense)
+    (emb(_embedding_indices(r)) * (r + 1)).sum().backward()
+    opt.step()
+    grads = []
+    for q in range(n):
+        w = w0.clone().requires_grad_(True)
+        (torch.nn.functional.embedding(_embedding_indices(q), w) * (q + 1)).sum().backward()
+        grads.append(w.grad)
+    ref = torch.nn.Parameter(w0.clone())
+    ref.grad = torch.stack(grads).mean(0).to_sparse()
+    torch.optim.SparseAdam([ref], lr=0.1).step()
+    assert torch.allclose(emb.weight.detach(), ref.detach(), atol=1e-12)
 
 
 @pytest.mark.parametrize("op_name", ["sum", "average"])

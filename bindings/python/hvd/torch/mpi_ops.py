@@ -473,13 +473,21 @@ def reducescatter_async(tensor, name=None, op=None, process_set=global_process_s
                                     postscale_factor, ps=_process_set_id(process_set))
 
 
+def _reducescatter_grad_scale(op, prescale_factor, postscale_factor, ps):
+    """Horovod's reducescatter gradient (its test_horovod_reducescatter_grad and _average): the
+    allgather of the output gradients, times the set's size for Sum and as is for Average (and
+    times the scale factors)."""
+    scale = prescale_factor * postscale_factor
+    if op == _core.SUM:
+        scale *= _set_rank_size(ps)[1]
+    return scale
+
+
 class HvdReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ps = _process_set_id(process_set)
-        ctx.scale = prescale_factor * postscale_factor
-        if op == _core.AVERAGE:
-            ctx.scale /= _set_rank_size(ps)[1]
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, ps)
         ctx.process_set = process_set
         return _ops.reducescatter_async(_A, tensor, name, op, prescale_factor,
                                         postscale_factor, ps=ps).wait()
@@ -512,9 +520,7 @@ class HvdGroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
         ps = _process_set_id(process_set)
-        ctx.scale = prescale_factor * postscale_factor
-        if op == _core.AVERAGE:
-            ctx.scale /= _set_rank_size(ps)[1]
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, ps)
         ctx.ps = ps
         return tuple(_ops.grouped_reducescatter_async(_A, tensors, name, op, prescale_factor,
                                                       postscale_factor, ps=ps).wait())

@@ -51,6 +51,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if gradient_predivide_factor != 1.0 and op != _core.AVERAGE:
             raise ValueError("gradient_predivide_factor needs op=hvd.Average")
         self._adasum_starts = {}  # op=Adasum: each parameter's value before its local step
+        # sparse_as_dense: the parameters whose sparse gradient went out dense this step; their
+        # reduced gradient is made sparse again, as Horovod does (SparseAdam takes no other).
+        self._densified = set()
 
         all_params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
@@ -174,6 +177,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         "group cannot allreduce; pass sparse_as_dense=True or leave it out of "
                         "groups" % self._parameter_names[p])
                 p.grad = p.grad.to_dense()
+                self._densified.add(p)
             c, ctx = self._compression.compress(p.grad)
             compressed.append(c)
             ctxs.append(ctx)
@@ -195,6 +199,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                 op=self.op, process_set=self.process_set)
                 return handle, None
             p.grad = p.grad.to_dense()
+            self._densified.add(p)
         prescale, postscale = self._scale_factors()
         compressed, ctx = self._compression.compress(p.grad)
         handle = allreduce_async_(compressed, name=self._parameter_names[p], op=self.op,
@@ -271,6 +276,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:  # after a failure too (an elastic reset), the next step starts afresh
             self._handles.clear()
             self._group_ready.clear()
+            self._densified.clear()
             for p in self._ordered:
                 self._allreduce_delay[p] = self.backward_passes_per_step
         self._synchronized = True
@@ -282,6 +288,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         result = self._compression.decompress(output, ctx)
         if result is not p.grad:
             p.grad.copy_(result)
+        if p in self._densified:
+            self._densified.discard(p)
+            p.grad = p.grad.to_sparse()
 
     @contextlib.contextmanager
     def skip_synchronize(self):
