@@ -363,22 +363,30 @@ def test_join_allreduce_as_horovod(first_join, caching):
         assert hvd.allgather_object(ret) == [ret] * n
 
 
+@pytest.mark.parametrize("named", [True, False])
 @pytest.mark.parametrize("kind", ["allgather", "broadcast", "alltoall", "reducescatter"])
-def test_join_refuses_other_collectives_as_horovod(kind):
+def test_join_refuses_other_collectives_as_horovod(kind, named):
     """While rank 0 has joined, allgather, broadcast, alltoall and reducescatter fail on the
     others with Horovod's message, nothing hangs and nobody shuts the job down; join then
-    returns the same last rank everywhere."""
+    returns the same last rank everywhere. Unnamed (as Horovod's test_horovod_join_allgather
+    calls it), the refused call is one more unnamed call on some ranks than on rank 0: the
+    unnamed allgather_object after it must still get the same name everywhere."""
     r, n = world()
     if n < 2:
         return
     x = torch.ones(17, 3)
+
+    def name(s):
+        return s if named else None
+
     if r == 0:
         ret = hvd.join()
     else:
-        run = {"allgather": lambda: hvd.allgather(x, name="jr.ag"),
-               "broadcast": lambda: hvd.broadcast(x, 1, name="jr.bc"),
-               "alltoall": lambda: hvd.alltoall(torch.ones(n, 2), name="jr.a2a"),
-               "reducescatter": lambda: hvd.reducescatter(torch.ones(n, 2), name="jr.rs")}[kind]
+        run = {"allgather": lambda: hvd.allgather(x, name=name("jr.ag")),
+               "broadcast": lambda: hvd.broadcast(x, 1, name=name("jr.bc")),
+               "alltoall": lambda: hvd.alltoall(torch.ones(n, 2), name=name("jr.a2a")),
+               "reducescatter": lambda: hvd.reducescatter(torch.ones(n, 2),
+                                                          name=name("jr.rs"))}[kind]
         with pytest.raises((RuntimeError, ValueError)) as err:
             run()
         assert "is not supported with Join at this time" in str(err.value)

@@ -25,12 +25,15 @@ import itertools
 from hvd import _core
 from hvd._core import HvdError
 
-_counters = {}  # process set id -> counter of unnamed operations
+# (kind, process set id) -> counter of unnamed operations. One counter per kind: ranks that
+# make different numbers of unnamed calls of one kind (an allgather that fails on one rank
+# while another has joined) still name their next call of another kind alike.
+_counters = {}
 
 
 def op_name(kind, name, ps=0):
     if name is None:
-        counter = _counters.setdefault(ps, itertools.count())
+        counter = _counters.setdefault((kind, ps), itertools.count())
         return "%s.noname.%d" % (kind, next(counter))
     return "%s.%s" % (kind, name)
 
