@@ -236,6 +236,37 @@ TEST(Coordinator, JoinCountsJoinedRanksAsReady) {
   EXPECT_EQ(rs[0].last_joined, 0);
 }
 
+// While a rank has joined, an allgather (or broadcast, alltoall, reducescatter) fails at once on
+// the rank that submitted it, without waiting for the others: unnamed calls on different ranks
+// may carry different names once one rank has had a call refused.
+TEST(Coordinator, RefusedWhileJoinedFailsAtOnce) {
+  Coordinator c(3, 0, 0);
+  Request join;
+  join.type = OpType::kJoin;
+  join.name = "join";
+  c.AddRequests(1, {join});
+  for (OpType t : {OpType::kAllgather, OpType::kBroadcast, OpType::kAlltoall,
+                   OpType::kReducescatter}) {
+    Request q = Allreduce(std::string("x.") + OpTypeName(t), {3, 2});
+    q.type = t;
+    c.AddRequests(0, {q});
+    auto rs = c.ComputeResponses();
+    ASSERT_EQ(rs.size(), 1u) << OpTypeName(t);
+    EXPECT_EQ(rs[0].type, OpType::kError);
+    EXPECT_EQ(rs[0].names, std::vector<std::string>{q.name});
+    EXPECT_NE(rs[0].error.find("is not supported with Join at this time"), std::string::npos)
+        << rs[0].error;
+    EXPECT_NE(rs[0].error.find("(ranks 1 have joined)"), std::string::npos) << rs[0].error;
+  }
+  // An allreduce still waits for every rank that has not joined.
+  c.AddRequests(0, {Allreduce("a", {2})});
+  EXPECT_TRUE(c.ComputeResponses().empty());
+  c.AddRequests(2, {Allreduce("a", {2})});
+  auto rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].type, OpType::kAllreduce);
+}
+
 TEST(Coordinator, GroupIsReleasedWhole) {
   Coordinator c(2, 0, 0);
   auto grouped = [](const std::string& n) {

@@ -11,6 +11,13 @@ namespace hvd {
 
 namespace {
 
+// The collectives that fail while ranks have joined (Validate): these need not wait for the
+// other ranks to fail.
+bool RefusedWhileJoined(OpType t) {
+  return t == OpType::kAllgather || t == OpType::kBroadcast || t == OpType::kAlltoall ||
+         t == OpType::kReducescatter;
+}
+
 std::string RanksString(const std::vector<int>& ranks) {
   std::ostringstream os;
   for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
@@ -127,11 +134,16 @@ void Coordinator::MarkReadyIfComplete(const std::string& name) {
   auto it = table_.find(name);
   if (it == table_.end()) return;
   Entry& e = it->second;
+  if (e.count == 0) return;
   int have = 0;
   for (int r = 0; r < size_; ++r) have += (e.per_rank[r].has_value() || joined_[r]) ? 1 : 0;
-  if (have < size_ || e.count == 0) return;
   auto first_it = std::find_if(e.per_rank.begin(), e.per_rank.end(),
                                [](const auto& o) { return o.has_value(); });
+  // While a rank has joined, a collective that cannot run with joined ranks fails at once on
+  // the ranks that submitted it, without waiting for the others: their unnamed calls need not
+  // carry the same names (one rank's earlier refused call may have taken a number).
+  const bool refused = joined_count_ > 0 && RefusedWhileJoined((*first_it)->type);
+  if (have < size_ && !refused) return;
   const Request first = **first_it;
   Response resp = BuildResponse(name, e);
   arrival_order_.erase(e.order);
@@ -198,7 +210,7 @@ std::string Coordinator::Validate(const std::string& name, const Entry& e) const
   const Request& a = *e.per_rank[ref];
   std::vector<int> joined;
   for (int r = 0; r < size_; ++r) {
-    if (!e.per_rank[r]) joined.push_back(r);
+    if (joined_[r]) joined.push_back(r);
   }
   // As in Horovod, with Horovod's words (scripts look for them): while ranks have joined, an
   // allreduce takes zeros from them and a barrier waits for the others only; every other
