@@ -311,8 +311,8 @@ void BindEngine(py::module_& m) {
         "Whether this rank is a worker of an elastic job (HVD_ELASTIC=1).");
   m.def("mpi_enabled", [] {
     const hvd::Options& o = Eng().options();
-    return o.size > 1 && (o.bootstrap == hvd::Options::Bootstrap::kMpi ||
-                          o.cpu_operations == hvd::Options::CpuOperations::kMpi);
+    return o.bootstrap == hvd::Options::Bootstrap::kMpi ||
+           o.cpu_operations == hvd::Options::CpuOperations::kMpi;
   }, "Whether this job uses MPI: started by mpirun, or HVD_CPU_OPERATIONS=mpi.");
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     hvd::Status s = Eng().StartTimeline(path, mark_cycles);

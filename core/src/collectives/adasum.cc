@@ -3,7 +3,8 @@
 //
 // Two vectors combine as
 //   adasum(a, b) = (1 - a.b / (2 |a|^2)) a + (1 - a.b / (2 |b|^2)) b
-// (a coefficient is 1 where its norm is below 1e-8), tensor by tensor for a fused buffer, and
+// (a coefficient is 1 where the squared norm is below sqrt(DBL_MIN), ~1.5e-154, as in Horovod:
+// a vector of zeros, as a joined rank gives), tensor by tensor for a fused buffer, and
 // the ranks combine as a binary tree: ranks r and r ^ 1 first, then those pairs' results at
 // distance 2, and so on. The world size must be a power of two.
 //
@@ -22,6 +23,7 @@
 // float16, so every level of the tree holds its vectors in float16.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "collectives/collectives.h"
@@ -82,6 +84,9 @@ void PartialSums(const void* a, const void* b, Segment seg, const std::vector<si
   }
 }
 
+// Below this squared norm a vector keeps coefficient 1 (Horovod's threshold).
+const double kSqrtDoubleMin = std::sqrt(std::numeric_limits<double>::min());
+
 // out[i] = ca * A[i] + cb * B[i] over `seg`, with each tensor's coefficients from `sums`.
 template <typename T>
 void Combine(const void* a, const void* b, void* out, Segment seg,
@@ -89,8 +94,8 @@ void Combine(const void* a, const void* b, void* out, Segment seg,
   const size_t tensors = starts.size() - 1;
   for (size_t k = 0; k < tensors; ++k) {
     const double dot = sums[3 * k], aa = sums[3 * k + 1], bb = sums[3 * k + 2];
-    const double ca = aa >= 1e-8 ? 1.0 - dot / aa * 0.5 : 1.0;
-    const double cb = bb >= 1e-8 ? 1.0 - dot / bb * 0.5 : 1.0;
+    const double ca = aa >= kSqrtDoubleMin ? 1.0 - dot / aa * 0.5 : 1.0;
+    const double cb = bb >= kSqrtDoubleMin ? 1.0 - dot / bb * 0.5 : 1.0;
     const size_t lo = std::max(starts[k], seg.begin), hi = std::min(starts[k + 1], seg.end);
     for (size_t i = lo; i < hi; ++i) {
       const size_t j = i - seg.begin;
