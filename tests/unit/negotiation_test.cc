@@ -17,6 +17,13 @@
 namespace hvd {
 namespace {
 
+Request Join() {
+  Request r;
+  r.type = OpType::kJoin;
+  r.name = "join";
+  return r;
+}
+
 Request Allreduce(const std::string& name, std::vector<int64_t> shape,
                   DataType dtype = DataType::kFloat32, ReduceOp op = ReduceOp::kSum) {
   Request r;
@@ -218,9 +225,7 @@ TEST(Coordinator, AllgatherSizesPerRank) {
 
 TEST(Coordinator, JoinCountsJoinedRanksAsReady) {
   Coordinator c(3, 0, 0);
-  Request join;
-  join.type = OpType::kJoin;
-  join.name = "join";
+  const Request join = Join();
   c.AddRequests(1, {join});
   c.AddRequests(0, {Allreduce("a", {2})});
   EXPECT_TRUE(c.ComputeResponses().empty());
@@ -241,9 +246,7 @@ TEST(Coordinator, JoinCountsJoinedRanksAsReady) {
 // may carry different names once one rank has had a call refused.
 TEST(Coordinator, RefusedWhileJoinedFailsAtOnce) {
   Coordinator c(3, 0, 0);
-  Request join;
-  join.type = OpType::kJoin;
-  join.name = "join";
+  const Request join = Join();
   c.AddRequests(1, {join});
   for (OpType t : {OpType::kAllgather, OpType::kBroadcast, OpType::kAlltoall,
                    OpType::kReducescatter}) {
