@@ -71,6 +71,9 @@ Status HierarchicalAllreduce(Transport& local, Transport& cross, void* buf, size
                              DataType dtype, ReduceOp op, ScratchBuffer& scratch,
                              Deadline deadline,
                              AllreduceAlgorithm cross_algo = AllreduceAlgorithm::kAuto);
+// The elements of `count` each of a host's n ranks reduces (and holds after the reduce-scatter)
+// in hierarchical allreduce: count / n each, the first count % n one more.
+std::vector<size_t> HierarchicalParts(size_t count, int n);
 size_t HierarchicalAllreduceScratchBytes(size_t count, DataType dtype, int local_size,
                                          int cross_size);
 

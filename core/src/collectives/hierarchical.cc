@@ -27,12 +27,6 @@ namespace hvd {
 
 namespace {
 
-std::vector<size_t> Parts(size_t count, int n) {
-  std::vector<size_t> parts(static_cast<size_t>(n), count / n);
-  for (size_t i = 0; i < count % n; ++i) ++parts[i];
-  return parts;
-}
-
 // Byte range [lo, hi) of piece i of a block of `total` bytes in n pieces.
 void Piece(size_t total, int n, int i, size_t* lo, size_t* hi) {
   const size_t base = total / n, extra = total % n;
@@ -82,6 +76,12 @@ size_t ScratchFor(const GatherLayout& g) {
 }
 
 }  // namespace
+
+std::vector<size_t> HierarchicalParts(size_t count, int n) {
+  std::vector<size_t> parts(static_cast<size_t>(n), count / n);
+  for (size_t i = 0; i < count % n; ++i) ++parts[i];
+  return parts;
+}
 
 size_t HierarchicalAllgatherScratchBytes(const std::vector<std::vector<int>>& hosts,
                                          const std::vector<size_t>& bytes) {
@@ -168,7 +168,7 @@ Status HierarchicalAllgatherv(Transport& local, Transport& cross,
 size_t HierarchicalAllreduceScratchBytes(size_t count, DataType dtype, int local_size,
                                          int cross_size) {
   if (count == 0 || local_size < 1) return 0;
-  std::vector<size_t> parts = Parts(count, local_size);
+  std::vector<size_t> parts = HierarchicalParts(count, local_size);
   size_t rs = local_size > 1 ? ReduceScatterScratchBytes(parts, dtype) : 0;
   // The largest part sets the most scratch either algorithm uses across hosts.
   size_t ar = 0;
@@ -187,7 +187,7 @@ Status HierarchicalAllreduce(Transport& local, Transport& cross, void* buf, size
   if (count == 0 || local.size() * cross.size() == 1) return Status::OK();
   if (buf == nullptr) return Status::InvalidArgument("hierarchical allreduce: null buffer");
   const int l = local.rank();
-  const std::vector<size_t> parts = Parts(count, local.size());
+  const std::vector<size_t> parts = HierarchicalParts(count, local.size());
   size_t offset = 0;
   for (int i = 0; i < l; ++i) offset += parts[i];
   char* mine = static_cast<char*>(buf) + offset * esize;

@@ -337,11 +337,9 @@ Status EngineImpl::DeviceHierarchicalAllreduce(void* buf, size_t count, DataType
   DeviceCollectives& inside = *c.local_device_collectives;
   const int n = c.local->size(), me = c.local->rank();
   const size_t es = DataTypeSize(dtype);
-  std::vector<size_t> counts(n), bytes(n);
-  for (int q = 0; q < n; ++q) {
-    counts[q] = count / n + (static_cast<size_t>(q) < count % n ? 1 : 0);
-    bytes[q] = counts[q] * es;
-  }
+  const std::vector<size_t> counts = HierarchicalParts(count, n);
+  std::vector<size_t> bytes;
+  for (size_t q : counts) bytes.push_back(q * es);
   const size_t share = counts[me];
   // The members with this one's local index share equal counts; the scratch is reserved for
   // the largest share, so that every member reserves alike.
