@@ -275,18 +275,7 @@ int RunPeerLoss(int victim, bool cached) {
     ++steps;
     s = WaitDone(e->Allreduce(name, v, v, ReduceOp::kSum), timeout + 10);
   }
-  const double took = SecondsSince(t0);
-  const std::string named = "rank " + std::to_string(victim);
-  bool ok = (s.code() == hvd::StatusCode::kPeerLost || s.code() == hvd::StatusCode::kTimeout) &&
-            s.message().find(named) != std::string::npos && took < timeout + 10;
-  // Later operations fail too, at once.
-  hvd::Status later = WaitDone(e->Allreduce("peerloss.later", v, v, ReduceOp::kSum), 5.0);
-  ok = ok && !later.ok() && later.code() != hvd::StatusCode::kTimeout;
-  std::printf("%s rank %d: failed after %.2f s and %d steps with %s; the next operation: %s\n",
-              ok ? "PEERLOSS-OK" : "PEERLOSS-FAIL", r, took, steps, s.ToString().c_str(),
-              later.ToString().c_str());
-  std::fflush(stdout);
-  return ok ? 0 : 1;
+  return PeerLossVerdict(*e, victim, t0, steps, s, v);
 }
 
 }  // namespace

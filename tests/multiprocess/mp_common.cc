@@ -222,6 +222,23 @@ double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+int PeerLossVerdict(hvd::Engine& e, int victim, Clock::time_point t0, int steps,
+                    const hvd::Status& st, const hvd::TensorView& v) {
+  const double took = SecondsSince(t0);
+  const std::string named = "rank " + std::to_string(victim);
+  bool ok = (st.code() == hvd::StatusCode::kPeerLost || st.code() == hvd::StatusCode::kTimeout) &&
+            st.message().find(named) != std::string::npos &&
+            took < e.options().timeout_seconds + 10;
+  // Later operations fail too, at once.
+  hvd::Status later = WaitDone(e.Allreduce("peerloss.later", v, v, hvd::ReduceOp::kSum), 5.0);
+  ok = ok && !later.ok() && later.code() != hvd::StatusCode::kTimeout;
+  std::printf("%s rank %d: failed after %.2f s and %d steps with %s; the next operation: %s\n",
+              ok ? "PEERLOSS-OK" : "PEERLOSS-FAIL", e.rank(), took, steps, st.ToString().c_str(),
+              later.ToString().c_str());
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
 // ---------------------------------------------------------------- Checker
 
 void Checker::Begin(const std::string& group) {

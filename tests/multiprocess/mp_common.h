@@ -101,5 +101,11 @@ struct Buffer {
 
 using Clock = std::chrono::steady_clock;
 double SecondsSince(Clock::time_point t0);
+// The verdict of a peer-loss run (--peerloss=V) on a survivor: `st`, its failure after `steps`
+// steps since t0, must be PeerLost or Timeout naming rank `victim`, within the engine's timeout
+// + 10 s; and its next allreduce (of v, in place) must fail at once. Prints "PEERLOSS-OK rank
+// r: ..." or "PEERLOSS-FAIL rank r: ..."; returns the exit code (0 or 1).
+int PeerLossVerdict(hvd::Engine& e, int victim, Clock::time_point t0, int steps,
+                    const hvd::Status& st, const hvd::TensorView& v);
 
 }  // namespace mp

@@ -469,17 +469,7 @@ int RunPeerLoss(Env& env, int victim) {
   while (st.ok() && SecondsSince(t0) < timeout + 20) {
     st = Done(env, e.Allreduce("peerloss.step" + std::to_string(steps++), v, v, ReduceOp::kSum));
   }
-  const double took = SecondsSince(t0);
-  const std::string named = "rank " + std::to_string(victim);
-  bool ok = (st.code() == hvd::StatusCode::kPeerLost || st.code() == hvd::StatusCode::kTimeout) &&
-            st.message().find(named) != std::string::npos && took < timeout + 10;
-  hvd::Status later = WaitDone(e.Allreduce("peerloss.later", v, v, ReduceOp::kSum), 5.0);
-  ok = ok && !later.ok() && later.code() != hvd::StatusCode::kTimeout;
-  std::printf("%s rank %d: failed after %.2f s and %d steps with %s; the next operation: %s\n",
-              ok ? "PEERLOSS-OK" : "PEERLOSS-FAIL", r, took, steps, st.ToString().c_str(),
-              later.ToString().c_str());
-  std::fflush(stdout);
-  return ok ? 0 : 1;
+  return PeerLossVerdict(e, victim, t0, steps, st, v);
 }
 
 }  // namespace
