@@ -94,9 +94,10 @@ class Bench {
   const size_t esize_;
   const Checker checker_;
   Buffer in_, out_;
-  // --tensors: the names of a step's tensors, made once per size, as a trainer names its
-  // gradients once.
+  // --tensors: the names of a step's tensors and their views, made once per size, as a trainer
+  // names its gradients and keeps its parameters' buffers from step to step.
   std::vector<std::string> names_;
+  std::vector<hvd::TensorView> inputs_, outputs_;
   size_t out_capacity_ = 0;  // bytes
 };
 
@@ -121,12 +122,17 @@ hvd::Status Bench::RunOnce(const std::string& name, size_t count, double* second
     std::vector<hvd::HandlePtr> hs(a_.tensors);
     if (names_.empty() || names_[0] != name + ".0") {
       names_.clear();
-      for (int k = 0; k < a_.tensors; ++k) names_.push_back(name + "." + std::to_string(k));
+      inputs_.clear();
+      outputs_.clear();
+      for (int k = 0; k < a_.tensors; ++k) {
+        const size_t at = static_cast<size_t>(k) * count * esize_;
+        names_.push_back(name + "." + std::to_string(k));
+        inputs_.emplace_back(in_.get() + at, a_.dtype, shape);
+        outputs_.emplace_back(out_.get() + at, a_.dtype, shape);
+      }
     }
     for (int k = 0; k < a_.tensors; ++k) {
-      const size_t at = static_cast<size_t>(k) * count * esize_;
-      hvd::TensorView in(in_.get() + at, a_.dtype, shape), out(out_.get() + at, a_.dtype, shape);
-      hs[k] = engine_.Allreduce(names_[k], in, out, a_.op, 1.0, 1.0, set_);
+      hs[k] = engine_.Allreduce(names_[k], inputs_[k], outputs_[k], a_.op, 1.0, 1.0, set_);
     }
     hvd::Status first;
     for (auto& h : hs) {

@@ -9,8 +9,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -34,6 +37,29 @@ Clock::time_point After(double seconds) {
 std::string SignalName(int sig) {
   const char* abbrev = sigabbrev_np(sig);
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+// The processes of process group `pgid` that are stopped (state T: SIGSTOP, SIGTSTP; t: a
+// debugger), read from /proc/<pid>/stat: "pid (comm) state ppid pgrp ...".
+std::vector<pid_t> StoppedInGroup(pid_t pgid) {
+  std::vector<pid_t> stopped;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return stopped;
+  while (dirent* d = ::readdir(proc)) {
+    if (d->d_name[0] < '1' || d->d_name[0] > '9') continue;
+    std::ifstream in(std::string("/proc/") + d->d_name + "/stat");
+    std::string stat;
+    std::getline(in, stat);
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream rest(stat.substr(paren + 1));
+    char state = 0;
+    long ppid = 0, pgrp = 0;
+    if (!(rest >> state >> ppid >> pgrp) || pgrp != pgid) continue;
+    if (state == 'T' || state == 't') stopped.push_back(static_cast<pid_t>(std::atol(d->d_name)));
+  }
+  ::closedir(proc);
+  return stopped;
 }
 
 }  // namespace
@@ -217,11 +243,31 @@ void Supervisor::OnRankExit(size_t index, int status) {
   exit_code_ = code;
   exit_code_set_ = true;
   Say(what);
+  NameStoppedRanks();
   phase_ = Phase::kGrace;
   phase_deadline_ = After(options_.grace_seconds);
   if (!AllReaped()) {
     Verbose("giving the other ranks " + std::to_string(options_.grace_seconds) +
             " s to finish before stopping them");
+  }
+}
+
+// A rank frozen by a stop signal fails the others by its silence: they exit with errors that
+// name it (after HVD_TIMEOUT_SECONDS), and it would exit only once hvdrun kills it. Named when
+// the first failure comes, so that the summary points at it rather than at the survivor that
+// exited first. Local ranks only: a remote rank's processes are not visible here.
+void Supervisor::NameStoppedRanks() const {
+  for (const auto& r : ranks_) {
+    if (!r.running || r.remote) continue;
+    const std::vector<pid_t> stopped = StoppedInGroup(r.pid);
+    if (stopped.empty()) continue;
+    const std::string who = r.label >= 0 ? "worker " + std::to_string(r.label)
+                                         : "rank " + std::to_string(r.placement.rank);
+    Say(who + " (pid " + std::to_string(r.pid) + ") is stopped (" +
+        (stopped.front() == r.pid ? std::string("its process")
+                                  : "pid " + std::to_string(stopped.front()) + " of its group") +
+        " is in state T: SIGSTOP, SIGTSTP or a debugger): it stopped answering the other "
+        "ranks, the likely cause of the failure above");
   }
 }
 
@@ -281,6 +327,9 @@ void Supervisor::SignalLiveGroups(int sig) {
     Verbose("sending " + SignalName(sig) + " to rank " + std::to_string(r.placement.rank) +
             " (process group " + std::to_string(r.pid) + ")");
     if (::killpg(r.pid, sig) != 0) ::kill(r.pid, sig);
+    // A stopped process acts on SIGTERM only once continued: without this a frozen rank would
+    // wait for the SIGKILL kill_after_seconds later.
+    if (sig == SIGTERM && ::killpg(r.pid, SIGCONT) != 0) ::kill(r.pid, SIGCONT);
   }
 }
 

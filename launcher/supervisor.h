@@ -6,7 +6,8 @@
 //      hvdrun's (128+signal for a signal). The others get grace_seconds to finish and report
 //      their own errors. A rank killed by a signal from outside within kCauseWindow after a
 //      first failure that was a plain error exit takes its place: on a loaded machine the
-//      survivors of a SIGKILL may exit before the killed process is reapable.
+//      survivors of a SIGKILL may exit before the killed process is reapable. A local rank
+//      found stopped (SIGSTOP, a debugger) at that moment is named as the likely cause.
 //   3. Then SIGTERM to every live rank's process group; after kill_after_seconds, SIGKILL.
 //      A remote rank's "SIGTERM" is the closing of its ssh's stdin (see remote.h); its
 //      "SIGKILL" goes to the local ssh client.
@@ -78,6 +79,7 @@ class Supervisor {
   void HandleSignals();
   void ReapChildren();
   void OnRankExit(size_t index, int status);
+  void NameStoppedRanks() const;
   void OnHvdrunSignal(int sig);
   void SignalLiveGroups(int sig);
   void CloseInput(RankProcess* r);

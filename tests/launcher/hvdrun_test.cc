@@ -339,6 +339,31 @@ TEST(Hvdrun, SignalDeathLongAfterAnErrorExitIsNotTheCause) {
   EXPECT_FALSE(Contains(r.err, "likely cause")) << r.err;
 }
 
+// A rank frozen by SIGSTOP makes the others fail (in a real job, after HVD_TIMEOUT_SECONDS, with
+// errors naming it); the survivor that exits first is not the cause, and hvdrun says which rank
+// is: rank 0 stops itself, rank 1 exits with an error once it sees rank 0 stopped. The stopped
+// rank is continued after SIGTERM, so it ends at once rather than at the SIGKILL.
+TEST(Hvdrun, StoppedRankNamedAsTheLikelyCause) {
+  TempDir dir;
+  const std::string pid0 = dir.path() + "/pid.0";
+  Job job({"-np", "3", "--grace-seconds", "0.5", "--kill-after-seconds", "8", "sh", "-c",
+           "if [ $HVD_RANK = 0 ]; then echo $$ > " + pid0 + "; kill -STOP $$; exec sleep 60; fi; "
+           "if [ $HVD_RANK = 1 ]; then i=0; while [ $i -lt 1000 ]; do "
+           "if [ -s " + pid0 + " ] && [ \"$(cut -d' ' -f3 /proc/$(cat " + pid0 + ")/stat)\" = T ]; "
+           "then exit 1; fi; sleep 0.01; i=$((i+1)); done; exit 2; fi; exec sleep 60"});
+  Result r = job.Wait(30);
+  EXPECT_EQ(1, r.code) << r.err;
+  EXPECT_TRUE(Contains(r.err, "hvdrun: rank 1 (pid ")) << r.err;
+  EXPECT_TRUE(Contains(r.err, "hvdrun: rank 0 (pid ")) << r.err;
+  EXPECT_TRUE(Contains(r.err, "is stopped (its process is in state T")) << r.err;
+  EXPECT_TRUE(Contains(r.err, "the likely cause of the failure above")) << r.err;
+  EXPECT_FALSE(Contains(r.err, "rank 2 (pid ")) << r.err;  // running, not stopped: not named
+  EXPECT_FALSE(Contains(r.err, "did not exit within")) << r.err;
+  EXPECT_LT(r.seconds, 8.0);
+  pid_t pid = std::atoi(ReadFile(pid0).c_str());
+  if (pid > 0) EXPECT_FALSE(Alive(pid));
+}
+
 TEST(Hvdrun, RankIgnoringSigtermIsKilled) {
   Result r = RunHvdrun({"-np", "2", "--grace-seconds", "0.2", "--kill-after-seconds", "0.5", "sh", "-c",
                   "if [ $HVD_RANK = 0 ]; then exit 5; fi; trap '' TERM; sleep 60"});

@@ -108,12 +108,14 @@ class HVD_EXPORT Handle {
   // Polls `finished_` for up to spin_ (or `limit`); true once it is set.
   bool Spin(std::chrono::steady_clock::time_point limit) const;
 
-  mutable std::mutex mu_;
+  // Completion takes no lock unless a waiter sleeps (handle.cc): a step of many tensors
+  // completes as many handles, and a lock each cost more than the rest of the completion.
+  mutable std::mutex mu_;  // only for cv_
   mutable std::condition_variable cv_;
-  bool done_ = false;  // guarded by mu_
-  Status status_;      // guarded by mu_
-  std::atomic<bool> finished_{false};  // done_, readable without mu_
-  mutable std::atomic<int> sleepers_{0};  // waiters blocked on cv_: only then does Complete notify
+  std::atomic<bool> claimed_{false};   // Complete has begun (it runs once)
+  Status status_;                      // written once, before finished_ is raised
+  std::atomic<bool> finished_{false};  // status_ is final
+  mutable std::atomic<int> sleepers_{0};  // waiters that may sleep on cv_: only then does Complete notify
 };
 using HandlePtr = std::shared_ptr<Handle>;
 

@@ -285,8 +285,11 @@ bool EngineImpl::DrainQueue() {
     timeline_switched_.store(timeline_switch->ticket);
   }
   const auto start = batch.empty() ? Clock::time_point() : Clock::now();
-  // By process set: the entries moved into pending_ (whose nodes stay put).
-  std::map<int32_t, std::vector<NameTable<TensorEntry>::Node*>> requests;
+  // By process set: the entries moved into pending_ (whose nodes stay put). The lists keep
+  // their capacity from drain to drain.
+  auto& requests = drained_;
+  for (auto& kv : requests) kv.second.clear();
+  bool any = false;
   for (auto& e : batch) {
     if (e.raw) {
       StopPolling();
@@ -317,9 +320,12 @@ bool EngineImpl::DrainQueue() {
       continue;
     }
     requests[set].push_back(node);
+    any = true;
   }
-  for (auto& [set, list] : requests) Announce(*sets_.at(set), list, start);
-  if (!requests.empty()) CountBookkeeping(CountNegotiation(start));
+  for (auto& [set, list] : requests) {
+    if (!list.empty()) Announce(*sets_.at(set), list, start);
+  }
+  if (any) CountBookkeeping(CountNegotiation(start));
   if (shutdown && !shutdown_sent_) {
     shutdown_sent_ = true;
     shutdown_deadline_ = DeadlineAfterSeconds(options_.timeout_seconds);

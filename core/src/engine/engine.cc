@@ -383,8 +383,11 @@ Status EngineImpl::CheckProcessSetLocked(Request& r) const {
     return Status::InvalidArgument(what() + ": this rank is not a member of process set " +
                                    std::to_string(id) + " (ranks " + RanksList(ranks) + ")");
   }
-  const std::string in_set = id == kGlobalProcessSet ? "the world size"
-                                                     : "the size of process set " + std::to_string(id);
+  // Built only for an error, as `what`: this runs for every tensor a caller hands in.
+  auto in_set = [id] {
+    return id == kGlobalProcessSet ? std::string("the world size")
+                                   : "the size of process set " + std::to_string(id);
+  };
   if (r.type == OpType::kBroadcast) {
     if (r.root < 0 || r.root >= options_.size) {
       return Status::InvalidArgument(what() + ": root rank " + std::to_string(r.root) +
@@ -399,19 +402,19 @@ Status EngineImpl::CheckProcessSetLocked(Request& r) const {
   }
   if (r.op == ReduceOp::kAdasum && r.type == OpType::kAllreduce && (n & (n - 1)) != 0) {
     return Status::InvalidArgument(what() + ": Adasum needs a number of ranks that is a power of "
-                                   "two; " + in_set + " is " + std::to_string(n));
+                                   "two; " + in_set() + " is " + std::to_string(n));
   }
   if (r.type == OpType::kAlltoall) {
     const int64_t rows = r.shape[0];
     if (r.splits.empty()) {
       if (rows % n != 0) {
         return Status::InvalidArgument(what() + ": first dimension " + std::to_string(rows) +
-                                       " is not divisible by " + in_set + " " +
+                                       " is not divisible by " + in_set() + " " +
                                        std::to_string(n) + "; pass splits");
       }
     } else if (static_cast<int>(r.splits.size()) != n) {
       return Status::InvalidArgument(what() + ": splits must be " + std::to_string(n) +
-                                     " row counts (" + in_set + "); got " +
+                                     " row counts (" + in_set() + "); got " +
                                      ShapeToString(r.splits));
     }
   }

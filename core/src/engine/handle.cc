@@ -19,19 +19,21 @@ bool Handle::Spin(std::chrono::steady_clock::time_point limit) const {
 
 bool Handle::Poll() const { return finished_.load(std::memory_order_acquire); }
 
-// A waiter counts itself in sleepers_ under mu_ before it sleeps, and Complete reads the count
-// after setting done_ under mu_: either the waiter sees done_, or Complete sees the waiter.
+// A waiter counts itself in sleepers_ before it looks at finished_ under mu_ and sleeps, and
+// Complete raises finished_ before it reads the count (both sequentially consistent): either
+// the waiter sees finished_, or Complete sees the waiter and notifies under mu_, which the
+// waiter holds from its look until it sleeps.
 Status Handle::Wait() const {
   // Once finished_ is seen, status_ is final (Complete sets it before, and never again).
   if (finished_.load(std::memory_order_acquire)) return status_;
   if (helper_ != nullptr) HelpProgress(helper_, *this, spin_, Clock::time_point::max());
   if (Spin(std::chrono::steady_clock::time_point::max())) return status_;
-  std::unique_lock<std::mutex> l(mu_);
-  if (!done_) {
-    ++sleepers_;
-    cv_.wait(l, [this] { return done_; });
-    --sleepers_;
+  sleepers_.fetch_add(1);
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [this] { return finished_.load(); });
   }
+  sleepers_.fetch_sub(1);
   return status_;
 }
 
@@ -40,11 +42,14 @@ Status Handle::WaitFor(std::chrono::milliseconds timeout) const {
   if (helper_ != nullptr && !finished_.load(std::memory_order_acquire)) {
     HelpProgress(helper_, *this, spin_, until);
   }
-  Spin(until);
-  std::unique_lock<std::mutex> l(mu_);
-  ++sleepers_;
-  const bool done = cv_.wait_until(l, until, [this] { return done_; });
-  --sleepers_;
+  if (Spin(until)) return status_;
+  sleepers_.fetch_add(1);
+  bool done;
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    done = cv_.wait_until(l, until, [this] { return finished_.load(); });
+  }
+  sleepers_.fetch_sub(1);
   if (!done) {
     return Status::Timeout("operation still pending after " + std::to_string(timeout.count()) +
                            " ms");
@@ -53,19 +58,17 @@ Status Handle::WaitFor(std::chrono::milliseconds timeout) const {
 }
 
 Status Handle::status() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return status_;
+  return finished_.load(std::memory_order_acquire) ? status_ : Status();
 }
 
 void Handle::Complete(Status status) {
-  {
+  if (claimed_.exchange(true, std::memory_order_acq_rel)) return;
+  status_ = std::move(status);
+  finished_.store(true);
+  if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> l(mu_);
-    if (done_) return;
-    status_ = std::move(status);
-    done_ = true;
-    finished_.store(true, std::memory_order_release);
+    cv_.notify_all();
   }
-  if (sleepers_.load() > 0) cv_.notify_all();
 }
 
 Status Handle::StreamWait(void* stream) const {

@@ -24,6 +24,13 @@
 
 namespace hvd {
 
+// What NameTable::Free does to a value that ends: by default it is reset to V(); a type whose
+// reset can be cheaper overloads this (found by argument-dependent lookup).
+template <typename V>
+void NameTableReset(V& v) {
+  v = V{};
+}
+
 template <typename V>
 class NameTable {
  public:
@@ -64,7 +71,7 @@ class NameTable {
     peak_ = std::max(peak_, ++live_);
     return &n;
   }
-  // Ends a live node's value (reset to V()). Other nodes stay where they are.
+  // Ends a live node's value (NameTableReset). Other nodes stay where they are.
   void Release(Node* n) {
     Free(n);
     MaybeSweep();
@@ -124,7 +131,7 @@ class NameTable {
   void Free(Node* n) {
     if (n == nullptr || !n->live) return;
     n->live = false;
-    n->value = V{};
+    NameTableReset(n->value);
     --live_;
   }
   void MaybeSweep() {
