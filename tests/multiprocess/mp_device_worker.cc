@@ -30,6 +30,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,13 +51,18 @@ using hvd::TensorView;
 
 // ---------------------------------------------------------------- a device over host memory
 
+// The stream the worker's tensors are produced on (its own device handle's), once opened.
+void* g_tensor_stream = nullptr;
+
 class FakeDevice : public hvd::Device {
  public:
   FakeDevice(int ordinal, std::string uuid) : ordinal_(ordinal), uuid_(std::move(uuid)) {}
   int ordinal() const override { return ordinal_; }
   std::string Describe() const override { return "fake:" + std::to_string(ordinal_); }
   std::string Uuid() const override { return uuid_; }
-  void* stream() const override { return nullptr; }
+  // Each opened device has a stream of its own (a token: work runs at once), as a CUDA
+  // device handle does, so that a ready event recorded on the wrong stream shows.
+  void* stream() const override { return const_cast<char*>(&stream_token_); }
   hvd::Status Allocate(size_t bytes, void** out) override {
     *out = std::malloc(bytes ? bytes : 1);
     std::memset(*out, 0xA5, bytes);  // poisoned: unwritten results show
@@ -91,6 +97,7 @@ class FakeDevice : public hvd::Device {
  private:
   int ordinal_;
   std::string uuid_;
+  char stream_token_ = 0;
 };
 
 class FakeRuntime : public hvd::DeviceRuntime {
@@ -99,12 +106,24 @@ class FakeRuntime : public hvd::DeviceRuntime {
   hvd::StatusOr<std::unique_ptr<hvd::Device>> Open(int ordinal) override {
     return std::unique_ptr<hvd::Device>(new FakeDevice(ordinal, uuid_));
   }
-  hvd::Status RecordEvent(int, void*, void** event) override {
+  // A tensor's ready event must be recorded on the stream the caller gave with it (every
+  // tensor of this worker names its own device handle's stream): recorded on another, the
+  // engine would not wait for the work that produces the data.
+  hvd::Status RecordEvent(int, void* stream, void** event) override {
+    if (g_tensor_stream != nullptr && stream != g_tensor_stream) {
+      std::ostringstream os;
+      os << "fake runtime: a ready event recorded on stream " << stream
+         << ", not on the tensor's stream " << g_tensor_stream;
+      return hvd::Status::Internal(os.str());
+    }
     *event = new int(0);
     return hvd::Status::OK();
   }
   void ReleaseEvent(void* event) override { delete static_cast<int*>(event); }
-  hvd::Status RecordOnDevice(hvd::Device&, void** event) override { return RecordEvent(0, nullptr, event); }
+  hvd::Status RecordOnDevice(hvd::Device&, void** event) override {
+    *event = new int(0);
+    return hvd::Status::OK();
+  }
   hvd::Status StreamWaitEvent(void*, void* event) override {
     return event ? hvd::Status::OK() : hvd::Status::Internal("null event");
   }
@@ -528,6 +547,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   mp::Env env{&e, dev->get(), ordinal};
+  if (fake_rt) mp::g_tensor_stream = env.dev->stream();
   if (victim >= 0) return mp::RunPeerLoss(env, victim);
   mp::Checker ck(e.rank(), e.size());
   mp::CheckAllreduce(env, ck);

@@ -111,6 +111,7 @@ TensorEntry MakeEntry(EngineImpl& impl, OpType type, const std::string& name,
   e.input.data = in.data;
   e.input.dtype = in.dtype;
   e.input.device = in.device;
+  e.input.stream = in.stream;  // a device tensor's ready event is recorded on it
   e.output.data = out.data;
   e.output.dtype = out.dtype;
   e.output.device = out.device;
