@@ -970,10 +970,17 @@ void EngineImpl::OnHeartbeatTimer() {
   if (done_ || !abort_.ok()) return;
   auto now = Clock::now();
   auto limit = std::chrono::duration<double>(options_.timeout_seconds);
+  const auto limit_d = std::chrono::duration_cast<Clock::duration>(limit);
   auto empty = Payload({});
+  // The next tick: the heartbeat period, or sooner where a peer's silence reaches the limit
+  // before that, so that a silent peer is found at HVD_TIMEOUT_SECONDS, not up to a period
+  // later. A live peer's heartbeats keep its limit a period or more away.
+  auto interval = std::min(std::chrono::duration<double>(1.0), limit / 4);
+  Clock::time_point next = now + std::chrono::duration_cast<Clock::duration>(interval);
   for (auto& c : control_) {
     if (!c || !c->open()) continue;
-    if (now - last_heard_[c->peer()] > limit) {
+    next = std::min(next, last_heard_[c->peer()] + limit_d);
+    if (now - last_heard_[c->peer()] >= limit_d) {
       std::ostringstream os;
       os << "nothing heard for " << options_.timeout_seconds
          << " s (HVD_TIMEOUT_SECONDS): the process is stopped, hung or unreachable";
@@ -982,8 +989,7 @@ void EngineImpl::OnHeartbeatTimer() {
     c->Send(static_cast<uint8_t>(MessageType::kHeartbeat), empty);
   }
   StepSetsAside();  // stalls and HVD_CYCLE_TIME of the sets rank 0 is not in
-  auto interval = std::min(std::chrono::duration<double>(1.0), limit / 4);
-  heartbeat_->expires_after(std::chrono::duration_cast<Clock::duration>(interval));
+  heartbeat_->expires_at(std::max(next, now + std::chrono::milliseconds(1)));
   heartbeat_->async_wait([this](const asio::error_code& ec) {
     if (!ec) OnHeartbeatTimer();
   });
