@@ -243,6 +243,50 @@ void StopScenario(int size, int victim) {
   for (int r : survivors) ExpectSurvivorFailed(w, r, victim, /*must_name_lost=*/false);
 }
 
+// A stopped worker is found by rank 0's heartbeat check (Timeout); rank 2, idle meanwhile and
+// linked to rank 0 only, learns of it from rank 0's abort message. Both must report the same
+// code and name the stopped rank: the message carries the cause's code (it used to arrive as
+// PeerLost while rank 0 said Timeout).
+TEST(PeerStopped, AnIdleSurvivorReportsTheCodeOfTheCause) {
+  const int size = 3, victim = 1;
+  ForkedWorld w(size, kTimeout);
+  ASSERT_TRUE(w.store_ok());
+  ASSERT_TRUE(w.Start([](int r, const hvd::Options& o, const Reporter& out) {
+    auto e = CreateIn(o, out);
+    if (!e || !WarmUp(*e, out)) return 3;
+    if (r == victim) {
+      out.Say("stopping", "yes");
+      raise(SIGSTOP);
+      return 0;  // not reached: the test kills it
+    }
+    // Idle past the point where rank 0 has found the victim (kTimeout after its last
+    // heartbeat), then submit: the engine has failed, and says why.
+    std::this_thread::sleep_for(std::chrono::duration<double>(kTimeout + 3));
+    float x = 1;
+    TensorView v(&x, DataType::kFloat32, {1});
+    Status s = WaitBounded(e->Allreduce("after", v, v, ReduceOp::kSum), kBound);
+    out.Say("code", hvd::StatusCodeName(s.code()));
+    out.Say("message", s.message());
+    e.reset();
+    out.Say("destroyed", "yes");
+    return 0;
+  }));
+  EXPECT_TRUE(w.Wait({0, 2}, kBound + 15)) << "a survivor is still running";
+  w.KillAll();
+  for (int r : {0, 2}) {
+    const ChildResult& c = w.result(r);
+    SCOPED_TRACE("survivor rank " + std::to_string(r) + ": " + Describe(c));
+    auto value = [&c](const char* key) {
+      return c.values.count(key) ? c.values.at(key) : std::string();
+    };
+    std::printf("[mp] survivor rank %d: %s: %s\n", r, value("code").c_str(),
+                value("message").c_str());
+    EXPECT_EQ(value("code"), hvd::StatusCodeName(StatusCode::kTimeout));
+    EXPECT_NE(value("message").find("rank 1 lost"), std::string::npos);
+    EXPECT_EQ(value("destroyed"), "yes");
+  }
+}
+
 TEST(PeerStopped, WorkerStoppedInCollective) { StopScenario(3, 1); }
 TEST(PeerStopped, WorkerStoppedInCollectiveOfTwo) { StopScenario(2, 1); }
 // Known library gap (reported): when the coordinator stops without closing its connections,

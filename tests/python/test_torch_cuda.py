@@ -181,3 +181,39 @@ def test_distributed_optimizer_on_cuda():
         torch.nn.functional.mse_loss(model(x[shard].to(dev())), y[shard].to(dev())).backward()
         opt.step()
     assert_same_params(model.cpu(), reference)
+
+
+def test_sync_batch_norm_on_cuda():
+    """SyncBatchNorm in training on CUDA inputs: the statistics of every rank's batch, as
+    torch's BatchNorm computes them on the whole global batch (float64 on the CPU)."""
+    r, n = world()
+    torch.manual_seed(7)
+    full = torch.randn(4 * n, 3, 5, dtype=torch.float64)
+    bn = hvd.SyncBatchNorm(3).to(dev()).double()
+    y = bn(full[4 * r:4 * (r + 1)].to(dev()))
+    ref = torch.nn.BatchNorm1d(3).double()
+    want = ref(full)[4 * r:4 * (r + 1)]
+    assert torch.allclose(y.cpu(), want.detach(), atol=1e-10)
+    assert torch.allclose(bn.running_mean.cpu(), ref.running_mean, atol=1e-12)
+    assert torch.allclose(bn.running_var.cpu(), ref.running_var, atol=1e-12)
+
+
+def test_broadcast_optimizer_state_creates_missing_state_where_the_root_has_it():
+    """Only rank 0 has Adam state (moments on its GPU, the step on the CPU): the others create
+    theirs on their own GPU and the CPU likewise, and end with rank 0's values."""
+    r, n = world()
+    model = torch.nn.Linear(4, 3).to(dev())
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    if r == 0:
+        model(torch.ones(2, 4, device=dev())).sum().backward()
+        opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    for i, p in enumerate(model.parameters()):
+        state = opt.state[p]
+        assert state["exp_avg"].device == p.device
+        want = hvd.broadcast(state["exp_avg"], root_rank=0, name="adam_check.%d" % i)
+        assert torch.equal(state["exp_avg"], want)
+        if torch.is_tensor(state["step"]):
+            assert state["step"].device.type in ("cpu", "cuda")
+            assert float(state["step"]) == 1.0
+

@@ -97,7 +97,8 @@ enum class MessageType : uint8_t {
   kRequests = 1,   // worker -> coordinator: RequestList
   kResponses = 2,  // coordinator -> workers: ResponseList
   kShutdown = 3,   // either way: payload = the rank that asked
-  kAbort = 4,      // either way: payload = a Status message; the communicator is gone
+  kAbort = 4,      // either way: payload = the cause's StatusCode (u8), then its message (a
+                   // printable first byte: all message); the communicator is gone
   kHeartbeat = 5,  // either way, every second: the sender's background thread is alive
   kRound = 6,      // every rank to every other: RoundContribution (the symmetric fast path)
 };

@@ -23,6 +23,28 @@ constexpr auto kIoPollEvery = std::chrono::microseconds(20);
 // some runs.
 constexpr auto kAsideYield = std::chrono::milliseconds(100);
 
+// kAbort's payload (coordinator/messages.h): the cause's code in one byte, then its message. A
+// receiver fails with Timeout where the cause was one (a stopped or hung peer), so that every
+// survivor of a freeze reports the same code, and with PeerLost otherwise: for it the
+// communicator is gone, whatever ended it elsewhere. A payload that starts with a printable
+// byte is all message.
+std::shared_ptr<const std::vector<uint8_t>> AbortPayload(const Status& cause) {
+  std::vector<uint8_t> p;
+  p.reserve(1 + cause.message().size());
+  p.push_back(static_cast<uint8_t>(cause.code()));
+  p.insert(p.end(), cause.message().begin(), cause.message().end());
+  return std::make_shared<const std::vector<uint8_t>>(std::move(p));
+}
+
+Status AbortStatus(const std::vector<uint8_t>& p) {
+  const bool coded = !p.empty() && p[0] < 0x20;
+  std::string why(p.begin() + (coded ? 1 : 0), p.end());
+  if (coded && p[0] == static_cast<uint8_t>(StatusCode::kTimeout)) {
+    return Status::Timeout(std::move(why));
+  }
+  return Status::PeerLost(std::move(why));
+}
+
 std::vector<uint8_t> IntPayload(int v) {
   std::vector<uint8_t> out(4);
   std::memcpy(out.data(), &v, 4);
@@ -1058,13 +1080,13 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
     }
     if (shutdown_by_ < 0) shutdown_by_ = (by >= 0 && by < options_.size) ? by : peer;
   } else if (mt == MessageType::kAbort) {
-    std::string why(payload.begin(), payload.end());
     if (!abort_.ok()) return;  // the first cause is the one reported
+    Status why = AbortStatus(payload);
     if (coordinator()) {
       // A worker saw the communicator break: tell everyone else.
       BroadcastControl(type, Payload(std::move(payload)));
     }
-    abort_ = Status::PeerLost(why);
+    abort_ = std::move(why);
     transport_->Abort(abort_);
   } else {
     OnControlError(peer, "unexpected control message type " + std::to_string(type));
@@ -1083,11 +1105,7 @@ void EngineImpl::OnControlError(int peer, const std::string& what, StatusCode co
   }
   Status s(code, os.str());
   HVD_LOG(kError) << s.message();
-  if (coordinator()) {
-    std::string msg = s.message();
-    BroadcastControl(static_cast<uint8_t>(MessageType::kAbort),
-                     Payload(std::vector<uint8_t>(msg.begin(), msg.end())));
-  }
+  if (coordinator()) BroadcastControl(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(s));
   if (abort_.ok()) abort_ = s;
   transport_->Abort(abort_);
 }
@@ -1095,9 +1113,7 @@ void EngineImpl::OnControlError(int peer, const std::string& what, StatusCode co
 void EngineImpl::FailAll(const Status& status, bool notify) {
   if (notify && !coordinator() && control_.size() == 1 && control_[0] && control_[0]->open()) {
     // Tell the coordinator, which relays it, so that every rank fails fast.
-    std::string msg = status.message();
-    control_[0]->Send(static_cast<uint8_t>(MessageType::kAbort),
-                      Payload(std::vector<uint8_t>(msg.begin(), msg.end())));
+    control_[0]->Send(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(status));
   }
   transport_->Abort(status);
   std::vector<TensorEntry> queued;

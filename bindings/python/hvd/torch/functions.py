@@ -81,7 +81,8 @@ def allgather_object(obj, name=None, process_set=global_process_set):
 
 def _state_layout(optimizer):
     """Root's description of the optimizer: options per group, and per parameter (by position
-    in param_groups) its state's tensors (shape, dtype) and plain values."""
+    in param_groups) its state's tensors (shape, dtype, and whether it lies on its parameter's
+    device: Adam's moments do, its step counter stays on the CPU) and plain values."""
     groups, state = [], {}
     index = 0
     for group in optimizer.param_groups:
@@ -90,7 +91,8 @@ def _state_layout(optimizer):
             entry = {}
             for key, value in optimizer.state.get(p, {}).items():
                 if torch.is_tensor(value):
-                    entry[key] = ("tensor", tuple(value.shape), value.dtype)
+                    entry[key] = ("tensor", tuple(value.shape), value.dtype,
+                                  value.device == p.device)
                 else:
                     entry[key] = ("value", value)
             if entry:
@@ -140,10 +142,14 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
                     if desc[0] == "value":
                         mine[key] = desc[1]
                         continue
-                    _, shape, dtype = desc
+                    _, shape, dtype, on_param_device = desc
+                    # Where the root keeps it, on this rank: its parameter's device (each rank's
+                    # own GPU), or the CPU.
+                    device = p.device if on_param_device else torch.device("cpu")
                     t = mine.get(key)
-                    if not torch.is_tensor(t) or tuple(t.shape) != shape or t.dtype != dtype:
-                        mine[key] = t = torch.zeros(shape, dtype=dtype)
+                    if (not torch.is_tensor(t) or tuple(t.shape) != shape or t.dtype != dtype
+                            or t.device != device):
+                        mine[key] = t = torch.zeros(shape, dtype=dtype, device=device)
                     tensors.append(("%d.%s" % (index, key), t))
             index += 1
     broadcast_parameters(tensors, root_rank, process_set)

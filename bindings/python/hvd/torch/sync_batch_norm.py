@@ -44,7 +44,7 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
         c = input.shape[1]
         dims = [0] + list(range(2, input.dim()))
         x = input.to(torch.float64) if input.dtype in (torch.float16, torch.bfloat16) else input
-        count = torch.tensor([x.numel() / c], dtype=x.dtype)
+        count = torch.full((1,), x.numel() / c, dtype=x.dtype, device=x.device)
         sums = allreduce(torch.cat([x.sum(dims), count]), op=Sum, process_set=self.process_set)
         total = sums[c].detach()
         if total <= 1:
