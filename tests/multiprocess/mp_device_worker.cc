@@ -491,6 +491,50 @@ int RunPeerLoss(Env& env, int victim) {
   return PeerLossVerdict(e, victim, t0, steps, st, v);
 }
 
+// --join-first=device|none: the last rank joins before it has used a device, naming its device
+// (device) or not (none); the others run device allreduces and then join. Naming it, the joined
+// rank contributes zeros on that device and the others get the sum of their own values; not
+// naming it, every rank's device allreduce fails, saying what to do, and the job still ends.
+int RunJoinFirst(Env& env, bool name_device) {
+  hvd::Engine& e = *env.e;
+  const int r = e.rank(), n = e.size(), last = n - 1;
+  Checker ck(r, n);
+  ck.Begin(name_device ? "join(device) before any device tensor" : "join() before any device tensor");
+  if (r == last) {
+    auto h = name_device ? e.Join(env.ordinal) : e.Join();
+    ck.ExpectOk(WaitDone(h), "join");
+    ck.Expect(h->join_last_rank() >= 0 && h->join_last_rank() < n, "join_last_rank");
+    ck.End();
+    e.Shutdown();
+    return ck.total_failures() ? 1 : 0;
+  }
+  for (int step = 0; step < 3; ++step) {
+    const int64_t count = 1001;
+    Buffer host(DataType::kFloat32, count);
+    for (int64_t i = 0; i < count; ++i) Put(DataType::kFloat32, host.data(), i, (r + 1) * (i % 7));
+    DevBuf buf(env, host);
+    TensorView v = buf.View(DataType::kFloat32, {count});
+    const std::string what = "device allreduce " + std::to_string(step) + " beside a joined rank";
+    hvd::Status s = Done(env, e.Allreduce("joinfirst." + std::to_string(step), v, v, ReduceOp::kSum));
+    if (!name_device) {
+      ck.Expect(!s.ok() && s.message().find("ranks " + std::to_string(last)) != std::string::npos &&
+                    s.message().find("join(device) names the device") != std::string::npos,
+                what + " fails, naming the joined rank and how to name the device: " +
+                    s.ToString());
+      continue;
+    }
+    if (!ck.ExpectOk(s, what)) continue;
+    auto got = ToHost(env, v.data, static_cast<size_t>(count) * sizeof(float));
+    // Ranks 0..n-2 add (q + 1) * (i % 7); the joined rank adds zeros.
+    ck.ExpectElements(DataType::kFloat32, got.data(), count,
+                      [&](int64_t i) { return (n - 1) * n / 2.0 * (i % 7); }, what);
+  }
+  ck.ExpectOk(WaitDone(e.Join()), "join");
+  ck.End();
+  e.Shutdown();
+  return ck.total_failures() ? 1 : 0;
+}
+
 }  // namespace
 }  // namespace mp
 
@@ -498,6 +542,7 @@ int main(int argc, char** argv) {
   std::string fake;
   bool fake_collectives = false;
   int victim = -1;
+  std::string join_first;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--fake=", 0) == 0) {
@@ -506,9 +551,11 @@ int main(int argc, char** argv) {
       fake_collectives = true;
     } else if (a.rfind("--peerloss=", 0) == 0) {
       victim = std::atoi(a.c_str() + 11);
+    } else if (a == "--join-first=device" || a == "--join-first=none") {
+      join_first = a.substr(13);
     } else {
       std::fprintf(stderr, "unknown argument %s: expected --fake=shared|own, --fake-collectives, "
-                   "--peerloss=RANK\n", a.c_str());
+                   "--peerloss=RANK, --join-first=device|none\n", a.c_str());
       return 2;
     }
   }
@@ -549,6 +596,7 @@ int main(int argc, char** argv) {
   mp::Env env{&e, dev->get(), ordinal};
   if (fake_rt) mp::g_tensor_stream = env.dev->stream();
   if (victim >= 0) return mp::RunPeerLoss(env, victim);
+  if (!join_first.empty()) return mp::RunJoinFirst(env, join_first == "device");
   mp::Checker ck(e.rank(), e.size());
   mp::CheckAllreduce(env, ck);
   mp::CheckFused(env, ck);

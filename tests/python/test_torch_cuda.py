@@ -217,3 +217,43 @@ def test_broadcast_optimizer_state_creates_missing_state_where_the_root_has_it()
             assert state["step"].device.type in ("cpu", "cuda")
             assert float(state["step"]) == 1.0
 
+
+
+def test_alltoall_received_splits_on_the_device_of_the_splits():
+    """As Horovod's (splits.new()): splits given on the GPU come back on it, so that they mix
+    with the caller's other device tensors."""
+    r, n = world()
+    x = torch.arange(2 * n, dtype=torch.float32, device=dev()).view(2 * n, 1) + 100 * r
+    splits = torch.full((n,), 2, dtype=torch.int32, device=dev())
+    y, received = hvd.alltoall(x, splits)
+    assert received.device == splits.device
+    assert received.tolist() == [2] * n
+    src = torch.repeat_interleave(torch.arange(n, device=dev()), received)
+    assert torch.equal(y.view(-1).cpu(), (torch.arange(n).repeat_interleave(2) * 100
+                                          + torch.tensor([2 * r, 2 * r + 1] * n)).float())
+    assert src.device == y.device
+
+
+def test_grouped_allreduce_of_host_and_device_tensors():
+    """A group may mix host and device tensors; each comes back right where it lies."""
+    r, n = world()
+    host = torch.full((5,), r + 1.0)
+    device = torch.full((7,), 2.0 * (r + 1), device=dev())
+    out = hvd.grouped_allreduce([host, device], op=hvd.Sum)
+    assert out[0].device.type == "cpu" and out[1].device == device.device
+    assert torch.equal(out[0], torch.full((5,), n * (n + 1) / 2.0))
+    assert torch.equal(out[1].cpu(), torch.full((7,), float(n * (n + 1))))
+
+
+def test_join_naming_the_device_before_any_device_tensor():
+    """Horovod's join(device): the last rank joins before it has used its GPU; the others'
+    device allreduces get zeros from it."""
+    r, n = world()
+    if r == n - 1:
+        assert 0 <= hvd.join(hvd.local_rank() % torch.cuda.device_count()) < n
+        return
+    for step in range(3):
+        x = torch.full((1001,), r + 1.0, device=dev())
+        y = hvd.allreduce(x, op=hvd.Sum, name="join_first.%d" % step)
+        assert torch.equal(y.cpu(), torch.full((1001,), (n - 1) * n / 2.0))
+    assert 0 <= hvd.join() < n

@@ -104,6 +104,16 @@ def _stream(A, t):
     return waiter(t) if waiter is not None else None
 
 
+def _group_stream(A, ts):
+    """_stream of a group: its first device tensor's (a group may mix host and device tensors;
+    the engine runs each part on its own, and the device part's results need the wait)."""
+    for t in ts:
+        s = _stream(A, t)
+        if s is not None:
+            return s
+    return None
+
+
 def _in_out(A, tensor, inplace):
     """The contiguous input and where the result goes: the input itself, or a new buffer."""
     c, ptr, dt, shape = A.prepare(tensor)
@@ -146,7 +156,7 @@ def grouped_allreduce_async(A, tensors, name, op, prescale, postscale, inplace, 
             return outs
         return [A.copy_(t, c) if c is not t else t for t, c in zip(tensors, cs)]
 
-    return Handle(parts, finish, _stream(A, cs[0]))
+    return Handle(parts, finish, _group_stream(A, cs))
 
 
 def allgather_async(A, tensor, name, ps=0):
@@ -169,7 +179,7 @@ def _grouped_with_outputs(A, tensors, name, kind, submit, ps):
     parts = submit(names, [p[1] for p in prepared], [p[2] for p in prepared],
                    [p[3] for p in prepared], cs)
     return Handle(parts, lambda ps: [A.from_output(p, c) for p, c in zip(ps, cs)],
-                  _stream(A, cs[0]))
+                  _group_stream(A, cs))
 
 
 def grouped_allgather_async(A, tensors, name, ps=0):
@@ -215,8 +225,10 @@ def barrier(ps=0):
     _core.barrier(ps).wait()
 
 
-def join():
-    """Blocks until every rank has joined; returns the rank that joined last."""
-    h = _core.join()
+def join(device=-1):
+    """Blocks until every rank has joined; returns the rank that joined last. `device`: the
+    CUDA device whose zeros this rank contributes to the others' device collectives when it
+    has used none yet (-1: the CPU, or the device it has used)."""
+    h = _core.join(int(device))
     h.wait()
     return h.join_last_rank

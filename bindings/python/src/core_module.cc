@@ -107,7 +107,11 @@ class PyHandle {
       py::gil_scoped_release release;
       s = h_->Wait();
     }
-    keep_ = py::none();
+    // With stream-ordered completion (a handle with an event) the device work may still run:
+    // the tensors it reads and writes (temporaries among them: contiguous copies, compressed
+    // gradients) stay referenced until StreamWait has ordered the caller's stream after it, so
+    // that the caching allocator cannot hand their memory to the caller's next kernels before.
+    if (!s.ok() || h_->cuda_event() == nullptr) keep_ = py::none();
     if (!s.ok()) throw StatusError(s);
   }
 
@@ -125,9 +129,11 @@ class PyHandle {
   DeviceBytes DeviceOutput(size_t bytes) const { return DeviceBytes{h_, bytes}; }
 
   // Stream-ordered completion (HVD_ENABLE_ASYNC_COMPLETION): makes the CUDA stream at address
-  // `stream` wait for the operation's device work; nothing without an event.
-  void StreamWait(uintptr_t stream) const {
+  // `stream` wait for the operation's device work; nothing without an event. The tensors kept
+  // for the work (Wait) go once the stream is ordered after it.
+  void StreamWait(uintptr_t stream) {
     hvd::Status s = h_->StreamWait(reinterpret_cast<void*>(stream));
+    if (s.ok()) keep_ = py::none();
     if (!s.ok()) throw StatusError(s);
   }
 
@@ -441,7 +447,8 @@ void BindGathers(py::module_& m) {
         },
         ref);
   m.def("barrier", [](int32_t ps) { return Wrap(Eng().Barrier(ps), py::none()); }, ref);
-  m.def("join", [] { return Wrap(Eng().Join(), py::none()); }, ref);
+  m.def("join", [](int device) { return Wrap(Eng().Join(device), py::none()); },
+        py::arg("device") = -1, ref);
 }
 
 }  // namespace

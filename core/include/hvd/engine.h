@@ -241,8 +241,10 @@ class HVD_EXPORT Engine {
   HandlePtr Barrier(int32_t process_set = kGlobalProcessSet);
   // This rank has no more data: it takes part in the others' allreduces with zeros until every
   // rank has joined. The handle's join_last_rank() is the last rank that joined. Join is of the
-  // global set only, as in Horovod.
-  HandlePtr Join();
+  // global set only, as in Horovod. `device`, as Horovod's: the CUDA device whose zeros this
+  // rank contributes to the others' device collectives, when it has not used one yet; -1: the
+  // device it has used (a rank that has used none then fails the others' device collectives).
+  HandlePtr Join(int device = kCpuDevice);
 
   EngineImpl* impl() { return impl_.get(); }  // for tests and the benchmark
 

@@ -329,7 +329,10 @@ bool EngineImpl::DrainQueue() {
                            "': process set " + std::to_string(set) + " was removed"));
       continue;
     }
-    if (e.request.type == OpType::kJoin) joined_ = true;
+    if (e.request.type == OpType::kJoin) {
+      joined_ = true;
+      if (e.input.device != kCpuDevice) join_device_ = e.input.device;
+    }
     timeline_->Negotiate(e.request.name);
     const std::string key = set == kGlobalProcessSet ? std::string() : PendingKey(set, e.request.name);
     auto* node = pending_.Insert(set == kGlobalProcessSet ? std::string_view(e.request.name)

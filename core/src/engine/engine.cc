@@ -464,7 +464,14 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
         e.request.name = "process_set." + std::to_string(process_set_ops_++);
       }
       s = ValidateLocked(e);
-      if (s.ok() && e.input.device != kCpuDevice) {
+      if (s.ok() && e.input.device != kCpuDevice && e.request.type == OpType::kJoin) {
+        if (GetDeviceRuntime() == nullptr) {
+          s = Status::FailedPrecondition(Describe(e.request) + ": device " +
+                                         std::to_string(e.input.device) +
+                                         " needs a build with CUDA; this build has CPU only");
+        }
+        device_seen_.store(true);  // its zeros are device work: the background thread's
+      } else if (s.ok() && e.input.device != kCpuDevice) {
         device_seen_.store(true);  // before any caller could help with it
         s = RecordReady(e);
       }
@@ -928,10 +935,17 @@ HandlePtr Engine::Barrier(int32_t process_set) {
   return impl_->Enqueue(std::move(e));
 }
 
-HandlePtr Engine::Join() {
+HandlePtr Engine::Join(int device) {
   TensorEntry e =
       MakeEntry(*impl_, OpType::kJoin, "", TensorView(), TensorView(), kGlobalProcessSet);
   e.request.shape.clear();
+  if (device < kCpuDevice) {
+    return Failed(Status::InvalidArgument("join: device " + std::to_string(device) +
+                                          " is neither -1 nor a CUDA device ordinal"));
+  }
+  // Where the zeros go (the entry's input; the request, which every rank compares, stays
+  // device-free: each rank names its own device).
+  e.input.device = device;
   return impl_->Enqueue(std::move(e));
 }
 

@@ -536,6 +536,7 @@ class EngineImpl {
   bool in_collective_ = false;  // inside Execute's Run (control messages may arrive)
   bool abandon_ = false;       // this rank failed alone inside the response being executed
   bool joined_ = false;
+  int join_device_ = kCpuDevice;  // Join(device): where a joined rank's zeros go (execute_device.cc)
   bool shutdown_sent_ = false;
   Deadline shutdown_deadline_ = NoDeadline();
   int shutdown_by_ = -1;   // the rank whose shutdown ends the job, once known

@@ -42,7 +42,8 @@ struct DeviceRecord {
   char uuid[40];
   uint8_t opened;       // its device is open
   uint8_t collectives;  // it may use device collectives (NCCL built, HVD_GPU_OPERATIONS=nccl)
-  uint8_t pad[6];
+  uint8_t joined_without_device;  // not opened: it joined before it used one, naming none
+  uint8_t pad[5];
 };
 
 }  // namespace
@@ -112,9 +113,13 @@ Status EngineImpl::OpenDevice(const std::vector<TensorEntry*>& entries) {
   }
   if (ordinal < 0) {  // this rank has joined: it takes part on the device it used
     if (device_) return Status::OK();
-    return Status::FailedPrecondition("rank " + std::to_string(options_.rank) +
-                                      " joined before it used a CUDA device, so it cannot take "
-                                      "part in device collectives");
+    if (join_device_ < 0) {
+      return Status::FailedPrecondition(
+          "rank " + std::to_string(options_.rank) +
+          " joined before it used a CUDA device, so it cannot take part in device collectives "
+          "(join(device) names the device, as in Horovod)");
+    }
+    ordinal = join_device_;  // Join(device): the device named there
   }
   if (device_) {
     if (device_->ordinal() == ordinal) return Status::OK();
@@ -136,6 +141,7 @@ Status EngineImpl::ChooseDevicePath(Comm& c, const Status& opened) {
   DeviceRecord mine{};
   if (device_) std::snprintf(mine.uuid, sizeof(mine.uuid), "%s", device_->Uuid().c_str());
   mine.opened = opened.ok() ? 1 : 0;
+  mine.joined_without_device = !opened.ok() && !device_ && joined_ && join_device_ < 0;
   mine.collectives = DeviceCollectivesBuilt() &&
                      options_.gpu_operations == Options::GpuOperations::kNccl;
   std::vector<DeviceRecord> all(n);
@@ -148,12 +154,21 @@ Status EngineImpl::ChooseDevicePath(Comm& c, const Status& opened) {
   }
   auto world = [&c](int i) { return std::to_string(c.WorldRank(i)); };
   std::ostringstream failed;
+  std::string joined;  // a rank that joined before it used a device, naming none
   for (int i = 0; i < n; ++i) {
     if (!all[i].opened) failed << (failed.tellp() > 0 ? ", " : "") << world(i);
+    if (!all[i].opened && all[i].joined_without_device && joined.empty()) joined = world(i);
   }
   if (failed.tellp() > 0) {
-    return Status::FailedPrecondition("ranks " + failed.str() + " could not open their CUDA device" +
-                                      (opened.ok() ? "" : " (here: " + opened.message() + ")"));
+    std::string why;
+    if (!opened.ok()) {
+      why = " (here: " + opened.message() + ")";
+    } else if (!joined.empty()) {
+      why = " (rank " + joined + " joined before it used a CUDA device: join(device) names the "
+            "device for its zeros, as in Horovod)";
+    }
+    return Status::FailedPrecondition("ranks " + failed.str() +
+                                      " could not open their CUDA device" + why);
   }
   std::string why;
   for (int i = 0; i < n && why.empty(); ++i) {

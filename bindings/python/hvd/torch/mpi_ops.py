@@ -422,15 +422,22 @@ def _splits_list(splits):
     return list(splits)
 
 
+def _splits_device(splits):
+    """Where received splits go: the device of the splits given (Horovod's splits.new())."""
+    return splits.device if isinstance(splits, torch.Tensor) else torch.device("cpu")
+
+
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    """synchronize() returns (output, received_splits as an int32 tensor)."""
+    """synchronize() returns (output, received_splits as an int32 tensor, on the device of
+    the splits given)."""
+    device = _splits_device(splits)
     h = _ops.alltoall_async(_A, tensor, _splits_list(splits), name,
                             ps=_process_set_id(process_set))
     finish = h._finish
 
     def with_tensor_splits(parts):
         out, received = finish(parts)
-        return out, torch.tensor(received, dtype=torch.int32)
+        return out, torch.tensor(received, dtype=torch.int32, device=device)
 
     h._finish = with_tensor_splits
     return h
@@ -438,19 +445,19 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 class HvdAlltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name, process_set):
+    def forward(ctx, tensor, splits, name, process_set, device):
         out, received = _ops.alltoall_async(_A, tensor, splits, name,
                                             ps=_process_set_id(process_set)).wait()
         ctx.received = received
         ctx.process_set = process_set
-        received_t = torch.tensor(received, dtype=torch.int32)
+        received_t = torch.tensor(received, dtype=torch.int32, device=device)
         ctx.mark_non_differentiable(received_t)
         return out, received_t
 
     @staticmethod
     def backward(ctx, grad_output, _unused):
         grad, _ = alltoall(grad_output, splits=ctx.received, process_set=ctx.process_set)
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -461,7 +468,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """
     _process_set_id(process_set)
     split_list = _splits_list(splits)
-    out, received = HvdAlltoall.apply(tensor, split_list, name, process_set)
+    out, received = HvdAlltoall.apply(tensor, split_list, name, process_set,
+                                      _splits_device(splits))
     return out if splits is None else (out, received)
 
 
@@ -555,5 +563,6 @@ def barrier(process_set=global_process_set):
 
 def join(device=-1):
     """This rank has no more data: it takes part in the others' allreduces with zeros until
-    every rank has joined. Returns the rank that joined last."""
-    return _ops.join()
+    every rank has joined. Returns the rank that joined last. As in Horovod, `device` names the
+    CUDA device for those zeros (-1: the CPU, or the device this rank has used)."""
+    return _ops.join(device)
