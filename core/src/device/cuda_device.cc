@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
@@ -44,20 +45,27 @@ std::string Bytes(size_t b) {
   return os.str();
 }
 
-// Makes `ordinal` current on this thread for the scope, and restores the previous device.
+// Makes `ordinal` current on this thread for the scope, and restores the previous device if it
+// switched (a caller's thread: the framework's current device is left as it was). On the
+// thread that opened the device it is current already (CudaRuntimeImpl::Open).
 class DeviceScope {
  public:
   explicit DeviceScope(int ordinal) {
     if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != ordinal) status_ = CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice(" + std::to_string(ordinal) + ")");
+    if (previous_ != ordinal) {
+      status_ = CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice(" + std::to_string(ordinal) + ")");
+      switched_ = status_.ok();
+    }
   }
   ~DeviceScope() {
-    if (previous_ >= 0 && status_.ok()) cudaSetDevice(previous_);
+    // A failed restore is cleared, not left for the next kernel launch to report as its own.
+    if (switched_ && previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
   }
   const Status& status() const { return status_; }
 
  private:
   int previous_ = -1;
+  bool switched_ = false;
   Status status_;
 };
 
@@ -122,11 +130,14 @@ class CudaDevice : public Device {
     DeviceScope scope(ordinal_);
     HVD_RETURN_IF_ERROR(scope.status());
     // The chunk table lies in mapped pinned memory, which the kernel reads directly. Tables are
-    // appended until Synchronize (an earlier kernel may not have read its part yet); a full
-    // table waits for the stream first.
+    // appended until Synchronize (an earlier kernel may not have read its part yet). A full
+    // table is not waited for here, where nothing would poll the control plane or keep a
+    // deadline while a collective queued before it hangs on a lost peer: the caller
+    // synchronizes (Device::Synchronize) and calls again.
     if (table_used_ + n > table_capacity_) {
-      HVD_CUDA_RETURN(cudaStreamSynchronize(stream_), "cudaStreamSynchronize on " + Describe());
-      table_used_ = 0;
+      if (table_used_ > 0) {
+        return Status::ResourceExhausted(kCopyTableFull);
+      }
       if (n > table_capacity_) {
         if (table_) cudaFreeHost(table_);
         table_ = nullptr;
@@ -229,6 +240,12 @@ class CudaRuntimeImpl : public DeviceRuntime {
       uuid << ((static_cast<unsigned>(static_cast<unsigned char>(prop.uuid.bytes[i])) >> 4) & 15)
            << (static_cast<unsigned char>(prop.uuid.bytes[i]) & 15);
     }
+    // The device stays current on the thread that opens it (the engine's background thread,
+    // which runs all of its work): its DeviceScopes then switch nothing and restore nothing.
+    // Restoring the thread's previous device, 0 on a thread that never chose one, made every
+    // rank of a host create a context on GPU 0 (CUDA 12 and later create the primary context
+    // at cudaSetDevice), hundreds of MiB each.
+    HVD_CUDA_RETURN(cudaSetDevice(ordinal), "cudaSetDevice(" + std::to_string(ordinal) + ")");
     auto dev = std::make_unique<CudaDevice>(ordinal, prop.name, uuid.str());
     HVD_RETURN_IF_ERROR(dev->Init());
     return std::unique_ptr<Device>(std::move(dev));
@@ -267,6 +284,19 @@ class CudaRuntimeImpl : public DeviceRuntime {
   }
 
   Status StreamWaitEvent(void* stream, void* event) override {
+    // On the event's device: a null stream is that device's default stream, not the calling
+    // thread's current device's.
+    int ordinal = -1;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = ordinal_of_.find(static_cast<cudaEvent_t>(event));
+      if (it != ordinal_of_.end()) ordinal = it->second;
+    }
+    std::optional<DeviceScope> scope;
+    if (ordinal >= 0) {
+      scope.emplace(ordinal);
+      HVD_RETURN_IF_ERROR(scope->status());
+    }
     HVD_CUDA_RETURN(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
                                         static_cast<cudaEvent_t>(event), 0),
                     "cudaStreamWaitEvent on the caller's stream");

@@ -33,6 +33,10 @@ struct CopySpan {
 // the batched copy moves 16-byte words (the gaps are reduced along with the data and ignored).
 constexpr size_t kDeviceFusionAlign = 16;
 
+// Device::BatchedCopy's ResourceExhausted message when its copy table still holds chunks that
+// queued work may read: synchronize (Device::Synchronize, which polls) and call again.
+constexpr const char* kCopyTableFull = "the batched copy's table is full until the stream is synchronized";
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -53,7 +57,8 @@ class Device {
   // Queued on the stream, in order.
   // Work queued after this waits for `event` (from DeviceRuntime::RecordEvent).
   virtual Status WaitEvent(void* event) = 0;
-  // Every span at once (one kernel), between any memory the device can address.
+  // Every span at once (one kernel), between any memory the device can address. It never waits
+  // for the stream: ResourceExhausted (kCopyTableFull) asks the caller to Synchronize first.
   virtual Status BatchedCopy(const std::vector<CopySpan>& spans) = 0;
   virtual Status Copy(void* dst, const void* src, size_t bytes) = 0;
   virtual Status Zero(void* dst, size_t bytes) = 0;
@@ -99,6 +104,11 @@ class DeviceBuffer {
   ~DeviceBuffer() { Reset(); }
   // At least `bytes` bytes on `device` (pinned host memory if `host`); contents undefined.
   Status Get(Device* device, size_t bytes, void** out);
+  // Whether Get would free memory first (CUDA's frees wait for the whole device, with no
+  // deadline: the engine synchronizes before, polling).
+  bool MustFree(const Device* device, size_t bytes) const {
+    return data_ != nullptr && (device != device_ || bytes > capacity_);
+  }
   void Reset();  // frees; call before the device goes away
 
  private:

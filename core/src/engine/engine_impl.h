@@ -420,6 +420,8 @@ class EngineImpl {
   Status ChooseDevicePath(Comm& comm, const Status& opened);
   Status PollDuringDeviceWait();
   Status DeviceSynchronize();
+  Status DeviceCopy(const std::vector<CopySpan>& spans);
+  Status GetDeviceBuffer(DeviceBuffer& b, Device* d, size_t bytes, void** out);
   Status DeviceDone(const std::vector<TensorEntry*>& entries);
   Status RunDeviceCollective(const Response& r, std::vector<TensorEntry*>& entries);
   Status RunStaged(const Response& r, std::vector<TensorEntry*>& entries, bool* host_failed);

@@ -79,6 +79,22 @@ Status EngineImpl::PollDuringDeviceWait() {
   return s;
 }
 
+// A batched copy: once more after a synchronize when the device's copy table is still in use
+// (Device::BatchedCopy never waits itself: DeviceSynchronize polls and keeps the deadline).
+Status EngineImpl::DeviceCopy(const std::vector<CopySpan>& spans) {
+  Status s = device_->BatchedCopy(spans);
+  if (s.code() != StatusCode::kResourceExhausted || s.message() != kCopyTableFull) return s;
+  HVD_RETURN_IF_ERROR(DeviceSynchronize());
+  return device_->BatchedCopy(spans);
+}
+
+// A device buffer that must grow frees its memory first, and a CUDA free waits for the whole
+// device with no deadline: the stream is synchronized before, polling the control plane.
+Status EngineImpl::GetDeviceBuffer(DeviceBuffer& b, Device* d, size_t bytes, void** out) {
+  if (b.MustFree(d, bytes)) HVD_RETURN_IF_ERROR(DeviceSynchronize());
+  return b.Get(d, bytes, out);
+}
+
 Status EngineImpl::DeviceSynchronize() {
   Status s = device_->Synchronize(CollectiveDeadline(), [this] { return PollDuringDeviceWait(); });
   if (!s.ok()) AbortDeviceCollectives();
@@ -306,7 +322,7 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
   for (const auto& shape : r.shapes) bytes.push_back(static_cast<size_t>(NumElements(shape)) * esize);
   const size_t total = AlignedOffsets(bytes, &offsets);
   void* fusion = nullptr;
-  HVD_RETURN_IF_ERROR(device_fusion_.Get(&d, total, &fusion));
+  HVD_RETURN_IF_ERROR(GetDeviceBuffer(device_fusion_, &d, total, &fusion));
   auto* buf = static_cast<uint8_t*>(fusion);
   std::vector<CopySpan> in, out;
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -319,11 +335,11 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
     }
   }
   const size_t count = total / esize;
-  HVD_RETURN_IF_ERROR(d.BatchedCopy(in));
+  HVD_RETURN_IF_ERROR(DeviceCopy(in));
   HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, r.prescale));
   HVD_RETURN_IF_ERROR(reduce(buf, buf, count));
   HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, post));
-  HVD_RETURN_IF_ERROR(d.BatchedCopy(out));
+  HVD_RETURN_IF_ERROR(DeviceCopy(out));
   return DeviceDone(entries);
 }
 
@@ -367,8 +383,8 @@ Status EngineImpl::DeviceHierarchicalAllreduce(void* buf, size_t count, DataType
   HVD_RETURN_IF_ERROR(Reserve(need, 0, nullptr));
   void* dshare = nullptr;
   void* host = nullptr;
-  HVD_RETURN_IF_ERROR(device_share_.Get(&d, std::max<size_t>(share * es, 1), &dshare));
-  HVD_RETURN_IF_ERROR(host_staging_.Get(&d, std::max<size_t>(share * es, 1), &host));
+  HVD_RETURN_IF_ERROR(GetDeviceBuffer(device_share_, &d, std::max<size_t>(share * es, 1), &dshare));
+  HVD_RETURN_IF_ERROR(GetDeviceBuffer(host_staging_, &d, std::max<size_t>(share * es, 1), &host));
   HVD_RETURN_IF_ERROR(inside.ReduceScatter(buf, dshare, counts, dtype, op));
   if (share > 0) HVD_RETURN_IF_ERROR(d.Copy(host, dshare, share * es));
   HVD_RETURN_IF_ERROR(DeviceSynchronize());
@@ -384,7 +400,7 @@ Status EngineImpl::DeviceAllgather(const Response& r, TensorEntry* e) {
   if (e) {
     HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, l.shape, l.total, &out));
   } else {
-    HVD_RETURN_IF_ERROR(device_fusion_.Get(device_.get(), l.total, &out));
+    HVD_RETURN_IF_ERROR(GetDeviceBuffer(device_fusion_, device_.get(), l.total, &out));
   }
   HVD_RETURN_IF_ERROR(comm_->device_collectives->Allgatherv(e ? e->input.data : nullptr, out, l.bytes));
   return DeviceDone({e});
@@ -399,7 +415,7 @@ Status EngineImpl::DeviceBroadcast(const Response& r, TensorEntry* e) {
       HVD_RETURN_IF_ERROR(device_->Copy(buf, e->input.data, bytes));
     }
   } else {
-    HVD_RETURN_IF_ERROR(device_fusion_.Get(device_.get(), bytes, &buf));
+    HVD_RETURN_IF_ERROR(GetDeviceBuffer(device_fusion_, device_.get(), bytes, &buf));
   }
   HVD_RETURN_IF_ERROR(comm_->device_collectives->Broadcast(buf, bytes, r.root));
   return DeviceDone({e});
@@ -425,7 +441,7 @@ Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
   const void* in = e->input.data;
   if (r.prescale != 1.0) {
     void* copy = nullptr;
-    HVD_RETURN_IF_ERROR(device_fusion_.Get(&d, total * esize, &copy));
+    HVD_RETURN_IF_ERROR(GetDeviceBuffer(device_fusion_, &d, total * esize, &copy));
     HVD_RETURN_IF_ERROR(d.Copy(copy, in, total * esize));
     HVD_RETURN_IF_ERROR(d.Scale(copy, total, r.dtype, r.prescale));
     in = copy;
@@ -450,19 +466,19 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
   }
   const size_t total = AlignedOffsets(bytes, &offsets);
   void* host_p = nullptr;
-  HVD_RETURN_IF_ERROR(host_staging_.Get(&d, total, &host_p));
+  HVD_RETURN_IF_ERROR(GetDeviceBuffer(host_staging_, &d, total, &host_p));
   auto* host = static_cast<uint8_t*>(host_p);
   // Several tensors are packed on the device and cross in one copy.
   uint8_t* packed = nullptr;
   if (m > 1) {
     void* f = nullptr;
-    HVD_RETURN_IF_ERROR(device_fusion_.Get(&d, total, &f));
+    HVD_RETURN_IF_ERROR(GetDeviceBuffer(device_fusion_, &d, total, &f));
     packed = static_cast<uint8_t*>(f);
     std::vector<CopySpan> spans;
     for (size_t i = 0; i < m; ++i) {
       if (bytes[i]) spans.push_back({entries[i]->input.data, packed + offsets[i], bytes[i]});
     }
-    HVD_RETURN_IF_ERROR(d.BatchedCopy(spans));
+    HVD_RETURN_IF_ERROR(DeviceCopy(spans));
     HVD_RETURN_IF_ERROR(d.Copy(host, packed, total));
   } else if (bytes[0]) {
     HVD_RETURN_IF_ERROR(d.Copy(host, entries[0]->input.data, bytes[0]));
@@ -497,7 +513,7 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
       for (size_t i = 0; i < m; ++i) {
         if (bytes[i]) spans.push_back({packed + offsets[i], entries[i]->output.data, bytes[i]});
       }
-      HVD_RETURN_IF_ERROR(d.BatchedCopy(spans));
+      HVD_RETURN_IF_ERROR(DeviceCopy(spans));
     } else if (bytes[0]) {
       HVD_RETURN_IF_ERROR(d.Copy(entries[0]->output.data, host, bytes[0]));
     }
@@ -509,7 +525,7 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
     HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, h.output_shape_, out_bytes, &out));
     e->handle->received_splits_ = h.received_splits_;
     void* stage = nullptr;
-    HVD_RETURN_IF_ERROR(host_staging_.Get(&d, out_bytes, &stage));
+    HVD_RETURN_IF_ERROR(GetDeviceBuffer(host_staging_, &d, out_bytes, &stage));
     if (out_bytes) std::memcpy(stage, h.output_bytes_.data(), out_bytes);
     HVD_RETURN_IF_ERROR(d.Copy(out, stage, out_bytes));
   }

@@ -127,7 +127,7 @@ class NcclCollectives : public DeviceCollectives {
       if (bytes[0] == 0) return Status::OK();
       return Call("ncclAllGather", ncclAllGather(in, o, bytes[0], ncclUint8, comm_, Stream()));
     }
-    HVD_RETURN_IF_ERROR(Call("ncclGroupStart", ncclGroupStart()));
+    HVD_RETURN_IF_ERROR(GroupStart());
     size_t off = 0;
     for (int r = 0; r < size_; ++r) {
       if (bytes[r] > 0) {
@@ -150,7 +150,7 @@ class NcclCollectives : public DeviceCollectives {
 
   Status Alltoallv(const void* in, const std::vector<size_t>& send, void* out,
                    const std::vector<size_t>& recv) override {
-    HVD_RETURN_IF_ERROR(Call("ncclGroupStart", ncclGroupStart()));
+    HVD_RETURN_IF_ERROR(GroupStart());
     size_t soff = 0, roff = 0;
     for (int r = 0; r < size_; ++r) {
       ncclResult_t res = ncclSuccess;
@@ -182,7 +182,7 @@ class NcclCollectives : public DeviceCollectives {
       return Call("ncclReduceScatter", ncclReduceScatter(in, out, counts[0], t, o, comm_, Stream()));
     }
     const size_t esize = DataTypeSize(dtype);
-    HVD_RETURN_IF_ERROR(Call("ncclGroupStart", ncclGroupStart()));
+    HVD_RETURN_IF_ERROR(GroupStart());
     size_t off = 0;
     for (int r = 0; r < size_; ++r) {
       if (counts[r] > 0) {
@@ -225,6 +225,13 @@ class NcclCollectives : public DeviceCollectives {
   }
 
   // A non-blocking call returns ncclInProgress until NCCL has taken it; wait for that.
+  // A group is opened only on a live communicator: Call refuses an aborted one without looking
+  // at the result, which would leave this thread's NCCL group open for every later call.
+  Status GroupStart() {
+    if (aborted_) return Status::Aborted("the NCCL communicator was aborted");
+    return Call("ncclGroupStart", ncclGroupStart());
+  }
+
   Status Call(const char* what, ncclResult_t r) {
     if (aborted_) return Status::Aborted("the NCCL communicator was aborted");
     if (r != ncclSuccess && r != ncclInProgress) {
