@@ -294,8 +294,10 @@ void Supervisor::Stop(pid_t pid) {
     if (r.pid != pid || !r.running) continue;
     if (r.remote && r.in_fd >= 0) {
       CloseInput(&r);
-    } else if (::killpg(r.pid, SIGTERM) != 0) {
-      ::kill(r.pid, SIGTERM);
+    } else {
+      if (::killpg(r.pid, SIGTERM) != 0) ::kill(r.pid, SIGTERM);
+      // A stopped worker acts on SIGTERM only once continued (as in SignalLiveGroups).
+      if (::killpg(r.pid, SIGCONT) != 0) ::kill(r.pid, SIGCONT);
     }
   }
 }

@@ -243,8 +243,9 @@ void StopScenario(int size, int victim) {
   for (int r : survivors) ExpectSurvivorFailed(w, r, victim, /*must_name_lost=*/false);
 }
 
-// A stopped worker is found by rank 0's heartbeat check (Timeout); rank 2, idle meanwhile and
-// linked to rank 0 only, learns of it from rank 0's abort message. Both must report the same
+// A stopped worker is found by rank 0's heartbeat check (Timeout); rank 2, idle meanwhile,
+// learns of it from rank 0's abort message (with a core per rank, rank 2 also links to rank 1
+// for the symmetric rounds, but silence on that link is not watched). Both must report the same
 // code and name the stopped rank: the message carries the cause's code (it used to arrive as
 // PeerLost while rank 0 said Timeout).
 TEST(PeerStopped, AnIdleSurvivorReportsTheCodeOfTheCause) {

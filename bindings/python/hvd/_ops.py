@@ -65,17 +65,20 @@ class Handle:
     def wait(self):
         if self._state == 0:
             error = None
+            done = []
             for p in self._parts:
                 try:
                     p.wait()
+                    done.append(p)
                 except HvdError as e:
                     if error is None:
                         error = e
-            if error is None and self._stream is not None:
+            if self._stream is not None and done:
                 # Stream-ordered completion: the caller's current stream waits for the device
-                # work (a no-op when the engine already waited for it).
+                # work (a no-op when the engine already waited for it), also that of the parts
+                # that succeeded beside a failed one, whose memory goes once they are dropped.
                 stream = self._stream()
-                for p in self._parts:
+                for p in done:
                     p.stream_wait(stream)
             if error is not None:
                 self._state, self._value = 2, error

@@ -45,27 +45,68 @@ std::string Bytes(size_t b) {
   return os.str();
 }
 
-// Makes `ordinal` current on this thread for the scope, and restores the previous device if it
-// switched (a caller's thread: the framework's current device is left as it was). On the
-// thread that opened the device it is current already (CudaRuntimeImpl::Open).
+// The driver's cuCtxGetCurrent and cuCtxSetCurrent, through the runtime (no link to the
+// driver library); null where the driver does not give them.
+struct DriverContextCalls {
+  int (*get)(void**) = nullptr;  // CUresult cuCtxGetCurrent(CUcontext*)
+  int (*set)(void*) = nullptr;   // CUresult cuCtxSetCurrent(CUcontext)
+};
+
+const DriverContextCalls& DriverContext() {
+  static const DriverContextCalls calls = [] {
+    DriverContextCalls c;
+    void* get = nullptr;
+    void* set = nullptr;
+    cudaDriverEntryPointQueryResult q1 = cudaDriverEntryPointSymbolNotFound, q2 = q1;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault,
+                                         &q1) == cudaSuccess &&
+        cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault,
+                                         &q2) == cudaSuccess &&
+        q1 == cudaDriverEntryPointSuccess && q2 == cudaDriverEntryPointSuccess) {
+      c.get = reinterpret_cast<int (*)(void**)>(get);
+      c.set = reinterpret_cast<int (*)(void*)>(set);
+    } else {
+      cudaGetLastError();
+    }
+    return c;
+  }();
+  return calls;
+}
+
+// Makes `ordinal` current on this thread for the scope, and restores what the thread had if it
+// switched (a caller's thread: the framework's current device is left as it was). A thread
+// that had no context gets none back: restoring its "previous" device, 0 by default, would make
+// a context on GPU 0 (CUDA 12 and later create the primary context at cudaSetDevice), hundreds
+// of MiB in every rank of a host. On the thread that opened the device it is current already
+// (CudaRuntimeImpl::Open).
 class DeviceScope {
  public:
   explicit DeviceScope(int ordinal) {
     if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
     if (previous_ != ordinal) {
+      const DriverContextCalls& d = DriverContext();
+      void* context = nullptr;
+      no_context_ = d.get != nullptr && d.set != nullptr && d.get(&context) == 0 &&
+                    context == nullptr;
       status_ = CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice(" + std::to_string(ordinal) + ")");
       switched_ = status_.ok();
     }
   }
   ~DeviceScope() {
+    if (!switched_) return;
+    if (no_context_) {
+      DriverContext().set(nullptr);
+      return;
+    }
     // A failed restore is cleared, not left for the next kernel launch to report as its own.
-    if (switched_ && previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
+    if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
   }
   const Status& status() const { return status_; }
 
  private:
   int previous_ = -1;
   bool switched_ = false;
+  bool no_context_ = false;  // the thread had no current context before the switch
   Status status_;
 };
 

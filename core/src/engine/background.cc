@@ -331,7 +331,7 @@ bool EngineImpl::DrainQueue() {
     }
     if (e.request.type == OpType::kJoin) {
       joined_ = true;
-      if (e.input.device != kCpuDevice) join_device_ = e.input.device;
+      join_device_ = e.input.device;  // this join's (a plain join names none)
     }
     timeline_->Negotiate(e.request.name);
     const std::string key = set == kGlobalProcessSet ? std::string() : PendingKey(set, e.request.name);

@@ -469,8 +469,9 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
           s = Status::FailedPrecondition(Describe(e.request) + ": device " +
                                          std::to_string(e.input.device) +
                                          " needs a build with CUDA; this build has CPU only");
+        } else {
+          device_seen_.store(true);  // its zeros are device work: the background thread's
         }
-        device_seen_.store(true);  // its zeros are device work: the background thread's
       } else if (s.ok() && e.input.device != kCpuDevice) {
         device_seen_.store(true);  // before any caller could help with it
         s = RecordReady(e);
