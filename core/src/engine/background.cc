@@ -23,6 +23,8 @@ constexpr auto kIoPollEvery = std::chrono::microseconds(20);
 // some runs.
 constexpr auto kAsideYield = std::chrono::milliseconds(100);
 
+}  // namespace
+
 // kAbort's payload (coordinator/messages.h): the cause's code in one byte, then its message. A
 // receiver fails with Timeout where the cause was one (a stopped or hung peer), so that every
 // survivor of a freeze reports the same code, and with PeerLost otherwise: for it the
@@ -35,6 +37,8 @@ std::shared_ptr<const std::vector<uint8_t>> AbortPayload(const Status& cause) {
   p.insert(p.end(), cause.message().begin(), cause.message().end());
   return std::make_shared<const std::vector<uint8_t>>(std::move(p));
 }
+
+namespace {
 
 Status AbortStatus(const std::vector<uint8_t>& p) {
   const bool coded = !p.empty() && p[0] < 0x20;

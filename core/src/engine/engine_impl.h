@@ -68,6 +68,9 @@ inline std::shared_ptr<const std::vector<uint8_t>> Payload(std::vector<uint8_t> 
   return std::make_shared<const std::vector<uint8_t>>(std::move(v));
 }
 
+// A kAbort message's payload for `cause` (background.cc, where receivers decode it).
+std::shared_ptr<const std::vector<uint8_t>> AbortPayload(const Status& cause);
+
 // The key of an operation in flight: its name, qualified by its process set unless global.
 std::string PendingKey(int32_t process_set, const std::string& name);
 

@@ -185,11 +185,8 @@ void EngineImpl::Abandon(const Status& why) {
                     " abandoned the communicator: " + why.message();
   HVD_LOG(kError) << msg;
   if (!abort_.ok()) return;
-  if (coordinator()) {
-    BroadcastControl(static_cast<uint8_t>(MessageType::kAbort),
-                     std::make_shared<const std::vector<uint8_t>>(msg.begin(), msg.end()));
-  }
   abort_ = Status::Aborted(msg);
+  if (coordinator()) BroadcastControl(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(abort_));
   transport_->Abort(abort_);
 }
 
