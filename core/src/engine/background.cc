@@ -341,7 +341,7 @@ bool EngineImpl::DrainQueue() {
     const std::string key = set == kGlobalProcessSet ? std::string() : PendingKey(set, e.request.name);
     auto* node = pending_.Insert(set == kGlobalProcessSet ? std::string_view(e.request.name)
                                                           : std::string_view(key),
-                                 e.key_hash, std::move(e));
+                                 &e.key_hash, std::move(e));
     if (node == nullptr) {  // the caller's check keeps names unique; this is its backstop
       // (its name stays in flight: it belongs to the pending one)
       e.handle->Complete(Status::InvalidArgument(Describe(e.request) +

@@ -485,8 +485,7 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
             global ? std::string() : PendingKey(e.request.process_set, e.request.name);
         const std::string_view k =
             global ? std::string_view(e.request.name) : std::string_view(key);
-        e.key_hash = NameTable<bool>::Hash(k);
-        e.in_flight = in_flight_.Insert(k, e.key_hash, true);
+        e.in_flight = in_flight_.Insert(k, &e.key_hash, true);
         if (e.in_flight == nullptr) {
           s = Status::InvalidArgument(Describe(e.request) + ": a tensor with this name is already "
                                       "in flight on this rank; wait for it before reusing the name");

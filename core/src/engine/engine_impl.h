@@ -141,8 +141,8 @@ struct TensorEntry {
   std::function<Status(Transport&, ScratchBuffer&)> raw;
   // Its name's node in EngineImpl::in_flight_ from submission until it completes (under mu_).
   NameTable<bool>::Node* in_flight = nullptr;
-  // NameTable's hash of its key (its PendingKey()), computed once at submission for both tables.
-  uint64_t key_hash = 0;
+  // NameTable's hash of its key (its PendingKey()), computed at most once for both tables.
+  KeyHash key_hash;
 };
 
 // A pending_ node whose operation ended lets go of what the entry holds (its handle, its

@@ -9,6 +9,10 @@
 // a lookup reads one slot and, on a matching 64-bit hash, the entry's name. Entries are never
 // erased one by one (a value that ends only frees its node), so the index has no tombstones: a
 // sweep or a growth rebuilds it.
+// Insert first tries the entry that followed the previous Insert's the last time: a step's
+// tensors come in the same order every step, so in the steady state an Insert compares one
+// name and neither hashes the key nor reads the index, whose slots lie at random (a cache miss
+// each, with a step's tensors and data between two visits).
 //
 // Thread-safety: not thread-safe; each table is guarded by its owner.
 #pragma once
@@ -30,6 +34,13 @@ template <typename V>
 void NameTableReset(V& v) {
   v = V{};
 }
+
+// A key's hash, computed when a lookup first needs it (a predicted Insert does not) and kept for
+// the next table the same key goes into.
+struct KeyHash {
+  uint64_t value = 0;
+  bool known = false;
+};
 
 template <typename V>
 class NameTable {
@@ -55,17 +66,30 @@ class NameTable {
   // already.
   Node* Insert(std::string_view key, V&& value) { return Insert(key, Hash(key), std::move(value)); }
   Node* Insert(std::string_view key, uint64_t h, V&& value) {
-    if (2 * (entries_.size() + 1) > slots_.size()) Reindex(2 * (entries_.size() + 1));
-    Slot& slot = slots_[Probe(key, h)];
-    if (slot.entry == nullptr) {
-      entries_.push_back(std::make_unique<Entry>());
-      Entry* e = entries_.back().get();
-      e->name.assign(key.data(), key.size());
-      slot = Slot{h, e};
-    } else if (slot.entry->node.live) {
-      return nullptr;
+    KeyHash kh{h, true};
+    return Insert(key, &kh, std::move(value));
+  }
+  // As above, hashing the key into *h only if the prediction fails and *h is not known yet.
+  Node* Insert(std::string_view key, KeyHash* h, V&& value) {
+    Entry* e = last_ != nullptr ? last_->next : nullptr;
+    if (e == nullptr || std::string_view(e->name) != key) {
+      if (!h->known) {
+        h->value = Hash(key);
+        h->known = true;
+      }
+      if (2 * (entries_.size() + 1) > slots_.size()) Reindex(2 * (entries_.size() + 1));
+      Slot& slot = slots_[Probe(key, h->value)];
+      if (slot.entry == nullptr) {
+        entries_.push_back(std::make_unique<Entry>());
+        slot = Slot{h->value, entries_.back().get()};
+        slot.entry->name.assign(key.data(), key.size());
+      }
+      e = slot.entry;
     }
-    Node& n = slot.entry->node;
+    if (e->node.live) return nullptr;
+    if (last_ != nullptr && last_ != e) last_->next = e;
+    last_ = e;
+    Node& n = e->node;
     n.value = std::move(value);
     n.live = true;
     peak_ = std::max(peak_, ++live_);
@@ -89,6 +113,7 @@ class NameTable {
   void Clear() {
     entries_.clear();
     slots_.clear();
+    last_ = nullptr;
     live_ = 0;
     peak_ = 0;
     ++erasures_;
@@ -103,7 +128,9 @@ class NameTable {
   struct Entry {
     std::string name;
     Node node;
+    Entry* next = nullptr;  // the entry inserted after this one the last time, a prediction
   };
+
   struct Slot {
     uint64_t hash = 0;
     Entry* entry = nullptr;  // null: empty
@@ -141,11 +168,14 @@ class NameTable {
     entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
                                   [](const std::unique_ptr<Entry>& e) { return !e->node.live; }),
                    entries_.end());
+    for (auto& e : entries_) e->next = nullptr;  // an erased entry may be one
+    last_ = nullptr;
     Reindex(entries_.size());
   }
 
   std::vector<std::unique_ptr<Entry>> entries_;  // every node, live or free; never moved
   std::vector<Slot> slots_;                      // the index: a power of two, at most half full
+  Entry* last_ = nullptr;                        // the last Insert's
   size_t live_ = 0;
   size_t peak_ = 0;  // the most live nodes since the last sweep
   uint64_t erasures_ = 0;
