@@ -320,7 +320,7 @@ bool EngineImpl::DrainQueue() {
     if (e.raw) {
       StopPolling();
       // Benchmark hook: every rank runs it at the same point, without negotiation.
-      Status s = e.raw(*transport_, scratch_);
+      Status s = (*e.raw)(*transport_, scratch_);
       if (!s.ok() && s.code() != StatusCode::kInvalidArgument) abort_ = s;
       CompleteEntry(e, s);
       continue;

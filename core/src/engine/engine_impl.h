@@ -128,17 +128,26 @@ struct ReducescatterLayout {
 ReducescatterLayout LayOutReducescatter(const Response& r, int size, int rank);
 
 // One submitted operation, from enqueue until its handle completes.
+// Where a tensor's data lies: a TensorView without its shape, which the request keeps once.
+// Small, as the entry it is in: a step of many tensors walks every entry several times.
+struct TensorPlace {
+  void* data = nullptr;
+  DataType dtype = DataType::kFloat32;
+  int device = kCpuDevice;
+  void* stream = nullptr;  // device tensors: the caller's stream (TensorView::stream)
+};
+
 struct TensorEntry {
   Request request;
-  TensorView input;   // data, dtype and device only (the shape is request.shape)
-  TensorView output;  // data, dtype and device only (as many elements as the input)
+  TensorPlace input;
+  TensorPlace output;  // as many elements as the input
   OutputAllocator allocator;
   HandlePtr handle;
   // Device tensors: an event recorded at submission on the caller's stream
   // (DeviceRuntime::RecordEvent), released when the entry goes.
   std::shared_ptr<void> ready_event;
   // Benchmark hook: runs on the background thread instead of negotiating (see hvd/raw.h).
-  std::function<Status(Transport&, ScratchBuffer&)> raw;
+  std::unique_ptr<std::function<Status(Transport&, ScratchBuffer&)>> raw;
   // Its name's node in EngineImpl::in_flight_ from submission until it completes (under mu_).
   NameTable<bool>::Node* in_flight = nullptr;
   // NameTable's hash of its key (its PendingKey()), computed at most once for both tables.
@@ -152,7 +161,7 @@ inline void NameTableReset(TensorEntry& e) {
   e.handle.reset();
   e.allocator = nullptr;
   e.ready_event.reset();
-  e.raw = nullptr;
+  e.raw.reset();
   e.in_flight = nullptr;
   e.input.data = e.output.data = nullptr;
 }

@@ -493,7 +493,7 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
     if (!entries[i]) continue;
     TensorEntry& s = shadow[i];
     s.request = entries[i]->request;
-    s.input = TensorView(host + offsets[i], r.dtype, {});
+    s.input = TensorPlace{host + offsets[i], r.dtype};
     if (in_place) s.output = s.input;
     s.handle = NewHandle();
     shadows[i] = &s;

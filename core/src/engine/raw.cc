@@ -70,7 +70,7 @@ Status RunRawCollective(Engine& engine, RawCollective coll, const void* in, void
       return s;
     };
   }
-  e.raw = std::move(run);
+  e.raw = std::make_unique<RawFn>(std::move(run));
   HandlePtr h = engine.impl()->Enqueue(std::move(e));
   return h->Wait();
 }
