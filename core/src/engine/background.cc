@@ -291,7 +291,7 @@ void EngineImpl::StopPolling() {
 bool EngineImpl::DrainQueue() {
   // The caller's queue and this one trade places, so both keep their capacity from step to
   // step: a step of many tensors allocates no queue.
-  std::vector<TensorEntry>& batch = draining_;
+  std::vector<InFlightNode*>& batch = draining_;
   batch.clear();
   bool shutdown;
   std::unique_ptr<TimelineSwitch> timeline_switch;
@@ -311,12 +311,13 @@ bool EngineImpl::DrainQueue() {
     timeline_switched_.store(timeline_switch->ticket);
   }
   const auto start = batch.empty() ? Clock::time_point() : Clock::now();
-  // By process set: the entries moved into pending_ (whose nodes stay put). The lists keep
-  // their capacity from drain to drain.
+  // By process set: the nodes drained (their entries stay where the caller put them). The
+  // lists keep their capacity from drain to drain.
   auto& requests = drained_;
   for (auto& kv : requests) kv.second.clear();
   bool any = false;
-  for (auto& e : batch) {
+  for (InFlightNode* node : batch) {
+    TensorEntry& e = node->value;
     if (e.raw) {
       StopPolling();
       // Benchmark hook: every rank runs it at the same point, without negotiation.
@@ -338,16 +339,7 @@ bool EngineImpl::DrainQueue() {
       join_device_ = e.input.device;  // this join's (a plain join names none)
     }
     timeline_->Negotiate(e.request.name);
-    const std::string key = set == kGlobalProcessSet ? std::string() : PendingKey(set, e.request.name);
-    auto* node = pending_.Insert(set == kGlobalProcessSet ? std::string_view(e.request.name)
-                                                          : std::string_view(key),
-                                 &e.key_hash, std::move(e));
-    if (node == nullptr) {  // the caller's check keeps names unique; this is its backstop
-      // (its name stays in flight: it belongs to the pending one)
-      e.handle->Complete(Status::InvalidArgument(Describe(e.request) +
-                                                 ": a tensor with this name is already pending"));
-      continue;
-    }
+    e.drained = true;
     requests[set].push_back(node);
     any = true;
   }
@@ -375,24 +367,30 @@ bool EngineImpl::DrainQueue() {
 int EngineImpl::LookupBit(ProcessSetState& ps, NameTable<TensorEntry>::Node* node) {
   const int bit = ps.cache->Lookup(node->value.request, &node->hint);
   if (bit < 0) return bit;
-  if (ps.nodes_generation != pending_.erasures()) {  // nodes it holds may be gone
+  if (ps.nodes_generation != in_flight_.erasures()) {  // nodes it holds may be gone
     ps.node_of_bit.assign(ps.node_of_bit.size(), nullptr);
-    ps.nodes_generation = pending_.erasures();
+    ps.nodes_generation = in_flight_.erasures();
   }
   if (static_cast<size_t>(bit) >= ps.node_of_bit.size()) ps.node_of_bit.resize(bit + 1, nullptr);
   ps.node_of_bit[bit] = node;
+  node->value.announced_bit = bit;
   return bit;
 }
 
 NameTable<TensorEntry>::Node* EngineImpl::PendingNode(ProcessSetState& ps, const Response& r,
                                                       size_t i) {
   if (r.from_cache && i < r.bits.size() && r.bits[i] < ps.node_of_bit.size() &&
-      ps.nodes_generation == pending_.erasures()) {
-    auto* node = ps.node_of_bit[r.bits[i]];
-    if (node != nullptr && node->live && node->value.request.name == r.names[i]) return node;
+      ps.nodes_generation == in_flight_.erasures()) {
+    auto* node = ps.node_of_bit[r.bits[i]];  // live and drained (engine_impl.h)
+    if (node != nullptr && node->value.request.name == r.names[i]) return node;
   }
-  return r.process_set == kGlobalProcessSet ? pending_.Find(r.names[i])
-                                            : pending_.Find(PendingKey(r.process_set, r.names[i]));
+  const std::string key =
+      r.process_set == kGlobalProcessSet ? std::string() : PendingKey(r.process_set, r.names[i]);
+  std::lock_guard<ShortMutex> l(mu_);
+  auto* node = in_flight_.Find(r.process_set == kGlobalProcessSet ? std::string_view(r.names[i])
+                                                                   : std::string_view(key));
+  // An entry the caller has queued and this thread not drained is not announced yet.
+  return node != nullptr && node->value.drained ? node : nullptr;
 }
 
 void EngineImpl::Announce(ProcessSetState& ps,
@@ -975,12 +973,17 @@ Status EngineImpl::ExecuteProcessSet(const Response& r, std::vector<TensorEntry*
   }
   const Status gone = Status::FailedPrecondition(
       "process set " + std::to_string(id) + " was removed while this operation was in flight");
-  pending_.ReleaseIf([&](TensorEntry& e) {
-    if (e.request.process_set != id) return false;
-    CompleteEntry(e, gone.WithContext(std::string(OpTypeName(e.request.type)) + " '" +
-                                      e.request.name + "'"));
-    return true;
-  });
+  std::vector<TensorEntry*> stranded;  // drained; the queued ones fail as they are drained
+  {
+    std::lock_guard<ShortMutex> l(mu_);
+    in_flight_.ForEachLive([&](TensorEntry& e) {
+      if (e.drained && e.request.process_set == id) stranded.push_back(&e);
+    });
+  }
+  for (TensorEntry* e : stranded) {
+    CompleteEntry(*e, gone.WithContext(std::string(OpTypeName(e->request.type)) + " '" +
+                                       e->request.name + "'"));
+  }
   sets_.erase(id);
   return Status::OK();
 }
@@ -1123,19 +1126,18 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
     control_[0]->Send(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(status));
   }
   transport_->Abort(status);
-  std::vector<TensorEntry> queued;
+  std::vector<HandlePtr> handles;  // of every entry, queued or drained
   {
     std::lock_guard<ShortMutex> l(mu_);
     if (dead_.ok()) dead_ = status;
-    queued.swap(queue_);
+    queue_.clear();
+    in_flight_.ForEachLive([&](TensorEntry& e) {
+      if (e.handle) handles.push_back(std::move(e.handle));
+    });
     in_flight_.Clear();
   }
-  for (auto& e : queued) e.handle->Complete(status);
-  pending_.ReleaseIf([&](TensorEntry& e) {
-    e.handle->Complete(status);
-    return true;
-  });
-  pending_.Clear();
+  for (auto& kv : sets_) kv.second->node_of_bit.clear();
+  for (auto& h : handles) h->Complete(status);
   to_execute_.clear();
   FlushControl(Clock::now() + std::chrono::seconds(2));
   for (auto& c : control_) {

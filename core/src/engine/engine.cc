@@ -485,7 +485,7 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
             global ? std::string() : PendingKey(e.request.process_set, e.request.name);
         const std::string_view k =
             global ? std::string_view(e.request.name) : std::string_view(key);
-        e.in_flight = in_flight_.Insert(k, &e.key_hash, true);
+        e.in_flight = in_flight_.Acquire(k, &e.key_hash);  // filled in below, once all pass
         if (e.in_flight == nullptr) {
           s = Status::InvalidArgument(Describe(e.request) + ": a tensor with this name is already "
                                       "in flight on this rank; wait for it before reusing the name");
@@ -494,7 +494,9 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
     }
     if (!s.ok()) {
       for (TensorEntry* p = entries; p != end; ++p) {
-        in_flight_.Release(p->in_flight);  // a group's members taken before one failed
+        // A group's members taken before one failed; no sweep: only the background thread
+        // erases nodes (engine_impl.h).
+        in_flight_.Release(static_cast<InFlightNode*>(p->in_flight), /*sweep=*/false);
         p->in_flight = nullptr;
         p->handle->refused_ = true;
         p->handle->Complete(s);
@@ -512,7 +514,9 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
       const bool small = RequestBytes(e.request) <= kSmallWaitBytes;
       e.handle->spin_ = !oversubscribed_ || small ? spin_ : std::chrono::microseconds(0);
       if (small && !oversubscribed_) e.handle->helper_ = helper_;
-      queue_.push_back(std::move(e));
+      auto* node = static_cast<InFlightNode*>(e.in_flight);
+      node->value = std::move(e);
+      queue_.push_back(node);
     }
   }
   Wake();

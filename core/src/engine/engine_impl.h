@@ -2,15 +2,22 @@
 // negotiation, the transport and execution.
 //
 // Threads:
-//   - Caller threads call Enqueue*/Shutdown only. They validate, put a TensorEntry on queue_
-//     (under mu_), raise queued_, and wake the background thread with a no-op handler posted
-//     to io_ when it sleeps (Wake()).
-//   - The background thread runs Loop(): it drains the queue into pending_ and announces the
-//     new requests to the coordinator; on rank 0 it also computes and broadcasts responses; it
-//     executes responses in order; between those it sleeps in io_.run_one_for(), which wakes on
-//     a posted enqueue, a control message, or the idle tick. It is the only thread that touches
-//     io_'s sockets, the transport, the coordinator, pending_ and the execution queue, save a
-//     waiting caller that runs its work in its place (below).
+//   - Caller threads call Enqueue*/Shutdown only. They validate, move each TensorEntry into
+//     its name's node of in_flight_ and put the node on queue_ (under mu_), raise queued_, and
+//     wake the background thread with a no-op handler posted to io_ when it sleeps (Wake()).
+//   - The background thread runs Loop(): it drains the queue (the entries stay in their nodes)
+//     and announces the new requests to the coordinator; on rank 0 it also computes and
+//     broadcasts responses; it executes responses in order; between those it sleeps in
+//     io_.run_one_for(), which wakes on a posted enqueue, a control message, or the idle tick.
+//     It is the only thread that touches io_'s sockets, the transport, the coordinator, the
+//     entries it has drained and the execution queue, save a waiting caller that runs its work
+//     in its place (below).
+//   - in_flight_: its structure (nodes made live or free, lookups by name) is guarded by mu_. A
+//     live node's entry is written by the caller that submits it, under mu_, and from the
+//     drain on it is the background thread's alone until it releases the node (under mu_).
+//     Only the background thread sweeps free nodes (NameTable::erasures()), so the pointers it
+//     keeps to nodes (ProcessSetState::node_of_bit) are checked against a count no other
+//     thread changes.
 //
 // Caller-driven progress. The loop's work (draining, negotiating, executing) runs under one
 // lock, ProgressHelper::run, which the background thread holds while it runs. A caller that
@@ -148,13 +155,19 @@ struct TensorEntry {
   std::shared_ptr<void> ready_event;
   // Benchmark hook: runs on the background thread instead of negotiating (see hvd/raw.h).
   std::unique_ptr<std::function<Status(Transport&, ScratchBuffer&)>> raw;
-  // Its name's node in EngineImpl::in_flight_ from submission until it completes (under mu_).
-  NameTable<bool>::Node* in_flight = nullptr;
-  // NameTable's hash of its key (its PendingKey()), computed at most once for both tables.
+  // The node of in_flight_ that holds this entry from submission until it completes (a
+  // NameTable<TensorEntry>::Node*, which cannot be named inside TensorEntry).
+  void* in_flight = nullptr;
+  // NameTable's hash of its key (its PendingKey()), computed at most once.
   KeyHash key_hash;
+  // Background thread only, from the drain on: drained (announced, awaiting execution; a
+  // lookup by name finds no entry before), and the response-cache bit it was announced as
+  // (-1: none), whose ProcessSetState::node_of_bit slot it clears when it completes.
+  bool drained = false;
+  int32_t announced_bit = -1;
 };
 
-// A pending_ node whose operation ended lets go of what the entry holds (its handle, its
+// An in_flight_ node whose operation ended lets go of what the entry holds (its handle, its
 // allocator, its device event), keeping the storage of its strings for the next entry moved
 // in (NameTable::Free): resetting the whole entry cost as much as the rest of its completion.
 inline void NameTableReset(TensorEntry& e) {
@@ -164,7 +177,10 @@ inline void NameTableReset(TensorEntry& e) {
   e.raw.reset();
   e.in_flight = nullptr;
   e.input.data = e.output.data = nullptr;
+  e.drained = false;
+  e.announced_bit = -1;
 }
+using InFlightNode = NameTable<TensorEntry>::Node;
 
 // The ranks a response runs on (the world, or a process set's members) and what running
 // collectives on them needs. Ranks here count in it.
@@ -204,10 +220,11 @@ struct ProcessSetState {
   bool removed = false;    // a removal is negotiated: new operations on it fail
   std::unique_ptr<ResponseCache> cache;  // identical on every member and rank 0
   std::unique_ptr<Comm> comm;            // members only
-  // Members: [bit] this rank's pending_ node last announced as that bit, so that a response
-  // rebuilt from bits finds its entries without hashing their names (PendingNode); valid while
-  // pending_.erasures() is nodes_generation. A node found there must still be live and hold
-  // the response's name (a guard: every agreed bit was announced by this rank as that node).
+  // Members: [bit] this rank's drained node announced as that bit, so that a response rebuilt
+  // from bits finds its entries without hashing their names (PendingNode); null once the
+  // node's entry completes (so every node here is live and the background thread's); valid
+  // while in_flight_.erasures() is nodes_generation. A node found there must hold the
+  // response's name (a guard: every agreed bit was announced by this rank as that node).
   std::vector<NameTable<TensorEntry>::Node*> node_of_bit;
   uint64_t nodes_generation = 0;
   // Rank 0 only: the set's coordinator (null once its removal is negotiated), each member's
@@ -397,6 +414,8 @@ class EngineImpl {
   void BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload,
                         const std::vector<int>* members = nullptr);
   void FailAll(const Status& status, bool notify = true);
+  // Background thread: ends entries it owns (drained, or taken from the queue) with `status`:
+  // their nodes of in_flight_ are released, and then their handles completed.
   void CompleteEntry(TensorEntry& e, const Status& status);
   void CompleteEntries(TensorEntry* const* entries, size_t n, const Status& status);
   void FinishShutdown(int requested_by);
@@ -453,8 +472,9 @@ class EngineImpl {
 
   // Caller side, guarded by mu_.
   mutable ShortMutex mu_;
-  std::vector<TensorEntry> queue_;
-  NameTable<bool> in_flight_;  // PendingKey()s queued or pending on this rank
+  std::vector<InFlightNode*> queue_;  // submitted, not drained yet
+  // By PendingKey(): every entry submitted and not completed on this rank (see Threads above).
+  NameTable<TensorEntry> in_flight_;
   Status dead_;                                // set once: later operations fail with it
   bool shutdown_requested_ = false;
   // A timeline to switch to (StartTimeline, StopTimeline: an empty path), taken by DrainQueue;
@@ -510,14 +530,15 @@ class EngineImpl {
   bool polling_ = false;  // poller_ is told this thread polls it (only while it spins idle)
   bool control_over_tcp_ = true;  // some control link is read by the io_context
   Clock::time_point io_polled_;   // when the spinning loop last polled the io_context
-  NameTable<TensorEntry> pending_;  // by PendingKey(): announced, awaiting execution
   // Reused from step to step, so that a step of many tensors allocates none of them: the
-  // entries being drained from queue_ (DrainQueue), and those of the response being executed
-  // with their pending_ nodes (Execute) and their pieces (ExecuteAllreduce).
-  std::vector<TensorEntry> draining_;
+  // nodes being drained from queue_ (DrainQueue), those of the response being executed with
+  // their entries (Execute) and pieces (ExecuteAllreduce), and the handles being completed.
+  std::vector<InFlightNode*> draining_;
   std::map<int32_t, std::vector<NameTable<TensorEntry>::Node*>> drained_;  // by set (DrainQueue)
   std::vector<TensorEntry*> executing_;
   std::vector<NameTable<TensorEntry>::Node*> executing_nodes_;
+  std::vector<InFlightNode*> releasing_;
+  std::vector<HandlePtr> completing_;
   std::vector<size_t> counts_;
   std::vector<AllreducePiece> pieces_;
   std::vector<Shell> returning_;  // shells of the response being executed

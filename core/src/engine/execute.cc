@@ -199,16 +199,27 @@ void EngineImpl::CompleteEntry(TensorEntry& e, const Status& status) {
   CompleteEntries(&one, 1, status);
 }
 
-// One lock for all of a response's tensors, each releasing its node of in_flight_.
+// One lock for all of a response's tensors, each releasing its node of in_flight_. What an
+// entry holds goes before, outside the lock (its allocator, its device event); once released
+// the node is the callers' again, so the handles are completed from here: a caller that sees
+// its handle finish may submit the name again at once.
 void EngineImpl::CompleteEntries(TensorEntry* const* entries, size_t n, const Status& status) {
+  std::vector<InFlightNode*>& nodes = releasing_;
+  std::vector<HandlePtr>& handles = completing_;
+  nodes.clear();
+  handles.clear();
+  for (size_t i = 0; i < n; ++i) {
+    TensorEntry& e = *entries[i];
+    nodes.push_back(static_cast<InFlightNode*>(e.in_flight));
+    handles.push_back(std::move(e.handle));
+    NameTableReset(e);
+  }
   {
     std::lock_guard<ShortMutex> l(mu_);
-    for (size_t i = 0; i < n; ++i) {
-      in_flight_.Release(entries[i]->in_flight);
-      entries[i]->in_flight = nullptr;
-    }
+    for (InFlightNode* node : nodes) in_flight_.Release(node);
   }
-  for (size_t i = 0; i < n; ++i) entries[i]->handle->Complete(status);
+  for (auto& h : handles) h->Complete(status);
+  handles.clear();
 }
 
 void EngineImpl::KeepShell(Request& r) {
@@ -244,7 +255,7 @@ void EngineImpl::Execute(const Response& r) {
     return;
   }
   comm_ = ps->comm.get();
-  // This rank's entries, in their pending_ nodes until they complete; null where this rank
+  // This rank's entries, in their in_flight_ nodes until they complete; null where this rank
   // has joined.
   auto& owned = executing_nodes_;
   owned.clear();
@@ -288,12 +299,18 @@ void EngineImpl::Execute(const Response& r) {
     if (!abort_.ok()) s = abort_;  // names this rank, as the others' errors do
   }
   entries.erase(std::remove(entries.begin(), entries.end(), nullptr), entries.end());
+  // Before the nodes go back to the callers: their name and shape storage for new entries,
+  // and the bits that lead to them.
+  for (auto* node : owned) {
+    TensorEntry& e = node->value;
+    KeepShell(e.request);
+    const auto bit = static_cast<size_t>(e.announced_bit);
+    if (e.announced_bit >= 0 && bit < ps->node_of_bit.size() && ps->node_of_bit[bit] == node) {
+      ps->node_of_bit[bit] = nullptr;
+    }
+  }
   CompleteEntries(entries.data(), entries.size(), s);
   entries.clear();
-  for (auto* node : owned) {
-    KeepShell(node->value.request);
-    pending_.Release(node);
-  }
   owned.clear();
   ReturnShells();
   if (comm_gone && abort_.ok()) abort_ = s;

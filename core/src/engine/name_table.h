@@ -71,6 +71,13 @@ class NameTable {
   }
   // As above, hashing the key into *h only if the prediction fails and *h is not known yet.
   Node* Insert(std::string_view key, KeyHash* h, V&& value) {
+    Node* n = Acquire(key, h);
+    if (n != nullptr) n->value = std::move(value);
+    return n;
+  }
+  // Makes `key` live with its node's value as the last release left it (NameTableReset), for
+  // the caller to fill in; null if it is live already.
+  Node* Acquire(std::string_view key, KeyHash* h) {
     Entry* e = last_ != nullptr ? last_->next : nullptr;
     if (e == nullptr || std::string_view(e->name) != key) {
       if (!h->known) {
@@ -90,15 +97,15 @@ class NameTable {
     if (last_ != nullptr && last_ != e) last_->next = e;
     last_ = e;
     Node& n = e->node;
-    n.value = std::move(value);
     n.live = true;
     peak_ = std::max(peak_, ++live_);
     return &n;
   }
-  // Ends a live node's value (NameTableReset). Other nodes stay where they are.
-  void Release(Node* n) {
+  // Ends a live node's value (NameTableReset). Other nodes stay where they are; without
+  // `sweep`, so do free ones (erasures() does not change).
+  void Release(Node* n, bool sweep = true) {
     Free(n);
-    MaybeSweep();
+    if (sweep) MaybeSweep();
   }
   void Release(std::string_view key) { Release(Find(key)); }
   // f(value) for every live value; where it returns true the value is released.
@@ -109,6 +116,13 @@ class NameTable {
       if (n.live && f(n.value)) Free(&n);
     }
     MaybeSweep();
+  }
+  // f(value) for every live value.
+  template <typename F>
+  void ForEachLive(F f) {
+    for (auto& e : entries_) {
+      if (e->node.live) f(e->node.value);
+    }
   }
   void Clear() {
     entries_.clear();
