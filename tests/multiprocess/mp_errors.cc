@@ -180,6 +180,48 @@ void CheckDuplicateInGroup(hvd::Engine& e, Checker& ck) {
   ExpectNextWorks(e, ck, "mm.group");
 }
 
+// One name through every way an entry is built (an allreduce built in its name's node, other
+// ops and groups moved there) and across shapes, dtypes and factors: each use gives its own
+// result, whatever the node held before (a name longer than a string's inline storage, so that
+// the node's heap storage is what is kept and written over). A refused use (an unknown process
+// set) leaves the name free.
+void CheckNameReuse(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  const std::string name = "mm.reuse.a.name.longer.than.inline.storage";
+  const double sum = n * (n + 1) / 2.0;
+  float f[5];
+  for (int i = 0; i < 5; ++i) f[i] = static_cast<float>((r + 1) * (i + 1));
+  TensorView fv(f, DataType::kFloat32, {5});
+  if (ck.ExpectOk(WaitDone(e.Allreduce(name, fv, fv, ReduceOp::kSum)), "reuse: float32 {5}")) {
+    ck.Expect(f[0] == sum && f[4] == 5 * sum, "reuse: float32 {5} gives the sum");
+  }
+  int64_t g[6], out[6];
+  for (int i = 0; i < 6; ++i) g[i] = (r + 1) * (i + 1);
+  TensorView gv(g, DataType::kInt64, {2, 3}), ov(out, DataType::kInt64, {2, 3});
+  if (ck.ExpectOk(WaitDone(e.Allreduce(name, gv, ov, ReduceOp::kMax, 2.0)), "reuse: int64 {2,3}")) {
+    ck.Expect(out[0] == 2 * n && out[5] == 12 * n && g[5] == 6 * (r + 1),
+              "reuse: int64 {2,3} max with prescale 2, out of place");
+  }
+  float b[3] = {static_cast<float>(r), 7, 8};
+  TensorView bv(b, DataType::kFloat32, {3});
+  if (ck.ExpectOk(WaitDone(e.Broadcast(name, bv, bv, n - 1)), "reuse: broadcast")) {
+    ck.Expect(b[0] == n - 1 && b[1] == 7, "reuse: broadcast from the last rank");
+  }
+  float one = static_cast<float>(r + 1), other = 1;
+  TensorView onev(&one, DataType::kFloat32, {1}), otherv(&other, DataType::kFloat32, {1});
+  auto hs = e.GroupedAllreduce({name, name + ".2"}, {onev, otherv}, {onev, otherv},
+                               ReduceOp::kSum);
+  for (auto& h : hs) ck.ExpectOk(WaitDone(h), "reuse: grouped");
+  ck.Expect(one == sum && other == n, "reuse: grouped allreduce gives the sums");
+  hvd::Status refused = WaitDone(e.Allreduce(name, onev, onev, ReduceOp::kSum, 1.0, 1.0, 12345));
+  ck.Expect(refused.code() == StatusCode::kInvalidArgument,
+            "reuse: an unknown process set is refused: " + refused.ToString());
+  one = static_cast<float>(r + 1);
+  if (ck.ExpectOk(WaitDone(e.Allreduce(name, onev, onev, ReduceOp::kAverage)), "reuse: after")) {
+    ck.Expect(one == static_cast<float>(sum / n), "reuse: the name works after a refusal");
+  }
+}
+
 }  // namespace
 
 int RunMismatchChecks(hvd::Engine& e, Checker& ck) {
@@ -191,6 +233,7 @@ int RunMismatchChecks(hvd::Engine& e, Checker& ck) {
     CheckCachedTensors(e, ck);
   }
   CheckDuplicateInGroup(e, ck);
+  CheckNameReuse(e, ck);
   return ck.End();
 }
 

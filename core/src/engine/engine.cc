@@ -511,15 +511,79 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
     }
     for (TensorEntry* p = entries; p != end; ++p) {
       TensorEntry& e = *p;
-      const bool small = RequestBytes(e.request) <= kSmallWaitBytes;
-      e.handle->spin_ = !oversubscribed_ || small ? spin_ : std::chrono::microseconds(0);
-      if (small && !oversubscribed_) e.handle->helper_ = helper_;
+      SetWaitPolicy(e);
       auto* node = static_cast<InFlightNode*>(e.in_flight);
       node->value = std::move(e);
       queue_.push_back(node);
     }
   }
   Wake();
+}
+
+void EngineImpl::SetWaitPolicy(TensorEntry& e) const {
+  const bool small = RequestBytes(e.request) <= kSmallWaitBytes;
+  e.handle->spin_ = !oversubscribed_ || small ? spin_ : std::chrono::microseconds(0);
+  if (small && !oversubscribed_) e.handle->helper_ = helper_;
+}
+
+// Submit for one host allreduce, built in its name's node of in_flight_ instead of moved
+// there: a training step's gradients are allreduces, and the node keeps the storage of the
+// name and shape it held the last time the name was used (keeps_storage), so that a step of
+// the same tensors copies no entry and hands no storage around.
+HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView& in,
+                                      const TensorView& out, ReduceOp op, double prescale,
+                                      double postscale, int32_t process_set) {
+  HandlePtr h = NewHandle();
+  const bool global = process_set == kGlobalProcessSet;
+  const std::string key = global ? std::string() : PendingKey(process_set, name);
+  const std::string_view k = global ? std::string_view(name) : std::string_view(key);
+  {
+    std::lock_guard<ShortMutex> l(mu_);
+    Status s = dead_;
+    if (s.ok() && shutdown_requested_) s = Status::Aborted("hvd has been shut down");
+    KeyHash hash;
+    InFlightNode* node = s.ok() ? in_flight_.Acquire(k, &hash) : nullptr;
+    if (s.ok() && node == nullptr) {
+      s = Status::InvalidArgument("allreduce '" + name + "' on rank " +
+                                  std::to_string(options_.rank) +
+                                  ": a tensor with this name is already in flight on this rank; "
+                                  "wait for it before reusing the name");
+    }
+    if (s.ok()) {
+      TensorEntry& e = node->value;  // as its last release left it (NameTableReset)
+      Request& r = e.request;
+      r.type = OpType::kAllreduce;
+      r.name.assign(name);
+      r.dtype = in.dtype;
+      r.op = op;
+      r.root = -1;
+      r.device = in.device;
+      r.prescale = prescale;
+      r.postscale = postscale;
+      r.shape.assign(in.shape.begin(), in.shape.end());
+      r.splits.clear();
+      r.group.clear();
+      r.group_size = 0;
+      r.process_set = process_set;
+      e.input = TensorPlace{in.data, in.dtype, in.device, in.stream};
+      e.output = TensorPlace{out.data, out.dtype, out.device, out.stream};
+      e.handle = h;
+      e.in_flight = node;
+      e.key_hash = hash;
+      e.keeps_storage = true;
+      s = ValidateLocked(e);
+      if (!s.ok()) in_flight_.Release(node, /*sweep=*/false);
+    }
+    if (!s.ok()) {
+      h->refused_ = true;
+      h->Complete(s);
+      return h;
+    }
+    SetWaitPolicy(node->value);
+    queue_.push_back(node);
+  }
+  Wake();
+  return h;
 }
 
 // ---------------------------------------------------------------- EngineImpl: process sets
@@ -779,6 +843,9 @@ HandlePtr Engine::Allreduce(const std::string& name, const TensorView& input,
                             double postscale, int32_t process_set) {
   Status s = CheckAllreduceArgs(name, input, output, op);
   if (!s.ok()) return Failed(s);
+  if (input.device == kCpuDevice) {
+    return impl_->SubmitAllreduce(name, input, output, op, prescale, postscale, process_set);
+  }
   TensorEntry e = MakeEntry(*impl_, OpType::kAllreduce, name, input, output, process_set);
   e.request.op = op;
   e.request.prescale = prescale;

@@ -165,6 +165,9 @@ struct TensorEntry {
   // (-1: none), whose ProcessSetState::node_of_bit slot it clears when it completes.
   bool drained = false;
   int32_t announced_bit = -1;
+  // Built in its node (EngineImpl::SubmitAllreduce): the node keeps its name's and shape's
+  // storage when it completes, for the name's next use, instead of handing it to other entries.
+  bool keeps_storage = false;
 };
 
 // An in_flight_ node whose operation ended lets go of what the entry holds (its handle, its
@@ -179,6 +182,7 @@ inline void NameTableReset(TensorEntry& e) {
   e.input.data = e.output.data = nullptr;
   e.drained = false;
   e.announced_bit = -1;
+  e.keeps_storage = false;
 }
 using InFlightNode = NameTable<TensorEntry>::Node;
 
@@ -277,6 +281,9 @@ class EngineImpl {
   HandlePtr Enqueue(TensorEntry&& entry);
   std::vector<HandlePtr> EnqueueGroup(std::vector<TensorEntry> entries);
   void Submit(TensorEntry* entries, size_t n);
+  HandlePtr SubmitAllreduce(const std::string& name, const TensorView& in, const TensorView& out,
+                            ReduceOp op, double prescale, double postscale, int32_t process_set);
+  void SetWaitPolicy(TensorEntry& e) const;  // under mu_
   Status Shutdown();
   // Process sets (collective: every rank calls them in the same order). Add returns the new
   // set's id; `at_init` allows it without HVD_DYNAMIC_PROCESS_SETS.
