@@ -64,7 +64,12 @@ struct HVD_EXPORT TensorView {
 };
 
 HVD_EXPORT std::string ShapeToString(const std::vector<int64_t>& shape);
-// Product of the dimensions (1 for a scalar's empty shape).
-HVD_EXPORT int64_t NumElements(const std::vector<int64_t>& shape);
+// Product of the dimensions (1 for a scalar's empty shape). Inline: the engine asks it of every
+// tensor several times a step.
+inline int64_t NumElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
 
 }  // namespace hvd

@@ -60,12 +60,6 @@ bool ParseReduceOp(const std::string& s, ReduceOp* out) {
   return false;
 }
 
-int64_t NumElements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 int64_t TensorView::num_elements() const { return NumElements(shape); }
 
 std::string ShapeToString(const std::vector<int64_t>& shape) {

@@ -366,6 +366,11 @@ Status EngineImpl::ValidateLocked(TensorEntry& e) const {
 Status EngineImpl::CheckProcessSetLocked(Request& r) const {
   auto what = [&] { return Describe(r); };
   const int32_t id = r.process_set;
+  // The common case, for every gradient: the global set always exists and has this rank, and
+  // of the checks below only Adasum's applies to an allreduce.
+  if (id == kGlobalProcessSet && r.type == OpType::kAllreduce && r.op != ReduceOp::kAdasum) {
+    return Status::OK();
+  }
   if (r.type == OpType::kJoin && id != kGlobalProcessSet) {
     return Status::InvalidArgument(what() + ": join is of the global process set only");
   }
