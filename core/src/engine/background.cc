@@ -300,6 +300,10 @@ bool EngineImpl::DrainQueue() {
   {
     std::lock_guard<ShortMutex> l(mu_);
     batch.swap(queue_);
+    if (sweep_wanted_) {  // nodes a caller took for operations it then refused
+      in_flight_.Sweep();
+      sweep_wanted_ = false;
+    }
     shutdown = shutdown_requested_;
     timeline_switch.swap(timeline_switch_);
   }
@@ -1127,15 +1131,19 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
   }
   transport_->Abort(status);
   std::vector<HandlePtr> handles;  // of every entry, queued or drained
+  std::vector<TensorEntry> gone;    // what they hold, let go of outside the lock (allocators,
+                                    // device events)
   {
     std::lock_guard<ShortMutex> l(mu_);
     if (dead_.ok()) dead_ = status;
     queue_.clear();
     in_flight_.ForEachLive([&](TensorEntry& e) {
       if (e.handle) handles.push_back(std::move(e.handle));
+      gone.push_back(std::move(e));
     });
     in_flight_.Clear();
   }
+  gone.clear();
   for (auto& kv : sets_) kv.second->node_of_bit.clear();
   for (auto& h : handles) h->Complete(status);
   to_execute_.clear();

@@ -500,8 +500,9 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
     if (!s.ok()) {
       for (TensorEntry* p = entries; p != end; ++p) {
         // A group's members taken before one failed; no sweep: only the background thread
-        // erases nodes (engine_impl.h).
+        // erases nodes (engine_impl.h), at its next drain.
         in_flight_.Release(static_cast<InFlightNode*>(p->in_flight), /*sweep=*/false);
+        sweep_wanted_ = true;
         p->in_flight = nullptr;
         p->handle->refused_ = true;
         p->handle->Complete(s);
@@ -577,7 +578,13 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
       e.key_hash = hash;
       e.keeps_storage = true;
       s = ValidateLocked(e);
-      if (!s.ok()) in_flight_.Release(node, /*sweep=*/false);
+      if (!s.ok()) {
+        // Taken before the checks (which read the entry): freed again, and swept by the
+        // background thread at its next drain, so that refusals under ever new names do not
+        // pile up nodes.
+        in_flight_.Release(node, /*sweep=*/false);
+        sweep_wanted_ = true;
+      }
     }
     if (!s.ok()) {
       h->refused_ = true;

@@ -480,6 +480,7 @@ class EngineImpl {
   // Caller side, guarded by mu_.
   mutable ShortMutex mu_;
   std::vector<InFlightNode*> queue_;  // submitted, not drained yet
+  bool sweep_wanted_ = false;         // a caller freed nodes; the next drain sweeps
   // By PendingKey(): every entry submitted and not completed on this rank (see Threads above).
   NameTable<TensorEntry> in_flight_;
   Status dead_;                                // set once: later operations fail with it

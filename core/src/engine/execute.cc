@@ -208,6 +208,8 @@ void EngineImpl::CompleteEntries(TensorEntry* const* entries, size_t n, const St
   std::vector<HandlePtr>& handles = completing_;
   nodes.clear();
   handles.clear();
+  nodes.reserve(n);  // before any handle is moved out: the loop below cannot throw
+  handles.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     TensorEntry& e = *entries[i];
     nodes.push_back(static_cast<InFlightNode*>(e.in_flight));

@@ -117,6 +117,8 @@ class NameTable {
     }
     MaybeSweep();
   }
+  // Sweeps free nodes if there are too many (what Release does after it frees).
+  void Sweep() { MaybeSweep(); }
   // f(value) for every live value.
   template <typename F>
   void ForEachLive(F f) {
