@@ -227,7 +227,7 @@ int64_t Bench::RunSize(size_t count) {
                   "sent by a rank\n",
                   busiest[0] / 1e3, busiest[0] / a_.tensors, negotiation[0] / 1e3, busiest[1]);
       std::printf("#   of it, on the busiest rank for each: per-tensor bookkeeping %.1f us "
-                  "(%.0f ns per tensor: the pending table, the cache lookup, responses built "
+                  "(%.0f ns per tensor: the drain, the cache lookup, responses built "
                   "from bits); "
                   "the agreement %.1f us (parts and lists made, sent, read and ANDed)\n",
                   busiest[2] / 1e3, busiest[2] / a_.tensors, busiest[3] / 1e3);

@@ -316,8 +316,8 @@ class EngineImpl {
   uint64_t negotiation_messages() const {
     return negotiation_messages_.load(std::memory_order_relaxed);
   }
-  // Of negotiation_ns(), the part whose cost is per tensor: taking submitted tensors into the
-  // pending table and looking them up in the response cache, and building the agreed responses
+  // Of negotiation_ns(), the part whose cost is per tensor: draining submitted tensors and
+  // looking them up in the response cache, and building the agreed responses
   // from cache bits. The rest is the agreement itself (parts and lists encoded, sent, read and
   // ANDed), a few messages per step whatever the number of tensors.
   uint64_t bookkeeping_ns() const { return bookkeeping_ns_.load(std::memory_order_relaxed); }
