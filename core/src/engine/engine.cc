@@ -453,8 +453,7 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
   TensorEntry* const end = entries + n;
   {
     std::lock_guard<ShortMutex> l(mu_);
-    Status s = dead_;
-    if (s.ok() && shutdown_requested_) s = Status::Aborted("hvd has been shut down");
+    Status s = SubmitRefusalLocked();
     std::unordered_set<std::string> names;  // of a group (one tensor needs no check)
     for (TensorEntry* p = entries; p != end; ++p) {
       TensorEntry& e = *p;
@@ -490,11 +489,9 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
             global ? std::string() : PendingKey(e.request.process_set, e.request.name);
         const std::string_view k =
             global ? std::string_view(e.request.name) : std::string_view(key);
-        e.in_flight = in_flight_.Acquire(k, &e.key_hash);  // filled in below, once all pass
-        if (e.in_flight == nullptr) {
-          s = Status::InvalidArgument(Describe(e.request) + ": a tensor with this name is already "
-                                      "in flight on this rank; wait for it before reusing the name");
-        }
+        KeyHash hash;
+        e.in_flight = in_flight_.Acquire(k, &hash);  // filled in below, once all pass
+        if (e.in_flight == nullptr) s = InFlightAlready(Describe(e.request));
       }
     }
     if (!s.ok()) {
@@ -526,6 +523,17 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
   Wake();
 }
 
+Status EngineImpl::SubmitRefusalLocked() const {
+  if (!dead_.ok()) return dead_;
+  if (shutdown_requested_) return Status::Aborted("hvd has been shut down");
+  return Status::OK();
+}
+
+Status EngineImpl::InFlightAlready(const std::string& described) {
+  return Status::InvalidArgument(described + ": a tensor with this name is already in flight "
+                                 "on this rank; wait for it before reusing the name");
+}
+
 void EngineImpl::SetWaitPolicy(TensorEntry& e) const {
   const bool small = RequestBytes(e.request) <= kSmallWaitBytes;
   e.handle->spin_ = !oversubscribed_ || small ? spin_ : std::chrono::microseconds(0);
@@ -545,15 +553,12 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
   const std::string_view k = global ? std::string_view(name) : std::string_view(key);
   {
     std::lock_guard<ShortMutex> l(mu_);
-    Status s = dead_;
-    if (s.ok() && shutdown_requested_) s = Status::Aborted("hvd has been shut down");
+    Status s = SubmitRefusalLocked();
     KeyHash hash;
     InFlightNode* node = s.ok() ? in_flight_.Acquire(k, &hash) : nullptr;
     if (s.ok() && node == nullptr) {
-      s = Status::InvalidArgument("allreduce '" + name + "' on rank " +
-                                  std::to_string(options_.rank) +
-                                  ": a tensor with this name is already in flight on this rank; "
-                                  "wait for it before reusing the name");
+      s = InFlightAlready(std::string(OpTypeName(OpType::kAllreduce)) + " '" + name +
+                          "' on rank " + std::to_string(options_.rank));  // as Describe()
     }
     if (s.ok()) {
       TensorEntry& e = node->value;  // as its last release left it (NameTableReset)
@@ -575,7 +580,6 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
       e.output = TensorPlace{out.data, out.dtype, out.device, out.stream};
       e.handle = h;
       e.in_flight = node;
-      e.key_hash = hash;
       e.keeps_storage = true;
       s = ValidateLocked(e);
       if (!s.ok()) {

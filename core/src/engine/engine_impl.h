@@ -158,8 +158,6 @@ struct TensorEntry {
   // The node of in_flight_ that holds this entry from submission until it completes (a
   // NameTable<TensorEntry>::Node*, which cannot be named inside TensorEntry).
   void* in_flight = nullptr;
-  // NameTable's hash of its key (its PendingKey()), computed at most once.
-  KeyHash key_hash;
   // Background thread only, from the drain on: drained (announced, awaiting execution; a
   // lookup by name finds no entry before), and the response-cache bit it was announced as
   // (-1: none), whose ProcessSetState::node_of_bit slot it clears when it completes.
@@ -284,6 +282,10 @@ class EngineImpl {
   HandlePtr SubmitAllreduce(const std::string& name, const TensorView& in, const TensorView& out,
                             ReduceOp op, double prescale, double postscale, int32_t process_set);
   void SetWaitPolicy(TensorEntry& e) const;  // under mu_
+  // Under mu_: why a new operation is refused outright (failed or shut down), or OK.
+  Status SubmitRefusalLocked() const;
+  // The refusal of an operation (`described`: its Describe()) whose name is in flight already.
+  static Status InFlightAlready(const std::string& described);
   Status Shutdown();
   // Process sets (collective: every rank calls them in the same order). Add returns the new
   // set's id; `at_init` allows it without HVD_DYNAMIC_PROCESS_SETS.

@@ -35,8 +35,7 @@ void NameTableReset(V& v) {
   v = V{};
 }
 
-// A key's hash, computed when a lookup first needs it (a predicted Insert does not) and kept for
-// the next table the same key goes into.
+// A key's hash, computed when a lookup first needs it (a predicted Insert does not).
 struct KeyHash {
   uint64_t value = 0;
   bool known = false;
