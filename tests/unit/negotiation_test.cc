@@ -597,6 +597,69 @@ TEST(ResponseCache, RebuildAllMarksItsTensorsUsed) {
   EXPECT_GE(c.SlotOf("new"), 0);
 }
 
+// MarkUsed leaves the least-recently-used order as RebuildAll of the same bits does: the next
+// insertion evicts the same tensor from both caches.
+TEST(ResponseCache, MarkUsedOrdersEvictionsAsRebuildAllDoes) {
+  for (int which = 0; which < 2; ++which) {
+    ResponseCache rebuilt(3, false), marked(3, false);
+    std::vector<Request> q = {Allreduce("a", {4}), Allreduce("b", {4}), Allreduce("c", {4})};
+    for (auto* c : {&rebuilt, &marked}) {
+      for (const auto& r : q) c->Apply({ResponseFor(r)});  // a is the least recently used
+    }
+    // Use a and c (b is then the oldest), or c alone (a is).
+    const int a = rebuilt.Lookup(q[0]), c = rebuilt.Lookup(q[2]);
+    std::vector<uint64_t> bits = {uint64_t{1} << c};
+    if (which == 0) bits[0] |= uint64_t{1} << a;
+    std::vector<Response> out;
+    ASSERT_TRUE(rebuilt.RebuildAll(bits, 1 << 20, &out));
+    ASSERT_TRUE(marked.MarkUsed(bits));
+    const uint64_t contents = marked.contents();
+    for (auto* cache : {&rebuilt, &marked}) cache->Apply({ResponseFor(Allreduce("new", {4}))});
+    EXPECT_NE(marked.contents(), contents);  // a bit was given to "new"
+    for (const auto& r : q) EXPECT_EQ(rebuilt.Lookup(r), marked.Lookup(r)) << r.name;
+    EXPECT_EQ(marked.Lookup(q[which == 0 ? 1 : 0]), -1);
+    EXPECT_GE(marked.Lookup(q[which == 0 ? 0 : 1]), 0);
+    EXPECT_GE(marked.Lookup(q[2]), 0);
+  }
+  ResponseCache c(2, false);
+  c.Apply({ResponseFor(Allreduce("a", {4}))});
+  EXPECT_FALSE(c.MarkUsed({uint64_t{1} << 1}));  // an empty bit
+  EXPECT_FALSE(c.MarkUsed({0, 1}));              // beyond the cache
+}
+
+// contents() changes exactly when a bit is given a request, to a number no cache had before;
+// using, rebuilding and applying what is cached already leaves it.
+TEST(ResponseCache, ContentsChangeOnlyWhenABitIsGivenARequest) {
+  ResponseCache c(2, true), other(2, true);
+  EXPECT_NE(c.contents(), 0u);
+  EXPECT_NE(c.contents(), other.contents());
+  std::vector<uint64_t> seen = {c.contents(), other.contents()};
+  auto fresh = [&seen](uint64_t v) {
+    const bool is_new = std::find(seen.begin(), seen.end(), v) == seen.end();
+    seen.push_back(v);
+    return is_new;
+  };
+  Request a = Allreduce("a", {4}), b = Allreduce("b", {4});
+  c.Apply({ResponseFor(a)});  // a new name
+  EXPECT_TRUE(fresh(c.contents()));
+  uint64_t now = c.contents();
+  c.Apply({ResponseFor(a)});  // the same request again: only used
+  EXPECT_EQ(c.contents(), now);
+  std::vector<Response> out;
+  ASSERT_TRUE(c.RebuildAll({uint64_t{1} << c.Lookup(a)}, 1 << 20, &out));
+  c.Apply(out);
+  ASSERT_TRUE(c.MarkUsed({uint64_t{1} << c.Lookup(a)}));
+  EXPECT_EQ(c.contents(), now);
+  c.Apply({ResponseFor(Allreduce("a", {5}))});  // the tensor changed under its name
+  EXPECT_TRUE(fresh(c.contents()));
+  c.Apply({ResponseFor(b)});
+  EXPECT_TRUE(fresh(c.contents()));
+  c.Apply({ResponseFor(Allreduce("c", {4}))});  // full: evicts
+  EXPECT_TRUE(fresh(c.contents()));
+  other.Apply({ResponseFor(a)});  // another cache's change is new too
+  EXPECT_TRUE(fresh(other.contents()));
+}
+
 // A lookup with a hint (where the name was found last time) gives what a lookup by name gives,
 // whatever happened to the hinted bit since: still the name's, its shape changed, evicted and
 // given to another name, or a hint out of range.

@@ -64,11 +64,11 @@ class HVD_EXPORT Handle {
   // After success of allgather, alltoall and reducescatter: the result's shape and, unless an
   // OutputAllocator was given, its bytes (owned by the handle): output_bytes() for host
   // tensors; for device tensors output_data() points at device memory the handle owns.
-  const std::vector<int64_t>& output_shape() const { return output_shape_; }
-  const std::vector<uint8_t>& output_bytes() const { return output_bytes_; }
+  const std::vector<int64_t>& output_shape() const { return results().output_shape; }
+  const std::vector<uint8_t>& output_bytes() const { return results().output_bytes; }
   void* output_data() const { return output_data_; }
   // After success of alltoall: rows received from each rank.
-  const std::vector<int64_t>& received_splits() const { return received_splits_; }
+  const std::vector<int64_t>& received_splits() const { return results().received_splits; }
   // After success of join: the last rank that joined.
   int join_last_rank() const { return join_last_rank_; }
   // After success of a process set's addition: its id.
@@ -78,7 +78,7 @@ class HVD_EXPORT Handle {
   // finishes once the operation's device work is queued, and its results are ready when this
   // event (a cudaEvent_t) is; null when the engine waited for the device itself (the default)
   // or the operation was on host memory.
-  void* cuda_event() const { return cuda_event_.get(); }
+  void* cuda_event() const { return results().cuda_event.get(); }
   // Makes `stream` (a cudaStream_t; nullptr = the legacy default stream) wait for cuda_event()
   // without blocking the caller; OK and nothing done without an event. Call after Wait().
   Status StreamWait(void* stream) const;
@@ -86,17 +86,25 @@ class HVD_EXPORT Handle {
   // Engine side: completes the handle and wakes its waiters. Called once.
   void Complete(Status status);
 
-  // Engine side: filled on the background thread before Complete().
-  std::vector<int64_t> output_shape_;
-  std::vector<uint8_t> output_bytes_;
+  // Engine side: what only some operations give back, filled on the background thread before
+  // Complete(). Apart from the handle and made at the first write (mutable_results()), so
+  // that the handle of an allreduce, the most common by far, stays small.
+  struct Results {
+    std::vector<int64_t> output_shape;
+    std::vector<uint8_t> output_bytes;
+    // Device memory the engine allocated for output_data_ (device tensors, no allocator
+    // given); freed with the handle.
+    std::shared_ptr<void> output_owner;
+    std::vector<int64_t> received_splits;
+    std::shared_ptr<void> cuda_event;
+  };
+  Results& mutable_results() {
+    if (!results_) results_ = std::make_unique<Results>();
+    return *results_;
+  }
   void* output_data_ = nullptr;
-  // Device memory the engine allocated for output_data_ (device tensors, no allocator given);
-  // freed with the handle.
-  std::shared_ptr<void> output_owner_;
-  std::vector<int64_t> received_splits_;
   int join_last_rank_ = -1;
   int32_t process_set_id_ = -1;
-  std::shared_ptr<void> cuda_event_;
   // Engine side, set before the handle is returned: how long Wait() polls before sleeping, and
   // whether it was refused at submission.
   std::chrono::microseconds spin_{0};
@@ -105,17 +113,20 @@ class HVD_EXPORT Handle {
   ProgressHelper* helper_ = nullptr;
 
  private:
-  // Polls `finished_` for up to spin_ (or `limit`); true once it is set.
+  const Results& results() const;
+  // Polls for up to spin_ (or `limit`); true once finished.
   bool Spin(std::chrono::steady_clock::time_point limit) const;
+  // Sleeps until finished or `limit`; true once finished.
+  bool Sleep(std::chrono::steady_clock::time_point limit) const;
 
-  // Completion takes no lock unless a waiter sleeps (handle.cc): a step of many tensors
-  // completes as many handles, and a lock each cost more than the rest of the completion.
-  mutable std::mutex mu_;  // only for cv_
-  mutable std::condition_variable cv_;
-  std::atomic<bool> claimed_{false};   // Complete has begun (it runs once)
-  Status status_;                      // written once, before finished_ is raised
-  std::atomic<bool> finished_{false};  // status_ is final
-  mutable std::atomic<int> sleepers_{0};  // waiters that may sleep on cv_: only then does Complete notify
+  // Completion takes no lock and makes no system call unless a waiter sleeps (handle.cc): a
+  // step of many tensors completes as many handles. The state is a futex word.
+  static constexpr uint32_t kClaimed = 1;   // Complete has begun (it runs once)
+  static constexpr uint32_t kFinished = 2;  // status_ is final
+  static constexpr uint32_t kSleeping = 4;  // a waiter may sleep on the word: Complete wakes it
+  mutable std::atomic<uint32_t> state_{0};
+  Status status_;  // written once, before kFinished is raised
+  std::unique_ptr<Results> results_;
 };
 using HandlePtr = std::shared_ptr<Handle>;
 

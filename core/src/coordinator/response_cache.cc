@@ -1,6 +1,7 @@
 #include "coordinator/response_cache.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "planner/fusion.h"
 
@@ -14,8 +15,18 @@ bool SameRequest(const Request& a, const Request& b) {
          a.group == b.group && a.group_size == b.group_size;
 }
 
+// Every cache's contents() are numbered from one count, so that no number means two contents,
+// of one cache or of two.
+uint64_t ResponseCache::NewContents() {
+  static std::atomic<uint64_t> count{0};
+  return count.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 ResponseCache::ResponseCache(int capacity, bool keep_history)
-    : slots_(capacity > 0 ? capacity : 0), keep_history_(keep_history) {}
+    : slots_(capacity > 0 ? capacity : 0),
+      last_used_(slots_.size(), 0),
+      contents_(NewContents()),
+      keep_history_(keep_history) {}
 
 int ResponseCache::Lookup(const Request& r, uint32_t* hint) const {
   if (hint != nullptr) {
@@ -55,7 +66,7 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
     for (uint64_t word = bits[w]; word; word &= word - 1) {
       const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
       Slot& slot = slots_[bit];
-      slot.last_used = ++clock_;
+      last_used_[bit] = ++clock_;
       const Request& q = slot.request;
       FillFields(q, &like);
       const size_t bytes = q.type == OpType::kAllreduce ? RequestBytes(q) : 0;
@@ -94,6 +105,21 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
     }
   }
   *out = fuser.Take();
+  return true;
+}
+
+bool ResponseCache::MarkUsed(const std::vector<uint64_t>& bits) {
+  for (size_t w = 0; w < bits.size(); ++w) {
+    for (uint64_t word = bits[w]; word; word &= word - 1) {
+      const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+      if (bit >= slots_.size() || !slots_[bit].live) return false;
+    }
+  }
+  for (size_t w = 0; w < bits.size(); ++w) {
+    for (uint64_t word = bits[w]; word; word &= word - 1) {
+      last_used_[w * 64 + __builtin_ctzll(word)] = ++clock_;
+    }
+  }
   return true;
 }
 
@@ -192,8 +218,9 @@ void ResponseCache::Touch(const Request& req,
       if (changed) changed->emplace_back(it->second, s.request);
       s.request = req;
       s.since = epoch_ + 1;
+      contents_ = NewContents();
     }
-    s.last_used = clock_;
+    last_used_[it->second] = clock_;
     return;
   }
   // Insert at the lowest free bit, else evict the least recently used entry. Slots fill in
@@ -204,7 +231,7 @@ void ResponseCache::Touch(const Request& req,
     bit = live_++;
   } else {
     for (uint32_t b = 1; b < slots_.size(); ++b) {
-      if (slots_[b].last_used < slots_[bit].last_used) bit = b;
+      if (last_used_[b] < last_used_[bit]) bit = b;
     }
   }
   Slot& s = slots_[bit];
@@ -216,7 +243,8 @@ void ResponseCache::Touch(const Request& req,
   s.live = true;
   s.request = req;
   s.since = epoch_ + 1;
-  s.last_used = clock_;
+  contents_ = NewContents();
+  last_used_[bit] = clock_;
   by_name_[req.name] = bit;
 }
 
@@ -229,7 +257,7 @@ void ResponseCache::Apply(const std::vector<Response>& list,
         // The steady state (a tensor seen before, unchanged) only marks its use.
         auto it = by_name_.find(r.names[i]);
         if (it != by_name_.end() && SameAsResponse(slots_[it->second].request, r, i)) {
-          slots_[it->second].last_used = ++clock_;
+          last_used_[it->second] = ++clock_;
           continue;
         }
         Touch(FromResponse(r, i), changed);

@@ -60,6 +60,14 @@ class ResponseCache {
   // step splits into responses.
   bool RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,
                   std::vector<Response>* out, std::vector<Response>* spare = nullptr);
+  // Marks the tensors of `bits` used, in bit order, as RebuildAll does, without building their
+  // responses (a caller that kept the ones RebuildAll gave for the same bits, at the same
+  // contents()); false if a bit is empty.
+  bool MarkUsed(const std::vector<uint64_t>& bits);
+  // Changes whenever a bit is given a request (a new name, a changed tensor, an eviction), to
+  // a number never used before by any cache (never 0): while it stays, each bit holds the same
+  // request, and RebuildAll gives the same responses for the same bits and threshold.
+  uint64_t contents() const { return contents_; }
   // Whether a bit holds now what it held at `epoch`: a bit announced then means the same now.
   bool UnchangedSince(uint32_t bit, uint64_t epoch) const {
     return bit < slots_.size() && slots_[bit].live && slots_[bit].since <= epoch;
@@ -81,7 +89,6 @@ class ResponseCache {
   struct Slot {
     bool live = false;
     Request request;
-    uint64_t last_used = 0;
     uint64_t since = 0;  // the epoch from which it holds `request`
   };
   struct Eviction {
@@ -96,11 +103,17 @@ class ResponseCache {
   static bool Cacheable(const Response& r);
   void Touch(const Request& req, std::vector<std::pair<uint32_t, Request>>* changed);
 
+  static uint64_t NewContents();
+
   std::vector<Slot> slots_;
+  // [bit] when it was last used (clock_): apart from the slots, so that marking a step's
+  // tensors used touches a few cache lines, not one per slot.
+  std::vector<uint64_t> last_used_;
   std::unordered_map<std::string, uint32_t> by_name_;
   std::deque<Eviction> history_;
   uint64_t epoch_ = 0;
   uint64_t clock_ = 0;
+  uint64_t contents_;
   uint32_t live_ = 0;  // slots in use; while below capacity, slots_[live_..] are all free
   const bool keep_history_;
   // Evictions older than this were dropped to bound memory (a rank silent for that long);

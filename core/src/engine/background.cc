@@ -117,10 +117,14 @@ bool EngineImpl::WorkCycle(bool by_caller) {
   if (coordinator()) CoordinatorStep();
   while (!to_execute_.empty() && abort_.ok()) {
     StopPolling();  // peers ring while the collective waits
-    Response r = std::move(to_execute_.front());
+    QueuedResponse q = std::move(to_execute_.front());
     to_execute_.pop_front();
-    Execute(r);
-    Recycle(std::move(r));
+    Execute(q.get());
+    if (q.shared) {
+      Recycle(q.shared);
+    } else {
+      Recycle(std::move(q.own));
+    }
     worked = true;
   }
   return worked;
@@ -282,6 +286,57 @@ void EngineImpl::Recycle(Response&& r) {
   spare_responses_.push_back(std::move(r));
 }
 
+// A step's responses, once nothing else holds them (neither a queued response nor the set's
+// last step): their names' storage for the next rebuild.
+void EngineImpl::Recycle(std::shared_ptr<std::vector<Response>>& step) {
+  if (step.use_count() == 1) {
+    for (auto& r : *step) Recycle(std::move(r));
+  }
+  step.reset();
+}
+
+std::shared_ptr<std::vector<Response>> EngineImpl::StepResponses(ProcessSetState& ps,
+                                                                 const std::vector<uint64_t>& bits,
+                                                                 size_t threshold,
+                                                                 const PlanKnobs& knobs,
+                                                                 size_t* bytes) {
+  ProcessSetState::LastStep& last = ps.last_step;
+  ResponseCache& cache = *ps.cache;
+  if (last.responses && last.contents == cache.contents() && last.threshold == threshold &&
+      last.knobs.hierarchical_allreduce == knobs.hierarchical_allreduce &&
+      last.knobs.small_allreduce_bytes == knobs.small_allreduce_bytes && last.bits == bits &&
+      cache.MarkUsed(bits)) {
+    *bytes = last.bytes;
+    return last.responses;
+  }
+  Recycle(last.responses);
+  auto step = std::make_shared<std::vector<Response>>();
+  if (!cache.RebuildAll(bits, threshold, step.get(), &spare_responses_)) return nullptr;
+  size_t total = 0;
+  for (auto& r : *step) {
+    r.process_set = ps.id;
+    r.knobs = knobs;
+    total += ResponseBytes(r);
+  }
+  last.bits = bits;
+  last.threshold = threshold;
+  last.knobs = knobs;
+  last.contents = cache.contents();
+  last.bytes = total;
+  last.responses = step;
+  *bytes = total;
+  return step;
+}
+
+void EngineImpl::QueueStep(const std::shared_ptr<std::vector<Response>>& step) {
+  for (size_t i = 0; i < step->size(); ++i) {
+    QueuedResponse q;
+    q.shared = step;
+    q.index = i;
+    to_execute_.push_back(std::move(q));
+  }
+}
+
 void EngineImpl::StopPolling() {
   if (!polling_) return;
   polling_ = false;
@@ -369,7 +424,15 @@ bool EngineImpl::DrainQueue() {
 }
 
 int EngineImpl::LookupBit(ProcessSetState& ps, NameTable<TensorEntry>::Node* node) {
-  const int bit = ps.cache->Lookup(node->value.request, &node->hint);
+  TensorEntry& e = node->value;
+  const uint64_t contents = ps.cache->contents();
+  int bit;
+  if (e.hint_contents == contents && node->hint != 0) {
+    bit = static_cast<int>(node->hint - 1);  // the same request where the same cache has it
+  } else {
+    bit = ps.cache->Lookup(e.request, &node->hint);
+    e.hint_contents = bit >= 0 ? contents : 0;
+  }
   if (bit < 0) return bit;
   if (ps.nodes_generation != in_flight_.erasures()) {  // nodes it holds may be gone
     ps.node_of_bit.assign(ps.node_of_bit.size(), nullptr);
@@ -386,7 +449,13 @@ NameTable<TensorEntry>::Node* EngineImpl::PendingNode(ProcessSetState& ps, const
   if (r.from_cache && i < r.bits.size() && r.bits[i] < ps.node_of_bit.size() &&
       ps.nodes_generation == in_flight_.erasures()) {
     auto* node = ps.node_of_bit[r.bits[i]];  // live and drained (engine_impl.h)
-    if (node != nullptr && node->value.request.name == r.names[i]) return node;
+    // The response was built from the bit, which holds the node's request while the cache's
+    // contents are those the node found it at; else the names must match.
+    if (node != nullptr && ((node->value.hint_contents == ps.cache->contents() &&
+                             node->value.announced_bit == static_cast<int32_t>(r.bits[i])) ||
+                            node->value.request.name == r.names[i])) {
+      return node;
+    }
   }
   const std::string key =
       r.process_set == kGlobalProcessSet ? std::string() : PendingKey(r.process_set, r.names[i]);
@@ -650,7 +719,7 @@ Status EngineImpl::OnResponses(ResponseList&& list) {
     ps.cache->Apply(list.responses);
   }
   if (ps.id == kGlobalProcessSet) ApplyProcessSets(list.responses);
-  for (auto& r : list.responses) to_execute_.push_back(std::move(r));
+  for (auto& r : list.responses) to_execute_.push_back(QueuedResponse{std::move(r)});
   return Status::OK();
 }
 
@@ -828,7 +897,7 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
     ReportAutotune();
   }
   if (ps.rank < 0) return true;  // rank 0 coordinates a set it is not a member of
-  for (auto& r : ready) to_execute_.push_back(std::move(r));
+  for (auto& r : ready) to_execute_.push_back(QueuedResponse{std::move(r)});
   return true;
 }
 

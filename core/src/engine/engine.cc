@@ -563,6 +563,16 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
     if (s.ok()) {
       TensorEntry& e = node->value;  // as its last release left it (NameTableReset)
       Request& r = e.request;
+      // The name is the node's. Where every other field is as before, where the response
+      // cache had the request stays known (TensorEntry::hint_contents).
+      const bool same = e.hint_contents != 0 && r.type == OpType::kAllreduce &&
+                        r.dtype == in.dtype && r.op == op && r.root == -1 &&
+                        r.device == in.device && r.prescale == prescale &&
+                        r.postscale == postscale && r.splits.empty() && r.group.empty() &&
+                        r.group_size == 0 && r.process_set == process_set &&
+                        std::equal(r.shape.begin(), r.shape.end(), in.shape.begin(),
+                                   in.shape.end());
+      if (!same) e.hint_contents = 0;
       r.type = OpType::kAllreduce;
       r.name.assign(name);
       r.dtype = in.dtype;

@@ -163,6 +163,12 @@ struct TensorEntry {
   // (-1: none), whose ProcessSetState::node_of_bit slot it clears when it completes.
   bool drained = false;
   int32_t announced_bit = -1;
+  // The response cache's contents() when the request was last found in it, at the bit its
+  // node's hint names; 0: not found, or the request changed since (every writer of the
+  // request but SubmitAllreduce, which keeps it only when it wrote the same request again).
+  // While the cache's contents() is still this, the bit holds this request: looking it up
+  // again needs no comparison (EngineImpl::LookupBit). Kept when the node is released.
+  uint64_t hint_contents = 0;
   // Built in its node (EngineImpl::SubmitAllreduce): the node keeps its name's and shape's
   // storage when it completes, for the name's next use, instead of handing it to other entries.
   bool keeps_storage = false;
@@ -240,6 +246,27 @@ struct ProcessSetState {
   bool bits_changed = false;
   Clock::time_point bits_checked;
   Clock::time_point agreed_since;  // when the oldest agreed bit not yet sent became agreed
+  // Members: the responses of the last fast-path step and what they were built from
+  // (EngineImpl::StepResponses). A training step agrees on the same bits step after step.
+  struct LastStep {
+    std::vector<uint64_t> bits;
+    size_t threshold = 0;
+    PlanKnobs knobs;
+    uint64_t contents = 0;  // the cache's contents() then
+    size_t bytes = 0;       // of every response
+    std::shared_ptr<std::vector<Response>> responses;
+  } last_step;
+};
+
+// A response waiting for execution: its own, or one of a fast-path step's, shared with the
+// step's other responses and with ProcessSetState::last_step.
+struct QueuedResponse {
+  QueuedResponse() = default;
+  explicit QueuedResponse(Response&& r) : own(std::move(r)) {}
+  Response own;
+  std::shared_ptr<std::vector<Response>> shared;
+  size_t index = 0;
+  const Response& get() const { return shared ? (*shared)[index] : own; }
 };
 
 // The global set's symmetric fast path (rounds.cc), kept on every rank of a job whose ranks
@@ -354,6 +381,17 @@ class EngineImpl {
   bool DrainQueue();
   void StopPolling();  // lowers the poller's flag before a wait that does not poll it
   void Recycle(Response&& r);  // after Execute: keeps it in spare_responses_
+  void Recycle(std::shared_ptr<std::vector<Response>>& step);  // the last holder's, emptied
+  // The responses of the fast-path step that agreed on `bits` (ps.cache's RebuildAll), each
+  // with the set's id and `knobs`, and their bytes; null if a bit is empty. The last step's
+  // again, while the cache still holds what they were built from: then no tensor's response
+  // is rebuilt, only marked used.
+  std::shared_ptr<std::vector<Response>> StepResponses(ProcessSetState& ps,
+                                                       const std::vector<uint64_t>& bits,
+                                                       size_t threshold, const PlanKnobs& knobs,
+                                                       size_t* bytes);
+  // Queues a step's responses for execution.
+  void QueueStep(const std::shared_ptr<std::vector<Response>>& step);
   void Announce(ProcessSetState& ps, const std::vector<NameTable<TensorEntry>::Node*>& nodes,
                 Clock::time_point now);
   // The cache bit of a pending node's request, or -1; remembers the node by its bit.
@@ -554,7 +592,7 @@ class EngineImpl {
   std::vector<Shell> returning_;  // shells of the response being executed
   void KeepShell(Request& r);     // moves r's name and shape into returning_
   void ReturnShells();
-  std::deque<Response> to_execute_;
+  std::deque<QueuedResponse> to_execute_;
   std::vector<Response> spare_responses_;  // executed, their names' storage to write over
   std::unique_ptr<Timeline> timeline_;
   ScratchBuffer scratch_;

@@ -459,14 +459,15 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
 }
 
 void* EngineImpl::AllocateOutput(TensorEntry* e, const std::vector<int64_t>& shape, size_t bytes) {
-  e->handle->output_shape_ = shape;
+  e->handle->mutable_results().output_shape = shape;
   if (e->allocator) {
     void* p = e->allocator(shape);
     e->handle->output_data_ = p;
     return p;
   }
-  e->handle->output_bytes_.resize(bytes);
-  e->handle->output_data_ = e->handle->output_bytes_.data();
+  std::vector<uint8_t>& owned = e->handle->mutable_results().output_bytes;
+  owned.resize(bytes);
+  e->handle->output_data_ = owned.data();
   return e->handle->output_data_;
 }
 
@@ -516,7 +517,7 @@ Status EngineImpl::ExecuteBroadcast(const Response& r, TensorEntry* e) {
 Status EngineImpl::ExecuteAlltoall(const Response& r, TensorEntry* e) {
   const int n = comm_->size;
   const AlltoallLayout l = LayOutAlltoall(r, n, comm_->rank, e->request.shape);
-  e->handle->received_splits_ = l.received_splits;
+  e->handle->mutable_results().received_splits = l.received_splits;
   const size_t total = l.total;
   MemoryNeeds need;  // the largest output of any rank
   for (int j = 0; j < n; ++j) {

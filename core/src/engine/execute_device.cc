@@ -110,7 +110,7 @@ Status EngineImpl::DeviceDone(const std::vector<TensorEntry*>& entries) {
     if (!e) continue;
     void* ev = nullptr;
     HVD_RETURN_IF_ERROR(rt->RecordOnDevice(*device_, &ev));
-    e->handle->cuda_event_ = std::shared_ptr<void>(ev, [rt](void* p) { rt->ReleaseEvent(p); });
+    e->handle->mutable_results().cuda_event = std::shared_ptr<void>(ev, [rt](void* p) { rt->ReleaseEvent(p); });
   }
   return Status::OK();
 }
@@ -267,7 +267,7 @@ Status EngineImpl::RunDeviceCollective(const Response& r, std::vector<TensorEntr
 
 Status EngineImpl::AllocateDeviceOutput(TensorEntry* e, const std::vector<int64_t>& shape,
                                         size_t bytes, void** out) {
-  e->handle->output_shape_ = shape;
+  e->handle->mutable_results().output_shape = shape;
   if (e->allocator) {
     void* p = nullptr;
     try {
@@ -284,7 +284,7 @@ Status EngineImpl::AllocateDeviceOutput(TensorEntry* e, const std::vector<int64_
   void* p = nullptr;
   HVD_RETURN_IF_ERROR(device_->Allocate(bytes == 0 ? 1 : bytes, &p));
   std::shared_ptr<Device> dev = device_;
-  e->handle->output_owner_ = std::shared_ptr<void>(p, [dev](void* q) { dev->Free(q); });
+  e->handle->mutable_results().output_owner = std::shared_ptr<void>(p, [dev](void* q) { dev->Free(q); });
   e->handle->output_data_ = p;
   *out = p;
   return Status::OK();
@@ -423,7 +423,7 @@ Status EngineImpl::DeviceBroadcast(const Response& r, TensorEntry* e) {
 
 Status EngineImpl::DeviceAlltoall(const Response& r, TensorEntry* e) {
   const AlltoallLayout l = LayOutAlltoall(r, comm_->size, comm_->rank, e->request.shape);
-  e->handle->received_splits_ = l.received_splits;
+  e->handle->mutable_results().received_splits = l.received_splits;
   void* out = nullptr;
   HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, l.shape, l.total, &out));
   HVD_RETURN_IF_ERROR(comm_->device_collectives->Alltoallv(e->input.data, l.send, out, l.recv));
@@ -520,13 +520,13 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
   } else if (entries[0]) {
     TensorEntry* e = entries[0];
     Handle& h = *shadow[0].handle;
-    const size_t out_bytes = h.output_bytes_.size();
+    const size_t out_bytes = h.output_bytes().size();
     void* out = nullptr;
-    HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, h.output_shape_, out_bytes, &out));
-    e->handle->received_splits_ = h.received_splits_;
+    HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, h.output_shape(), out_bytes, &out));
+    e->handle->mutable_results().received_splits = h.received_splits();
     void* stage = nullptr;
     HVD_RETURN_IF_ERROR(GetDeviceBuffer(host_staging_, &d, out_bytes, &stage));
-    if (out_bytes) std::memcpy(stage, h.output_bytes_.data(), out_bytes);
+    if (out_bytes) std::memcpy(stage, h.output_bytes().data(), out_bytes);
     HVD_RETURN_IF_ERROR(d.Copy(out, stage, out_bytes));
   }
   return DeviceSynchronize();

@@ -1,4 +1,10 @@
+#include <linux/futex.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <ctime>
 
 #include "device/device.h"
 #include "engine/engine_impl.h"
@@ -6,76 +12,98 @@
 
 namespace hvd {
 
+namespace {
+
+// The futex calls on a handle's state word (a std::atomic<uint32_t> is one 32-bit word).
+void FutexWait(const std::atomic<uint32_t>* word, uint32_t expected, const timespec* timeout) {
+  syscall(SYS_futex, reinterpret_cast<const uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected,
+          timeout, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+          nullptr, 0);
+}
+
+}  // namespace
+
+const Handle::Results& Handle::results() const {
+  static const Results kNone;
+  return results_ ? *results_ : kNone;
+}
+
 bool Handle::Spin(std::chrono::steady_clock::time_point limit) const {
-  if (finished_.load(std::memory_order_acquire)) return true;
+  if (Poll()) return true;
   if (spin_.count() <= 0) return false;
   const auto end = std::min(limit, std::chrono::steady_clock::now() + spin_);
   for (;;) {
-    if (finished_.load(std::memory_order_acquire)) return true;
+    if (Poll()) return true;
     if (std::chrono::steady_clock::now() >= end) return false;
     sched_yield();
   }
 }
 
-bool Handle::Poll() const { return finished_.load(std::memory_order_acquire); }
+bool Handle::Poll() const { return (state_.load(std::memory_order_acquire) & kFinished) != 0; }
 
-// A waiter counts itself in sleepers_ before it looks at finished_ under mu_ and sleeps, and
-// Complete raises finished_ before it reads the count (both sequentially consistent): either
-// the waiter sees finished_, or Complete sees the waiter and notifies under mu_, which the
-// waiter holds from its look until it sleeps.
-Status Handle::Wait() const {
-  // Once finished_ is seen, status_ is final (Complete sets it before, and never again).
-  if (finished_.load(std::memory_order_acquire)) return status_;
-  if (helper_ != nullptr) HelpProgress(helper_, *this, spin_, Clock::time_point::max());
-  if (Spin(std::chrono::steady_clock::time_point::max())) return status_;
-  sleepers_.fetch_add(1);
-  {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [this] { return finished_.load(); });
+// A waiter raises kSleeping with a compare-and-swap from a state without kFinished, and sleeps
+// only while the word is still that state; Complete raises kFinished with one atomic
+// read-modify-write and wakes the word if it saw kSleeping. So either the waiter's swap comes
+// first, and Complete wakes it (or the futex call sees the word changed and returns at once), or
+// Complete's comes first, and the waiter sees kFinished.
+bool Handle::Sleep(std::chrono::steady_clock::time_point limit) const {
+  for (;;) {
+    uint32_t s = state_.load(std::memory_order_acquire);
+    if (s & kFinished) return true;
+    if (!(s & kSleeping)) {
+      if (!state_.compare_exchange_weak(s, s | kSleeping, std::memory_order_acq_rel)) continue;
+      s |= kSleeping;
+    }
+    if (limit == std::chrono::steady_clock::time_point::max()) {
+      FutexWait(&state_, s, nullptr);
+      continue;
+    }
+    const auto left = limit - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) return Poll();
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    timespec t;
+    t.tv_sec = static_cast<time_t>(ns / 1000000000);
+    t.tv_nsec = static_cast<long>(ns % 1000000000);  // NOLINT(runtime/int): timespec's type
+    FutexWait(&state_, s, &t);
   }
-  sleepers_.fetch_sub(1);
+}
+
+Status Handle::Wait() const {
+  // Once finished, status_ is final (Complete sets it before, and never again).
+  if (Poll()) return status_;
+  if (helper_ != nullptr) HelpProgress(helper_, *this, spin_, Clock::time_point::max());
+  if (!Spin(std::chrono::steady_clock::time_point::max())) {
+    Sleep(std::chrono::steady_clock::time_point::max());
+  }
   return status_;
 }
 
 Status Handle::WaitFor(std::chrono::milliseconds timeout) const {
   const auto until = std::chrono::steady_clock::now() + timeout;
-  if (helper_ != nullptr && !finished_.load(std::memory_order_acquire)) {
-    HelpProgress(helper_, *this, spin_, until);
-  }
-  if (Spin(until)) return status_;
-  sleepers_.fetch_add(1);
-  bool done;
-  {
-    std::unique_lock<std::mutex> l(mu_);
-    done = cv_.wait_until(l, until, [this] { return finished_.load(); });
-  }
-  sleepers_.fetch_sub(1);
-  if (!done) {
-    return Status::Timeout("operation still pending after " + std::to_string(timeout.count()) +
-                           " ms");
-  }
-  return status_;
+  if (helper_ != nullptr && !Poll()) HelpProgress(helper_, *this, spin_, until);
+  if (Spin(until) || Sleep(until)) return status_;
+  return Status::Timeout("operation still pending after " + std::to_string(timeout.count()) +
+                         " ms");
 }
 
-Status Handle::status() const {
-  return finished_.load(std::memory_order_acquire) ? status_ : Status();
-}
+Status Handle::status() const { return Poll() ? status_ : Status(); }
 
 void Handle::Complete(Status status) {
-  if (claimed_.exchange(true, std::memory_order_acq_rel)) return;
+  if (state_.fetch_or(kClaimed, std::memory_order_acq_rel) & kClaimed) return;
   status_ = std::move(status);
-  finished_.store(true);
-  if (sleepers_.load() > 0) {
-    std::lock_guard<std::mutex> l(mu_);
-    cv_.notify_all();
-  }
+  if (state_.fetch_or(kFinished, std::memory_order_acq_rel) & kSleeping) FutexWakeAll(&state_);
 }
 
 Status Handle::StreamWait(void* stream) const {
-  if (!cuda_event_) return Status::OK();
+  const std::shared_ptr<void>& event = results().cuda_event;
+  if (!event) return Status::OK();
   DeviceRuntime* rt = GetDeviceRuntime();
   if (rt == nullptr) return Status::FailedPrecondition("this build has no CUDA");
-  return rt->StreamWaitEvent(stream, cuda_event_.get());
+  return rt->StreamWaitEvent(stream, event.get());
 }
 
 }  // namespace hvd

@@ -257,24 +257,19 @@ Status EngineImpl::CompleteRound() {
   for (const auto& p : r.parts) r.have += p.has_value() ? 1 : 0;
   if (any) {
     const auto rebuild = Clock::now();
-    std::vector<Response> cached;
-    if (!cache.RebuildAll(agreed, threshold, &cached, &spare_responses_)) {
+    size_t bytes = 0;
+    auto step = StepResponses(World(), agreed, threshold, knobs, &bytes);
+    if (!step) {
       return Status::InvalidArgument("round " + std::to_string(round) +
                                      " of the fast path agreed on an empty response-cache bit");
     }
-    size_t bytes = 0;
-    for (auto& resp : cached) {
-      resp.process_set = kGlobalProcessSet;
-      resp.knobs = knobs;
-      bytes += ResponseBytes(resp);
-    }
-    cache.Apply(cached);  // every rank alike: the epoch moves with a round that agreed
+    cache.Apply(*step);  // every rank alike: the epoch moves with a round that agreed
     CountBookkeeping(Clock::now() - rebuild);
     if (autotune_) {
       autotune_->Record(bytes, Clock::now());
       ReportAutotune();
     }
-    for (auto& resp : cached) to_execute_.push_back(std::move(resp));
+    QueueStep(step);
   }
   if (!leaving.empty()) SendToCoordinator(std::move(leaving));
   // The lists rank 0 sent after this round.
