@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <random>
 #include <set>
 #include <thread>
@@ -10,6 +12,7 @@
 #include "coordinator/messages.h"
 #include "coordinator/response_cache.h"
 #include "engine/name_table.h"
+#include "hvd/engine.h"
 #include "planner/autotune.h"
 #include "planner/fusion.h"
 #include "planner/plan.h"
@@ -1056,6 +1059,80 @@ TEST(Plan, FollowsTheListsKnobs) {
   c.offload_pieces = true;
   EXPECT_EQ(PlanAllreduce(1, DataType::kFloat32, WithKnobs(c, k)).backend,
             AllreduceBackend::kOffloadPieces);
+}
+
+}  // namespace
+}  // namespace hvd
+
+namespace hvd {
+namespace {
+
+// A handle's waiters sleep on its state word (no spin window here): every waiter, of Wait and
+// of WaitFor, returns the status Complete gave, and none before Complete ran; a second Complete
+// changes nothing.
+TEST(Handle, WaitersSleepUntilCompleteAndGetItsStatus) {
+  Handle h;
+  std::atomic<bool> completed{false};
+  std::vector<std::thread> waiters;
+  std::atomic<int> right{0};
+  for (int i = 0; i < 4; ++i) {
+    waiters.emplace_back([&, i] {
+      Status s = i % 2 ? h.WaitFor(std::chrono::seconds(30)) : h.Wait();
+      if (completed.load() && s.code() == StatusCode::kAborted && s.message() == "first") ++right;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(h.Poll());
+  completed.store(true);
+  h.Complete(Status::Aborted("first"));
+  h.Complete(Status::OK());
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(right.load(), 4);
+  EXPECT_TRUE(h.Poll());
+  EXPECT_EQ(h.status().message(), "first");
+}
+
+TEST(Handle, WaitForTimesOutAndThenSeesCompletion) {
+  Handle h;
+  const auto start = std::chrono::steady_clock::now();
+  Status s = h.WaitFor(std::chrono::milliseconds(30));
+  EXPECT_EQ(s.code(), StatusCode::kTimeout);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(30));
+  EXPECT_TRUE(h.status().ok());  // OK while pending
+  h.Complete(Status::InvalidArgument("done"));
+  EXPECT_EQ(h.WaitFor(std::chrono::milliseconds(0)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(h.Wait().message(), "done");
+}
+
+// Complete racing a waiter that is about to sleep: none is left asleep (each wait is bounded,
+// so a lost wake-up fails instead of hanging).
+TEST(Handle, NoWakeUpIsLostWhenCompleteRacesTheSleeper) {
+  for (int i = 0; i < 2000; ++i) {
+    auto h = std::make_shared<Handle>();
+    std::thread completer([h, i] {
+      for (int k = 0; k < i % 50; ++k) std::this_thread::yield();
+      h->Complete(Status::OK());
+    });
+    Status s = h->WaitFor(std::chrono::seconds(10));
+    completer.join();
+    ASSERT_TRUE(s.ok()) << "iteration " << i << ": " << s.ToString();
+  }
+}
+
+// What only some operations give back is made at its first write; a handle without it answers
+// empty.
+TEST(Handle, ResultsAreEmptyUntilWritten) {
+  Handle h;
+  EXPECT_TRUE(h.output_shape().empty());
+  EXPECT_TRUE(h.output_bytes().empty());
+  EXPECT_TRUE(h.received_splits().empty());
+  EXPECT_EQ(h.cuda_event(), nullptr);
+  EXPECT_TRUE(h.StreamWait(nullptr).ok());  // no event: nothing to wait for
+  h.mutable_results().output_shape = {2, 3};
+  h.mutable_results().received_splits = {1, 1};
+  EXPECT_EQ(h.output_shape(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(h.received_splits(), (std::vector<int64_t>{1, 1}));
+  EXPECT_TRUE(h.output_bytes().empty());
 }
 
 }  // namespace
