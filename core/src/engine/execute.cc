@@ -305,7 +305,10 @@ void EngineImpl::Execute(const Response& r) {
   // and the bits that lead to them.
   for (auto* node : owned) {
     TensorEntry& e = node->value;
-    if (!e.keeps_storage) KeepShell(e.request);
+    if (!e.keeps_storage) {
+      KeepShell(e.request);
+      e.hint_contents = 0;  // the request lost its name and shape: not the one found
+    }
     const auto bit = static_cast<size_t>(e.announced_bit);
     if (e.announced_bit >= 0 && bit < ps->node_of_bit.size() && ps->node_of_bit[bit] == node) {
       ps->node_of_bit[bit] = nullptr;
