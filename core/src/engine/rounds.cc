@@ -20,7 +20,8 @@
 //   - agreed: the bits each rank announced (less those whose cache entry changed after that
 //     rank's epoch) ANDed over the ranks, less the withdrawn bits ORed over the ranks. Every rank
 //     builds their responses from its own cache, in bit order, fused with rank 0's threshold,
-//     and runs them next.
+//     and runs them next (a round that agrees on the bits, threshold and knobs of the round
+//     before, with the cache unchanged, takes that round's responses again: StepResponses).
 //   - withdrawn: a rank holding such a bit sends its tensor's request to the coordinator.
 //     Rank 0 withdraws the bits of the names its coordinator holds requests for (every bit while
 //     a rank has joined), so a name is answered on one path only: a rank whose request changed,
