@@ -303,9 +303,7 @@ std::shared_ptr<std::vector<Response>> EngineImpl::StepResponses(ProcessSetState
   ProcessSetState::LastStep& last = ps.last_step;
   ResponseCache& cache = *ps.cache;
   if (last.responses && last.contents == cache.contents() && last.threshold == threshold &&
-      last.knobs.hierarchical_allreduce == knobs.hierarchical_allreduce &&
-      last.knobs.small_allreduce_bytes == knobs.small_allreduce_bytes && last.bits == bits &&
-      cache.MarkUsed(bits)) {
+      last.knobs == knobs && last.bits == bits && cache.MarkUsed(bits)) {
     *bytes = last.bytes;
     return last.responses;
   }

@@ -33,9 +33,7 @@ Autotuner::Autotuner(Setting start, int warmup_samples, int steps_per_sample,
 
 void Autotuner::Add(Setting s) {
   for (const Setting& c : candidates_) {
-    if (c.fusion_bytes == s.fusion_bytes && c.cycle_ms == s.cycle_ms &&
-        c.knobs.hierarchical_allreduce == s.knobs.hierarchical_allreduce &&
-        c.knobs.small_allreduce_bytes == s.knobs.small_allreduce_bytes) {
+    if (c.fusion_bytes == s.fusion_bytes && c.cycle_ms == s.cycle_ms && c.knobs == s.knobs) {
       return;
     }
   }
