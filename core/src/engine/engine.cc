@@ -489,8 +489,7 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
             global ? std::string() : PendingKey(e.request.process_set, e.request.name);
         const std::string_view k =
             global ? std::string_view(e.request.name) : std::string_view(key);
-        KeyHash hash;
-        e.in_flight = in_flight_.Acquire(k, &hash);  // filled in below, once all pass
+        e.in_flight = in_flight_.Acquire(k);  // filled in below, once all pass
         if (e.in_flight == nullptr) s = InFlightAlready(Describe(e.request));
       }
     }
@@ -554,8 +553,7 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
   {
     std::lock_guard<ShortMutex> l(mu_);
     Status s = SubmitRefusalLocked();
-    KeyHash hash;
-    InFlightNode* node = s.ok() ? in_flight_.Acquire(k, &hash) : nullptr;
+    InFlightNode* node = s.ok() ? in_flight_.Acquire(k) : nullptr;
     if (s.ok() && node == nullptr) {
       s = InFlightAlready(std::string(OpTypeName(OpType::kAllreduce)) + " '" + name +
                           "' on rank " + std::to_string(options_.rank));  // as Describe()

@@ -35,12 +35,6 @@ void NameTableReset(V& v) {
   v = V{};
 }
 
-// A key's hash, computed when a lookup first needs it (a predicted Insert does not).
-struct KeyHash {
-  uint64_t value = 0;
-  bool known = false;
-};
-
 template <typename V>
 class NameTable {
  public:
@@ -52,8 +46,6 @@ class NameTable {
     uint32_t hint = 0;
   };
 
-  // The hash a lookup of `key` computes: a key inserted in two tables can be hashed once and
-  // passed to the Insert that takes it.
   static uint64_t Hash(std::string_view key) { return std::hash<std::string_view>()(key); }
 
   // The live node of `key`, or null.
@@ -63,31 +55,23 @@ class NameTable {
   }
   // Makes `key` live with `value` and returns its node; null (value untouched) if it is live
   // already.
-  Node* Insert(std::string_view key, V&& value) { return Insert(key, Hash(key), std::move(value)); }
-  Node* Insert(std::string_view key, uint64_t h, V&& value) {
-    KeyHash kh{h, true};
-    return Insert(key, &kh, std::move(value));
-  }
-  // As above, hashing the key into *h only if the prediction fails and *h is not known yet.
-  Node* Insert(std::string_view key, KeyHash* h, V&& value) {
-    Node* n = Acquire(key, h);
+  Node* Insert(std::string_view key, V&& value) {
+    Node* n = Acquire(key);
     if (n != nullptr) n->value = std::move(value);
     return n;
   }
   // Makes `key` live with its node's value as the last release left it (NameTableReset), for
   // the caller to fill in; null if it is live already.
-  Node* Acquire(std::string_view key, KeyHash* h) {
+  Node* Acquire(std::string_view key) {
     Entry* e = last_ != nullptr ? last_->next : nullptr;
     if (e == nullptr || std::string_view(e->name) != key) {
-      if (!h->known) {
-        h->value = Hash(key);
-        h->known = true;
-      }
+      const uint64_t h = Hash(key);
+      ++hashes_;
       if (2 * (entries_.size() + 1) > slots_.size()) Reindex(2 * (entries_.size() + 1));
-      Slot& slot = slots_[Probe(key, h->value)];
+      Slot& slot = slots_[Probe(key, h)];
       if (slot.entry == nullptr) {
         entries_.push_back(std::make_unique<Entry>());
-        slot = Slot{h->value, entries_.back().get()};
+        slot = Slot{h, entries_.back().get()};
         slot.entry->name.assign(key.data(), key.size());
       }
       e = slot.entry;
@@ -137,6 +121,8 @@ class NameTable {
   // Counts the times nodes were erased (swept or cleared): a pointer to a node kept across a
   // change of this count may dangle. Live nodes are never erased.
   uint64_t erasures() const { return erasures_; }
+  // Counts the Inserts and Acquires that hashed their key: one whose prediction held did not.
+  uint64_t hashes() const { return hashes_; }
 
  private:
   static constexpr size_t kKeepFree = 4096;
@@ -194,6 +180,7 @@ class NameTable {
   size_t live_ = 0;
   size_t peak_ = 0;  // the most live nodes since the last sweep
   uint64_t erasures_ = 0;
+  uint64_t hashes_ = 0;
 };
 
 }  // namespace hvd
