@@ -39,6 +39,9 @@ class ResponseCache {
 
   bool enabled() const { return !slots_.empty(); }
   uint64_t epoch() const { return epoch_; }
+  // Bits below this hold requests, the rest are empty: a bit, once given a request, only ever
+  // changes to another (an eviction), and the free bits are taken lowest first.
+  uint32_t filled() const { return live_; }
 
   // The bit of r's name if it is cached with exactly r's request, else -1. With `hint` (bit + 1
   // where this name was last found, 0: unknown), a bit that still holds r is taken without

@@ -480,7 +480,7 @@ void EngineImpl::Announce(ProcessSetState& ps,
         if (symmetric) {
           AnnounceBit(static_cast<uint32_t>(bit), now);
         } else {
-          OfferBit(ps, ps.rank, static_cast<uint32_t>(bit));
+          OfferBit(ps, ps.rank, static_cast<uint32_t>(bit), now);
         }
       } else {
         full.push_back(node->value.request);
@@ -542,12 +542,20 @@ Status EngineImpl::OnRequests(int peer, RequestList&& list) {
     return Status::InvalidArgument("request list from a future cache epoch");
   }
   const bool current = list.cache_epoch == ps.cache->epoch();
+  const Coordinator& co = *ps.coordinator;
+  if (current && co.idle() && !co.any_joined() && !timeline_->enabled()) {
+    // The steady state of training: no name is on the coordinator's path.
+    HVD_RETURN_IF_ERROR(OfferWords(ps, q, list.cached_bits));
+    list.cached_bits.clear();
+  }
+  Clock::time_point now;
   for (size_t w = 0; w < list.cached_bits.size(); ++w) {
     for (uint64_t word = list.cached_bits[w]; word; word &= word - 1) {
       uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
       if (current ? ps.cache->At(bit) != nullptr
                   : ps.cache->UnchangedSince(bit, list.cache_epoch)) {
-        OfferBit(ps, q, bit);
+        if (now == Clock::time_point()) now = Clock::now();
+        OfferBit(ps, q, bit, now);
         continue;
       }
       Request r;
@@ -591,17 +599,48 @@ void EngineImpl::TickReady(const ProcessSetState& ps, int rank, const std::strin
   }
 }
 
-void EngineImpl::OfferBit(ProcessSetState& ps, int rank, uint32_t bit) {
+void EngineImpl::OfferBit(ProcessSetState& ps, int rank, uint32_t bit, Clock::time_point now) {
   const Request* r = ps.cache->At(bit);
   if (r == nullptr) return;  // checked by the caller
   TickReady(ps, rank, r->name);
-  if (ps.coordinator->any_joined() || ps.coordinator->Has(r->name)) {
+  const Coordinator& co = *ps.coordinator;
+  if (co.any_joined() || (!co.idle() && co.Has(r->name))) {
     ps.coordinator->AddRequests(rank, {*r});
     return;
   }
   ps.ready_bits[rank][bit / 64] |= uint64_t{1} << (bit % 64);
-  if (ps.bit_since[bit] == Clock::time_point()) ps.bit_since[bit] = Clock::now();
+  if (ps.bit_since[bit] == Clock::time_point()) ps.bit_since[bit] = now;
   ps.bits_changed = true;
+}
+
+// OfferBit for each bit of `words`, a word at a time: where the bits are at the cache's epoch,
+// no rank has joined and the coordinator holds no request (so none is for the bits' names), all
+// its checks but the one for an empty bit pass. The clock is read once, not per bit.
+Status EngineImpl::OfferWords(ProcessSetState& ps, int rank, const std::vector<uint64_t>& words) {
+  const size_t filled = ps.cache->filled();
+  std::vector<uint64_t>& row = ps.ready_bits[rank];
+  Clock::time_point now;
+  for (size_t w = 0; w < words.size(); ++w) {
+    const uint64_t word = words[w];
+    if (word == 0) continue;
+    const size_t first = w * 64;
+    const uint64_t held = first >= filled     ? 0
+                          : filled - first >= 64 ? ~uint64_t{0}
+                                                 : (uint64_t{1} << (filled - first)) - 1;
+    if (word & ~held) {
+      return Status::InvalidArgument("unknown response-cache bit " +
+                                     std::to_string(first + __builtin_ctzll(word & ~held)));
+    }
+    row[w] |= word;
+    for (uint64_t x = word; x; x &= x - 1) {
+      Clock::time_point& since = ps.bit_since[first + __builtin_ctzll(x)];
+      if (since != Clock::time_point()) continue;
+      if (now == Clock::time_point()) now = Clock::now();
+      since = now;
+    }
+    ps.bits_changed = true;
+  }
+  return Status::OK();
 }
 
 void EngineImpl::AddFull(ProcessSetState& ps, int rank, std::vector<Request> requests) {
@@ -695,15 +734,14 @@ Status EngineImpl::OnResponses(ResponseList&& list) {
     }
     HVD_RETURN_IF_ERROR(CheckResponse(r, static_cast<int>(ps.ranks.size())));
   }
+  // The agreed bits' responses, after the list's others, as on rank 0 (CoordinatorStep).
+  std::shared_ptr<std::vector<Response>> step;
   if (!list.ready_bits.empty()) {
-    std::vector<Response> cached;
     const auto rebuild = Clock::now();
-    if (!ps.cache->RebuildAll(list.ready_bits, list.fusion_threshold, &cached,
-                              &spare_responses_)) {
-      return Status::InvalidArgument("ready bits name an empty response-cache bit");
-    }
+    size_t bytes = 0;
+    step = StepResponses(ps, list.ready_bits, list.fusion_threshold, list.knobs, &bytes);
+    if (!step) return Status::InvalidArgument("ready bits name an empty response-cache bit");
     CountBookkeeping(Clock::now() - rebuild);
-    for (auto& r : cached) list.responses.push_back(std::move(r));
   }
   for (auto& r : list.responses) {
     r.process_set = ps.id;
@@ -718,6 +756,7 @@ Status EngineImpl::OnResponses(ResponseList&& list) {
   }
   if (ps.id == kGlobalProcessSet) ApplyProcessSets(list.responses);
   for (auto& r : list.responses) to_execute_.push_back(QueuedResponse{std::move(r)});
+  if (step) QueueStep(step);
   return Status::OK();
 }
 
@@ -876,26 +915,25 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
                      &ps.ranks);
     negotiation_messages_.fetch_add(1, std::memory_order_relaxed);
   }
+  // The agreed bits' responses run after the list's others, as on the workers (OnResponses);
+  // a step like the one before takes its responses again. Built before the list is applied:
+  // the agreed tensors are marked used first, on every rank alike (ResponseCache).
+  std::shared_ptr<std::vector<Response>> step;
+  size_t bytes = 0;
   if (!agreed.empty()) {
-    std::vector<Response> cached;
     const auto rebuild = Clock::now();
-    ps.cache->RebuildAll(agreed, threshold, &cached, &spare_responses_);
+    step = StepResponses(ps, agreed, threshold, knobs, &bytes);
     CountBookkeeping(Clock::now() - rebuild);
-    for (auto& r : cached) {
-      r.process_set = ps.id;
-      r.knobs = knobs;
-      ready.push_back(std::move(r));
-    }
   }
   ApplyOnRankZero(ps, ready);
   if (autotune_) {
-    size_t bytes = 0;
     for (const auto& r : ready) bytes += ResponseBytes(r);
     autotune_->Record(bytes, now);
     ReportAutotune();
   }
   if (ps.rank < 0) return true;  // rank 0 coordinates a set it is not a member of
   for (auto& r : ready) to_execute_.push_back(QueuedResponse{std::move(r)});
+  if (step) QueueStep(step);
   return true;
 }
 

@@ -423,7 +423,10 @@ class EngineImpl {
   Clock::duration CycleRemaining() const;
   Status OnRequests(int peer, RequestList&& list);
   // Rank 0's fast path for cached tensors (background.cc); ranks count in the set.
-  void OfferBit(ProcessSetState& ps, int rank, uint32_t bit);
+  // `now`: when it was offered (the bit's wait, kBitPatience, counts from the first offer).
+  void OfferBit(ProcessSetState& ps, int rank, uint32_t bit, Clock::time_point now);
+  // Whole words of bits at rank 0's epoch, while OfferBit's other checks cannot apply.
+  Status OfferWords(ProcessSetState& ps, int rank, const std::vector<uint64_t>& words);
   // The timeline's tick: member `rank` of `ps` was seen ready for `name` (rank 0 sees them all).
   void TickReady(const ProcessSetState& ps, int rank, const std::string& name);
   void AddFull(ProcessSetState& ps, int rank, std::vector<Request> requests);
