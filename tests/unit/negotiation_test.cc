@@ -463,6 +463,35 @@ TEST(ResponseCache, InsertLookupEvictAndHistory) {
   EXPECT_FALSE(c.Decode(99, 3, &old));
 }
 
+// Rank 0 offers a request list's bits a word at a time (EngineImpl::OfferWords), taking every
+// bit below filled() as held and every bit from it on as empty: checked here against At() over
+// inserts, a changed request and evictions.
+TEST(ResponseCache, FilledSplitsHeldBitsFromEmptyOnes) {
+  ResponseCache c(70, /*keep_history=*/true);  // two words of bits
+  auto check = [&c](uint32_t expected) {
+    EXPECT_EQ(c.filled(), expected);
+    for (uint32_t bit = 0; bit < 140; ++bit) {
+      EXPECT_EQ(c.At(bit) != nullptr, bit < expected) << "bit " << bit;
+    }
+  };
+  check(0);
+  uint32_t n = 0;
+  for (int round = 0; round < 7; ++round) {  // 10 new names a list: 0..69, then evictions
+    std::vector<Response> list;
+    for (int i = 0; i < 10; ++i, ++n) {
+      list.push_back(ResponseFor(Allreduce("t" + std::to_string(n), {1})));
+    }
+    c.Apply(list);
+    check(std::min<uint32_t>(n, 70));
+  }
+  c.Apply({ResponseFor(Allreduce("t3", {5}))});  // a changed request keeps its bit held
+  check(70);
+  for (int i = 0; i < 100; ++i) {
+    c.Apply({ResponseFor(Allreduce("late" + std::to_string(i), {1}))});
+  }
+  check(70);  // evictions give bits other requests, never empty them
+}
+
 TEST(ResponseCache, EncodeRebuildAndDisabled) {
   ResponseCache c(8, true);
   Request a = Allreduce("a", {4}), b = Allreduce("b", {5});
