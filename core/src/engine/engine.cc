@@ -1,7 +1,10 @@
 // The public Engine API: argument checks and enqueueing. See engine_impl.h for the threads.
 #include "engine/engine_impl.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "bootstrap/elastic.h"
@@ -39,7 +42,7 @@ class HandleBlocks {
   void* Take(size_t bytes) {
     if (!HVD_POOL_HANDLES) return ::operator new(bytes);
     {
-      std::lock_guard<ShortMutex> l(mu_);
+      std::lock_guard<SpinLock> l(lock_);
       if (bytes == size_ && !free_.empty()) {
         void* p = free_.back();
         free_.pop_back();
@@ -52,7 +55,7 @@ class HandleBlocks {
   void Give(void* p, size_t bytes) {
     if (!HVD_POOL_HANDLES) return ::operator delete(p);
     {
-      std::lock_guard<ShortMutex> l(mu_);
+      std::lock_guard<SpinLock> l(lock_);
       if (bytes == size_ && free_.size() < kMaxBlocks) {
         free_.push_back(p);
         return;
@@ -62,8 +65,24 @@ class HandleBlocks {
   }
 
  private:
+  // The pool's lock is held for a pointer's push or pop, and taken twice per tensor (its
+  // handle made, then dropped): an exchange to take and a plain store to leave, where a mutex
+  // costs two atomic operations and two calls. A waiter yields (a holder may have lost its
+  // core).
+  class SpinLock {
+   public:
+    void lock() {
+      while (held_.exchange(true, std::memory_order_acquire)) {
+        while (held_.load(std::memory_order_relaxed)) sched_yield();
+      }
+    }
+    void unlock() { held_.store(false, std::memory_order_release); }
+
+   private:
+    std::atomic<bool> held_{false};
+  };
   static constexpr size_t kMaxBlocks = 1 << 16;
-  ShortMutex mu_;
+  SpinLock lock_;
   size_t size_ = 0;
   std::vector<void*> free_;
 };
