@@ -476,7 +476,7 @@ TEST(ResponseCache, FilledSplitsHeldBitsFromEmptyOnes) {
   };
   check(0);
   uint32_t n = 0;
-  for (int round = 0; round < 7; ++round) {  // 10 new names a list: 0..69, then evictions
+  for (int round = 0; round < 7; ++round) {  // 10 new names a list: 70, every bit, in all
     std::vector<Response> list;
     for (int i = 0; i < 10; ++i, ++n) {
       list.push_back(ResponseFor(Allreduce("t" + std::to_string(n), {1})));
