@@ -463,16 +463,21 @@ TEST(ResponseCache, InsertLookupEvictAndHistory) {
   EXPECT_FALSE(c.Decode(99, 3, &old));
 }
 
-// Rank 0 offers a request list's bits a word at a time (EngineImpl::OfferWords), taking every
-// bit below filled() as held and every bit from it on as empty: checked here against At() over
-// inserts, a changed request and evictions.
-TEST(ResponseCache, FilledSplitsHeldBitsFromEmptyOnes) {
+// FirstEmpty judges bits a word at a time, without the slots (rank 0's word-at-a-time offer of
+// a list's bits, MarkUsed): checked here against At() bit by bit, over inserts, a changed
+// request and evictions, with single bits and whole words.
+TEST(ResponseCache, FirstEmptyAgreesWithTheSlots) {
   ResponseCache c(70, /*keep_history=*/true);  // two words of bits
-  auto check = [&c](uint32_t expected) {
-    EXPECT_EQ(c.filled(), expected);
+  auto check = [&c](uint32_t held) {
     for (uint32_t bit = 0; bit < 140; ++bit) {
-      EXPECT_EQ(c.At(bit) != nullptr, bit < expected) << "bit " << bit;
+      std::vector<uint64_t> one(bit / 64 + 1, 0);
+      one[bit / 64] = uint64_t{1} << (bit % 64);
+      EXPECT_EQ(c.At(bit) != nullptr, bit < held) << "bit " << bit;
+      EXPECT_EQ(c.FirstEmpty(one), bit < held ? -1 : static_cast<int64_t>(bit)) << "bit " << bit;
     }
+    const std::vector<uint64_t> all(3, ~uint64_t{0});
+    EXPECT_EQ(c.FirstEmpty(all), static_cast<int64_t>(held));
+    EXPECT_EQ(c.FirstEmpty({}), -1);
   };
   check(0);
   uint32_t n = 0;

@@ -108,13 +108,21 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
   return true;
 }
 
-bool ResponseCache::MarkUsed(const std::vector<uint64_t>& bits) {
+int64_t ResponseCache::FirstEmpty(const std::vector<uint64_t>& bits) const {
   for (size_t w = 0; w < bits.size(); ++w) {
-    for (uint64_t word = bits[w]; word; word &= word - 1) {
-      const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
-      if (bit >= slots_.size() || !slots_[bit].live) return false;
+    const size_t first = w * 64;
+    const uint64_t held = first >= live_       ? 0
+                          : live_ - first >= 64 ? ~uint64_t{0}
+                                                : (uint64_t{1} << (live_ - first)) - 1;
+    if (const uint64_t empty = bits[w] & ~held) {
+      return static_cast<int64_t>(first + __builtin_ctzll(empty));
     }
   }
+  return -1;
+}
+
+bool ResponseCache::MarkUsed(const std::vector<uint64_t>& bits) {
+  if (FirstEmpty(bits) >= 0) return false;
   for (size_t w = 0; w < bits.size(); ++w) {
     for (uint64_t word = bits[w]; word; word &= word - 1) {
       last_used_[w * 64 + __builtin_ctzll(word)] = ++clock_;

@@ -39,9 +39,11 @@ class ResponseCache {
 
   bool enabled() const { return !slots_.empty(); }
   uint64_t epoch() const { return epoch_; }
-  // Bits below this hold requests, the rest are empty: a bit, once given a request, only ever
-  // changes to another (an eviction), and the free bits are taken lowest first.
-  uint32_t filled() const { return live_; }
+  // The lowest bit set in `bits` that holds no request, or -1. A word at a time, without
+  // reading the slots: a bit, once given a request, only ever changes to another (an
+  // eviction), and the free bits are taken lowest first, so the empty ones are those from
+  // live_ on.
+  int64_t FirstEmpty(const std::vector<uint64_t>& bits) const;
 
   // The bit of r's name if it is cached with exactly r's request, else -1. With `hint` (bit + 1
   // where this name was last found, 0: unknown), a bit that still holds r is taken without

@@ -617,20 +617,15 @@ void EngineImpl::OfferBit(ProcessSetState& ps, int rank, uint32_t bit, Clock::ti
 // no rank has joined and the coordinator holds no request (so none is for the bits' names), all
 // its checks but the one for an empty bit pass. The clock is read once, not per bit.
 Status EngineImpl::OfferWords(ProcessSetState& ps, int rank, const std::vector<uint64_t>& words) {
-  const size_t filled = ps.cache->filled();
+  if (const int64_t empty = ps.cache->FirstEmpty(words); empty >= 0) {
+    return Status::InvalidArgument("unknown response-cache bit " + std::to_string(empty));
+  }
   std::vector<uint64_t>& row = ps.ready_bits[rank];
   Clock::time_point now;
   for (size_t w = 0; w < words.size(); ++w) {
     const uint64_t word = words[w];
     if (word == 0) continue;
     const size_t first = w * 64;
-    const uint64_t held = first >= filled     ? 0
-                          : filled - first >= 64 ? ~uint64_t{0}
-                                                 : (uint64_t{1} << (filled - first)) - 1;
-    if (word & ~held) {
-      return Status::InvalidArgument("unknown response-cache bit " +
-                                     std::to_string(first + __builtin_ctzll(word & ~held)));
-    }
     row[w] |= word;
     for (uint64_t x = word; x; x &= x - 1) {
       Clock::time_point& since = ps.bit_since[first + __builtin_ctzll(x)];

@@ -110,7 +110,8 @@ Status EngineImpl::DeviceDone(const std::vector<TensorEntry*>& entries) {
     if (!e) continue;
     void* ev = nullptr;
     HVD_RETURN_IF_ERROR(rt->RecordOnDevice(*device_, &ev));
-    e->handle->mutable_results().cuda_event = std::shared_ptr<void>(ev, [rt](void* p) { rt->ReleaseEvent(p); });
+    e->handle->mutable_results().cuda_event =
+        std::shared_ptr<void>(ev, [rt](void* p) { rt->ReleaseEvent(p); });
   }
   return Status::OK();
 }
@@ -284,7 +285,8 @@ Status EngineImpl::AllocateDeviceOutput(TensorEntry* e, const std::vector<int64_
   void* p = nullptr;
   HVD_RETURN_IF_ERROR(device_->Allocate(bytes == 0 ? 1 : bytes, &p));
   std::shared_ptr<Device> dev = device_;
-  e->handle->mutable_results().output_owner = std::shared_ptr<void>(p, [dev](void* q) { dev->Free(q); });
+  e->handle->mutable_results().output_owner =
+      std::shared_ptr<void>(p, [dev](void* q) { dev->Free(q); });
   e->handle->output_data_ = p;
   *out = p;
   return Status::OK();
