@@ -351,7 +351,7 @@ bool EngineImpl::DrainQueue() {
   queued_.store(false);
   wake_posted_.store(false);
   {
-    std::lock_guard<ShortMutex> l(mu_);
+    std::lock_guard<SpinLock> l(mu_);
     batch.swap(queue_);
     if (sweep_wanted_) {  // nodes a caller took for operations it then refused
       in_flight_.Sweep();
@@ -457,7 +457,7 @@ NameTable<TensorEntry>::Node* EngineImpl::PendingNode(ProcessSetState& ps, const
   }
   const std::string key =
       r.process_set == kGlobalProcessSet ? std::string() : PendingKey(r.process_set, r.names[i]);
-  std::lock_guard<ShortMutex> l(mu_);
+  std::lock_guard<SpinLock> l(mu_);
   auto* node = in_flight_.Find(r.process_set == kGlobalProcessSet ? std::string_view(r.names[i])
                                                                    : std::string_view(key));
   // An entry the caller has queued and this thread not drained is not announced yet.
@@ -1063,7 +1063,7 @@ Status EngineImpl::ExecuteProcessSet(const Response& r, std::vector<TensorEntry*
   const int32_t id = r.root;
   if (!r.sizes.empty()) {
     {
-      std::lock_guard<ShortMutex> l(mu_);
+      std::lock_guard<SpinLock> l(mu_);
       known_sets_[id].ranks.assign(r.sizes.begin(), r.sizes.end());
     }
     for (auto* e : entries) {
@@ -1072,14 +1072,14 @@ Status EngineImpl::ExecuteProcessSet(const Response& r, std::vector<TensorEntry*
     return Status::OK();
   }
   {
-    std::lock_guard<ShortMutex> l(mu_);
+    std::lock_guard<SpinLock> l(mu_);
     known_sets_.erase(id);
   }
   const Status gone = Status::FailedPrecondition(
       "process set " + std::to_string(id) + " was removed while this operation was in flight");
   std::vector<TensorEntry*> stranded;  // drained; the queued ones fail as they are drained
   {
-    std::lock_guard<ShortMutex> l(mu_);
+    std::lock_guard<SpinLock> l(mu_);
     in_flight_.ForEachLive([&](TensorEntry& e) {
       if (e.drained && e.request.process_set == id) stranded.push_back(&e);
     });
@@ -1234,7 +1234,7 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
   std::vector<TensorEntry> gone;    // what they hold, let go of outside the lock (allocators,
                                     // device events)
   {
-    std::lock_guard<ShortMutex> l(mu_);
+    std::lock_guard<SpinLock> l(mu_);
     if (dead_.ok()) dead_ = status;
     queue_.clear();
     in_flight_.ForEachLive([&](TensorEntry& e) {

@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <thread>
 
 #include "bootstrap/elastic.h"
 #include "bootstrap/store.h"
 #include "common/logging.h"
+#include "common/spin_lock.h"
 #include "planner/fusion.h"
 #include "transport/transport_factory.h"
 
@@ -65,23 +67,9 @@ class HandleBlocks {
   }
 
  private:
-  // The pool's lock is held for a pointer's push or pop, and taken twice per tensor (its
-  // handle made, then dropped): an exchange to take and a plain store to leave, where a mutex
-  // costs two atomic operations and two calls. A waiter yields (a holder may have lost its
-  // core).
-  class SpinLock {
-   public:
-    void lock() {
-      while (held_.exchange(true, std::memory_order_acquire)) {
-        while (held_.load(std::memory_order_relaxed)) sched_yield();
-      }
-    }
-    void unlock() { held_.store(false, std::memory_order_release); }
-
-   private:
-    std::atomic<bool> held_{false};
-  };
   static constexpr size_t kMaxBlocks = 1 << 16;
+  // Held for a pointer's push or pop, and taken twice per tensor (its handle made, then
+  // dropped).
   SpinLock lock_;
   size_t size_ = 0;
   std::vector<void*> free_;
@@ -325,14 +313,19 @@ EngineImpl::~EngineImpl() { Shutdown(); }
 // is asleep (or about to be): it raises sleeping_ before its last look at queued_, so with both
 // sequentially consistent either it sees the queue or this sees it sleeping. While it polls
 // after work it looks at queued_ itself, without a syscall on either side.
+// Found raised already, it is left as it is: the caller that raised it posted any wake-up
+// needed, and the drain that lowers it does so before it takes mu_. So either that drain takes
+// mu_ after this caller let go of it, and takes what this caller queued, or it lowered queued_
+// before this caller's push, and this load reads that or a later raise (mu_ orders them).
 void EngineImpl::Wake() {
+  if (queued_.load(std::memory_order_relaxed)) return;
   queued_.store(true);
   if (sleeping_.load() && !wake_posted_.exchange(true)) asio::post(io_, [] {});
 }
 
 Status EngineImpl::Shutdown() {
   {
-    std::lock_guard<ShortMutex> l(mu_);
+    std::lock_guard<SpinLock> l(mu_);
     shutdown_requested_ = true;
   }
   Wake();
@@ -365,17 +358,23 @@ Status EngineImpl::ValidateLocked(TensorEntry& e) const {
                                           " tensors need a build with CUDA; this build has CPU only");
       }
     }
-    if (e.output.data != nullptr && e.output.device != e.input.device) {
-      return Status::InvalidArgument(what() + ": the output is on device " +
-                                     std::to_string(e.output.device) + ", the input on " +
-                                     std::to_string(e.input.device) + "; they must be on the same");
-    }
     for (int64_t d : r.shape) {
       if (d < 0) return Status::InvalidArgument(what() + ": negative dimension in " + ShapeToString(r.shape));
     }
-    if (e.input.data == nullptr && NumElements(r.shape) * DataTypeSize(e.input.dtype) > 0) {
-      return Status::InvalidArgument(what() + ": input data is null");
-    }
+    return ValidatePlacesLocked(e);
+  }
+  return Status::OK();
+}
+
+Status EngineImpl::ValidatePlacesLocked(const TensorEntry& e) const {
+  const Request& r = e.request;
+  if (e.output.data != nullptr && e.output.device != e.input.device) {
+    return Status::InvalidArgument(Describe(r) + ": the output is on device " +
+                                   std::to_string(e.output.device) + ", the input on " +
+                                   std::to_string(e.input.device) + "; they must be on the same");
+  }
+  if (e.input.data == nullptr && NumElements(r.shape) * DataTypeSize(e.input.dtype) > 0) {
+    return Status::InvalidArgument(Describe(r) + ": input data is null");
   }
   return Status::OK();
 }
@@ -471,7 +470,7 @@ std::vector<HandlePtr> EngineImpl::EnqueueGroup(std::vector<TensorEntry> entries
 void EngineImpl::Submit(TensorEntry* entries, size_t n) {
   TensorEntry* const end = entries + n;
   {
-    std::lock_guard<ShortMutex> l(mu_);
+    std::lock_guard<SpinLock> l(mu_);
     Status s = SubmitRefusalLocked();
     std::unordered_set<std::string> names;  // of a group (one tensor needs no check)
     for (TensorEntry* p = entries; p != end; ++p) {
@@ -553,7 +552,11 @@ Status EngineImpl::InFlightAlready(const std::string& described) {
 }
 
 void EngineImpl::SetWaitPolicy(TensorEntry& e) const {
-  const bool small = RequestBytes(e.request) <= kSmallWaitBytes;
+  SetWaitPolicy(e, static_cast<int64_t>(RequestBytes(e.request)));
+}
+
+void EngineImpl::SetWaitPolicy(TensorEntry& e, int64_t bytes) const {
+  const bool small = bytes <= static_cast<int64_t>(kSmallWaitBytes);
   e.handle->spin_ = !oversubscribed_ || small ? spin_ : std::chrono::microseconds(0);
   if (small && !oversubscribed_) e.handle->helper_ = helper_;
 }
@@ -570,7 +573,7 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
   const std::string key = global ? std::string() : PendingKey(process_set, name);
   const std::string_view k = global ? std::string_view(name) : std::string_view(key);
   {
-    std::lock_guard<ShortMutex> l(mu_);
+    std::lock_guard<SpinLock> l(mu_);
     Status s = SubmitRefusalLocked();
     InFlightNode* node = s.ok() ? in_flight_.Acquire(k) : nullptr;
     if (s.ok() && node == nullptr) {
@@ -589,26 +592,35 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
                         r.group_size == 0 && r.process_set == process_set &&
                         std::equal(r.shape.begin(), r.shape.end(), in.shape.begin(),
                                    in.shape.end());
-      if (!same) e.hint_contents = 0;
-      r.type = OpType::kAllreduce;
-      r.name.assign(name);
-      r.dtype = in.dtype;
-      r.op = op;
-      r.root = -1;
-      r.device = in.device;
-      r.prescale = prescale;
-      r.postscale = postscale;
-      r.shape.assign(in.shape.begin(), in.shape.end());
-      r.splits.clear();
-      r.group.clear();
-      r.group_size = 0;
-      r.process_set = process_set;
+      if (!same) {
+        e.hint_contents = 0;
+        r.type = OpType::kAllreduce;
+        r.name.assign(name);
+        r.dtype = in.dtype;
+        r.op = op;
+        r.root = -1;
+        r.device = in.device;
+        r.prescale = prescale;
+        r.postscale = postscale;
+        r.shape.assign(in.shape.begin(), in.shape.end());
+        r.splits.clear();
+        r.group.clear();
+        r.group_size = 0;
+        r.process_set = process_set;
+      }
+      // (Where it is the same, every field already holds what it would be set to, the name
+      // included: it is the node's key, or the set's key's.)
+      assert(r.name == name);
       e.input = TensorPlace{in.data, in.dtype, in.device, in.stream};
       e.output = TensorPlace{out.data, out.dtype, out.device, out.stream};
       e.handle = h;
       e.in_flight = node;
       e.keeps_storage = true;
-      s = ValidateLocked(e);
+      // The same request of the global set passed every check of the request itself when it
+      // was last submitted (a cached request was validated): only the places are new.
+      s = same && process_set == kGlobalProcessSet && op != ReduceOp::kAdasum
+              ? ValidatePlacesLocked(e)
+              : ValidateLocked(e);
       if (!s.ok()) {
         // Taken before the checks (which read the entry): freed again, and swept by the
         // background thread at its next drain, so that refusals under ever new names do not
@@ -622,7 +634,7 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
       h->Complete(s);
       return h;
     }
-    SetWaitPolicy(node->value);
+    SetWaitPolicy(node->value, in.num_elements() * DataTypeSize(in.dtype));
     queue_.push_back(node);
   }
   Wake();
@@ -672,7 +684,7 @@ Status EngineImpl::RemoveProcessSet(int32_t id) {
 }
 
 std::vector<int> EngineImpl::ProcessSetRanks(int32_t id) const {
-  std::lock_guard<ShortMutex> l(mu_);
+  std::lock_guard<SpinLock> l(mu_);
   auto it = known_sets_.find(id);
   return it == known_sets_.end() ? std::vector<int>() : it->second.ranks;
 }
@@ -697,7 +709,7 @@ Status EngineImpl::SwitchTimeline(std::string path, bool mark_cycles, const char
   const bool stopping = path.empty();
   uint64_t ticket;
   {
-    std::lock_guard<ShortMutex> l(mu_);
+    std::lock_guard<SpinLock> l(mu_);
     ticket = ++timeline_switches_;
     timeline_switch_ =
         std::make_unique<TimelineSwitch>(TimelineSwitch{std::move(path), mark_cycles, ticket});
@@ -708,7 +720,7 @@ Status EngineImpl::SwitchTimeline(std::string path, bool mark_cycles, const char
   const Deadline deadline = DeadlineAfterSeconds(options_.timeout_seconds);
   while (timeline_switched_.load() < ticket) {
     {
-      std::lock_guard<ShortMutex> l(mu_);
+      std::lock_guard<SpinLock> l(mu_);
       // An engine that has ended (another rank shut the job down) closes its file as it stops:
       // a stop has nothing left to do.
       if (!dead_.ok()) return stopping ? Status::OK() : dead_.WithContext(what);
@@ -728,7 +740,7 @@ Status EngineImpl::SwitchTimeline(std::string path, bool mark_cycles, const char
 }
 
 std::vector<int32_t> EngineImpl::ProcessSetIds() const {
-  std::lock_guard<ShortMutex> l(mu_);
+  std::lock_guard<SpinLock> l(mu_);
   std::vector<int32_t> ids;
   for (const auto& kv : known_sets_) ids.push_back(kv.first);
   return ids;

@@ -51,6 +51,7 @@
 
 #include "bootstrap/store.h"
 #include "common/short_mutex.h"
+#include "common/spin_lock.h"
 #include "collectives/collectives.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/messages.h"
@@ -309,6 +310,7 @@ class EngineImpl {
   HandlePtr SubmitAllreduce(const std::string& name, const TensorView& in, const TensorView& out,
                             ReduceOp op, double prescale, double postscale, int32_t process_set);
   void SetWaitPolicy(TensorEntry& e) const;  // under mu_
+  void SetWaitPolicy(TensorEntry& e, int64_t bytes) const;  // the request's bytes known
   // Under mu_: why a new operation is refused outright (failed or shut down), or OK.
   Status SubmitRefusalLocked() const;
   // The refusal of an operation (`described`: its Describe()) whose name is in flight already.
@@ -373,6 +375,9 @@ class EngineImpl {
   // Caller side.
   // Need mu_ (they read in_flight_ and known_sets_); they may rewrite the request's root.
   Status ValidateLocked(TensorEntry& e) const;
+  // Of those, the checks of the entry's input and output places alone (ValidateLocked ends
+  // with them): a request that passed the rest before needs only these.
+  Status ValidatePlacesLocked(const TensorEntry& e) const;
   Status CheckProcessSetLocked(Request& r) const;
   std::string Describe(const Request& r) const;  // "allreduce 'x' on rank 3", for errors
 
@@ -520,8 +525,9 @@ class EngineImpl {
 
   const Options options_;
 
-  // Caller side, guarded by mu_.
-  mutable ShortMutex mu_;
+  // Caller side, guarded by mu_: every caller takes it once per tensor, and every hold is a
+  // few field writes, a push or a pass over the live entries without a wait.
+  mutable SpinLock mu_;
   std::vector<InFlightNode*> queue_;  // submitted, not drained yet
   bool sweep_wanted_ = false;         // a caller freed nodes; the next drain sweeps
   // By PendingKey(): every entry submitted and not completed on this rank (see Threads above).

@@ -217,7 +217,7 @@ void EngineImpl::CompleteEntries(TensorEntry* const* entries, size_t n, const St
     NameTableReset(e);
   }
   {
-    std::lock_guard<ShortMutex> l(mu_);
+    std::lock_guard<SpinLock> l(mu_);
     for (InFlightNode* node : nodes) in_flight_.Release(node);
   }
   for (auto& h : handles) h->Complete(status);
@@ -369,7 +369,7 @@ void EngineImpl::KeepBarrierCount(const Response& r) {
   const size_t dot = name.rfind('.');
   if (dot == std::string::npos) return;
   const uint64_t next = std::strtoull(name.c_str() + dot + 1, nullptr, 10) + 1;
-  std::lock_guard<ShortMutex> l(mu_);
+  std::lock_guard<SpinLock> l(mu_);
   auto it = known_sets_.find(r.process_set);
   if (it != known_sets_.end()) it->second.barriers = std::max(it->second.barriers, next);
 }
