@@ -472,7 +472,10 @@ class EngineImpl {
   // Background thread: ends entries it owns (drained, or taken from the queue) with `status`:
   // their nodes of in_flight_ are released, and then their handles completed.
   void CompleteEntry(TensorEntry& e, const Status& status);
-  void CompleteEntries(TensorEntry* const* entries, size_t n, const Status& status);
+  // With `ps`, the entries of a response executed in that set: each also gives up its bit's
+  // node_of_bit slot, and an entry built outside its node its name and shape storage.
+  void CompleteEntries(TensorEntry* const* entries, size_t n, const Status& status,
+                       ProcessSetState* ps = nullptr);
   void FinishShutdown(int requested_by);
   void FlushControl(Deadline deadline);
 
@@ -593,7 +596,6 @@ class EngineImpl {
   std::vector<InFlightNode*> draining_;
   std::map<int32_t, std::vector<NameTable<TensorEntry>::Node*>> drained_;  // by set (DrainQueue)
   std::vector<TensorEntry*> executing_;
-  std::vector<NameTable<TensorEntry>::Node*> executing_nodes_;
   std::vector<InFlightNode*> releasing_;
   std::vector<HandlePtr> completing_;
   std::vector<size_t> counts_;

@@ -203,7 +203,8 @@ void EngineImpl::CompleteEntry(TensorEntry& e, const Status& status) {
 // entry holds goes before, outside the lock (its allocator, its device event); once released
 // the node is the callers' again, so the handles are completed from here: a caller that sees
 // its handle finish may submit the name again at once.
-void EngineImpl::CompleteEntries(TensorEntry* const* entries, size_t n, const Status& status) {
+void EngineImpl::CompleteEntries(TensorEntry* const* entries, size_t n, const Status& status,
+                                 ProcessSetState* ps) {
   std::vector<InFlightNode*>& nodes = releasing_;
   std::vector<HandlePtr>& handles = completing_;
   nodes.clear();
@@ -212,15 +213,32 @@ void EngineImpl::CompleteEntries(TensorEntry* const* entries, size_t n, const St
   handles.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     TensorEntry& e = *entries[i];
-    nodes.push_back(static_cast<InFlightNode*>(e.in_flight));
+    auto* node = static_cast<InFlightNode*>(e.in_flight);
+    if (ps != nullptr) {
+      // Before the node goes back to the callers: its name and shape storage for new entries,
+      // and the bit that leads to it.
+      if (!e.keeps_storage) {
+        KeepShell(e.request);
+        e.hint_contents = 0;  // the request lost its name and shape: not the one found
+      }
+      const auto bit = static_cast<size_t>(e.announced_bit);
+      if (e.announced_bit >= 0 && bit < ps->node_of_bit.size() && ps->node_of_bit[bit] == node) {
+        ps->node_of_bit[bit] = nullptr;
+      }
+    }
+    nodes.push_back(node);
     handles.push_back(std::move(e.handle));
     NameTableReset(e);
   }
   {
     std::lock_guard<SpinLock> l(mu_);
-    for (InFlightNode* node : nodes) in_flight_.Release(node);
+    for (InFlightNode* node : nodes) in_flight_.ReleaseReset(node);
   }
-  for (auto& h : handles) h->Complete(status);
+  // Each handle let go of as it completes, while its line is at hand.
+  for (auto& h : handles) {
+    h->Complete(status);
+    h.reset();
+  }
   handles.clear();
 }
 
@@ -259,16 +277,12 @@ void EngineImpl::Execute(const Response& r) {
   comm_ = ps->comm.get();
   // This rank's entries, in their in_flight_ nodes until they complete; null where this rank
   // has joined.
-  auto& owned = executing_nodes_;
-  owned.clear();
-  owned.reserve(r.names.size());
   std::vector<TensorEntry*>& entries = executing_;
   entries.assign(r.names.size(), nullptr);
   bool mine = false;
   for (size_t i = 0; i < r.names.size(); ++i) {
     auto* node = PendingNode(*ps, r, i);
     if (node == nullptr) continue;
-    owned.push_back(node);
     entries[i] = &node->value;
     mine = true;
   }
@@ -301,22 +315,8 @@ void EngineImpl::Execute(const Response& r) {
     if (!abort_.ok()) s = abort_;  // names this rank, as the others' errors do
   }
   entries.erase(std::remove(entries.begin(), entries.end(), nullptr), entries.end());
-  // Before the nodes go back to the callers: their name and shape storage for new entries,
-  // and the bits that lead to them.
-  for (auto* node : owned) {
-    TensorEntry& e = node->value;
-    if (!e.keeps_storage) {
-      KeepShell(e.request);
-      e.hint_contents = 0;  // the request lost its name and shape: not the one found
-    }
-    const auto bit = static_cast<size_t>(e.announced_bit);
-    if (e.announced_bit >= 0 && bit < ps->node_of_bit.size() && ps->node_of_bit[bit] == node) {
-      ps->node_of_bit[bit] = nullptr;
-    }
-  }
-  CompleteEntries(entries.data(), entries.size(), s);
+  CompleteEntries(entries.data(), entries.size(), s, ps);
   entries.clear();
-  owned.clear();
   ReturnShells();
   if (comm_gone && abort_.ok()) abort_ = s;
 }
@@ -411,8 +411,8 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
     HVD_RETURN_IF_ERROR(
         AllreducePieces(*c.t, pieces, r.dtype, sum_op, r.prescale, CollectiveDeadline()));
     const double post = r.op == ReduceOp::kAverage ? r.postscale / c.size : r.postscale;
-    for (const auto& q : pieces) {
-      if (q.out) Scale(q.out, q.count, r.dtype, post);
+    for (size_t i = 0; post != 1.0 && i < pieces.size(); ++i) {
+      if (pieces[i].out) Scale(pieces[i].out, pieces[i].count, r.dtype, post);
     }
     return Status::OK();
   }

@@ -91,6 +91,14 @@ class NameTable {
     if (sweep) MaybeSweep();
   }
   void Release(std::string_view key) { Release(Find(key)); }
+  // As Release, for a node whose value its caller has reset already (NameTableReset), outside
+  // the lock that guards this table.
+  void ReleaseReset(Node* n) {
+    if (n == nullptr || !n->live) return;
+    n->live = false;
+    --live_;
+    MaybeSweep();
+  }
   // f(value) for every live value; where it returns true the value is released.
   template <typename F>
   void ReleaseIf(F f) {
