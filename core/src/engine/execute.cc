@@ -290,7 +290,8 @@ void EngineImpl::Execute(const Response& r) {
     HVD_LOG(kError) << "response for '" << r.names[0] << "' that this rank never announced";
   }
 
-  timeline_->Begin(OpTypeName(r.type), r.names, ResponseBytes(r));
+  // (The size is a pass over every tensor of the response: only for a timeline that records.)
+  timeline_->Begin(OpTypeName(r.type), r.names, timeline_->enabled() ? ResponseBytes(r) : 0);
   Status s;
   abandon_ = false;
   in_collective_ = true;
