@@ -373,6 +373,12 @@ bool EngineImpl::DrainQueue() {
   auto& requests = drained_;
   for (auto& kv : requests) kv.second.clear();
   bool any = false;
+  const bool timeline = timeline_->enabled();
+  // The set of the entry before, its state and its list: a step's tensors are mostly of one.
+  bool have_last = false;
+  int32_t last_set = 0;
+  const ProcessSetState* last_ps = nullptr;
+  std::vector<InFlightNode*>* last_list = nullptr;  // made for a live set only
   for (InFlightNode* node : batch) {
     TensorEntry& e = node->value;
     if (e.raw) {
@@ -384,7 +390,13 @@ bool EngineImpl::DrainQueue() {
       continue;
     }
     const int32_t set = e.request.process_set;
-    const ProcessSetState* ps = FindSet(set);
+    if (!have_last || set != last_set) {
+      have_last = true;
+      last_set = set;
+      last_ps = FindSet(set);
+      last_list = nullptr;
+    }
+    const ProcessSetState* ps = last_ps;
     if (ps == nullptr || ps->removed) {  // its removal was negotiated after the caller's check
       CompleteEntry(e, Status::FailedPrecondition(
                            std::string(OpTypeName(e.request.type)) + " '" + e.request.name +
@@ -395,9 +407,10 @@ bool EngineImpl::DrainQueue() {
       joined_ = true;
       join_device_ = e.input.device;  // this join's (a plain join names none)
     }
-    timeline_->Negotiate(e.request.name);
+    if (timeline) timeline_->Negotiate(e.request.name);
     e.drained = true;
-    requests[set].push_back(node);
+    if (last_list == nullptr) last_list = &requests[set];
+    last_list->push_back(node);
     any = true;
   }
   for (auto& [set, list] : requests) {
