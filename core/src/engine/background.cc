@@ -373,7 +373,6 @@ bool EngineImpl::DrainQueue() {
   auto& requests = drained_;
   for (auto& kv : requests) kv.second.clear();
   bool any = false;
-  const bool timeline = timeline_->enabled();
   // The set of the entry before, its state and its list: a step's tensors are mostly of one.
   bool have_last = false;
   int32_t last_set = 0;
@@ -407,7 +406,7 @@ bool EngineImpl::DrainQueue() {
       joined_ = true;
       join_device_ = e.input.device;  // this join's (a plain join names none)
     }
-    if (timeline) timeline_->Negotiate(e.request.name);
+    timeline_->Negotiate(e.request.name);
     e.drained = true;
     if (last_list == nullptr) last_list = &requests[set];
     last_list->push_back(node);

@@ -1,8 +1,6 @@
 // The public Engine API: argument checks and enqueueing. See engine_impl.h for the threads.
 #include "engine/engine_impl.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cassert>

@@ -412,8 +412,10 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
     HVD_RETURN_IF_ERROR(
         AllreducePieces(*c.t, pieces, r.dtype, sum_op, r.prescale, CollectiveDeadline()));
     const double post = r.op == ReduceOp::kAverage ? r.postscale / c.size : r.postscale;
-    for (size_t i = 0; post != 1.0 && i < pieces.size(); ++i) {
-      if (pieces[i].out) Scale(pieces[i].out, pieces[i].count, r.dtype, post);
+    if (post != 1.0) {  // (a pass over every piece otherwise)
+      for (const auto& q : pieces) {
+        if (q.out) Scale(q.out, q.count, r.dtype, post);
+      }
     }
     return Status::OK();
   }

@@ -94,9 +94,7 @@ class NameTable {
   // As Release, for a node whose value its caller has reset already (NameTableReset), outside
   // the lock that guards this table.
   void ReleaseReset(Node* n) {
-    if (n == nullptr || !n->live) return;
-    n->live = false;
-    --live_;
+    Free(n, /*reset=*/false);
     MaybeSweep();
   }
   // f(value) for every live value; where it returns true the value is released.
@@ -164,10 +162,10 @@ class NameTable {
       slots_[Probe(e->name, h)] = Slot{h, e.get()};
     }
   }
-  void Free(Node* n) {
+  void Free(Node* n, bool reset = true) {
     if (n == nullptr || !n->live) return;
     n->live = false;
-    NameTableReset(n->value);
+    if (reset) NameTableReset(n->value);
     --live_;
   }
   void MaybeSweep() {

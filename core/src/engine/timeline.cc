@@ -106,10 +106,6 @@ void Timeline::Flush() {
   std::fflush(file_);
 }
 
-void Timeline::Negotiate(const std::string& name) {
-  if (file_) RankReady(name, rank_, Clock::now());
-}
-
 void Timeline::RankReady(const std::string& name, int rank, Clock::time_point t) {
   if (!file_) return;
   auto& ready = negotiating_[name].ready;

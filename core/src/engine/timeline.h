@@ -38,7 +38,10 @@ class Timeline {
   bool enabled() const { return file_ != nullptr; }
   bool marks_cycles() const { return file_ != nullptr && mark_cycles_; }
 
-  void Negotiate(const std::string& name);  // this rank announced a tensor
+  // This rank announced a tensor. Inline: the drain calls it for every tensor.
+  void Negotiate(const std::string& name) {
+    if (file_) RankReady(name, rank_, Clock::now());
+  }
   // World rank `rank` was seen ready for `name` at `t` (its first sighting counts).
   void RankReady(const std::string& name, int rank, Clock::time_point t);
   void Begin(const std::string& op, const std::vector<std::string>& names, size_t bytes);
