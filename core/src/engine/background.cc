@@ -603,6 +603,7 @@ Status EngineImpl::OnRequests(int peer, RequestList&& list) {
 
 namespace {
 constexpr auto kBitPatience = std::chrono::seconds(1);
+constexpr auto kStragglerHold = std::chrono::microseconds(300);  // AgreedGoAt
 }  // namespace
 
 void EngineImpl::TickReady(const ProcessSetState& ps, int rank, const std::string& name) {
@@ -805,6 +806,30 @@ Clock::duration EngineImpl::CycleWindow() const {
       std::chrono::duration<double, std::milli>(CycleTimeMs()));
 }
 
+// When the agreed bits go out: HVD_CYCLE_TIME after the first became agreed, or, while a member
+// has announced a cached tensor that another has not, up to kStragglerHold after. A step's
+// tensors are then still arriving on some rank (its caller part of the way through enqueuing
+// them, or waiting for a core), and what is agreed now would run as a collective of its own with
+// the rest in another after it: on ranks that share cores, each collective's hand-offs cost
+// more than its tensors. The last of a step's tensors (every member has announced whatever any
+// has) never wait, and a cached tensor that only some members announce waits no longer than
+// the hold: Horovod's cycle time holds every response 1 ms.
+Clock::time_point EngineImpl::AgreedGoAt(const ProcessSetState& ps) const {
+  const Clock::time_point cycle = ps.agreed_since + CycleWindow();
+  const Clock::time_point hold = ps.agreed_since + kStragglerHold;
+  if (hold <= cycle) return cycle;
+  const size_t words = ps.ready_bits.empty() ? 0 : ps.ready_bits[0].size();
+  for (size_t w = 0; w < words; ++w) {
+    uint64_t any = 0, all = ~uint64_t{0};
+    for (const auto& row : ps.ready_bits) {
+      any |= row[w];
+      all &= row[w];
+    }
+    if (any != all) return hold;
+  }
+  return cycle;
+}
+
 // When responses wait for HVD_CYCLE_TIME to gather more tensors to fuse, how long until the
 // coordinator's go (CoordinatorStep also sleeps no longer than that for agreed bits).
 Clock::duration EngineImpl::CycleRemaining() const {
@@ -822,9 +847,7 @@ Clock::duration EngineImpl::CycleRemaining() const {
     if (ps.coordinator->has_ready()) {
       left = std::min(left, ps.coordinator->ready_since() + CycleWindow() - now);
     }
-    if (ps.agreed_since != Clock::time_point()) {
-      left = std::min(left, ps.agreed_since + CycleWindow() - now);
-    }
+    if (ps.agreed_since != Clock::time_point()) left = std::min(left, AgreedGoAt(ps) - now);
   }
   if (left == Clock::duration::max()) return Clock::duration::zero();
   return left > Clock::duration::zero() ? left : Clock::duration::zero();
@@ -890,7 +913,7 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
     if (ps.agreed_since == Clock::time_point() && !AgreedBits(ps).empty()) ps.agreed_since = now;
   }
   std::vector<uint64_t> agreed;
-  if (ps.agreed_since != Clock::time_point() && now - ps.agreed_since >= CycleWindow()) {
+  if (ps.agreed_since != Clock::time_point() && now >= AgreedGoAt(ps)) {
     agreed = AgreeOnBits(ps);
     ps.agreed_since = Clock::time_point();
   }

@@ -441,6 +441,7 @@ class EngineImpl {
   std::vector<uint64_t> AgreeOnBits(ProcessSetState& ps);  // the same, taken out of the rows
   Clock::duration CycleWindow() const;
   void DemoteLateBits(ProcessSetState& ps, Clock::time_point now);
+  Clock::time_point AgreedGoAt(const ProcessSetState& ps) const;
   void ApplyOnRankZero(ProcessSetState& ps, std::vector<Response>& list);
   Status OnResponses(ResponseList&& list);
 
