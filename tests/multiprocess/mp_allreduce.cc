@@ -1,5 +1,6 @@
 // Allreduce checks: every dtype x op x count (0, 1, odd, large), in place and out of place;
-// prescale/postscale; many small tensors in flight at once (fusion); grouped allreduce.
+// prescale/postscale; many small tensors in flight at once (fusion); grouped allreduce; the
+// response cache's fast path under churn and with a rank that waits before it submits the rest.
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -238,6 +239,50 @@ void CheckFastPathChurn(hvd::Engine& e, Checker& ck) {
   }
 }
 
+// A rank that waits for one cached tensor before it submits the step's others, while the
+// other ranks have submitted them all: they have announced more than it has, which holds the
+// agreed tensor back only for a while (EngineImpl::AgreedGoAt), so its wait ends and it goes on.
+// Each rank in turn is the one that waits (the first two steps cache the names). Every sum
+// matches the formula and every wait ends.
+void CheckFastPathHold(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  constexpr int kNames = 3;
+  constexpr int64_t kCount = 5;
+  std::vector<std::vector<float>> bufs(kNames, std::vector<float>(kCount));
+  for (int step = 0; step < 2 + 2 * n; ++step) {
+    const int late = step < 2 ? -1 : (step - 2) % n;
+    auto salt = [step](int k) { return static_cast<int64_t>(k) * 100 + step; };
+    auto submit = [&](int k) {
+      for (int64_t i = 0; i < kCount; ++i) {
+        bufs[k][i] =
+            static_cast<float>(ReduceInput(DataType::kFloat32, ReduceOp::kSum, r, n, i, salt(k)));
+      }
+      TensorView v(bufs[k].data(), DataType::kFloat32, {kCount});
+      return e.Allreduce("hold." + std::to_string(k), v, v, ReduceOp::kSum);
+    };
+    auto check = [&](int k, const hvd::HandlePtr& h) {
+      const std::string what = "hold." + std::to_string(k) + " at step " + std::to_string(step) +
+                               (r == late ? " (this rank waited for it first)" : "");
+      if (!ck.ExpectOk(WaitDone(h, 20.0), what)) return;
+      ck.ExpectElements(DataType::kFloat32, bufs[k].data(), kCount,
+                        [&](int64_t i) {
+                          return ExpectedReduce(DataType::kFloat32, ReduceOp::kSum, n, i, salt(k));
+                        },
+                        what);
+    };
+    std::vector<hvd::HandlePtr> hs(kNames);
+    if (r == late) {
+      hs[0] = submit(0);
+      check(0, hs[0]);
+      for (int k = 1; k < kNames; ++k) hs[k] = submit(k);
+      for (int k = 1; k < kNames; ++k) check(k, hs[k]);
+    } else {
+      for (int k = 0; k < kNames; ++k) hs[k] = submit(k);
+      for (int k = 0; k < kNames; ++k) check(k, hs[k]);
+    }
+  }
+}
+
 }  // namespace
 
 int RunAllreduceChecks(hvd::Engine& e, Checker& ck) {
@@ -256,6 +301,9 @@ int RunAllreduceChecks(hvd::Engine& e, Checker& ck) {
   failures += ck.End();
   ck.Begin("fast path churn");
   CheckFastPathChurn(e, ck);
+  failures += ck.End();
+  ck.Begin("fast path hold");
+  CheckFastPathHold(e, ck);
   failures += ck.End();
   return failures;
 }
