@@ -240,8 +240,9 @@ void CheckFastPathChurn(hvd::Engine& e, Checker& ck) {
 }
 
 // A rank that waits for one cached tensor before it submits the step's others, while the
-// other ranks have submitted them all: they have announced more than it has, which holds the
-// agreed tensor back only for a while (EngineImpl::AgreedGoAt), so its wait ends and it goes on.
+// other ranks have submitted them all: they have announced more than it has, which (where rank
+// 0 answers) holds the agreed tensor back only for a while (EngineImpl::AgreedGoAt), so its wait
+// ends and it goes on.
 // Each rank in turn is the one that waits (the first two steps cache the names). Every sum
 // matches the formula and every wait ends.
 void CheckFastPathHold(hvd::Engine& e, Checker& ck) {

@@ -211,8 +211,8 @@ void PrefetchLines(const void* p, size_t bytes) {
   for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(c + at, 1);
 }
 
-// The handle and its owners' count, which shares its allocation (HandlePool) and lies just before
-// it in libstdc++'s layout (elsewhere the prefetch is only wasted).
+// The handle and its owners' count, which shares its allocation (NewHandle's allocate_shared)
+// and lies just before it in libstdc++'s layout (elsewhere the prefetch is only wasted).
 void PrefetchHandle(const HandlePtr& h) {
   if (h) PrefetchLines(reinterpret_cast<const char*>(h.get()) - 16, sizeof(Handle) + 16);
 }
