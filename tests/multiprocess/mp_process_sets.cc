@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <deque>
 #include <memory>
 #include <thread>
 
@@ -34,6 +35,15 @@ struct Set {
   int place = -1;  // this rank's index in ranks; -1: not a member
 };
 
+// The ids Horovod gives (its ProcessSetTable): a removed set's id goes to the next set added,
+// the first removed first; with none free, the next unused id. Every addition and removal of
+// a test's engine goes through AddSet and RemoveSet, which keep this account of it.
+struct IdAccount {
+  std::deque<int32_t> freed;
+  int32_t next = 1;
+};
+IdAccount ids_given;
+
 Set AddSet(hvd::Engine& e, Checker& ck, std::vector<int> ranks) {
   Set s;
   s.ranks = ranks;
@@ -43,8 +53,21 @@ Set AddSet(hvd::Engine& e, Checker& ck, std::vector<int> ranks) {
   if (ck.ExpectOk(id.status(), "AddProcessSet " + ShapeStr({ranks.begin(), ranks.end()}))) {
     s.id = *id;
     ck.Expect(e.ProcessSetRanks(s.id) == ranks, "ProcessSetRanks of set " + std::to_string(s.id));
+    int32_t want = ids_given.next;
+    if (ids_given.freed.empty()) {
+      ++ids_given.next;
+    } else {
+      want = ids_given.freed.front();
+      ids_given.freed.pop_front();
+    }
+    ck.Expect(s.id == want, "set " + ShapeStr({ranks.begin(), ranks.end()}) + " gets id " +
+                                std::to_string(want) + " (got " + std::to_string(s.id) + ")");
   }
   return s;
+}
+
+void RemoveSet(hvd::Engine& e, Checker& ck, int32_t id, const std::string& what) {
+  if (ck.ExpectOk(e.RemoveProcessSet(id), what)) ids_given.freed.push_back(id);
 }
 
 // Allreduce of every dtype and op at counts 0, 1, 17 and 70000 in set s, submitted together.
@@ -239,8 +262,8 @@ void CheckIndependence(hvd::Engine& e, Checker& ck) {
   ck.ExpectOk(WaitDone(e.Barrier(), 60.0), "the barrier after set b");
   if (e.rank() == 1) slow = e.Allreduce("ps.slow", v, v, ReduceOp::kSum, 1.0, 1.0, a.id);
   if (slow) ck.ExpectOk(WaitDone(slow), "set a's allreduce once rank 1 submits");
-  ck.ExpectOk(e.RemoveProcessSet(a.id), "remove set a");
-  ck.ExpectOk(e.RemoveProcessSet(b.id), "remove set b");
+  RemoveSet(e, ck, a.id, "remove set a");
+  RemoveSet(e, ck, b.id, "remove set b");
 }
 
 // Whether `path` exists within `seconds` (polled each millisecond).
@@ -323,8 +346,51 @@ void CheckSetsAsideOfACollective(hvd::Engine& e, Checker& ck) {
     std::remove(held.c_str());
     std::remove(done.c_str());
   }
-  ck.ExpectOk(e.RemoveProcessSet(a.id), "remove set a");
-  ck.ExpectOk(e.RemoveProcessSet(b.id), "remove set b");
+  RemoveSet(e, ck, a.id, "remove set a");
+  RemoveSet(e, ck, b.id, "remove set b");
+}
+
+// Ids given again at once, twenty times, with no other id free: set a = {0, n-1} runs an
+// allreduce and is removed while each of its members has another one in flight that the other
+// never submits (rank n-1's request has gone to rank 0 over their link); set b = {0, 1} then
+// gets a's id and runs an allreduce under the same name as a's. Every value is checked: b's
+// must be b's members' sum, with nothing of a's in it.
+void CheckIdsGivenAgain(hvd::Engine& e, Checker& ck) {
+  const int n = e.size(), me = e.rank();
+  if (n < 3) return;
+  for (int k = 0; k < 20; ++k) {
+    const std::string round = " (round " + std::to_string(k) + ")";
+    Set a = AddSet(e, ck, {0, n - 1});
+    Buffer x(DataType::kInt64, 3), orphan(DataType::kInt64, 1);
+    TensorView vx(x.data(), DataType::kInt64, {3}), vo(orphan.data(), DataType::kInt64, {1});
+    for (int64_t i = 0; i < 3; ++i) Put(DataType::kInt64, x.data(), i, 1000 * (me + 1) + i);
+    hvd::HandlePtr left;
+    if (a.place >= 0) {
+      left = e.Allreduce("ids.orphan." + std::to_string(me), vo, vo, ReduceOp::kSum, 1.0, 1.0,
+                         a.id);
+      if (ck.ExpectOk(WaitDone(e.Allreduce("ids.same", vx, vx, ReduceOp::kSum, 1.0, 1.0, a.id)),
+                      "set a's allreduce" + round)) {
+        ck.ExpectElements(DataType::kInt64, x.data(), 3,
+                          [&](int64_t i) { return 1000 * (1 + n) + 2 * i; }, "set a's sum" + round);
+      }
+    }
+    RemoveSet(e, ck, a.id, "remove set a" + round);
+    if (left) {
+      ck.Expect(WaitDone(left).code() == hvd::StatusCode::kFailedPrecondition,
+                "set a's unmatched allreduce fails with the removal" + round);
+    }
+    Set b = AddSet(e, ck, {0, 1});
+    ck.Expect(b.id == a.id, "set b gets set a's id" + round);
+    if (b.place >= 0) {
+      for (int64_t i = 0; i < 3; ++i) Put(DataType::kInt64, x.data(), i, 1000 * (me + 1) + i);
+      if (ck.ExpectOk(WaitDone(e.Allreduce("ids.same", vx, vx, ReduceOp::kSum, 1.0, 1.0, b.id)),
+                      "set b's allreduce" + round)) {
+        ck.ExpectElements(DataType::kInt64, x.data(), 3,
+                          [&](int64_t i) { return 1000 * 3 + 2 * i; }, "set b's sum" + round);
+      }
+    }
+    RemoveSet(e, ck, b.id, "remove set b" + round);
+  }
 }
 
 void CheckErrors(hvd::Engine& e, Checker& ck) {
@@ -380,7 +446,7 @@ void CheckErrors(hvd::Engine& e, Checker& ck) {
     Set pair = AddSet(e, ck, {0, n - 1});
     hvd::HandlePtr h;
     if (me == 0) h = e.Allreduce("ps.orphan", v, v, ReduceOp::kSum, 1.0, 1.0, pair.id);
-    ck.ExpectOk(e.RemoveProcessSet(pair.id), "remove a set with an operation in flight");
+    RemoveSet(e, ck, pair.id, "remove a set with an operation in flight");
     if (h) {
       hvd::Status s = WaitDone(h);
       ck.Expect(s.code() == hvd::StatusCode::kFailedPrecondition &&
@@ -396,11 +462,13 @@ void CheckErrors(hvd::Engine& e, Checker& ck) {
   ck.Expect(!gone.ok() && gone.message().find("no process set 9999") != std::string::npos,
             "removing a set that does not exist: got " + gone.ToString());
   ck.Expect(!e.RemoveProcessSet(hvd::kGlobalProcessSet).ok(), "the global set cannot be removed");
-  ck.ExpectOk(e.RemoveProcessSet(zero.id), "remove the set of rank 0");
-  // Ids are not reused.
+  RemoveSet(e, ck, zero.id, "remove the set of rank 0");
+  // A removed set's id goes to the next set added (AddSet checks every id against IdAccount):
+  // sets have been removed, so this one gets one of their ids, not a new one.
   Set again = AddSet(e, ck, {0});
-  ck.Expect(again.id > zero.id, "a new set gets a new id");
-  ck.ExpectOk(e.RemoveProcessSet(again.id), "remove it");
+  ck.Expect(again.id > 0 && again.id < ids_given.next, "a removed set's id is given again: got " +
+                                                           std::to_string(again.id));
+  RemoveSet(e, ck, again.id, "remove it");
   // The engine goes on: a global allreduce.
   Buffer x(DataType::kInt64, 1);
   Put(DataType::kInt64, x.data(), 0, 1);
@@ -415,6 +483,7 @@ void CheckErrors(hvd::Engine& e, Checker& ck) {
 int RunProcessSetChecks(hvd::Engine& e, Checker& ck) {
   const int n = e.size();
   ck.Begin("process sets");
+  CheckIdsGivenAgain(e, ck);  // first: no id is free before it
   std::vector<std::vector<int>> layouts;
   std::vector<int> evens, odds, most;
   for (int r = 0; r < n; ++r) (r % 2 ? odds : evens).push_back(r);
@@ -438,7 +507,7 @@ int RunProcessSetChecks(hvd::Engine& e, Checker& ck) {
     }
   }
   CheckSameName(e, ck, sets);
-  for (const auto& s : sets) ck.ExpectOk(e.RemoveProcessSet(s.id), "remove set " + std::to_string(s.id));
+  for (const auto& s : sets) RemoveSet(e, ck, s.id, "remove set " + std::to_string(s.id));
   ck.Expect(e.ProcessSetIds() == std::vector<int32_t>{hvd::kGlobalProcessSet}, "only the global set is left");
   CheckIndependence(e, ck);
   CheckSetsAsideOfACollective(e, ck);

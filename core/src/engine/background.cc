@@ -996,7 +996,8 @@ void EngineImpl::BroadcastControl(uint8_t type, std::shared_ptr<const std::vecto
 //
 // Adding and removing a set are requests of the global set (OpType::kProcessSet), negotiated
 // like a barrier, so every rank agrees on the ranks and on the order. Rank 0 checks the set and
-// gives it the next id as it makes the response; each rank sets the set up for negotiation as
+// gives it an id as it makes the response (a removed set's, first removed first, else the next
+// unused one; engine_impl.h says why a given-again id is safe); each rank sets the set up for negotiation as
 // it applies that response list (before any response of the new set can reach it on the same
 // link), and lets callers use it as it executes the response. A removal stops rank 0 taking the
 // set's requests at once; each member fails its operations of the set still in flight as it
@@ -1071,7 +1072,14 @@ void EngineImpl::ApplyProcessSets(std::vector<Response>& list) {
                     std::to_string(kv.first) + ")";
           }
         }
-        if (error.empty()) r.root = next_set_id_++;
+        if (error.empty()) {
+          if (free_set_ids_.empty()) {
+            r.root = next_set_id_++;
+          } else {
+            r.root = free_set_ids_.front();
+            free_set_ids_.pop_front();
+          }
+        }
       }
       if (error.empty() && !FindSet(r.root)) sets_[r.root] = NewSet(r.root, std::move(ranks));
     } else {
@@ -1124,6 +1132,7 @@ Status EngineImpl::ExecuteProcessSet(const Response& r, std::vector<TensorEntry*
                                        e->request.name + "'"));
   }
   sets_.erase(id);
+  if (coordinator()) free_set_ids_.push_back(id);  // for a later addition (ApplyProcessSets)
   return Status::OK();
 }
 

@@ -667,6 +667,7 @@ StatusOr<int32_t> EngineImpl::AddProcessSet(std::vector<int> ranks, bool at_init
       return Status::InvalidArgument("process set has rank " + std::to_string(ranks[i]) + " twice");
     }
   }
+  std::lock_guard<std::mutex> one_at_a_time(process_set_calls_);  // engine_impl.h: sets_
   HandlePtr h = EnqueueProcessSetOp(std::move(ranks), 0);
   HVD_RETURN_IF_ERROR(h->Wait());
   return h->process_set_id();
@@ -678,6 +679,7 @@ Status EngineImpl::RemoveProcessSet(int32_t id) {
         "removing a process set needs HVD_DYNAMIC_PROCESS_SETS=1 (HOROVOD_DYNAMIC_PROCESS_SETS)");
   }
   if (id == kGlobalProcessSet) return Status::InvalidArgument("the global process set cannot be removed");
+  std::lock_guard<std::mutex> one_at_a_time(process_set_calls_);  // engine_impl.h: sets_
   return EnqueueProcessSetOp({}, id)->Wait();
 }
 

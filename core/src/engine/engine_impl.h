@@ -616,10 +616,17 @@ class EngineImpl {
   DeviceBuffer device_fusion_;
   DeviceBuffer host_staging_{true};
   DeviceBuffer device_share_;  // a hierarchical allreduce's share of this rank
-  // Process sets by id, 0 (every rank) included; ids are never reused, so a late message for a
-  // removed set cannot be taken for a newer one.
+  // Process sets by id, 0 (every rank) included. Rank 0 gives a removed set's id to a later
+  // set (free_set_ids_, first removed first, as Horovod), once it has executed the removal. That
+  // addition cannot be mistaken for the removed set on any rank: a rank submits an addition
+  // only after its earlier addition or removal has executed (process_set_calls_), so every rank
+  // has executed the removal before rank 0 can answer the addition, and every message a rank
+  // sent for the removed set is ahead of its request for the addition on the same link (rank 0
+  // drops those: the set is gone by then).
   std::map<int32_t, std::unique_ptr<ProcessSetState>> sets_;
-  int32_t next_set_id_ = 1;  // rank 0
+  int32_t next_set_id_ = 1;             // rank 0
+  std::deque<int32_t> free_set_ids_;    // rank 0
+  std::mutex process_set_calls_;        // held by AddProcessSet and RemoveProcessSet
   std::unique_ptr<Autotuner> autotune_;  // rank 0 with HVD_AUTOTUNE=1
   // The fusion threshold and cycle time rank 0 runs with now: the options', or autotune's.
   size_t FusionThreshold() const;

@@ -566,3 +566,33 @@ def join(device=-1):
     every rank has joined. Returns the rank that joined last. As in Horovod, `device` names the
     CUDA device for those zeros (-1: the CPU, or the device this rank has used)."""
     return _ops.join(device)
+
+
+class _Basics:
+    """What Horovod's tests read through ``hvd.mpi_ops._basics``: the engine's process sets,
+    by id. (Horovod's object of this name also starts and stops the engine; hvd's
+    ``hvd.init`` and ``hvd.shutdown`` do that.)"""
+
+    @staticmethod
+    def _get_process_set_ids_and_ranks():
+        """``{process set id: its world ranks, ascending}``, the global set (id 0) included."""
+        return {i: list(_core.process_set_ranks(i)) for i in _core.process_set_ids()}
+
+    @staticmethod
+    def _process_set_size(process_set_id):
+        ranks = _core.process_set_ranks(process_set_id)
+        if not ranks:
+            raise ValueError("Process set does not exist or has not been registered.")
+        return len(ranks)
+
+    @staticmethod
+    def _process_set_rank(process_set_id):
+        ranks = list(_core.process_set_ranks(process_set_id))
+        if not ranks:
+            raise ValueError("Process set does not exist or has not been registered.")
+        if _core.rank() not in ranks:
+            raise ValueError("Process is not part of provided process set.")
+        return ranks.index(_core.rank())
+
+
+_basics = _Basics()
