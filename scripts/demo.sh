@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds, and trains the example MLP on 4 ranks of this
-# machine over hvd's TCP transport, averaging gradients with allreduce.
+# machine, averaging gradients with allreduce (over shared memory: the ranks share this host).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
