@@ -44,6 +44,13 @@ struct IdAccount {
 };
 IdAccount ids_given;
 
+int32_t NextId() {
+  if (ids_given.freed.empty()) return ids_given.next++;
+  const int32_t id = ids_given.freed.front();
+  ids_given.freed.pop_front();
+  return id;
+}
+
 Set AddSet(hvd::Engine& e, Checker& ck, std::vector<int> ranks) {
   Set s;
   s.ranks = ranks;
@@ -53,13 +60,7 @@ Set AddSet(hvd::Engine& e, Checker& ck, std::vector<int> ranks) {
   if (ck.ExpectOk(id.status(), "AddProcessSet " + ShapeStr({ranks.begin(), ranks.end()}))) {
     s.id = *id;
     ck.Expect(e.ProcessSetRanks(s.id) == ranks, "ProcessSetRanks of set " + std::to_string(s.id));
-    int32_t want = ids_given.next;
-    if (ids_given.freed.empty()) {
-      ++ids_given.next;
-    } else {
-      want = ids_given.freed.front();
-      ids_given.freed.pop_front();
-    }
+    const int32_t want = NextId();
     ck.Expect(s.id == want, "set " + ShapeStr({ranks.begin(), ranks.end()}) + " gets id " +
                                 std::to_string(want) + " (got " + std::to_string(s.id) + ")");
   }
@@ -393,6 +394,40 @@ void CheckIdsGivenAgain(hvd::Engine& e, Checker& ck) {
   }
 }
 
+// A rank's additions and removals run one at a time. On rank 0 a second thread adds set {0}
+// and waits: the other ranks add it only once rank 0 has tried a second addition from its main
+// thread (a file in /tmp tells them; they go ahead after 10 s without it). Exactly one of rank
+// 0's two calls is refused, saying another is in flight (the second, unless the thread had not
+// submitted within 200 ms); the other gets the set, with the same id as on the other ranks.
+void CheckOneAtATime(hvd::Engine& e, Checker& ck) {
+  int64_t token = e.rank() == 0 ? static_cast<int64_t>(getpid()) * 1000003 + std::time(nullptr) : 0;
+  TensorView tv(&token, DataType::kInt64, {1});
+  ck.ExpectOk(WaitDone(e.Broadcast("ps.one.token", tv, tv, 0), 30.0), "broadcast of the token");
+  const std::string tried = "/tmp/hvd-test-one-at-a-time-" + std::to_string(token);
+  hvd::StatusOr<int32_t> got = hvd::Status::Internal("not run");
+  if (e.rank() == 0) {
+    hvd::StatusOr<int32_t> other = hvd::Status::Internal("not run");
+    std::thread t([&] { other = e.AddProcessSet({0}); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    got = e.AddProcessSet({0});
+    Touch(tried);
+    t.join();
+    const hvd::Status refused = got.ok() ? other.status() : got.status();
+    if (!got.ok()) got = other;
+    ck.Expect(refused.code() == hvd::StatusCode::kFailedPrecondition &&
+                  refused.message().find("in flight") != std::string::npos,
+              "of two additions at once, one is refused: got " + refused.ToString());
+  } else {
+    WaitForFile(tried, 10.0);
+    got = e.AddProcessSet({0});
+  }
+  if (ck.ExpectOk(got.status(), "of two additions at once, one adds the set")) {
+    ck.Expect(*got == NextId(), "its id, as Horovod gives it");
+    RemoveSet(e, ck, *got, "remove it");
+  }
+  if (e.rank() == 0) std::remove(tried.c_str());
+}
+
 void CheckErrors(hvd::Engine& e, Checker& ck) {
   const int n = e.size(), me = e.rank();
   Buffer buf(DataType::kFloat32, 4);
@@ -484,6 +519,7 @@ int RunProcessSetChecks(hvd::Engine& e, Checker& ck) {
   const int n = e.size();
   ck.Begin("process sets");
   CheckIdsGivenAgain(e, ck);  // first: no id is free before it
+  CheckOneAtATime(e, ck);
   std::vector<std::vector<int>> layouts;
   std::vector<int> evens, odds, most;
   for (int r = 0; r < n; ++r) (r % 2 ? odds : evens).push_back(r);

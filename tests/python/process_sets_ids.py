@@ -1,7 +1,8 @@
 """Process set ids as Horovod gives them, under hvdrun -np 2 and 3 with
 HOROVOD_DYNAMIC_PROCESS_SETS=1: a removed set's id goes to the next set added (the first
-removed first), sets with the ranks of another are refused, and the ids read through
-hvd.mpi_ops._basics (where Horovod's tests read them) agree on every rank.
+removed first), sets with the ranks of another are refused, the ids read through
+hvd.mpi_ops._basics (where Horovod's tests read them) agree on every rank, and a set given a
+removed set's id numbers its unnamed operations from 0.
 Prints PROCESS-SETS-IDS-OK on success."""
 
 import torch
@@ -74,6 +75,26 @@ if fresh is not None:
 for ps in again:
     hvd.remove_process_set(ps)
 assert table() == {0: list(range(n))}, table()
+
+# Unnamed operations are numbered per set id: a set that gets a removed set's id starts at 0 on
+# every member, whatever the removed set's members had counted (else their names differ).
+if n > 2:
+    pair = hvd.add_process_set([0, 2])
+    if hvd.rank() in (0, 2):
+        for _ in range(2):
+            hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=pair)
+    reused = pair.process_set_id
+    hvd.remove_process_set(pair)
+    # Free now: ids 1 and 3 (removed above), then pair's; sets of one rank take the first two.
+    fillers = [hvd.add_process_set([q]) for q in (1, 2)]
+    other = hvd.add_process_set([0, 1])
+    assert other.process_set_id == reused, (other, reused)
+    if hvd.rank() in (0, 1):
+        got = hvd.allreduce(torch.full((2,), float(hvd.rank() + 1)), op=hvd.Sum, process_set=other)
+        assert got.tolist() == [3.0, 3.0], got
+        assert hvd.broadcast_object("x%d" % hvd.rank(), root_rank=1, process_set=other) == "x1"
+    for ps in [other] + fillers:
+        hvd.remove_process_set(ps)
 assert not hvd.remove_process_set(hvd.global_process_set)
 hvd.barrier()
 print("PROCESS-SETS-IDS-OK rank %d" % hvd.rank(), flush=True)

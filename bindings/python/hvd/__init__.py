@@ -21,6 +21,7 @@ Elastic training (``hvd.elastic``: State, ObjectState, run) retries after these 
 """
 
 import atexit as _atexit
+import threading as _threading
 
 from hvd import _core
 from hvd._core import (
@@ -192,16 +193,24 @@ def _bind_process_sets(sets):
                                           ids[tuple(ps.ranks)] == 0 else "an earlier entry"))
 
 
+# Held by add_process_set and remove_process_set from the engine's call to the registry's
+# update: the engine gives a removed set's id to the next set added, so another thread's
+# addition must not take the id before the removal has invalidated its objects.
+_process_set_calls = _threading.Lock()
+
+
 def add_process_set(process_set):
     """Adds a process set (a ProcessSet or a list of ranks) and returns it. Collective: every
     rank calls it, with the same ranks, in the same order. Needs HOROVOD_DYNAMIC_PROCESS_SETS=1
-    (or HVD_) or ``hvd.init(process_sets="dynamic")``."""
+    (or HVD_) or ``hvd.init(process_sets="dynamic")``. As in Horovod, the set gets the id of a
+    removed set (the first removed first) if there is one, else the next unused id."""
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if not _core.dynamic_process_sets():
         raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 (or HVD_DYNAMIC_PROCESS_SETS=1) to "
                          "allow adding process sets after hvd.init()")
-    _register(process_set, _core.add_process_set(process_set.ranks))
+    with _process_set_calls:
+        _register(process_set, _core.add_process_set(process_set.ranks))
     return process_set
 
 
@@ -214,11 +223,16 @@ def remove_process_set(process_set):
     if not _core.dynamic_process_sets():
         raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 (or HVD_DYNAMIC_PROCESS_SETS=1) to "
                          "allow removing process sets")
-    process_set_id = process_set.process_set_id
-    _core.remove_process_set(process_set_id)
-    for ps in _process_sets.pop(process_set_id, [process_set]):
-        ps._invalidate()
-    process_set._invalidate()
+    with _process_set_calls:
+        process_set_id = process_set.process_set_id
+        if process_set_id is None:  # another thread removed it meanwhile
+            return False
+        _core.remove_process_set(process_set_id)
+        for ps in _process_sets.pop(process_set_id, [process_set]):
+            ps._invalidate()
+        process_set._invalidate()
+        from hvd import _ops
+        _ops.forget_counters(process_set_id)
     return True
 
 

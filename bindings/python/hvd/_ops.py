@@ -31,6 +31,13 @@ from hvd._core import HvdError
 _counters = {}
 
 
+def forget_counters(ps):
+    """Drops the unnamed-operation counters of process set ``ps`` (removed): a set given its
+    id later starts at 0 on every member, whatever the removed set's members had counted."""
+    for key in [k for k in _counters if k[1] == ps]:
+        del _counters[key]
+
+
 def op_name(kind, name, ps=0):
     if name is None:
         counter = _counters.setdefault((kind, ps), itertools.count())

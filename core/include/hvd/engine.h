@@ -190,7 +190,8 @@ class HVD_EXPORT Engine {
   // global set or an id that names none. Operations of a removed set still in flight fail with
   // FailedPrecondition on every member. As in Horovod, a removed set's id is given to the next
   // sets added, the first removed first; then the next unused id. A rank's additions and
-  // removals run one at a time (a second thread's call waits for the first's to end).
+  // removals run one at a time: one called while another is in flight on this rank fails with
+  // FailedPrecondition.
   StatusOr<int32_t> AddProcessSet(std::vector<int> ranks);
   Status RemoveProcessSet(int32_t id);
   // The set's world ranks, ascending; empty if this rank knows no set `id`.

@@ -481,6 +481,16 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
       }
       if (e.request.type == OpType::kJoin) e.request.name = "join";
       if (e.request.type == OpType::kProcessSet) {
+        // One at a time on a rank (engine_impl.h, sets_): a removed set's id may go to the next
+        // addition only once every rank has executed the removal.
+        if (process_set_call_ && !process_set_call_->Poll()) {
+          s = Status::FailedPrecondition(
+              "another process set addition or removal is in flight on rank " +
+              std::to_string(options_.rank) + "; they run one at a time, in the same order on "
+              "every rank (call them from one thread)");
+          break;
+        }
+        process_set_call_ = e.handle;
         e.request.name = "process_set." + std::to_string(process_set_ops_++);
       }
       s = ValidateLocked(e);
@@ -667,7 +677,6 @@ StatusOr<int32_t> EngineImpl::AddProcessSet(std::vector<int> ranks, bool at_init
       return Status::InvalidArgument("process set has rank " + std::to_string(ranks[i]) + " twice");
     }
   }
-  std::lock_guard<std::mutex> one_at_a_time(process_set_calls_);  // engine_impl.h: sets_
   HandlePtr h = EnqueueProcessSetOp(std::move(ranks), 0);
   HVD_RETURN_IF_ERROR(h->Wait());
   return h->process_set_id();
@@ -679,7 +688,6 @@ Status EngineImpl::RemoveProcessSet(int32_t id) {
         "removing a process set needs HVD_DYNAMIC_PROCESS_SETS=1 (HOROVOD_DYNAMIC_PROCESS_SETS)");
   }
   if (id == kGlobalProcessSet) return Status::InvalidArgument("the global process set cannot be removed");
-  std::lock_guard<std::mutex> one_at_a_time(process_set_calls_);  // engine_impl.h: sets_
   return EnqueueProcessSetOp({}, id)->Wait();
 }
 

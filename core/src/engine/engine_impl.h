@@ -557,6 +557,7 @@ class EngineImpl {
   };
   std::map<int32_t, KnownSet> known_sets_;
   uint64_t process_set_ops_ = 0;  // additions and removals submitted (their names)
+  HandlePtr process_set_call_;    // the last of them (sets_ says why one runs at a time)
   std::atomic<bool> wake_posted_{false};
   std::atomic<bool> queued_{false};    // the queue may hold entries the background has not seen
   std::atomic<bool> sleeping_{false};  // the background thread sleeps in io_ (or is about to)
@@ -619,14 +620,13 @@ class EngineImpl {
   // Process sets by id, 0 (every rank) included. Rank 0 gives a removed set's id to a later
   // set (free_set_ids_, first removed first, as Horovod), once it has executed the removal. That
   // addition cannot be mistaken for the removed set on any rank: a rank submits an addition
-  // only after its earlier addition or removal has executed (process_set_calls_), so every rank
-  // has executed the removal before rank 0 can answer the addition, and every message a rank
-  // sent for the removed set is ahead of its request for the addition on the same link (rank 0
-  // drops those: the set is gone by then).
+  // only after its earlier addition or removal has executed (Submit refuses one while
+  // process_set_call_ is pending), so every rank has executed the removal before rank 0 can
+  // answer the addition, and every message a rank sent for the removed set is ahead of its
+  // request for the addition on the same link (rank 0 drops those: the set is gone by then).
   std::map<int32_t, std::unique_ptr<ProcessSetState>> sets_;
   int32_t next_set_id_ = 1;             // rank 0
   std::deque<int32_t> free_set_ids_;    // rank 0
-  std::mutex process_set_calls_;        // held by AddProcessSet and RemoveProcessSet
   std::unique_ptr<Autotuner> autotune_;  // rank 0 with HVD_AUTOTUNE=1
   // The fusion threshold and cycle time rank 0 runs with now: the options', or autotune's.
   size_t FusionThreshold() const;
