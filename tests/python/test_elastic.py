@@ -6,6 +6,7 @@ the real world, the same calls on every rank. Engine resets are fakes: no test r
 """
 
 import collections
+import copy
 import functools
 import math
 import random
@@ -290,6 +291,36 @@ def test_sampler_resumes_after_the_world_shrinks(monkeypatch, length):
     else:  # 25: 16 done, 9 left: 5 each, the first remaining sample (in order) twice
         remaining = [i for i in shuffled(length, 7, 0) if i not in set(before)]
         assert sorted(before + after) == sorted(list(range(length)) + remaining[:1])
+
+
+def test_sampler_counts_as_newer_horovod(monkeypatch):
+    """Horovod's newer sampler counts: processed_num is every rank's samples recorded this
+    epoch, record_batch adds the next batch of every rank since the last reset (whatever its
+    batch_idx), and a state dict of only epoch and processed_num loads as that prefix of the
+    epoch's order. Two ranks, simulated."""
+    monkeypatch.setattr(torch_elastic, "size", lambda: 2)
+    monkeypatch.setattr(torch_elastic, "rank", lambda: 1)
+    s = torch_elastic.ElasticSampler(list(range(20)), seed=3)
+    order = shuffled(20, 3, 0)
+    assert s.processed_num == 0 and len(s) == 10
+    s.record_batch(0, 3)
+    s.record_batch(7, 3)  # the index is not read: the next 3 rows of both ranks
+    assert s.processed_num == 12 and s.processed_indices == set(order[:12])
+    saved = copy.deepcopy(s.state_dict())  # as a commit keeps it
+    assert saved["processed_num"] == 12 and saved["epoch"] == 0
+    s.record_batch(2, 3)
+    assert s.processed_num == 18
+    s.load_state_dict(saved)  # a restore: the partition starts again after the 12
+    assert s.processed_num == 12 and len(s) == 4 and list(s) == order[13::2]
+    s.record_batch(5, 3)  # rows 0-2 of the new partition
+    assert s.processed_indices == set(order[:18])
+    s.record_batch(0, 3)  # one row left per rank
+    assert s.processed_num == 20
+    counted = torch_elastic.ElasticSampler(list(range(20)), seed=3)
+    counted.load_state_dict({"epoch": 0, "processed_num": 6})  # a newer Horovod's state dict
+    assert counted.processed_indices == set(order[:6]) and list(counted) == order[7::2]
+    counted.set_epoch(1)
+    assert counted.processed_num == 0 and len(counted) == 10
 
 
 def test_sampler_state_save_restore_and_sync():

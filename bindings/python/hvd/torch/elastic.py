@@ -48,12 +48,18 @@ class ElasticSampler(torch.utils.data.Sampler):
     it from its start, and gives rank r the slice ``padded[r::num_replicas]``. Batches index
     that slice: ``get_indices(i, b)`` is ``indices[i * b:(i + 1) * b]``.
 
-    Differs from Horovod: ``record_batch(i, b)`` records batch i of EVERY rank, not only this
-    rank's (rank r's batch is ``padded[r::num_replicas][i * b:(i + 1) * b]``, known locally
-    since ranks step together). A commit then holds the whole world's progress, and the samples
-    of a rank that dies stay processed; Horovod records only its own and relies on the union
-    taken by ``sync``, which misses the dead rank. ``load_state_dict`` copies the set, so a
-    restore cannot alias the saved state.
+    As in Horovod's newer versions, ``record_batch(i, b)`` records the next ``b`` samples of
+    EVERY rank since the last reset (rank r's are ``padded[r::num_replicas][k:k + b]`` after k
+    rows recorded, known locally since ranks step together), not only this rank's as Horovod's
+    older versions did. A commit then holds the whole world's progress, and the samples of a
+    rank that dies stay processed (a union taken by ``sync`` would miss them).
+    ``load_state_dict`` copies the set, so a restore cannot alias the saved state.
+
+    Newer Horovod versions count instead of listing: ``processed_num`` (the samples of every rank
+    processed this epoch, a prefix of the epoch's order) and a state dict of ``epoch`` and
+    ``processed_num``. Both are here: ``processed_num`` is the size of ``processed_indices``,
+    ``state_dict()`` holds both keys, and ``load_state_dict`` takes either (a count marks that
+    many samples from the start of the epoch's order).
     """
 
     def __init__(self, dataset, shuffle=True, seed=0):
@@ -70,6 +76,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.total_size = 0
         self.indices = []
         self._padded = []
+        self._rows = 0  # rows of every rank recorded since the last reset (record_batch)
         self.reset()
 
     def set_epoch(self, epoch):
@@ -80,17 +87,29 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def record_batch(self, batch_idx, batch_size):
-        """Marks batch ``batch_idx`` (of ``batch_size`` samples per rank) of every rank as
-        processed."""
-        start = batch_idx * batch_size
+        """Marks the next ``batch_size`` samples of every rank since the last reset as
+        processed: batch ``batch_idx`` of a loop over this sampler that started at that reset.
+        As in Horovod's newer versions, the count is what matters (``batch_idx`` is not read),
+        so a loop that numbers its batches from before a reset records the right samples."""
+        start = self._rows
         end = min(start + batch_size, self.num_samples)
         if start < end:
             # Rank r's j-th sample is padded[r + j * num_replicas]: batch rows start..end-1 of
             # all ranks are one contiguous run of padded.
             self.record_indices(self._padded[start * self.num_replicas:end * self.num_replicas])
+            self._rows = end
 
     def record_indices(self, indices):
         self.processed_indices.update(indices)
+
+    @property
+    def processed_num(self):
+        """The number of samples (of every rank) processed this epoch."""
+        return len(self.processed_indices)
+
+    @processed_num.setter
+    def processed_num(self, count):
+        self.processed_indices = set(self._order()[:count])
 
     def get_indices(self, batch_idx, batch_size):
         """This rank's indices of batch ``batch_idx``."""
@@ -99,23 +118,33 @@ class ElasticSampler(torch.utils.data.Sampler):
         return self.indices[start:end]
 
     def state_dict(self):
-        return dict(epoch=self.epoch, processed_indices=self.processed_indices)
+        return dict(epoch=self.epoch, processed_indices=self.processed_indices,
+                    processed_num=self.processed_num)
 
     def load_state_dict(self, state_dict):
         self.epoch = state_dict["epoch"]
-        self.processed_indices = set(state_dict["processed_indices"])
+        if "processed_indices" in state_dict:
+            self.processed_indices = set(state_dict["processed_indices"])
+        else:  # a newer Horovod's: a count from the start of the epoch's order
+            self.processed_num = int(state_dict["processed_num"])
         self.reset()
 
     def reset(self):
         """Repartitions the remaining samples for the engine's current size and rank."""
         self._partition(size(), rank())
 
-    def _partition(self, num_replicas, rank):
-        self.num_replicas = num_replicas
-        self.rank = rank
+    def _order(self):
+        """The epoch's order of all indices."""
         order = list(range(len(self.dataset)))
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(order)
+        return order
+
+    def _partition(self, num_replicas, rank):
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self._rows = 0
+        order = self._order()
         remaining = [i for i in order if i not in self.processed_indices]
         self.remaining_indices = remaining
         self.num_samples = math.ceil(len(remaining) / num_replicas)
@@ -169,7 +198,8 @@ class _SamplerHandler(_Handler):
     def sync(self):
         # Every rank's progress, then rank 0's epoch with it, so all ranks partition alike.
         processed = set().union(*allgather_object(self.value.processed_indices))
-        state_dict = dict(self.value.state_dict(), processed_indices=processed)
+        state_dict = dict(self.value.state_dict(), processed_indices=processed,
+                          processed_num=len(processed))
         self.value.load_state_dict(broadcast_object(state_dict, root_rank=0))
 
     def reset(self):
