@@ -15,6 +15,13 @@
 //   "[mpi-worker] rank R: the allgather failed fast|slowly after S s: STATUS"
 // and exits with status 3 (MPI is left unfinalised: a collective is still posted), the last
 // rank 5 s later.
+//
+// --leave-early instead: after one allreduce the last rank shuts its engine down and exits with
+// status 4, as a program that failed does, while the others do 60 s of work of their own (no
+// hvd call). Its shutdown ends every rank's engine, and each finalizes MPI then, so the last
+// rank's MPI_Finalize does not wait for the others' programs: it exits at once, printing
+//   "[mpi-worker] rank R: left after S s"
+// and mpirun ends the job; the others print "[mpi-worker] rank R: still working" first.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -240,6 +247,27 @@ int AbortInAllgather(hvd::Engine& e) {
   std::_Exit(3);
 }
 
+int LeaveEarly(std::unique_ptr<hvd::Engine> e) {
+  int32_t one = 1;
+  ExpectOk(e->Allreduce("early.one", TensorView(&one, DataType::kInt32, {1}),
+                        TensorView(&one, DataType::kInt32, {1}), ReduceOp::kSum)
+               ->Wait(),
+           "allreduce before the early exit");
+  const int rank = e->rank();
+  if (rank != e->size() - 1) {
+    std::printf("[mpi-worker] rank %d: still working\n", rank);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    return 0;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  e.reset();  // shuts down, and MPI finalizes with the others' engines
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("[mpi-worker] rank %d: left after %.1f s\n", rank, took);
+  std::fflush(stdout);
+  return 4;
+}
+
 const char* BootstrapName(hvd::Options::Bootstrap b) {
   switch (b) {
     case hvd::Options::Bootstrap::kStore: return "store";
@@ -253,10 +281,11 @@ const char* BootstrapName(hvd::Options::Bootstrap b) {
 
 int main(int argc, char** argv) {
   std::string want_bootstrap, want_ops;
-  bool abort_in_allgather = false;
+  bool abort_in_allgather = false, leave_early = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--abort-in-allgather") abort_in_allgather = true;
+    if (a == "--leave-early") leave_early = true;
     if (a.rfind("--expect-bootstrap=", 0) == 0) want_bootstrap = a.substr(19);
     if (a.rfind("--expect-ops=", 0) == 0) want_ops = a.substr(13);
   }
@@ -265,6 +294,7 @@ int main(int argc, char** argv) {
     std::printf("FAIL init: %s\n", created.status().ToString().c_str());
     return 2;
   }
+  if (leave_early) return LeaveEarly(std::move(*created));
   hvd::Engine& e = **created;
   if (abort_in_allgather) return AbortInAllgather(e);
   const char* bootstrap = BootstrapName(e.options().bootstrap);

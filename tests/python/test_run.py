@@ -5,6 +5,9 @@ These tests start their own jobs, so they run once, in the single-process sessio
 in the sessions under hvdrun every rank would start them again.
 """
 
+import shutil
+import time
+
 import pytest
 
 import hvd
@@ -66,8 +69,28 @@ def test_a_failing_rank_raises():
             raise ValueError("rank 1 fails")
         return 0
 
-    with pytest.raises(RuntimeError, match="the job failed"):
+    with pytest.raises(RuntimeError, match="processes exited with non-zero status"):
         hvd.run(fail, np=2)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+def test_a_failing_rank_ends_an_mpirun_job_at_once():
+    """As in Horovod's own test: rank 1 fails while rank 0 works on for 120 s without hvd. The
+    shutdown of rank 1's engine ends rank 0's engine, both finalize MPI, rank 1 exits and mpirun
+    ends the job."""
+    def fail_or_sleep():
+        import os
+        import time
+        import hvd.torch as hvd_torch
+        hvd_torch.init()
+        if hvd_torch.rank() == 1:
+            raise RuntimeError("rank 1 fails")
+        time.sleep(120)
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="mpirun failed"):
+        hvd.run(fail_or_sleep, np=2, use_mpi=True)
+    assert time.monotonic() - start < 60
 
 
 def test_bad_arguments_are_refused():

@@ -146,8 +146,11 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
         if task_file:
             os.unlink(task_file)
     if rc != 0:
-        raise RuntimeError("hvd.run: the job failed (hvdrun exited with %d); its ranks' output "
-                           "above says why" % rc)
+        # Worded as horovod.run's errors are, for scripts that match them.
+        what = ("mpirun failed" if use_mpi or mpi_args else
+                "one or more processes exited with non-zero status")
+        raise RuntimeError("hvd.run: %s (hvdrun exited with %d); the ranks' output above says "
+                           "why" % (what, rc))
     if not results:
         raise RuntimeError("hvd.run: the job ended without a result from any rank")
     size = max(results) + 1

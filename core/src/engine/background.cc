@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "engine/engine_impl.h"
 #include "planner/fusion.h"
+#include "transport/transport_factory.h"
 
 namespace hvd {
 
@@ -144,6 +145,9 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
     }
     if (shutdown_by_ >= 0 && !RoundsLeftAtShutdown()) {
       FinishShutdown(shutdown_by_);
+      // Every rank ends its engine with this shutdown: MPI may finish now, as Horovod's
+      // background thread finalizes it, rather than when this rank's program ends.
+      backends_->FinishEarly();
       break;
     }
     if (worked) {

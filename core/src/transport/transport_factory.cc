@@ -34,6 +34,14 @@ using asio::ip::tcp;
 class JobBackendsImpl : public JobBackends {
  public:
   CollectiveOffload* offload() override { return offload_; }
+  void FinishEarly() override {
+#if HVD_HAVE_MPI
+    if (mpi && mpi->CanFinishEarly()) {
+      if (collectives) collectives->ReleaseOps();
+      mpi->FinishEarly();
+    }
+#endif
+  }
 
   // Members are destroyed in reverse order: the collectives before MPI.
   std::unique_ptr<StoreServer> store_server;

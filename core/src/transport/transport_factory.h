@@ -49,6 +49,9 @@ class JobBackends {
   virtual ~JobBackends() = default;
   // The collectives backend for the transport, owned by this object; null: hvd's algorithms.
   virtual CollectiveOffload* offload() = 0;
+  // The engine's shutdown has ended on every rank: lets MPI finish now if hvd started it
+  // (MpiContext::FinishEarly), on the calling thread. Nothing may use the backends afterwards.
+  virtual void FinishEarly() {}
 };
 
 struct JobConnections {

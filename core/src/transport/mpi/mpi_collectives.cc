@@ -68,11 +68,14 @@ MpiCollectives::MpiCollectives(MpiContext& mpi) : mpi_(mpi) {
   CreateHalfOps<DataType::kBFloat16>(half_ops_[1]);
 }
 
-MpiCollectives::~MpiCollectives() {
+MpiCollectives::~MpiCollectives() { ReleaseOps(); }
+
+void MpiCollectives::ReleaseOps() {
   if (!mpi_.broken().ok()) return;  // leave MPI alone after a failure (see MpiContext)
   for (auto& row : half_ops_) {
     for (MPI_Op& op : row) {
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
+      op = MPI_OP_NULL;
     }
   }
 }

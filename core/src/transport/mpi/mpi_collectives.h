@@ -42,6 +42,10 @@ class MpiCollectives : public CollectiveOffload {
                                       DataType dtype, ReduceOp op, Deadline deadline) override;
   std::optional<Status> Barrier(Deadline deadline) override;
 
+  // Frees the MPI operations it made (before MPI_Finalize; MpiContext::FinishEarly). No
+  // collective may run afterwards. Idempotent.
+  void ReleaseOps();
+
  private:
   MPI_Op OpFor(DataType dtype, ReduceOp op) const;
   // Starts one MPI call (which fills *req) and waits for it.

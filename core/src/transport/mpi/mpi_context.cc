@@ -55,6 +55,7 @@ StatusOr<std::unique_ptr<MpiContext>> MpiContext::Create(const Options& options,
     if (rc != MPI_SUCCESS) return Status::Internal("MPI_Init_thread failed: " + ErrorString(rc));
     ctx->finalize_ = true;
   }
+  ctx->provided_ = provided;
   if (need_threads && provided < MPI_THREAD_SERIALIZED) {
     return Status::FailedPrecondition(
         std::string("HVD_CPU_OPERATIONS=mpi runs MPI from hvd's background thread and needs "
@@ -80,7 +81,15 @@ StatusOr<std::unique_ptr<MpiContext>> MpiContext::Create(const Options& options,
   return ctx;
 }
 
+void MpiContext::FinishEarly() {
+  if (!CanFinishEarly()) return;
+  finished_ = true;
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  MPI_Finalize();
+}
+
 MpiContext::~MpiContext() {
+  if (finished_) return;
   if (!broken_.ok()) {
     // A collective may still be pending on a lost peer: freeing the communicator or finalizing
     // could wait for it forever.

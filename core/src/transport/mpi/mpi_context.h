@@ -43,6 +43,16 @@ class MpiContext {
   static StatusOr<std::unique_ptr<MpiContext>> Create(const Options& options, bool need_threads);
   // Frees the communicator and calls MPI_Finalize if hvd initialised MPI and nothing broke.
   ~MpiContext();
+  // The same, now and from any thread, where hvd initialised MPI (at a level that allows it):
+  // the engine calls it as its shutdown ends on every rank, as Horovod's background thread
+  // finalizes MPI, so that a rank that ends first (its program failed) does not wait in
+  // MPI_Finalize until every other rank's program ends; mpirun then sees it exit. Nothing may
+  // use MPI through this context afterwards. Idempotent.
+  void FinishEarly();
+  // Whether FinishEarly finalizes (else it does nothing, and MPI is left to the destructor).
+  bool CanFinishEarly() const {
+    return !finished_ && finalize_ && provided_ >= MPI_THREAD_SERIALIZED && broken_.ok();
+  }
 
   MPI_Comm comm() const { return comm_; }
   int rank() const { return rank_; }
@@ -65,6 +75,8 @@ class MpiContext {
   int rank_ = 0;
   int size_ = 1;
   bool finalize_ = false;  // hvd called MPI_Init_thread, so it calls MPI_Finalize
+  int provided_ = 0;       // the thread level MPI provides
+  bool finished_ = false;  // FinishEarly has freed the communicator and finalized
   Status broken_;
   std::function<Status()> poll_;
 };
