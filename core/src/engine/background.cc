@@ -93,6 +93,10 @@ void EngineImpl::Loop() {
   done_ = true;
   helper_->engine = nullptr;  // callers that wait from now on only wait
   timeline_.reset();  // writes the file
+  // Every rank ends its engine with a shutdown: MPI may finish now, where hvd started it, as
+  // Horovod's background thread finalizes it, rather than when this rank's program ends
+  // (MpiContext::FinishEarly).
+  if (shut_down_) backends_->FinishEarly();
 }
 
 bool EngineImpl::Work(bool by_caller) {
@@ -145,9 +149,7 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
     }
     if (shutdown_by_ >= 0 && !RoundsLeftAtShutdown()) {
       FinishShutdown(shutdown_by_);
-      // Every rank ends its engine with this shutdown: MPI may finish now, as Horovod's
-      // background thread finalizes it, rather than when this rank's program ends.
-      backends_->FinishEarly();
+      shut_down_ = true;
       break;
     }
     if (worked) {

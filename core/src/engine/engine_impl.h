@@ -581,6 +581,7 @@ class EngineImpl {
   // MPI and the Slurm-hosted store when used (transport/transport_factory.h); declared before
   // transport_ so that it outlives the transport that points at its offload.
   std::unique_ptr<JobBackends> backends_;
+  bool shut_down_ = false;  // background thread: the loop ended with a shutdown (FinishShutdown)
   std::unique_ptr<Transport> transport_;
   Topology topology_;  // where each rank runs (empty for a world of one)
   std::string layout_note_;  // why the layout does not allow hierarchical collectives

@@ -4,8 +4,9 @@
 //
 // Threads: MPI is initialised by the thread that creates the engine, and used afterwards by the
 // thread running the engine's work (collectives: the background thread, or a caller waiting on
-// a small operation in its place, one at a time) and at shutdown by the thread that destroys
-// the engine. That needs MPI_THREAD_SERIALIZED or better when the collectives run over MPI; hvd
+// a small operation in its place, one at a time), and at the end by the background thread as
+// the job's shutdown ends (FinishEarly, where hvd initialised MPI) or else by the thread that
+// destroys the engine. That needs MPI_THREAD_SERIALIZED or better when the collectives run over MPI; hvd
 // asks for MPI_THREAD_MULTIPLE so that the program may use MPI too. Only the bootstrap (on the
 // creating thread) and MPI_Finalize run when MPI merely bootstraps the TCP mesh; then any level
 // does.
@@ -46,8 +47,11 @@ class MpiContext {
   // The same, now and from any thread, where hvd initialised MPI (at a level that allows it):
   // the engine calls it as its shutdown ends on every rank, as Horovod's background thread
   // finalizes MPI, so that a rank that ends first (its program failed) does not wait in
-  // MPI_Finalize until every other rank's program ends; mpirun then sees it exit. Nothing may
-  // use MPI through this context afterwards. Idempotent.
+  // MPI_Finalize until every other rank's program ends; mpirun then sees it exit. So, as in
+  // Horovod, a program that uses MPI itself after hvd shuts down (on any rank) initialises MPI
+  // before hvd does; then hvd leaves it alone. MPI asks for MPI_Finalize on the thread that
+  // initialised it; Open MPI (MPI_THREAD_MULTIPLE, which hvd asks for) takes it from another.
+  // Nothing may use MPI through this context afterwards. Idempotent.
   void FinishEarly();
   // Whether FinishEarly finalizes (else it does nothing, and MPI is left to the destructor).
   bool CanFinishEarly() const {
