@@ -262,7 +262,8 @@ int LeaveEarly(std::unique_ptr<hvd::Engine> e) {
   }
   const auto start = std::chrono::steady_clock::now();
   e.reset();  // shuts down, and MPI finalizes with the others' engines
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("[mpi-worker] rank %d: left after %.1f s\n", rank, took);
   std::fflush(stdout);
   return 4;

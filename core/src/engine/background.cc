@@ -1000,14 +1000,14 @@ void EngineImpl::BroadcastControl(uint8_t type, std::shared_ptr<const std::vecto
 
 // ---------------------------------------------------------------- process sets
 //
-// Adding and removing a set are requests of the global set (OpType::kProcessSet), negotiated
-// like a barrier, so every rank agrees on the ranks and on the order. Rank 0 checks the set and
-// gives it an id as it makes the response (a removed set's, first removed first, else the next
-// unused one; engine_impl.h says why a given-again id is safe); each rank sets the set up for negotiation as
-// it applies that response list (before any response of the new set can reach it on the same
-// link), and lets callers use it as it executes the response. A removal stops rank 0 taking the
-// set's requests at once; each member fails its operations of the set still in flight as it
-// executes the removal.
+// Adding and removing a set are requests of the global set (OpType::kProcessSet), negotiated like a
+// barrier, so every rank agrees on the ranks and on the order. Rank 0 checks the set and gives it
+// an id as it makes the response (a removed set's, first removed first, else the next unused one;
+// engine_impl.h says why a given-again id is safe); each rank sets the set up for negotiation as it
+// applies that response list (before any response of the new set can reach it on the same link),
+// and lets callers use it as it executes the response. A removal stops rank 0 taking the set's
+// requests at once; each member fails its operations of the set still in flight as it executes the
+// removal.
 
 ProcessSetState* EngineImpl::FindSet(int32_t id) {
   auto it = sets_.find(id);

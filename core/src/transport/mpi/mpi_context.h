@@ -3,10 +3,10 @@
 // Status.
 //
 // Threads: MPI is initialised by the thread that creates the engine, and used afterwards by the
-// thread running the engine's work (collectives: the background thread, or a caller waiting on
-// a small operation in its place, one at a time), and at the end by the background thread as
-// the job's shutdown ends (FinishEarly, where hvd initialised MPI) or else by the thread that
-// destroys the engine. That needs MPI_THREAD_SERIALIZED or better when the collectives run over MPI; hvd
+// thread running the engine's work (collectives: the background thread, or a caller waiting on a
+// small operation in its place, one at a time), and at the end by the background thread as the
+// job's shutdown ends (FinishEarly, where hvd initialised MPI) or else by the thread that destroys
+// the engine. That needs MPI_THREAD_SERIALIZED or better when the collectives run over MPI; hvd
 // asks for MPI_THREAD_MULTIPLE so that the program may use MPI too. Only the bootstrap (on the
 // creating thread) and MPI_Finalize run when MPI merely bootstraps the TCP mesh; then any level
 // does.
