@@ -576,7 +576,8 @@ class _Basics:
     @staticmethod
     def _get_process_set_ids_and_ranks():
         """``{process set id: its world ranks, ascending}``, the global set (id 0) included."""
-        return {i: list(_core.process_set_ranks(i)) for i in _core.process_set_ids()}
+        from hvd import get_process_set_ids_and_ranks
+        return get_process_set_ids_and_ranks()
 
     @staticmethod
     def _process_set_size(process_set_id):
