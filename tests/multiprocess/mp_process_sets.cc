@@ -400,6 +400,7 @@ void CheckIdsGivenAgain(hvd::Engine& e, Checker& ck) {
 // 0's two calls is refused, saying another is in flight (the second, unless the thread had not
 // submitted within 200 ms); the other gets the set, with the same id as on the other ranks.
 void CheckOneAtATime(hvd::Engine& e, Checker& ck) {
+  if (e.size() < 2) return;  // {0} is the world's set there
   int64_t token = e.rank() == 0 ? static_cast<int64_t>(getpid()) * 1000003 + std::time(nullptr) : 0;
   TensorView tv(&token, DataType::kInt64, {1});
   ck.ExpectOk(WaitDone(e.Broadcast("ps.one.token", tv, tv, 0), 30.0), "broadcast of the token");
