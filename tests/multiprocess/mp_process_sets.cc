@@ -281,6 +281,15 @@ void Touch(const std::string& path) {
   if (FILE* f = std::fopen(path.c_str(), "w")) std::fclose(f);
 }
 
+// A token of this job that rank 0 draws and broadcasts (under `name`), for the names of the
+// files in /tmp through which a check's ranks signal each other.
+std::string JobToken(hvd::Engine& e, Checker& ck, const std::string& name) {
+  int64_t token = e.rank() == 0 ? static_cast<int64_t>(getpid()) * 1000003 + std::time(nullptr) : 0;
+  TensorView tv(&token, DataType::kInt64, {1});
+  ck.ExpectOk(WaitDone(e.Broadcast(name, tv, tv, 0), 30.0), "broadcast of the token");
+  return std::to_string(token);
+}
+
 // Rank 0 coordinates every set, but a set it is not a member of does not wait for its
 // collectives. Rank 0 stays inside an allgather of set a = {0, 1}: rank 1's output allocator
 // (on its background thread, once the allgather runs) holds it until set b = {2, 3} is done.
@@ -290,11 +299,9 @@ void Touch(const std::string& path) {
 // token rank 0 broadcasts, pass the two signals.
 void CheckSetsAsideOfACollective(hvd::Engine& e, Checker& ck) {
   if (e.size() < 4) return;
-  int64_t token = e.rank() == 0 ? static_cast<int64_t>(getpid()) * 1000003 + std::time(nullptr) : 0;
-  TensorView tv(&token, DataType::kInt64, {1});
-  ck.ExpectOk(WaitDone(e.Broadcast("ps.aside.token", tv, tv, 0), 30.0), "broadcast of the token");
-  const std::string held = "/tmp/hvd-test-aside-held-" + std::to_string(token);
-  const std::string done = "/tmp/hvd-test-aside-done-" + std::to_string(token);
+  const std::string token = JobToken(e, ck, "ps.aside.token");
+  const std::string held = "/tmp/hvd-test-aside-held-" + token;
+  const std::string done = "/tmp/hvd-test-aside-done-" + token;
   Set a = AddSet(e, ck, {0, 1});
   Set b = AddSet(e, ck, {2, 3});
   if (e.rank() <= 1) {
@@ -401,10 +408,7 @@ void CheckIdsGivenAgain(hvd::Engine& e, Checker& ck) {
 // submitted within 200 ms); the other gets the set, with the same id as on the other ranks.
 void CheckOneAtATime(hvd::Engine& e, Checker& ck) {
   if (e.size() < 2) return;  // {0} is the world's set there
-  int64_t token = e.rank() == 0 ? static_cast<int64_t>(getpid()) * 1000003 + std::time(nullptr) : 0;
-  TensorView tv(&token, DataType::kInt64, {1});
-  ck.ExpectOk(WaitDone(e.Broadcast("ps.one.token", tv, tv, 0), 30.0), "broadcast of the token");
-  const std::string tried = "/tmp/hvd-test-one-at-a-time-" + std::to_string(token);
+  const std::string tried = "/tmp/hvd-test-one-at-a-time-" + JobToken(e, ck, "ps.one.token");
   hvd::StatusOr<int32_t> got = hvd::Status::Internal("not run");
   if (e.rank() == 0) {
     hvd::StatusOr<int32_t> other = hvd::Status::Internal("not run");
