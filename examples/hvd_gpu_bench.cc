@@ -250,9 +250,11 @@ void BenchStaging(size_t max_bytes) {
   const int n = e.size();
   const double bus = 2.0 * (n - 1) / n;
   if (e.rank() == 0) {
+    const char* piece = std::getenv("HVD_STAGING_PIECE_BYTES");
     std::printf("# allreduce float32 sum, %d ranks sharing cuda:0, staged through pinned host "
-                "memory: CUDA tensors against a D2H + H2D copy of the same bytes (pinned) and "
-                "against host tensors of the same size\n", n);
+                "memory in pieces (HVD_STAGING_PIECE_BYTES=%s): CUDA tensors against a D2H + H2D "
+                "copy of the same bytes (pinned) and against host tensors of the same size\n",
+                n, piece ? piece : "default");
     Header("");
   }
   void* dbuf;

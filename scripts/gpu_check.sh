@@ -53,21 +53,29 @@ status=0
 echo "== ctest -L gpu and the fake-device tests"
 ctest --test-dir "$BUILD" -L gpu --output-on-failure > "$OUT/ctest.log" 2>&1 || status=1
 ctest --test-dir "$BUILD" -R "mp_device" --output-on-failure >> "$OUT/ctest.log" 2>&1 || status=1
+# The staged allreduce in many pieces (the default keeps these tests' tensors in one).
+HVD_STAGING_PIECE_BYTES=4096 ctest --test-dir "$BUILD" -R "gpu_device_np2" --output-on-failure \
+  >> "$OUT/ctest.log" 2>&1 || status=1
 grep -E "tests passed|Passed|Failed|Skipped|\[mp\]|FAIL" "$OUT/ctest.log" | head -40
 export PYTHONPATH="$BUILD/python:tests/python" PYTHONUNBUFFERED=1 HVD_STALL_CHECK_TIME_SECONDS=20
-for run in "1 0" "2 0" "1 1"; do
+for run in "1 0 1048576" "2 0 1048576" "1 1 1048576" "2 0 4096"; do
   set -- $run
-  echo "== pytest test_torch_cuda.py, $1 rank(s), HVD_ENABLE_ASYNC_COMPLETION=$2"
-  HVD_ENABLE_ASYNC_COMPLETION=$2 timeout 600 "$B/hvdrun" -np $1 "$PY" -m pytest -x -q \
-    -p no:cacheprovider tests/python/test_torch_cuda.py > "$OUT/pytest_np$1_async$2.log" 2>&1 \
+  echo "== pytest test_torch_cuda.py, $1 rank(s), HVD_ENABLE_ASYNC_COMPLETION=$2," \
+       "HVD_STAGING_PIECE_BYTES=$3"
+  log="$OUT/pytest_np$1_async$2_piece$3.log"
+  HVD_ENABLE_ASYNC_COMPLETION=$2 HVD_STAGING_PIECE_BYTES=$3 timeout 600 "$B/hvdrun" -np $1 \
+    "$PY" -m pytest -x -q -p no:cacheprovider tests/python/test_torch_cuda.py > "$log" 2>&1 \
     || status=1
-  tail -4 "$OUT/pytest_np$1_async$2.log"
+  tail -4 "$log"
 done
 echo "== benchmarks"
 {
   "$B/hvd_gpu_bench" --copy --tensors=1000
   "$B/hvd_gpu_bench" --nccl --max-bytes=$((1 << 30))
   HVD_ENABLE_ASYNC_COMPLETION=1 "$B/hvd_gpu_bench" --nccl --max-bytes=$((1 << 30))
-  "$B/hvdrun" --no-prefix -np 2 "$B/hvd_gpu_bench" --staging --max-bytes=$((256 << 20))
+  for piece in 0 1048576; do
+    HVD_STAGING_PIECE_BYTES=$piece "$B/hvdrun" --no-prefix -np 2 "$B/hvd_gpu_bench" --staging \
+      --max-bytes=$((256 << 20))
+  done
 } 2>&1 | tee "$OUT/bench.log"
 exit $status

@@ -79,6 +79,7 @@ TEST(Messages, ResponseListRoundTripWithCompactEntries) {
   l.fusion_threshold = 4096;
   l.knobs.hierarchical_allreduce = 2;
   l.knobs.small_allreduce_bytes = 12345;
+  l.knobs.staging_piece_bytes = 777;
   l.after_round = 77;
   auto bytes = Encode(l);
   ResponseList out;
@@ -94,6 +95,7 @@ TEST(Messages, ResponseListRoundTripWithCompactEntries) {
   EXPECT_EQ(out.knobs.hierarchical_allreduce, 2);
   EXPECT_EQ(out.knobs.small_allreduce_bytes, 12345u);
   EXPECT_EQ(out.responses[0].knobs.small_allreduce_bytes, 12345u);  // every response has them
+  EXPECT_EQ(out.responses[1].knobs.staging_piece_bytes, 777u);
   EXPECT_EQ(out.after_round, 77u);
   // A toggle out of range is refused.
   l.knobs.hierarchical_allreduce = 3;
@@ -112,6 +114,7 @@ TEST(Messages, RoundPartRoundTripAndRefusals) {
   c.fusion_threshold = 1 << 20;
   c.knobs.hierarchical_allreduce = 1;
   c.knobs.small_allreduce_bytes = 999;
+  c.knobs.staging_piece_bytes = 0;
   auto bytes = Encode(c);
   RoundContribution out;
   ASSERT_TRUE(Decode(bytes.data(), bytes.size(), &out).ok());
@@ -123,6 +126,7 @@ TEST(Messages, RoundPartRoundTripAndRefusals) {
   EXPECT_EQ(out.fusion_threshold, c.fusion_threshold);
   EXPECT_EQ(out.knobs.hierarchical_allreduce, 1);
   EXPECT_EQ(out.knobs.small_allreduce_bytes, 999u);
+  EXPECT_EQ(out.knobs.staging_piece_bytes, 0u);
   // Every truncation is refused, and so are a negative rank, a toggle out of range and
   // trailing bytes.
   for (size_t n = 0; n < bytes.size(); ++n) {
@@ -1166,6 +1170,48 @@ TEST(Handle, ResultsAreEmptyUntilWritten) {
   EXPECT_EQ(h.output_shape(), (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(h.received_splits(), (std::vector<int64_t>{1, 1}));
   EXPECT_TRUE(h.output_bytes().empty());
+}
+
+// A staged allreduce's pieces: they tile the buffer in order, each but the last a multiple of
+// 16 bytes and at least the knob's size, never more than kMaxStagingPieces; one piece when the
+// knob is 0 or the buffer fits in one, none when it is empty.
+TEST(Plan, StagingPiecesTileTheBuffer) {
+  PlanContext c;
+  PlanKnobs k;
+  EXPECT_EQ(WithKnobs(c, k).staging_piece_bytes, size_t{1} << 20);  // the default, 1 MiB
+  for (uint64_t piece : {uint64_t{0}, uint64_t{1}, uint64_t{16}, uint64_t{1000}, uint64_t{4096},
+                         uint64_t{1} << 20}) {
+    k.staging_piece_bytes = piece;
+    const PlanContext pc = WithKnobs(c, k);
+    for (size_t bytes : {size_t{0}, size_t{1}, size_t{16}, size_t{999}, size_t{4096},
+                         size_t{4097}, size_t{70001} * 4, size_t{3} << 20, (size_t{256} << 20) + 8}) {
+      const std::string what = "piece " + std::to_string(piece) + " bytes " + std::to_string(bytes);
+      const std::vector<StagingPiece> ps = PlanStagingPieces(bytes, pc);
+      if (bytes == 0) {
+        EXPECT_TRUE(ps.empty()) << what;
+        continue;
+      }
+      size_t want_pieces = 1;
+      if (piece != 0 && bytes > piece) {
+        size_t size = std::max<size_t>(piece, (bytes + 15) / 16);
+        size = (size + 15) / 16 * 16;
+        want_pieces = (bytes + size - 1) / size;
+      }
+      ASSERT_EQ(ps.size(), want_pieces) << what;
+      EXPECT_LE(ps.size(), kMaxStagingPieces) << what;
+      size_t at = 0;
+      for (size_t i = 0; i < ps.size(); ++i) {
+        EXPECT_EQ(ps[i].offset, at) << what << " piece " << i;
+        EXPECT_GT(ps[i].bytes, 0u) << what << " piece " << i;
+        if (i + 1 < ps.size()) {
+          EXPECT_EQ(ps[i].bytes % 16, 0u) << what << " piece " << i;
+          EXPECT_GE(ps[i].bytes, piece) << what << " piece " << i;
+        }
+        at += ps[i].bytes;
+      }
+      EXPECT_EQ(at, bytes) << what;
+    }
+  }
 }
 
 }  // namespace

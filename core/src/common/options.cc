@@ -240,6 +240,10 @@ Status ReadKnobs(Options* o) {
   if (const char* v = Knob("ENABLE_ASYNC_COMPLETION", &var)) {
     HVD_RETURN_IF_ERROR(ParseBool(var, v, &o->async_completion));
   }
+  if (const char* v = Knob("STAGING_PIECE_BYTES", &var)) {
+    HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, 1L << 40, &x));
+    o->staging_piece_bytes = static_cast<size_t>(x);
+  }
   if (const char* v = Knob("DYNAMIC_PROCESS_SETS", &var)) {
     HVD_RETURN_IF_ERROR(ParseBool(var, v, &o->dynamic_process_sets));
   }

@@ -190,11 +190,13 @@ Status CheckDone(const Reader& rd, const char* what) {
 void PutKnobs(Writer& w, const PlanKnobs& k) {
   w.Put<int32_t>(k.hierarchical_allreduce);
   w.Put<uint64_t>(k.small_allreduce_bytes);
+  w.Put<uint64_t>(k.staging_piece_bytes);
 }
 
 bool GetKnobs(Reader& rd, PlanKnobs* k) {
   return rd.Get(&k->hierarchical_allreduce) && k->hierarchical_allreduce >= 0 &&
-         k->hierarchical_allreduce <= 2 && rd.Get(&k->small_allreduce_bytes);
+         k->hierarchical_allreduce <= 2 && rd.Get(&k->small_allreduce_bytes) &&
+         rd.Get(&k->staging_piece_bytes);
 }
 
 }  // namespace

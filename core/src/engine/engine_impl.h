@@ -515,6 +515,8 @@ class EngineImpl {
   Status DeviceDone(const std::vector<TensorEntry*>& entries);
   Status RunDeviceCollective(const Response& r, std::vector<TensorEntry*>& entries);
   Status RunStaged(const Response& r, std::vector<TensorEntry*>& entries, bool* host_failed);
+  Status RunStagedAllreduce(const Response& r, std::vector<TensorEntry*>& entries,
+                            bool* host_failed);
   Status DeviceAllreduce(const Response& r, std::vector<TensorEntry*>& entries);
   Status DeviceHierarchicalAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                      const PlanContext& pc);

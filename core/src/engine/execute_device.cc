@@ -18,7 +18,9 @@
 //    collectives among a host's members, the host path across hosts through pinned memory.
 // 4. Staging path. Inputs go to pinned host memory (several tensors are packed on the device
 //    first and cross in one copy), the host path runs the response on host stand-ins of the
-//    entries, and the results come back the same way.
+//    entries, and the results come back the same way. An allreduce (but Adasum, whose dot
+//    products span whole tensors) runs in pieces (PlanStagingPieces): while the host reduces
+//    one, the device copies the next to the host and the one before back.
 // 5. The response completes when the stream has drained (with HVD_ENABLE_ASYNC_COMPLETION, on
 //    the collectives path, once its work is queued: each handle gets an event recorded after
 //    it, for the caller's stream to wait on). The wait polls the control plane, so
@@ -240,7 +242,14 @@ Status EngineImpl::ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>&
   const bool collectives = comm_->device_path == Comm::DevicePath::kCollectives &&
                            (!IsReduction(r.type) || comm_->device_collectives->Reduces(r.dtype, r.op));
   bool host_failed = false;  // the host path's failures already say whether to abandon
-  Status s = collectives ? RunDeviceCollective(r, entries) : RunStaged(r, entries, &host_failed);
+  Status s;
+  if (collectives) {
+    s = RunDeviceCollective(r, entries);
+  } else if (r.type == OpType::kAllreduce && r.op != ReduceOp::kAdasum) {
+    s = RunStagedAllreduce(r, entries, &host_failed);
+  } else {
+    s = RunStaged(r, entries, &host_failed);
+  }
   // A device call that failed here alone (an allocation, a copy, a launch) leaves the others
   // inside the collective.
   if (!s.ok() && !host_failed && s.code() != StatusCode::kPeerLost &&
@@ -454,6 +463,91 @@ Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
   if (r.op == ReduceOp::kAverage) post /= n;
   HVD_RETURN_IF_ERROR(d.Scale(out, out_count, r.dtype, post));
   return DeviceDone({e});
+}
+
+// The staged allreduce, in pieces. The tensors lie packed at aligned offsets (the response's
+// shapes, the same on every rank; a rank that has joined contributes zeros), so each piece is a
+// host allreduce of one run of elements, the same on every rank. The device's one stream runs
+// the copies in order, and a Synchronize after each piece's host allreduce orders the host
+// against them:
+//
+//   stream:  [pack] D2H 0 | D2H 1 ........ H2D 0, D2H 2 ........ H2D 1, D2H 3 ...  [unpack]
+//   host:                 | allreduce 0 | sync | allreduce 1     | sync | ...
+//
+// Piece k's host memory is written by D2H k before the sync that precedes its allreduce, and
+// read by H2D k, queued after that allreduce; the pieces do not overlap.
+Status EngineImpl::RunStagedAllreduce(const Response& r, std::vector<TensorEntry*>& entries,
+                                      bool* host_failed) {
+  Device& d = *device_;
+  const size_t m = entries.size();
+  const size_t esize = DataTypeSize(r.dtype);
+  std::vector<size_t> bytes(m), offsets;
+  for (size_t i = 0; i < m; ++i) bytes[i] = static_cast<size_t>(NumElements(r.shapes[i])) * esize;
+  // One tensor of this rank's crosses as it lies; several (or a joined rank's zeros) are packed.
+  const bool packed = m > 1 || entries[0] == nullptr;
+  const size_t total = packed ? AlignedOffsets(bytes, &offsets) : bytes[0];
+  if (total == 0) return DeviceSynchronize();
+  void* host_p = nullptr;
+  HVD_RETURN_IF_ERROR(GetDeviceBuffer(host_staging_, &d, total, &host_p));
+  auto* host = static_cast<uint8_t*>(host_p);
+  const uint8_t* dev_in = nullptr;
+  uint8_t* dev_out = nullptr;
+  if (packed) {
+    void* f = nullptr;
+    HVD_RETURN_IF_ERROR(GetDeviceBuffer(device_fusion_, &d, total, &f));
+    dev_out = static_cast<uint8_t*>(f);
+    dev_in = dev_out;
+    // The gaps between tensors and a joined rank's stand-ins are reduced as zeros.
+    HVD_RETURN_IF_ERROR(d.Zero(f, total));
+    std::vector<CopySpan> spans;
+    for (size_t i = 0; i < m; ++i) {
+      if (entries[i] && bytes[i]) spans.push_back({entries[i]->input.data, dev_out + offsets[i], bytes[i]});
+    }
+    if (!spans.empty()) HVD_RETURN_IF_ERROR(DeviceCopy(spans));
+  } else {
+    dev_in = static_cast<const uint8_t*>(entries[0]->input.data);
+    dev_out = static_cast<uint8_t*>(entries[0]->output.data);
+  }
+  const std::vector<StagingPiece> pieces =
+      PlanStagingPieces(total, WithKnobs(comm_->plan, r.knobs));
+  HVD_RETURN_IF_ERROR(d.Copy(host + pieces[0].offset, dev_in + pieces[0].offset, pieces[0].bytes));
+  HVD_RETURN_IF_ERROR(DeviceSynchronize());
+
+  // The host stand-in: one tensor, the piece, reduced in place.
+  Response hr = r;
+  hr.device = kCpuDevice;
+  hr.names.resize(1);
+  hr.shapes.assign(1, std::vector<int64_t>(1, 0));
+  TensorEntry shadow;
+  shadow.request = entries[0] ? entries[0]->request : Request();
+  shadow.handle = NewHandle();
+  std::vector<TensorEntry*> shadows{&shadow};
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const StagingPiece& p = pieces[k];
+    if (k + 1 < pieces.size()) {
+      const StagingPiece& next = pieces[k + 1];
+      HVD_RETURN_IF_ERROR(d.Copy(host + next.offset, dev_in + next.offset, next.bytes));
+    }
+    shadow.input = TensorPlace{host + p.offset, r.dtype};
+    shadow.output = shadow.input;
+    hr.shapes[0][0] = static_cast<int64_t>(p.bytes / esize);
+    Status ran = Run(hr, shadows);
+    if (!ran.ok()) {
+      *host_failed = true;
+      return ran;
+    }
+    // The next piece is on the host, and the one before has gone back.
+    HVD_RETURN_IF_ERROR(DeviceSynchronize());
+    HVD_RETURN_IF_ERROR(d.Copy(dev_out + p.offset, host + p.offset, p.bytes));
+  }
+  if (packed) {
+    std::vector<CopySpan> spans;
+    for (size_t i = 0; i < m; ++i) {
+      if (entries[i] && bytes[i]) spans.push_back({dev_out + offsets[i], entries[i]->output.data, bytes[i]});
+    }
+    if (!spans.empty()) HVD_RETURN_IF_ERROR(DeviceCopy(spans));
+  }
+  return DeviceSynchronize();
 }
 
 Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entries,

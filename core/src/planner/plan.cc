@@ -1,5 +1,7 @@
 #include "planner/plan.h"
 
+#include <algorithm>
+
 namespace hvd {
 
 static_assert(PlanKnobs().small_allreduce_bytes == kSmallAllreduceBytes,
@@ -12,13 +14,25 @@ AllreduceAlgorithm FlatAllreduceAlgorithm(size_t bytes, size_t small_bytes) {
 PlanContext WithKnobs(PlanContext c, const PlanKnobs& knobs) {
   c.hierarchical_allreduce = static_cast<Options::Toggle>(knobs.hierarchical_allreduce);
   c.small_allreduce_bytes = static_cast<size_t>(knobs.small_allreduce_bytes);
+  c.staging_piece_bytes = static_cast<size_t>(knobs.staging_piece_bytes);
   return c;
 }
 
 PlanKnobs DefaultKnobs(const Options& options) {
   PlanKnobs k;
   k.hierarchical_allreduce = static_cast<int32_t>(options.hierarchical_allreduce);
+  k.staging_piece_bytes = options.staging_piece_bytes;
   return k;
+}
+
+std::vector<StagingPiece> PlanStagingPieces(size_t bytes, const PlanContext& c) {
+  std::vector<StagingPiece> pieces;
+  if (bytes == 0) return pieces;
+  if (c.staging_piece_bytes == 0 || bytes <= c.staging_piece_bytes) return {{0, bytes}};
+  size_t piece = std::max(c.staging_piece_bytes, (bytes + kMaxStagingPieces - 1) / kMaxStagingPieces);
+  piece = (piece + 15) / 16 * 16;
+  for (size_t at = 0; at < bytes; at += piece) pieces.push_back({at, std::min(piece, bytes - at)});
+  return pieces;
 }
 
 AllreducePlan PlanAllreduce(size_t count, DataType dtype, const PlanContext& c) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "collectives/collectives.h"
 #include "coordinator/messages.h"
@@ -25,6 +26,7 @@ struct PlanContext {
   Options::Toggle hierarchical_allreduce = Options::Toggle::kAuto;
   Options::Toggle hierarchical_allgather = Options::Toggle::kAuto;
   size_t small_allreduce_bytes = kSmallAllreduceBytes;  // recursive doubling up to this
+  size_t staging_piece_bytes = size_t{1} << 20;          // Options::staging_piece_bytes
 };
 
 // c with a response list's knobs (rank 0's, the same on every member).
@@ -55,6 +57,17 @@ AllreducePlan PlanAllreduce(size_t count, DataType dtype, const PlanContext& c);
 // when HVD_HIERARCHICAL_ALLREDUCE is on (or tuned on) and the layout allows it. `auto` leaves
 // the whole allreduce to NCCL, which spans hosts itself (as Horovod does by default).
 bool PlanHierarchicalDeviceAllreduce(const PlanContext& c);
+
+// A staged allreduce's pieces (engine/execute_device.cc): `bytes` of a buffer split into pieces
+// of at least `c.staging_piece_bytes` and at most kMaxStagingPieces, each but the last a
+// multiple of 16 bytes (so of every element size); one piece when pieces are off (0) or the
+// buffer is no larger than one; none for an empty buffer. Each is {offset, bytes}.
+constexpr size_t kMaxStagingPieces = 16;
+struct StagingPiece {
+  size_t offset;
+  size_t bytes;
+};
+std::vector<StagingPiece> PlanStagingPieces(size_t bytes, const PlanContext& c);
 
 // Allgather: hierarchical (collectives/hierarchical.cc) or the flat ring, from the output's size.
 bool PlanHierarchicalAllgather(size_t total_bytes, const PlanContext& c);
