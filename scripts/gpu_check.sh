@@ -58,7 +58,7 @@ HVD_STAGING_PIECE_BYTES=4096 ctest --test-dir "$BUILD" -R "gpu_device_np2" --out
   >> "$OUT/ctest.log" 2>&1 || status=1
 grep -E "tests passed|Passed|Failed|Skipped|\[mp\]|FAIL" "$OUT/ctest.log" | head -40
 export PYTHONPATH="$BUILD/python:tests/python" PYTHONUNBUFFERED=1 HVD_STALL_CHECK_TIME_SECONDS=20
-for run in "1 0 1048576" "2 0 1048576" "1 1 1048576" "2 0 4096"; do
+for run in "1 0 4194304" "2 0 4194304" "1 1 4194304" "2 0 4096"; do
   set -- $run
   echo "== pytest test_torch_cuda.py, $1 rank(s), HVD_ENABLE_ASYNC_COMPLETION=$2," \
        "HVD_STAGING_PIECE_BYTES=$3"
@@ -73,7 +73,7 @@ echo "== benchmarks"
   "$B/hvd_gpu_bench" --copy --tensors=1000
   "$B/hvd_gpu_bench" --nccl --max-bytes=$((1 << 30))
   HVD_ENABLE_ASYNC_COMPLETION=1 "$B/hvd_gpu_bench" --nccl --max-bytes=$((1 << 30))
-  for piece in 0 1048576; do
+  for piece in 0 4194304; do
     HVD_STAGING_PIECE_BYTES=$piece "$B/hvdrun" --no-prefix -np 2 "$B/hvd_gpu_bench" --staging \
       --max-bytes=$((256 << 20))
   done

@@ -110,6 +110,9 @@ TEST(BadEnvironment, OtherKnobsNotParsable) {
   ExpectRefused({{"HVD_FUSION_THRESHOLD", "-1"}}, "HVD_FUSION_THRESHOLD");
   ExpectRefused({{"HVD_CACHE_CAPACITY", "lots"}}, "HVD_CACHE_CAPACITY");
   ExpectRefused({{"HVD_CYCLE_TIME", "1ms"}}, "HVD_CYCLE_TIME");
+  ExpectRefused({{"HVD_STAGING_PIECE_BYTES", "-4096"}},
+                "HVD_STAGING_PIECE_BYTES='-4096': expected");
+  ExpectRefused({{"HOROVOD_STAGING_PIECE_BYTES", "4M"}}, "HOROVOD_STAGING_PIECE_BYTES");
   ExpectRefused({{"HVD_STALL_CHECK_TIME_SECONDS", "x"}}, "HVD_STALL_CHECK_TIME_SECONDS");
   ExpectRefused({{"HVD_LOG_LEVEL", "loud"}}, "HVD_LOG_LEVEL");
   ExpectRefused({{"HVD_HIERARCHICAL_ALLREDUCE", "maybe"}},

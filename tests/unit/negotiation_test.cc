@@ -1178,7 +1178,8 @@ TEST(Handle, ResultsAreEmptyUntilWritten) {
 TEST(Plan, StagingPiecesTileTheBuffer) {
   PlanContext c;
   PlanKnobs k;
-  EXPECT_EQ(WithKnobs(c, k).staging_piece_bytes, size_t{1} << 20);  // the default, 1 MiB
+  EXPECT_EQ(WithKnobs(c, k).staging_piece_bytes, size_t{4} << 20);  // the default, 4 MiB
+  EXPECT_EQ(DefaultKnobs(Options()).staging_piece_bytes, uint64_t{4} << 20);
   for (uint64_t piece : {uint64_t{0}, uint64_t{1}, uint64_t{16}, uint64_t{1000}, uint64_t{4096},
                          uint64_t{1} << 20}) {
     k.staging_piece_bytes = piece;

@@ -95,11 +95,11 @@ struct HVD_EXPORT Options {
   // with an event the caller's stream waits for (Handle::StreamWait), instead of once the work
   // is done. A failure the device reports later fails the operations after it.
   bool async_completion = false;
-  // HVD_STAGING_PIECE_BYTES (HOROVOD_), default 1 MiB: a staged allreduce (CUDA tensors through
+  // HVD_STAGING_PIECE_BYTES (HOROVOD_), default 4 MiB: a staged allreduce (CUDA tensors through
   // pinned host memory) runs in pieces of at least this many bytes (and at most 16 pieces), so
   // that the copies of the next piece to the host and of the last one back overlap the host
   // collective of this one. 0: one piece. Rank 0's value holds on every rank.
-  size_t staging_piece_bytes = 1u << 20;
+  size_t staging_piece_bytes = 4u << 20;
 
   // HVD_DYNAMIC_PROCESS_SETS (HOROVOD_DYNAMIC_PROCESS_SETS), 1 or 0 (default): process sets
   // may be added and removed after the engine started (Engine::AddProcessSet). Without it only

@@ -52,7 +52,7 @@ struct Request {
 struct PlanKnobs {
   int32_t hierarchical_allreduce = 0;          // an Options::Toggle: 0 auto, 1 on, 2 off
   uint64_t small_allreduce_bytes = 64u << 10;  // recursive doubling up to this, the ring above
-  uint64_t staging_piece_bytes = 1u << 20;     // a staged allreduce's pieces (0: one)
+  uint64_t staging_piece_bytes = 4u << 20;     // a staged allreduce's pieces (0: one)
   bool operator==(const PlanKnobs& o) const {
     return hierarchical_allreduce == o.hierarchical_allreduce &&
            small_allreduce_bytes == o.small_allreduce_bytes &&

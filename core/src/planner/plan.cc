@@ -6,6 +6,8 @@ namespace hvd {
 
 static_assert(PlanKnobs().small_allreduce_bytes == kSmallAllreduceBytes,
               "the knobs' default is the planner's");
+static_assert(PlanKnobs().staging_piece_bytes == PlanContext().staging_piece_bytes,
+              "one default piece of a staged allreduce (Options' is checked by a unit test)");
 
 AllreduceAlgorithm FlatAllreduceAlgorithm(size_t bytes, size_t small_bytes) {
   return bytes <= small_bytes ? AllreduceAlgorithm::kRecursiveDoubling : AllreduceAlgorithm::kRing;

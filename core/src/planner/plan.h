@@ -26,7 +26,7 @@ struct PlanContext {
   Options::Toggle hierarchical_allreduce = Options::Toggle::kAuto;
   Options::Toggle hierarchical_allgather = Options::Toggle::kAuto;
   size_t small_allreduce_bytes = kSmallAllreduceBytes;  // recursive doubling up to this
-  size_t staging_piece_bytes = size_t{1} << 20;          // Options::staging_piece_bytes
+  size_t staging_piece_bytes = size_t{4} << 20;          // Options::staging_piece_bytes
 };
 
 // c with a response list's knobs (rank 0's, the same on every member).
