@@ -2,7 +2,7 @@
 # The GPU checks of docs/GPU.md on a machine with a CUDA device: builds hvd (CUDA, NCCL and the
 # Python extension for the python3 that has PyTorch), runs the tests labelled gpu, the CUDA
 # pytest module at one and two ranks, and the GPU benchmarks. Logs go to $OUT (default
-# /tmp/hvd-gpu); the last lines printed are the benchmark tables.
+# /tmp/hvd-gpu); the last lines printed are the benchmark tables (SKIP_BENCH=1: none).
 #
 # Dependencies the machine lacks may come from a folder laid out like /usr (include/, lib/):
 # HVD_DEPS=/path (asio, cxxopts, openssl, gtest headers; libcrypto and libgtest). NCCL is taken
@@ -68,6 +68,7 @@ for run in "1 0 4194304" "2 0 4194304" "1 1 4194304" "2 0 4096"; do
     || status=1
   tail -4 "$log"
 done
+[ "${SKIP_BENCH:-0}" = 1 ] && exit $status  # SKIP_BENCH=1: the checks alone
 echo "== benchmarks"
 {
   "$B/hvd_gpu_bench" --copy --tensors=1000

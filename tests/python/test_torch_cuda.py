@@ -81,6 +81,29 @@ def test_allreduce_scale_factors():
         assert torch.equal(y.cpu(), torch.full((1000,), want, dtype=torch.float64).to(dtype))
 
 
+def test_float16_scales_by_the_factor_rounded_to_float16():
+    """Horovod's rule on the GPU (test_horovod_allreduce_prescale/postscale): a float16 tensor
+    is scaled by the factor rounded to float16, in float16 (torch's own CUDA multiply), on NCCL
+    and when staged. The CPU's rule (float32 math) differs in the last place for some of these
+    values."""
+    r, n = world()
+    torch.manual_seed(1234)
+    x = torch.empty(4099).uniform_(-100, 100).to(torch.float16).to(dev())
+    factor = 0.3141592653589793
+    f16 = torch.tensor(factor, dtype=torch.float64).to(torch.float16).to(dev())
+    pre = hvd.allreduce(x, op=hvd.Sum, prescale_factor=factor, name="f16.pre")
+    post = hvd.allreduce(x, op=hvd.Sum, postscale_factor=factor, name="f16.post")
+    want_pre = f16 * x * n if n <= 2 else None  # doubling is exact; sums of three are not
+    want_post = f16 * (x * n) if n <= 2 else None
+    if want_pre is not None:
+        assert torch.equal(pre, want_pre)
+        assert torch.equal(post, want_post)
+    else:
+        assert torch.allclose(pre.float(), (f16 * x).float() * n, rtol=2e-3)
+    cpu_rule = ((x.float() * factor).to(torch.float16)).float()
+    assert not torch.equal((f16 * x).float(), cpu_rule), "the values do not tell the rules apart"
+
+
 def test_many_small_tensors_fuse():
     r, n = world()
     xs = [torch.full((k % 97 + (k % 3),), float(r + k % 5), device=dev()) for k in range(300)]
@@ -234,15 +257,22 @@ def test_alltoall_received_splits_on_the_device_of_the_splits():
     assert src.device == y.device
 
 
-def test_grouped_allreduce_of_host_and_device_tensors():
-    """A group may mix host and device tensors; each comes back right where it lies."""
+def test_a_group_of_host_and_device_tensors_is_refused():
+    """As Horovod's test_horovod_grouped_allreduce_cpu_gpu_error: a group whose tensors lie on
+    the CPU and a GPU raises a RuntimeError (InvalidArgumentError) before anything is submitted,
+    so no other rank waits for it and the unnamed numbering stays the same on every rank."""
     r, n = world()
     host = torch.full((5,), r + 1.0)
     device = torch.full((7,), 2.0 * (r + 1), device=dev())
-    out = hvd.grouped_allreduce([host, device], op=hvd.Sum)
-    assert out[0].device.type == "cpu" and out[1].device == device.device
-    assert torch.equal(out[0], torch.full((5,), n * (n + 1) / 2.0))
-    assert torch.equal(out[1].cpu(), torch.full((7,), float(n * (n + 1))))
+    for call in (lambda: hvd.grouped_allreduce([host, device], op=hvd.Sum),
+                 lambda: hvd.grouped_allreduce_([host, device], op=hvd.Sum),
+                 lambda: hvd.grouped_allgather([device, host]),
+                 lambda: hvd.grouped_reducescatter([host.view(5, 1), device.view(7, 1)])):
+        with pytest.raises(RuntimeError, match="one device.*cpu.*cuda|one device.*cuda.*cpu"):
+            call()
+    # The next unnamed group meets on every rank.
+    out = hvd.grouped_allreduce([device, device * 2], op=hvd.Sum)
+    assert torch.equal(out[1].cpu(), torch.full((7,), 2.0 * n * (n + 1)))
 
 
 def test_join_naming_the_device_before_any_device_tensor():

@@ -422,3 +422,28 @@ def test_alltoall_splits_must_be_int32(splits):
     with pytest.raises((torch.FatalError, ValueError)):
         hvd.alltoall(torch.ones(n, 2), splits=splits * n if isinstance(splits, list)
                      else splits.repeat(n))
+
+
+def test_a_group_on_two_devices_is_refused_before_it_is_submitted():
+    """Horovod's rule (test_horovod_grouped_allreduce_cpu_gpu_error): a group whose tensors lie
+    on different devices raises a RuntimeError. The check itself needs no GPU: an adapter that
+    says where each tensor lies stands in for torch's."""
+    from hvd import _ops
+
+    class TwoPlaces:
+        @staticmethod
+        def device(t):
+            return t[0]
+
+    _ops._one_device(TwoPlaces, "grouped_allreduce", [("cpu",), ("cpu",)])
+    _ops._one_device(TwoPlaces, "grouped_allreduce", [("cuda:0",)])
+    for cs, where in (([("cpu",), ("cuda:0",)], "tensor 0 is on cpu and tensor 1 on cuda:0"),
+                      ([("cuda:0",), ("cuda:0",), ("cuda:1",)],
+                       "tensor 0 is on cuda:0 and tensor 2 on cuda:1")):
+        with pytest.raises(hvd.InvalidArgumentError, match=where) as e:
+            _ops._one_device(TwoPlaces, "grouped_allgather", cs)
+        assert isinstance(e.value, RuntimeError) and "grouped_allgather" in str(e.value)
+    # Torch's adapter names CPU tensors "cpu"; a group of them passes and runs.
+    r, n = world()
+    out = hvd.grouped_allreduce([torch.full((3,), float(r)), torch.full((2,), 1.0)], op=hvd.Sum)
+    assert out[0].tolist() == [n * (n - 1) / 2.0] * 3 and out[1].tolist() == [float(n)] * 2

@@ -115,13 +115,28 @@ def _stream(A, t):
 
 
 def _group_stream(A, ts):
-    """_stream of a group: its first device tensor's (a group may mix host and device tensors;
-    the engine runs each part on its own, and the device part's results need the wait)."""
+    """_stream of a group: its first device tensor's (the engine takes groups that mix host and
+    device tensors, running each part on its own, and the device part's results need the
+    wait; hvd.torch refuses them, as Horovod does)."""
     for t in ts:
         s = _stream(A, t)
         if s is not None:
             return s
     return None
+
+
+def _one_device(A, kind, cs):
+    """Horovod refuses a group whose tensors lie on different devices (a RuntimeError), before
+    anything is submitted; so does hvd, for adapters whose tensors have a device."""
+    where = getattr(A, "device", None)
+    if where is None or len(cs) < 2:
+        return
+    first = where(cs[0])
+    for i, c in enumerate(cs[1:], 1):
+        if where(c) != first:
+            raise _core.InvalidArgumentError(
+                "%s: the tensors of a group must lie on one device, as in Horovod; tensor 0 is "
+                "on %s and tensor %d on %s" % (kind, first, i, where(c)))
 
 
 def _in_out(A, tensor, inplace):
@@ -146,10 +161,11 @@ def grouped_allreduce_async(A, tensors, name, op, prescale, postscale, inplace, 
     tensors = list(tensors)
     if not tensors:
         return Handle([], lambda parts: [])
+    prepared = [A.prepare(t) for t in tensors]
+    _one_device(A, "grouped_allreduce", [p[0] for p in prepared])
     base = op_name("grouped_allreduce", name, ps)
     names, cs, ptrs, outs, out_ptrs, dts, shapes = [], [], [], [], [], [], []
-    for i, t in enumerate(tensors):
-        c, ptr, dt, shape = A.prepare(t)
+    for i, (c, ptr, dt, shape) in enumerate(prepared):
         out = c if inplace else A.empty_like(c)
         names.append("%s.%d" % (base, i))
         cs.append(c)
@@ -182,10 +198,11 @@ def _grouped_with_outputs(A, tensors, name, kind, submit, ps):
     tensors = list(tensors)
     if not tensors:
         return Handle([], lambda parts: [])
-    base = op_name(kind, name, ps)
     prepared = [A.prepare(t) for t in tensors]
-    names = ["%s.%d" % (base, i) for i in range(len(tensors))]
     cs = [p[0] for p in prepared]
+    _one_device(A, kind, cs)
+    base = op_name(kind, name, ps)
+    names = ["%s.%d" % (base, i) for i in range(len(tensors))]
     parts = submit(names, [p[1] for p in prepared], [p[2] for p in prepared],
                    [p[3] for p in prepared], cs)
     return Handle(parts, lambda ps: [A.from_output(p, c) for p, c in zip(ps, cs)],

@@ -71,10 +71,14 @@ __global__ void ScaleDoubleKernel(double* p, size_t n, double factor) {
   }
 }
 
-__global__ void ScaleHalfKernel(__half* p, size_t n, float factor) {
+// As Horovod's on the GPU: the factor rounded to float16, times the value, rounded once (the
+// product of two float16 values is exact in float32, so this is __hmul). The CPU's rule, float32
+// arithmetic with a float32 factor, differs in the last place for some values.
+__global__ void ScaleHalfKernel(__half* p, size_t n, double factor) {
+  const float f = __half2float(__double2half(factor));
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    p[i] = __float2half_rn(__half2float(p[i]) * factor);
+    p[i] = __float2half_rn(__half2float(p[i]) * f);
   }
 }
 
@@ -120,8 +124,7 @@ cudaError_t LaunchScale(void* buf, size_t n, int dtype, double factor, cudaStrea
       ScaleDoubleKernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<double*>(buf), n, factor);
       break;
     case DataType::kFloat16:
-      ScaleHalfKernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<__half*>(buf), n,
-                                                     static_cast<float>(factor));
+      ScaleHalfKernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<__half*>(buf), n, factor);
       break;
     case DataType::kBFloat16:
       ScaleBFloat16Kernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<__nv_bfloat16*>(buf), n,

@@ -508,6 +508,17 @@ Status EngineImpl::RunStagedAllreduce(const Response& r, std::vector<TensorEntry
     dev_in = static_cast<const uint8_t*>(entries[0]->input.data);
     dev_out = static_cast<uint8_t*>(entries[0]->output.data);
   }
+  // Scaling runs on the device, by its rules, as Horovod scales CUDA tensors (a float16 tensor
+  // by the factor rounded to float16); the host sums (or takes the min, max, product) plainly.
+  const size_t count = total / esize;
+  if (r.prescale != 1.0) {
+    if (dev_in != dev_out) {
+      HVD_RETURN_IF_ERROR(d.Copy(dev_out, dev_in, total));
+      dev_in = dev_out;
+    }
+    HVD_RETURN_IF_ERROR(d.Scale(dev_out, count, r.dtype, r.prescale));
+  }
+  const double post = r.op == ReduceOp::kAverage ? r.postscale / comm_->size : r.postscale;
   const std::vector<StagingPiece> pieces =
       PlanStagingPieces(total, WithKnobs(comm_->plan, r.knobs));
   HVD_RETURN_IF_ERROR(d.Copy(host + pieces[0].offset, dev_in + pieces[0].offset, pieces[0].bytes));
@@ -516,6 +527,8 @@ Status EngineImpl::RunStagedAllreduce(const Response& r, std::vector<TensorEntry
   // The host stand-in: one tensor, the piece, reduced in place.
   Response hr = r;
   hr.device = kCpuDevice;
+  hr.prescale = hr.postscale = 1.0;
+  if (hr.op == ReduceOp::kAverage) hr.op = ReduceOp::kSum;
   hr.names.resize(1);
   hr.shapes.assign(1, std::vector<int64_t>(1, 0));
   TensorEntry shadow;
@@ -540,6 +553,7 @@ Status EngineImpl::RunStagedAllreduce(const Response& r, std::vector<TensorEntry
     HVD_RETURN_IF_ERROR(DeviceSynchronize());
     HVD_RETURN_IF_ERROR(d.Copy(dev_out + p.offset, host + p.offset, p.bytes));
   }
+  HVD_RETURN_IF_ERROR(d.Scale(dev_out, count, r.dtype, post));
   if (packed) {
     std::vector<CopySpan> spans;
     for (size_t i = 0; i < m; ++i) {

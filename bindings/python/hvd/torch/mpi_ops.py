@@ -80,6 +80,11 @@ class _TorchAdapter:
         return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
     @staticmethod
+    def device(t):
+        """Where a tensor lies, for the one-device rule of groups: "cpu" or "cuda:N"."""
+        return "cpu" if t.is_cpu else str(t.device)
+
+    @staticmethod
     def waiter(t):
         """For a CUDA tensor: the current stream's address when the result is waited for."""
         if not t.is_cuda:
