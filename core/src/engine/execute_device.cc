@@ -20,7 +20,8 @@
 //    first and cross in one copy), the host path runs the response on host stand-ins of the
 //    entries, and the results come back the same way. An allreduce (but Adasum, whose dot
 //    products span whole tensors) runs in pieces (PlanStagingPieces): while the host reduces
-//    one, the device copies the next to the host and the one before back.
+//    one, the device copies the next to the host and the one before back. Its scaling runs
+//    on the device, as on the collectives path.
 // 5. The response completes when the stream has drained (with HVD_ENABLE_ASYNC_COMPLETION, on
 //    the collectives path, once its work is queued: each handle gets an event recorded after
 //    it, for the caller's stream to wait on). The wait polls the control plane, so
