@@ -84,8 +84,9 @@ write("control", "cached_responses", frame(2, u32(1) + cached_response([0, 2])))
 write("control", "error_response", frame(2, u32(1) + response([b"x"], [[2]], type_=7, error=b"shape differs")))
 write("control", "allgather", frame(2, u32(1) + response([b"g"], [[2, 3]], type_=1, sizes=[2, 5])))
 # a part of a round: round, rank, epoch, ready bits, withdrawn bits, threshold, knobs
+# (hierarchical allreduce, recursive doubling's limit, staging pieces)
 write("control", "round", frame(6, struct.pack("<QiQ", 1, 1, 1) + vec("Q", [0b101]) + vec("Q", [])
-                                + struct.pack("<QiQ", 64 << 20, 0, 64 << 10)))
+                                + struct.pack("<QiQQ", 64 << 20, 0, 64 << 10, 4 << 20)))
 write("control", "misc", frame(3, struct.pack("<i", 1)) + frame(5, b"") + frame(4, b"rank 2 lost"))
 
 # env: lines of <name index byte><value>

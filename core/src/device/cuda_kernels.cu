@@ -71,11 +71,12 @@ __global__ void ScaleDoubleKernel(double* p, size_t n, double factor) {
   }
 }
 
-// As Horovod's on the GPU: the factor rounded to float16, times the value, rounded once (the
-// product of two float16 values is exact in float32, so this is __hmul). The CPU's rule, float32
-// arithmetic with a float32 factor, differs in the last place for some values.
-__global__ void ScaleHalfKernel(__half* p, size_t n, double factor) {
-  const float f = __half2float(__double2half(factor));
+// As Horovod's on the GPU: the factor rounded to float (as Horovod passes it) and then to
+// float16, times the value, rounded once (the product of two float16 values is exact in float32,
+// so this is __hmul). The CPU's rule, float32 arithmetic with a float32 factor, differs in the
+// last place for some values.
+__global__ void ScaleHalfKernel(__half* p, size_t n, float factor) {
+  const float f = __half2float(__float2half_rn(factor));
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     p[i] = __float2half_rn(__half2float(p[i]) * f);
@@ -124,7 +125,8 @@ cudaError_t LaunchScale(void* buf, size_t n, int dtype, double factor, cudaStrea
       ScaleDoubleKernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<double*>(buf), n, factor);
       break;
     case DataType::kFloat16:
-      ScaleHalfKernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<__half*>(buf), n, factor);
+      ScaleHalfKernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<__half*>(buf), n,
+                                                     static_cast<float>(factor));
       break;
     case DataType::kBFloat16:
       ScaleBFloat16Kernel<<<ScaleBlocks(n), 256, 0, s>>>(static_cast<__nv_bfloat16*>(buf), n,

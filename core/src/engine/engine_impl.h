@@ -517,6 +517,7 @@ class EngineImpl {
   Status RunStaged(const Response& r, std::vector<TensorEntry*>& entries, bool* host_failed);
   Status RunStagedAllreduce(const Response& r, std::vector<TensorEntry*>& entries,
                             bool* host_failed);
+  void DrainCopies();
   Status DeviceAllreduce(const Response& r, std::vector<TensorEntry*>& entries);
   Status DeviceHierarchicalAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                      const PlanContext& pc);

@@ -346,7 +346,9 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
       HVD_RETURN_IF_ERROR(d.Zero(buf + offsets[i], bytes[i]));
     }
   }
-  const size_t count = total / esize;
+  // Up to the end of the last tensor, not its padding: a joined rank fuses its one stand-in
+  // while the others run theirs unfused, and the counts must match.
+  const size_t count = (offsets.back() + bytes.back()) / esize;
   HVD_RETURN_IF_ERROR(DeviceCopy(in));
   HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, r.prescale));
   HVD_RETURN_IF_ERROR(reduce(buf, buf, count));
@@ -466,6 +468,15 @@ Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
   return DeviceDone({e});
 }
 
+// After a failure inside a staged allreduce: the copies still queued (the next piece to the
+// host, the last one back into the caller's tensors) finish before the handles fail and the
+// caller may free those tensors. Copies depend on no peer, so the wait does not poll (a poll
+// would return the failure at once); its deadline only guards against a broken device.
+void EngineImpl::DrainCopies() {
+  Status s = device_->Synchronize(CollectiveDeadline(), nullptr);
+  if (!s.ok()) HVD_LOG(kWarning) << "copies of a failed staged allreduce: " << s.message();
+}
+
 // The staged allreduce, in pieces. The tensors lie packed at aligned offsets (the response's
 // shapes, the same on every rank; a rank that has joined contributes zeros), so each piece is a
 // host allreduce of one run of elements, the same on every rank. The device's one stream runs
@@ -480,14 +491,23 @@ Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
 Status EngineImpl::RunStagedAllreduce(const Response& r, std::vector<TensorEntry*>& entries,
                                       bool* host_failed) {
   Device& d = *device_;
+  // Every wait for the stream: on a failure the copies still queued finish first.
+  auto sync = [this]() -> Status {
+    Status s = DeviceSynchronize();
+    if (!s.ok()) DrainCopies();
+    return s;
+  };
   const size_t m = entries.size();
   const size_t esize = DataTypeSize(r.dtype);
   std::vector<size_t> bytes(m), offsets;
   for (size_t i = 0; i < m; ++i) bytes[i] = static_cast<size_t>(NumElements(r.shapes[i])) * esize;
   // One tensor of this rank's crosses as it lies; several (or a joined rank's zeros) are packed.
+  // The host reduces up to the end of the last tensor (not its padding), so that a joined
+  // rank's one packed tensor is as long as the others' unpacked one.
   const bool packed = m > 1 || entries[0] == nullptr;
-  const size_t total = packed ? AlignedOffsets(bytes, &offsets) : bytes[0];
-  if (total == 0) return DeviceSynchronize();
+  if (packed) AlignedOffsets(bytes, &offsets);
+  const size_t total = packed ? offsets[m - 1] + bytes[m - 1] : bytes[0];
+  if (total == 0) return sync();
   void* host_p = nullptr;
   HVD_RETURN_IF_ERROR(GetDeviceBuffer(host_staging_, &d, total, &host_p));
   auto* host = static_cast<uint8_t*>(host_p);
@@ -523,7 +543,7 @@ Status EngineImpl::RunStagedAllreduce(const Response& r, std::vector<TensorEntry
   const std::vector<StagingPiece> pieces =
       PlanStagingPieces(total, WithKnobs(comm_->plan, r.knobs));
   HVD_RETURN_IF_ERROR(d.Copy(host + pieces[0].offset, dev_in + pieces[0].offset, pieces[0].bytes));
-  HVD_RETURN_IF_ERROR(DeviceSynchronize());
+  HVD_RETURN_IF_ERROR(sync());
 
   // The host stand-in: one tensor, the piece, reduced in place.
   Response hr = r;
@@ -548,10 +568,11 @@ Status EngineImpl::RunStagedAllreduce(const Response& r, std::vector<TensorEntry
     Status ran = Run(hr, shadows);
     if (!ran.ok()) {
       *host_failed = true;
+      DrainCopies();
       return ran;
     }
     // The next piece is on the host, and the one before has gone back.
-    HVD_RETURN_IF_ERROR(DeviceSynchronize());
+    HVD_RETURN_IF_ERROR(sync());
     HVD_RETURN_IF_ERROR(d.Copy(dev_out + p.offset, host + p.offset, p.bytes));
   }
   HVD_RETURN_IF_ERROR(d.Scale(dev_out, count, r.dtype, post));
@@ -562,7 +583,7 @@ Status EngineImpl::RunStagedAllreduce(const Response& r, std::vector<TensorEntry
     }
     if (!spans.empty()) HVD_RETURN_IF_ERROR(DeviceCopy(spans));
   }
-  return DeviceSynchronize();
+  return sync();
 }
 
 Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entries,
