@@ -52,12 +52,13 @@ void DeviceBuffer::Reset() {
 
 size_t AlignedOffsets(const std::vector<size_t>& bytes, std::vector<size_t>* offsets) {
   offsets->resize(bytes.size());
-  size_t off = 0;
+  size_t off = 0, end = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
     (*offsets)[i] = off;
+    end = off + bytes[i];
     off += (bytes[i] + kDeviceFusionAlign - 1) / kDeviceFusionAlign * kDeviceFusionAlign;
   }
-  return off;
+  return end;
 }
 
 }  // namespace hvd

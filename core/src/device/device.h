@@ -118,7 +118,10 @@ class DeviceBuffer {
   size_t capacity_ = 0;
 };
 
-// Offsets of `bytes` packed at kDeviceFusionAlign; returns the total.
+// Offsets of `bytes` packed at kDeviceFusionAlign; returns the end of the last tensor (its
+// padding not counted), so that a buffer of one tensor is as long as the tensor: a rank that
+// has joined packs its one zero stand-in while the others reduce their tensor as it lies, and
+// the element counts must match.
 size_t AlignedOffsets(const std::vector<size_t>& bytes, std::vector<size_t>* offsets);
 
 }  // namespace hvd

@@ -346,9 +346,7 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
       HVD_RETURN_IF_ERROR(d.Zero(buf + offsets[i], bytes[i]));
     }
   }
-  // Up to the end of the last tensor, not its padding: a joined rank fuses its one stand-in
-  // while the others run theirs unfused, and the counts must match.
-  const size_t count = (offsets.back() + bytes.back()) / esize;
+  const size_t count = total / esize;
   HVD_RETURN_IF_ERROR(DeviceCopy(in));
   HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, r.prescale));
   HVD_RETURN_IF_ERROR(reduce(buf, buf, count));
@@ -474,7 +472,9 @@ Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
 // would return the failure at once); its deadline only guards against a broken device.
 void EngineImpl::DrainCopies() {
   Status s = device_->Synchronize(CollectiveDeadline(), nullptr);
-  if (!s.ok()) HVD_LOG(kWarning) << "copies of a failed staged allreduce: " << s.message();
+  if (!s.ok()) {
+    HVD_LOG(kWarning) << "copies of a failed staged allreduce: " << s.message();
+  }
 }
 
 // The staged allreduce, in pieces. The tensors lie packed at aligned offsets (the response's
@@ -502,11 +502,8 @@ Status EngineImpl::RunStagedAllreduce(const Response& r, std::vector<TensorEntry
   std::vector<size_t> bytes(m), offsets;
   for (size_t i = 0; i < m; ++i) bytes[i] = static_cast<size_t>(NumElements(r.shapes[i])) * esize;
   // One tensor of this rank's crosses as it lies; several (or a joined rank's zeros) are packed.
-  // The host reduces up to the end of the last tensor (not its padding), so that a joined
-  // rank's one packed tensor is as long as the others' unpacked one.
   const bool packed = m > 1 || entries[0] == nullptr;
-  if (packed) AlignedOffsets(bytes, &offsets);
-  const size_t total = packed ? offsets[m - 1] + bytes[m - 1] : bytes[0];
+  const size_t total = packed ? AlignedOffsets(bytes, &offsets) : bytes[0];
   if (total == 0) return sync();
   void* host_p = nullptr;
   HVD_RETURN_IF_ERROR(GetDeviceBuffer(host_staging_, &d, total, &host_p));
@@ -545,7 +542,8 @@ Status EngineImpl::RunStagedAllreduce(const Response& r, std::vector<TensorEntry
   HVD_RETURN_IF_ERROR(d.Copy(host + pieces[0].offset, dev_in + pieces[0].offset, pieces[0].bytes));
   HVD_RETURN_IF_ERROR(sync());
 
-  // The host stand-in: one tensor, the piece, reduced in place.
+  // The host stand-in: one tensor, the piece, reduced in place (the host allreduce reads only
+  // an entry's input and output places).
   Response hr = r;
   hr.device = kCpuDevice;
   hr.prescale = hr.postscale = 1.0;
@@ -553,8 +551,6 @@ Status EngineImpl::RunStagedAllreduce(const Response& r, std::vector<TensorEntry
   hr.names.resize(1);
   hr.shapes.assign(1, std::vector<int64_t>(1, 0));
   TensorEntry shadow;
-  shadow.request = entries[0] ? entries[0]->request : Request();
-  shadow.handle = NewHandle();
   std::vector<TensorEntry*> shadows{&shadow};
   for (size_t k = 0; k < pieces.size(); ++k) {
     const StagingPiece& p = pieces[k];
