@@ -8,7 +8,7 @@ PACKAGES=(
   libasio-dev libcxxopts-dev libgtest-dev libgmock-dev libssl-dev
   pybind11-dev python3-pybind11 python3-dev python3-pip python3-setuptools python3-wheel
   python3-numpy python3-torch python3-pytest python3-sklearn python3-cloudpickle
-  openmpi-bin libopenmpi-dev
+  openmpi-bin libopenmpi-dev python3-mpi4py
   openssh-server openssh-client iproute2 procps psmisc
   clang libclang-rt-14-dev stress-ng nftables python3-matplotlib
 )

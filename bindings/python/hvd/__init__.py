@@ -53,11 +53,12 @@ Adasum = _core.ADASUM
 class ProcessSet:
     """A set of ranks that runs collectives among itself, as Horovod's ``ProcessSet``.
 
-    Make one from a list of world ranks and pass it to ``hvd.init(process_sets=[...])`` or
-    ``hvd.add_process_set``; then pass it as ``process_set=`` to any operation. Ranks, roots
-    and splits count in the set, except a broadcast's ``root_rank``, which is a world rank (as
-    in Horovod). Each set negotiates on its own: a set waiting for a slow member holds back no
-    other set.
+    Make one from a list of world ranks, or from an mpi4py communicator whose processes are
+    all in hvd's world, and pass it to ``hvd.init(process_sets=[...])`` (a communicator's set
+    only there, as in Horovod) or ``hvd.add_process_set``; then pass it as ``process_set=`` to
+    any operation. Ranks, roots and splits count in the set, except a broadcast's
+    ``root_rank``, which is a world rank (as in Horovod). Each set negotiates on its own: a set
+    waiting for a slow member holds back no other set.
     """
 
     process_set_id = None
@@ -65,11 +66,17 @@ class ProcessSet:
     mpi_comm = None
 
     def __init__(self, ranks_or_comm):
+        if _is_mpi_comm(ranks_or_comm):
+            if not _core.HAVE_MPI:
+                raise ValueError("ProcessSet(comm): this build of hvd has no MPI (rebuild with "
+                                 "-DHVD_WITH_MPI=ON)")
+            self.mpi_comm = ranks_or_comm
+            return
         try:
             ranks = sorted(ranks_or_comm)
         except TypeError:
-            raise ValueError("ProcessSet takes a list of ranks; hvd does not take MPI "
-                             "communicators") from None
+            raise ValueError("ProcessSet takes a list of ranks or an mpi4py communicator, got %r"
+                             % (ranks_or_comm,)) from None
         if any(not isinstance(r, int) or isinstance(r, bool) for r in ranks):
             raise ValueError("ProcessSet takes a list of integer ranks, got %r" % (ranks_or_comm,))
         self.ranks = ranks
@@ -102,10 +109,47 @@ class ProcessSet:
         return _core.rank() in self.ranks
 
     def __str__(self):
-        return "ProcessSet(process_set_id=%s, ranks=%s, mpi_comm=None)" % (
-            self.process_set_id, self.ranks)
+        return "ProcessSet(process_set_id=%s, ranks=%s, mpi_comm=%s)" % (
+            self.process_set_id, self.ranks, self.mpi_comm)
 
     __repr__ = __str__
+
+
+def _is_mpi_comm(obj):
+    """Whether obj is an mpi4py communicator (mpi4py is imported only where obj may be one)."""
+    if obj is None or isinstance(obj, (list, tuple, range, set, frozenset, str, bytes)):
+        return False
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return False
+    return isinstance(obj, MPI.Comm)
+
+
+# hvd's world as MPI sees it, for translating communicators into hvd's ranks: the mpi4py
+# communicator hvd.init was given (None: MPI_COMM_WORLD), and the ranks of MPI_COMM_WORLD a
+# list given to hvd.init named (hvd's rank i being _world_list[i]; None: no list).
+_world_comm = None
+_world_list = None
+
+
+def _comm_world_ranks(comm, what):
+    """The ranks in hvd's world of the processes of mpi4py communicator `comm`, ascending.
+    Raises ValueError naming `what` where one of them is outside hvd's world."""
+    from mpi4py import MPI
+    world = _world_comm if _world_comm is not None else MPI.COMM_WORLD
+    group, world_group = comm.Get_group(), world.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), world_group)
+    finally:
+        group.Free()
+        world_group.Free()
+    if _world_list is not None:
+        ranks = [_world_list.index(r) if r in _world_list else MPI.UNDEFINED for r in ranks]
+    if any(r == MPI.UNDEFINED for r in ranks):
+        raise ValueError("%s: the communicator has processes outside hvd's world"
+                         % (what,))
+    return sorted(ranks)
 
 
 global_process_set = ProcessSet([])
@@ -140,15 +184,22 @@ def init(comm=None, process_sets=None):
     A process started without a launcher is a world of size 1. Calling it again starts
     nothing; as in Horovod it gives the ProcessSets passed to it the ids of the sets with
     their ranks.
+    ``comm``, as in Horovod: None (the launcher's world), a list of ranks of MPI_COMM_WORLD
+    (hvd's rank i is MPI's rank ``comm[i]``; only the listed processes call init with it), or
+    an mpi4py communicator (hvd's world is its processes, hvd's ranks its ranks). A list or a
+    communicator needs the job started by mpirun (or hvdrun --mpi); the ranks meet through MPI
+    on that communicator, local ranks are the members sharing a host.
     ``process_sets``: ProcessSets every rank adds as the engine starts (in the same order on
     every rank), or ``"dynamic"`` to allow ``add_process_set`` and ``remove_process_set``
-    later, as HOROVOD_DYNAMIC_PROCESS_SETS=1 does. As in Horovod, duplicates are not allowed:
-    an entry with the world's ranks or an earlier entry's is left without an id, and init
-    raises ValueError naming it (the engine runs, with every other entry added). MPI
-    communicators (``comm``) are not taken.
+    later, as HOROVOD_DYNAMIC_PROCESS_SETS=1 does. A ProcessSet made from a communicator may
+    differ from rank to rank (each rank's half of a split): as in Horovod, every distinct set
+    of processes the ranks' communicators name is added, ahead of the sets given as ranks, in
+    the order of their ranks; comm must then be None or a communicator. As in Horovod,
+    duplicates are not allowed: an entry with the world's ranks or an earlier entry's is left
+    without an id, and init raises ValueError naming it (the engine runs, with every other
+    entry added).
     """
-    if comm is not None:
-        raise ValueError("hvd.init(comm=...): MPI communicators are not supported")
+    global _world_comm, _world_list
     dynamic = isinstance(process_sets, str)
     if dynamic and process_sets != "dynamic":
         raise ValueError("hvd.init(process_sets=...) takes a list of ProcessSets or 'dynamic', "
@@ -157,9 +208,49 @@ def init(comm=None, process_sets=None):
     for ps in sets:
         if not isinstance(ps, ProcessSet):
             raise ValueError("hvd.init(process_sets=...) takes ProcessSets, got %r" % (ps,))
+    via_comm = [ps for ps in sets if ps.ranks is None and ps.mpi_comm is not None]
+    if comm is None and via_comm and not _core.is_initialized():
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD  # the world the communicators' processes are counted in
+    mpi_comm, world_ranks = -1, []
+    if comm is None:
+        pass
+    elif _is_mpi_comm(comm):
+        if not _core.HAVE_MPI:
+            raise ValueError("hvd.init(comm=...): this build of hvd has no MPI (rebuild with "
+                             "-DHVD_WITH_MPI=ON)")
+        if comm.Is_inter():
+            raise ValueError("hvd.init(comm=...) takes an intracommunicator, got an "
+                             "intercommunicator")
+        mpi_comm = comm.py2f()
+    else:
+        try:
+            world_ranks = list(comm)
+        except TypeError:
+            raise ValueError("hvd.init(comm=...) takes a list of ranks or an mpi4py "
+                             "communicator, got %r" % (comm,)) from None
+        if any(not isinstance(r, int) or isinstance(r, bool) for r in world_ranks):
+            raise ValueError("hvd.init(comm=...) takes a list of integer ranks, got %r" % (comm,))
+        if via_comm:
+            raise NotImplementedError("process sets made from MPI communicators need hvd.init's "
+                                      "comm to be an MPI communicator (or None), not a list of "
+                                      "ranks")
     if not _core.is_initialized():
-        _core.init([ps.ranks for ps in sets if ps is not global_process_set], dynamic)
+        _world_comm = comm if _is_mpi_comm(comm) else None
+        _world_list = world_ranks or None
+        # Every distinct set the ranks' communicators name, in Horovod's order: the
+        # communicators' in the order given, each one's sets ascending by their ranks.
+        from_comms = []
+        for index, ps in enumerate(via_comm):
+            mine = _comm_world_ranks(ps.mpi_comm, "hvd.init: the ProcessSet of communicator "
+                                                  "number %d" % index)
+            everyone = _world_comm.allgather(tuple(mine))
+            from_comms.extend(list(ranks) for ranks in sorted(set(everyone)))
+        given = from_comms + [ps.ranks for ps in sets
+                              if ps is not global_process_set and ps.ranks is not None]
+        _core.init(given, dynamic, mpi_comm, world_ranks)
         global_process_set.ranks = list(range(_core.size()))
+        global_process_set.mpi_comm = comm if _is_mpi_comm(comm) else None
     _bind_process_sets(sets)
 
 
@@ -175,6 +266,9 @@ def _bind_process_sets(sets):
     for index, ps in enumerate(sets):
         if ps is global_process_set:
             continue
+        if ps.ranks is None and ps.mpi_comm is not None:
+            ps.ranks = _comm_world_ranks(ps.mpi_comm, "hvd.init: process_sets entry number %d"
+                                         % index)
         process_set_id = ids.get(tuple(ps.ranks))
         if process_set_id is None:
             raise ValueError("hvd.init: process_sets entry number %d (%s) names no process set; "
@@ -206,6 +300,10 @@ def add_process_set(process_set):
     removed set (the first removed first) if there is one, else the next unused id."""
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
+    if process_set.ranks is None and process_set.mpi_comm is not None:
+        raise NotImplementedError("adding a process set made from an MPI communicator after "
+                                  "hvd.init is not supported (as in Horovod): give its ranks, "
+                                  "or pass it to hvd.init(process_sets=[...])")
     if not _core.dynamic_process_sets():
         raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 (or HVD_DYNAMIC_PROCESS_SETS=1) to "
                          "allow adding process sets after hvd.init()")
@@ -246,6 +344,18 @@ def process_set_by_id(process_set_id):
     if process_set_id not in _process_sets:
         raise ValueError("No known process set with id %s" % (process_set_id,))
     return _process_sets[process_set_id][0]
+
+
+def comm_process_set_id(comm):
+    """The id of the process set whose ranks are the processes of mpi4py communicator `comm`
+    (0 for one congruent with hvd's world). Raises ValueError where there is none."""
+    if not _core.is_initialized():
+        raise ValueError("Horovod has not been initialized; use hvd.init().")
+    ranks = tuple(_comm_world_ranks(comm, "comm_process_set_id"))
+    for process_set_id, known in get_process_set_ids_and_ranks().items():
+        if tuple(known) == ranks:
+            return process_set_id
+    raise ValueError("MPI communicator does not correspond to any registered process set.")
 
 
 def get_process_set_ids_and_ranks():

@@ -30,6 +30,7 @@ from hvd import (  # noqa: F401  (re-exported)
     Sum,
     ProcessSet,
     add_process_set,
+    comm_process_set_id,
     cross_rank,
     cross_size,
     get_process_set_ids_and_ranks,

@@ -199,8 +199,10 @@ PyHandle* Wrap(hvd::HandlePtr h, py::object keep) {
 }
 
 // `process_sets`: lists of ranks every rank adds as the engine starts (ids 1, 2, ...);
-// `dynamic`: allow adding and removing sets later (as HVD_DYNAMIC_PROCESS_SETS=1).
-void Init(std::vector<std::vector<int>> process_sets, bool dynamic) {
+// `dynamic`: allow adding and removing sets later (as HVD_DYNAMIC_PROCESS_SETS=1);
+// `mpi_comm`, `mpi_world_ranks`: the job's world as an MPI communicator (Options::mpi_comm).
+void Init(std::vector<std::vector<int>> process_sets, bool dynamic, int64_t mpi_comm,
+          std::vector<int> mpi_world_ranks) {
   if (g_engine) return;
   hvd::StatusOr<std::unique_ptr<hvd::Engine>> e = hvd::Status::Internal("not started");
   {
@@ -209,6 +211,8 @@ void Init(std::vector<std::vector<int>> process_sets, bool dynamic) {
     if (o.ok()) {
       o->process_sets = std::move(process_sets);
       o->dynamic_process_sets = o->dynamic_process_sets || dynamic;
+      o->mpi_comm = mpi_comm;
+      o->mpi_world_ranks = std::move(mpi_world_ranks);
       // An elastic worker's init after a shutdown joins the next world (hvd.elastic.run).
       o->elastic_after_generation = g_elastic_generation;
       e = hvd::Engine::Create(*o);
@@ -290,7 +294,8 @@ void BindConstants(py::module_& m) {
 
 void BindEngine(py::module_& m) {
   m.def("init", &Init, "Creates the engine from the environment (idempotent).",
-        py::arg("process_sets") = std::vector<std::vector<int>>(), py::arg("dynamic") = false);
+        py::arg("process_sets") = std::vector<std::vector<int>>(), py::arg("dynamic") = false,
+        py::arg("mpi_comm") = int64_t{-1}, py::arg("mpi_world_ranks") = std::vector<int>());
   m.def("dynamic_process_sets", [] { return Eng().options().dynamic_process_sets; });
   m.def("add_process_set", [](std::vector<int> ranks) {
     hvd::StatusOr<int32_t> id = hvd::Status::Internal("not run");

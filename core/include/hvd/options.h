@@ -119,6 +119,19 @@ struct HVD_EXPORT Options {
   // Python layer does). Set by the caller, not read from the environment.
   std::vector<std::vector<int>> process_sets;
 
+  // The job's world as an MPI communicator, as Horovod's hvd.init(comm=...) names it. Set by
+  // the caller, not read from the environment; needs a build with MPI. With either field,
+  // Engine::Create takes rank, size, local and cross rank and size from the communicator
+  // (local: the ranks that share this host's memory), the ranks meet through MPI on it
+  // (bootstrap kMpi, whatever launched them), and HVD_CPU_OPERATIONS=mpi runs on it. The
+  // launcher's world must be MPI's: a process started without mpirun is refused.
+  //   mpi_comm: the communicator's Fortran handle (MPI_Comm_c2f; mpi4py: Comm.py2f()); every
+  //     member calls Engine::Create with it. -1: none.
+  //   mpi_world_ranks: the world is these ranks of MPI_COMM_WORLD, hvd's rank i being MPI's
+  //     rank mpi_world_ranks[i]; only they call Engine::Create. Empty: none.
+  int64_t mpi_comm = -1;
+  std::vector<int> mpi_world_ranks;
+
   // Elastic jobs (hvdrun --min-np / --max-np / --host-discovery-script; docs/ELASTIC.md).
   // HVD_ELASTIC (HOROVOD_ELASTIC), 1 or 0 (default): the identity above is only a first guess;
   // Engine::Create reads this process's place in the newest world hvdrun published in the

@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cctype>
 #include <cstdlib>
@@ -343,6 +344,23 @@ Status Options::Validate() const {
       os << d.what << " is " << d.value << ": expected a number from " << d.lo << " to " << d.hi;
       return Status::InvalidArgument(os.str());
     }
+  }
+  if (mpi_comm >= 0 && !mpi_world_ranks.empty()) {
+    return Status::InvalidArgument("the job's MPI world is named twice: a communicator "
+                                   "(mpi_comm) and a list of ranks (mpi_world_ranks); give one");
+  }
+  for (size_t i = 0; i < mpi_world_ranks.size(); ++i) {
+    const int r = mpi_world_ranks[i];
+    if (r < 0 || std::find(mpi_world_ranks.begin(), mpi_world_ranks.begin() + i, r) !=
+                     mpi_world_ranks.begin() + i) {
+      return Status::InvalidArgument(
+          "the ranks of MPI_COMM_WORLD that form the job (hvd.init(comm=[...])) must be distinct "
+          "and not negative; entry " + std::to_string(i) + " is " + std::to_string(r));
+    }
+  }
+  if ((mpi_comm >= 0 || !mpi_world_ranks.empty()) && elastic) {
+    return Status::InvalidArgument("an elastic job (HVD_ELASTIC=1) takes its world from hvdrun, "
+                                   "not from an MPI communicator (hvd.init(comm=...))");
   }
   if (size > 1 && bootstrap == Bootstrap::kSlurm && rendezvous_addr.empty()) {
     return Status::InvalidArgument(

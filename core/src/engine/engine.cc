@@ -141,7 +141,10 @@ std::string PendingKey(int32_t process_set, const std::string& name) {
 
 EngineImpl::EngineImpl(const Options& options) : options_(options) {}
 
-StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(const Options& options) {
+StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(const Options& given) {
+  HVD_RETURN_IF_ERROR(given.Validate());
+  Options options = given;
+  HVD_RETURN_IF_ERROR(TakeIdentityFromMpi(&options));  // hvd.init(comm=...)
   HVD_RETURN_IF_ERROR(options.Validate());
   SetLogLevel(options.log_level);
   SetLogPrefix("rank " + std::to_string(options.rank));

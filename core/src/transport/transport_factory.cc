@@ -147,6 +147,16 @@ std::chrono::microseconds SpinWindow(const Options& options) {
   return std::chrono::microseconds(100);
 }
 
+Status TakeIdentityFromMpi(Options* options) {
+  if (options->mpi_comm < 0 && options->mpi_world_ranks.empty()) return Status::OK();
+#if HVD_HAVE_MPI
+  return MpiContext::TakeIdentity(options);
+#else
+  return Status::FailedPrecondition("hvd.init(comm=...) names the job's world through MPI, but "
+                                    "this build of hvd has none (rebuild with -DHVD_WITH_MPI=ON)");
+#endif
+}
+
 StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options,
                                     Deadline deadline, ControlLink::MessageFn on_message,
                                     ControlLink::ErrorFn on_error) {

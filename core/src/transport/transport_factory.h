@@ -82,6 +82,11 @@ struct JobConnections {
 // (HVD_SPIN_MICROSECONDS; 100 µs by default).
 std::chrono::microseconds SpinWindow(const Options& options);
 
+// Where the options name the job's world as an MPI communicator (Options::mpi_comm,
+// mpi_world_ranks): rank, size, local and cross identity from it (MpiContext::TakeIdentity),
+// before anything else uses them. Otherwise does nothing. Fails in a build without MPI.
+Status TakeIdentityFromMpi(Options* options);
+
 // `on_message` and `on_error` receive the control links' traffic (transport/control.h).
 StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options,
                                     Deadline deadline, ControlLink::MessageFn on_message,

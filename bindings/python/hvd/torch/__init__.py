@@ -31,6 +31,7 @@ from hvd import (  # noqa: F401  (re-exported)
     Sum,
     __version__,
     add_process_set,
+    comm_process_set_id,
     cross_rank,
     cross_size,
     ccl_built,

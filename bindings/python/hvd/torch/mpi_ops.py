@@ -585,6 +585,12 @@ class _Basics:
         return get_process_set_ids_and_ranks()
 
     @staticmethod
+    def _comm_process_set_id(comm):
+        """The id of the process set of mpi4py communicator ``comm``'s processes."""
+        from hvd import comm_process_set_id
+        return comm_process_set_id(comm)
+
+    @staticmethod
     def _process_set_size(process_set_id):
         ranks = _core.process_set_ranks(process_set_id)
         if not ranks:

@@ -1,5 +1,6 @@
 #include "transport/mpi/mpi_context.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -38,9 +39,16 @@ const char* MpiThreadLevelName(int level) {
   return "an unknown MPI thread level";
 }
 
-StatusOr<std::unique_ptr<MpiContext>> MpiContext::Create(const Options& options, bool need_threads) {
-  std::unique_ptr<MpiContext> ctx(new MpiContext());
-  int finalized = 0, initialized = 0, provided = MPI_THREAD_SINGLE;
+namespace {
+
+// Whether hvd called MPI_Init_thread (then it finalizes MPI). MPI starts once per process.
+bool g_hvd_initialised_mpi = false;
+
+// A tag of hvd's own for MPI_Comm_create_group.
+constexpr int kCreateGroupTag = 0x6876;
+
+Status StartMpi(int* provided) {
+  int finalized = 0, initialized = 0;
   MPI_Finalized(&finalized);
   if (finalized) {
     return Status::FailedPrecondition("MPI has already been finalized in this process (MPI cannot "
@@ -49,22 +57,134 @@ StatusOr<std::unique_ptr<MpiContext>> MpiContext::Create(const Options& options,
   }
   MPI_Initialized(&initialized);
   if (initialized) {
-    MPI_Query_thread(&provided);
-  } else {
-    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    if (rc != MPI_SUCCESS) return Status::Internal("MPI_Init_thread failed: " + ErrorString(rc));
-    ctx->finalize_ = true;
+    MPI_Query_thread(provided);
+    return Status::OK();
   }
+  int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, provided);
+  if (rc != MPI_SUCCESS) return Status::Internal("MPI_Init_thread failed: " + ErrorString(rc));
+  g_hvd_initialised_mpi = true;
+  return Status::OK();
+}
+
+Status MpiFailed(int rc, const std::string& what) {
+  if (rc == MPI_SUCCESS) return Status::OK();
+  return Status::Internal(what + " failed: " + ErrorString(rc));
+}
+
+// A new communicator over the job's world: a duplicate of MPI_COMM_WORLD or of the given
+// communicator, or the group of the given ranks of MPI_COMM_WORLD (collective over them only).
+// Every argument is checked first: MPI_COMM_WORLD's errors end the process.
+Status NewWorldComm(const Options& o, MPI_Comm* out) {
+  if (o.mpi_comm >= 0) {
+    MPI_Comm given = MPI_Comm_f2c(static_cast<MPI_Fint>(o.mpi_comm));
+    if (given == MPI_COMM_NULL) {
+      return Status::InvalidArgument("the MPI communicator given as the job's world "
+                                     "(hvd.init(comm=...)) is MPI_COMM_NULL or not a communicator "
+                                     "(Fortran handle " + std::to_string(o.mpi_comm) + ")");
+    }
+    int inter = 0;
+    HVD_RETURN_IF_ERROR(MpiFailed(MPI_Comm_test_inter(given, &inter), "MPI_Comm_test_inter"));
+    if (inter) {
+      return Status::InvalidArgument("the MPI communicator given as the job's world "
+                                     "(hvd.init(comm=...)) is an intercommunicator; expected an "
+                                     "intracommunicator");
+    }
+    return MpiFailed(MPI_Comm_dup(given, out), "MPI_Comm_dup of the given communicator");
+  }
+  if (o.mpi_world_ranks.empty()) return MpiFailed(MPI_Comm_dup(MPI_COMM_WORLD, out), "MPI_Comm_dup");
+  int world_size = 0, world_rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::string listed;
+  for (int r : o.mpi_world_ranks) listed += (listed.empty() ? "" : ", ") + std::to_string(r);
+  for (int r : o.mpi_world_ranks) {
+    if (r >= world_size) {
+      return Status::InvalidArgument("hvd.init(comm=[" + listed + "]) names rank " +
+                                     std::to_string(r) + ", but MPI_COMM_WORLD has " +
+                                     std::to_string(world_size) + " processes");
+    }
+  }
+  if (std::find(o.mpi_world_ranks.begin(), o.mpi_world_ranks.end(), world_rank) ==
+      o.mpi_world_ranks.end()) {
+    return Status::InvalidArgument(
+        "this process is rank " + std::to_string(world_rank) + " of MPI_COMM_WORLD, which "
+        "hvd.init(comm=[" + listed + "]) does not list: only the listed processes start hvd "
+        "with that list");
+  }
+  MPI_Group world_group, group;
+  HVD_RETURN_IF_ERROR(MpiFailed(MPI_Comm_group(MPI_COMM_WORLD, &world_group), "MPI_Comm_group"));
+  Status s = MpiFailed(MPI_Group_incl(world_group, static_cast<int>(o.mpi_world_ranks.size()),
+                                      o.mpi_world_ranks.data(), &group),
+                       "MPI_Group_incl");
+  if (s.ok()) {
+    s = MpiFailed(MPI_Comm_create_group(MPI_COMM_WORLD, group, kCreateGroupTag, out),
+                  "MPI_Comm_create_group");
+    MPI_Group_free(&group);
+  }
+  MPI_Group_free(&world_group);
+  return s;
+}
+
+}  // namespace
+
+Status MpiContext::TakeIdentity(Options* o) {
+  if (o->mpi_comm < 0 && o->mpi_world_ranks.empty()) return Status::OK();
+  int provided = 0;
+  HVD_RETURN_IF_ERROR(StartMpi(&provided));
+  int world_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (world_size != o->size) {
+    return Status::FailedPrecondition(
+        "hvd.init(comm=...) takes the job's world from MPI, but MPI_COMM_WORLD has " +
+        std::to_string(world_size) + " process(es) and the launcher started " +
+        std::to_string(o->size) + " (start the job with mpirun, or hvdrun --mpi)");
+  }
+  MPI_Comm comm = MPI_COMM_NULL, local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
+  HVD_RETURN_IF_ERROR(NewWorldComm(*o, &comm));
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  Status s = MpiFailed(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  if (s.ok()) s = MpiFailed(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  // The members that share this host's memory are its local ranks; the members with the same
+  // local rank, one per host, its cross ranks (as Horovod's MPI controller splits them).
+  if (s.ok()) {
+    s = MpiFailed(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local),
+                  "MPI_Comm_split_type");
+  }
+  if (s.ok()) s = MpiFailed(MPI_Comm_rank(local, &local_rank), "MPI_Comm_rank");
+  if (s.ok()) s = MpiFailed(MPI_Comm_size(local, &local_size), "MPI_Comm_size");
+  if (s.ok()) s = MpiFailed(MPI_Comm_split(comm, local_rank, rank, &cross), "MPI_Comm_split");
+  if (s.ok()) s = MpiFailed(MPI_Comm_rank(cross, &cross_rank), "MPI_Comm_rank");
+  if (s.ok()) s = MpiFailed(MPI_Comm_size(cross, &cross_size), "MPI_Comm_size");
+  for (MPI_Comm* c : {&cross, &local, &comm}) {
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+  }
+  if (!s.ok()) return s;
+  o->rank = rank;
+  o->size = size;
+  o->local_rank = local_rank;
+  o->local_size = local_size;
+  o->cross_rank = cross_rank;
+  o->cross_size = cross_size;
+  o->bootstrap = Options::Bootstrap::kMpi;
+  return Status::OK();
+}
+
+StatusOr<std::unique_ptr<MpiContext>> MpiContext::Create(const Options& options, bool need_threads) {
+  std::unique_ptr<MpiContext> ctx(new MpiContext());
+  int provided = MPI_THREAD_SINGLE;
+  HVD_RETURN_IF_ERROR(StartMpi(&provided));
+  ctx->finalize_ = g_hvd_initialised_mpi;
   ctx->provided_ = provided;
   if (need_threads && provided < MPI_THREAD_SERIALIZED) {
     return Status::FailedPrecondition(
         std::string("HVD_CPU_OPERATIONS=mpi runs MPI from hvd's background thread and needs "
                     "MPI_THREAD_SERIALIZED or better, but MPI provides ") +
         MpiThreadLevelName(provided) +
-        (initialized ? " (the program initialised MPI itself: ask MPI_Init_thread for "
-                       "MPI_THREAD_MULTIPLE)" : ""));
+        (!ctx->finalize_ ? " (the program initialised MPI itself: ask MPI_Init_thread for "
+                           "MPI_THREAD_MULTIPLE)" : ""));
   }
-  HVD_RETURN_IF_ERROR(ctx->Check(MPI_Comm_dup(MPI_COMM_WORLD, &ctx->comm_), "MPI_Comm_dup"));
+  HVD_RETURN_IF_ERROR(NewWorldComm(options, &ctx->comm_));
   HVD_RETURN_IF_ERROR(ctx->Check(MPI_Comm_set_errhandler(ctx->comm_, MPI_ERRORS_RETURN),
                                  "MPI_Comm_set_errhandler"));
   MPI_Comm_rank(ctx->comm_, &ctx->rank_);
@@ -77,7 +197,10 @@ StatusOr<std::unique_ptr<MpiContext>> MpiContext::Create(const Options& options,
         "started by mpirun, with one process per rank)");
   }
   HVD_LOG(kDebug) << "MPI ready: " << MpiThreadLevelName(provided)
-                  << (ctx->finalize_ ? ", initialised by hvd" : ", initialised by the program");
+                  << (ctx->finalize_ ? ", initialised by hvd" : ", initialised by the program")
+                  << (options.mpi_comm >= 0 || !options.mpi_world_ranks.empty()
+                          ? ", the job's world is the communicator hvd.init(comm=...) gave"
+                          : "");
   return ctx;
 }
 
