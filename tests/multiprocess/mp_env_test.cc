@@ -167,5 +167,32 @@ TEST(BadEnvironment, HorovodAliasIsNamed) {
   EXPECT_NE(o.create.find("HOROVOD_TIMEOUT_SECONDS"), std::string::npos) << o.create;
 }
 
+// The job's world named as MPI ranks or a communicator (hvd.init(comm=...)): a list with a
+// repeated or negative rank, both forms at once, or an elastic job are refused before MPI is
+// touched, saying what was wrong.
+TEST(BadOptions, MpiWorldNamedWrongly) {
+  auto refused = [](const hvd::Options& o, const std::string& needle) {
+    hvd::Status s = o.Validate();
+    EXPECT_EQ(s.code(), hvd::StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.ToString();
+  };
+  hvd::Options o;
+  o.mpi_world_ranks = {2, 0, 2};
+  refused(o, "must be distinct and not negative; entry 2 is 2");
+  o.mpi_world_ranks = {0, -1};
+  refused(o, "entry 1 is -1");
+  o.mpi_world_ranks = {0, 1};
+  EXPECT_TRUE(o.Validate().ok());
+  o.mpi_comm = 0;
+  refused(o, "named twice");
+  o.mpi_world_ranks.clear();
+  EXPECT_TRUE(o.Validate().ok());
+  o.elastic = true;
+  o.rendezvous_addr = "127.0.0.1";
+  o.rendezvous_port = 1;
+  o.elastic_id = "w0";
+  refused(o, "elastic job");
+}
+
 }  // namespace
 }  // namespace mp

@@ -39,6 +39,8 @@ from hvd import (  # noqa: F401  (re-exported)
     is_initialized,
     local_rank,
     local_size,
+    mpi_built,
+    mpi_enabled,
     process_set_by_id,
     process_sets,
     rank,
