@@ -25,10 +25,12 @@
 // must order its work after that stream (the ready events), or it reads stale memory.
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -423,6 +425,116 @@ void CheckReducescatter(Env& env, Checker& ck) {
 // With HVD_DYNAMIC_PROCESS_SETS=1 and three ranks or more: allreduces on device tensors in a
 // process set of the even ranks, one tensor and three fused, which runs on a communicator of
 // its own (the world's cannot serve it).
+// ---------------------------------------------------------------- Adasum
+
+// The Adasum of two vectors from its definition, in float64 (a coefficient is 1 only below
+// sqrt(DBL_MIN): zeros, in practice).
+std::vector<double> AdasumPair(const std::vector<double>& a, const std::vector<double>& b) {
+  double dot = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    dot += a[i] * b[i];
+    aa += a[i] * a[i];
+    bb += b[i] * b[i];
+  }
+  const double tiny = std::sqrt(std::numeric_limits<double>::min());
+  const double ca = aa >= tiny ? 1 - dot / (2 * aa) : 1, cb = bb >= tiny ? 1 - dot / (2 * bb) : 1;
+  std::vector<double> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = ca * a[i] + cb * b[i];
+  return out;
+}
+
+// Pairs (0, 1), (2, 3), ..., then pairs of pairs.
+std::vector<double> AdasumTree(std::vector<std::vector<double>> level) {
+  while (level.size() > 1) {
+    std::vector<std::vector<double>> next;
+    for (size_t i = 0; i < level.size(); i += 2) next.push_back(AdasumPair(level[i], level[i + 1]));
+    level = std::move(next);
+  }
+  return level[0];
+}
+
+// Adasum of device tensors, several in one fused response, as Horovod computes it. Where the
+// tensors run on the device collectives (`collectives`: NCCL, or the fake standing in for it),
+// each host's members are summed and the hosts' sums combined by Adasum, divided by the members
+// per host: on one host the average, on the fake hosts of two the Adasum of two sums over 2.
+// Staged (a device shared, or HVD_GPU_OPERATIONS=cpu), it is the flat Adasum over the ranks,
+// refused on every rank where their number is not a power of two; the next operation works.
+void CheckAdasum(Env& env, Checker& ck, bool collectives) {
+  ck.Begin("device Adasum");
+  const int r = env.e->rank(), n = env.e->size();
+  const int per_host = env.e->local_size(), hosts = env.e->cross_size();
+  const bool by_hosts = collectives && per_host > 1;
+  const bool refused = by_hosts ? (hosts & (hosts - 1)) != 0 : (n & (n - 1)) != 0;
+  auto input = [](int q, size_t tensor, int64_t i) {
+    // Exact in float16 (multiples of 1/4 up to 8): the reference rounds nothing.
+    return 0.25 * static_cast<double>((i * (q + 3) + static_cast<int64_t>(tensor) * 5 + q) % 33) -
+           4.0 + (tensor == 2 ? 0.5 * q : 0);
+  };
+  const std::vector<int64_t> counts = {0, 1, 33, 70001, 7};
+  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16}) {
+    std::vector<std::unique_ptr<DevBuf>> bufs;
+    std::vector<hvd::HandlePtr> hs;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      Buffer host(t, counts[k]);
+      for (int64_t i = 0; i < counts[k]; ++i) Put(t, host.data(), i, input(r, k, i));
+      bufs.push_back(std::make_unique<DevBuf>(env, host));
+      TensorView v = bufs.back()->View(t, {counts[k]});
+      hs.push_back(env.e->Allreduce("dev.adasum." + Str(t) + "." + std::to_string(k), v, v,
+                                    ReduceOp::kAdasum));
+    }
+    for (size_t k = 0; k < counts.size(); ++k) {
+      const std::string what = "Adasum " + Str(t) + " tensor " + std::to_string(k) + " count=" +
+                               std::to_string(counts[k]) + (by_hosts ? " (hosts)" : " (flat)");
+      hvd::Status st = Done(env, hs[k]);
+      if (refused) {
+        ck.Expect(st.code() == hvd::StatusCode::kInvalidArgument &&
+                      st.message().find("power of two") != std::string::npos,
+                  what + " refused, got " + st.ToString());
+        continue;
+      }
+      if (!ck.ExpectOk(st, what)) continue;
+      std::vector<std::vector<double>> ranks(n, std::vector<double>(counts[k]));
+      for (int q = 0; q < n; ++q) {
+        for (int64_t i = 0; i < counts[k]; ++i) ranks[q][i] = input(q, k, i);
+      }
+      std::vector<double> want;
+      if (!by_hosts) {
+        want = AdasumTree(ranks);
+      } else {  // hosts of consecutive ranks (hvdrun's and the fake hosts' layout)
+        std::vector<std::vector<double>> sums(hosts, std::vector<double>(counts[k], 0.0));
+        for (int q = 0; q < n; ++q) {
+          for (int64_t i = 0; i < counts[k]; ++i) sums[q / per_host][i] += ranks[q][i];
+        }
+        want = AdasumTree(sums);
+        for (double& w : want) w /= per_host;
+      }
+      auto got = ToHost(env, bufs[k]->p, static_cast<size_t>(counts[k]) * hvd::DataTypeSize(t));
+      const double tol = t == DataType::kFloat16 ? 2e-2 : t == DataType::kFloat32 ? 1e-4 : 1e-9;
+      bool ok = true;
+      for (int64_t i = 0; i < counts[k] && ok; ++i) {
+        const double have = Get(t, got.data(), static_cast<size_t>(i));
+        if (!(std::fabs(have - want[i]) <= tol * (1 + std::fabs(want[i])))) {
+          ok = ck.Expect(false, what + ": element " + std::to_string(i) + " is " +
+                                    Checker::Num(have) + ", expected " + Checker::Num(want[i]));
+        }
+      }
+      if (ok) ck.Expect(true, what);
+    }
+  }
+  // The next operation works, refused or not.
+  Buffer one(DataType::kFloat32, 3);
+  for (int64_t i = 0; i < 3; ++i) Put(DataType::kFloat32, one.data(), i, 1.0);
+  DevBuf after(env, one);
+  TensorView v = after.View(DataType::kFloat32, {3});
+  if (ck.ExpectOk(Done(env, env.e->Allreduce("dev.adasum.after", v, v, ReduceOp::kSum)),
+                  "an allreduce after Adasum")) {
+    auto got = ToHost(env, after.p, 3 * sizeof(float));
+    ck.ExpectElements(DataType::kFloat32, got.data(), 3, [&](int64_t) { return double(n); },
+                      "an allreduce after Adasum");
+  }
+  ck.End();
+}
+
 void CheckProcessSet(Env& env, Checker& ck) {
   const int r = env.e->rank(), n = env.e->size();
   if (n < 3 || !env.e->options().dynamic_process_sets) return;
@@ -615,6 +727,9 @@ int main(int argc, char** argv) {
   mp::CheckMovement(env, ck);
   mp::CheckReducescatter(env, ck);
   mp::CheckProcessSet(env, ck);
+  const char* gpu_ops = std::getenv("HVD_GPU_OPERATIONS");
+  mp::CheckAdasum(env, ck, fake_collectives && fake == "own" &&
+                               !(gpu_ops && std::string(gpu_ops) == "cpu"));
   e.Shutdown();
   if (fake_rt) std::printf("rank %d: %d batched copies waited for a synchronize\n", e.rank(),
                            mp::FakeDevice::table_full_.load());

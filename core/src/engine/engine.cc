@@ -425,7 +425,10 @@ Status EngineImpl::CheckProcessSetLocked(Request& r) const {
     }
     r.root = place(r.root);
   }
-  if (r.op == ReduceOp::kAdasum && r.type == OpType::kAllreduce && (n & (n - 1)) != 0) {
+  // Device tensors on NCCL combine hosts, not ranks, by Adasum (execute_device.cc): their
+  // execution checks the count it needs, alike on every rank.
+  if (r.op == ReduceOp::kAdasum && r.type == OpType::kAllreduce && r.device == kCpuDevice &&
+      (n & (n - 1)) != 0) {
     return Status::InvalidArgument(what() + ": Adasum needs a number of ranks that is a power of "
                                    "two; " + in_set() + " is " + std::to_string(n));
   }

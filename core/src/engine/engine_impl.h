@@ -521,6 +521,8 @@ class EngineImpl {
   Status DeviceAllreduce(const Response& r, std::vector<TensorEntry*>& entries);
   Status DeviceHierarchicalAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                      const PlanContext& pc);
+  Status SetUpLocalDeviceCollectives(const char* what);
+  Status DeviceAdasum(const Response& r, std::vector<TensorEntry*>& entries, bool* host_failed);
   Status CheckDeviceCollectives();
   void AbortDeviceCollectives();
   Status DeviceAllgather(const Response& r, TensorEntry* e);

@@ -29,6 +29,7 @@
 //    communicator aborts NCCL, and the deadline (HVD_TIMEOUT_SECONDS) bounds it all.
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <sstream>
 
 #include "common/logging.h"
@@ -244,7 +245,10 @@ Status EngineImpl::ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>&
                            (!IsReduction(r.type) || comm_->device_collectives->Reduces(r.dtype, r.op));
   bool host_failed = false;  // the host path's failures already say whether to abandon
   Status s;
-  if (collectives) {
+  if (comm_->device_path == Comm::DevicePath::kCollectives && r.type == OpType::kAllreduce &&
+      r.op == ReduceOp::kAdasum && comm_->device_collectives->Reduces(r.dtype, ReduceOp::kSum)) {
+    s = DeviceAdasum(r, entries, &host_failed);
+  } else if (collectives) {
     s = RunDeviceCollective(r, entries);
   } else if (r.type == OpType::kAllreduce && r.op != ReduceOp::kAdasum) {
     s = RunStagedAllreduce(r, entries, &host_failed);
@@ -355,6 +359,122 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
   return DeviceDone(entries);
 }
 
+// The communicator of this host's members (over comm_->local), set up at the first
+// operation that needs it: every member runs the same responses, so each host's members meet.
+Status EngineImpl::SetUpLocalDeviceCollectives(const char* what) {
+  Comm& c = *comm_;
+  if (c.local_device_collectives) return Status::OK();
+  auto local = CreateDeviceCollectives(*c.local, *device_, CollectiveDeadline(),
+                                       [this] { return PollDuringDeviceWait(); });
+  if (!local.ok()) {
+    abandon_ = c.size > 1;  // the other hosts go on to the part across hosts
+    return local.status().WithContext("setting up device collectives inside the host");
+  }
+  c.local_device_collectives = std::move(*local);
+  HVD_LOG(kInfo) << what << ": " << c.local_device_collectives->name() << " among this host's "
+                 << c.local->size() << " ranks, the host path across " << c.cross->size()
+                 << " hosts";
+  return Status::OK();
+}
+
+// Adasum of device tensors on the collectives path, as Horovod computes it where NCCL runs it:
+// the tensors summed among each host's members on the device, the hosts' sums combined by
+// Adasum across hosts (each tensor with its own dot products; the host path, over `cross`,
+// through pinned memory), and the result divided by the members per host. So on one host it
+// is the members' average. Where every host has one member, or the hosts' sizes differ (a
+// process set's members, or a launcher's layout that is not homogeneous), it is the flat
+// Adasum over every member (staged), as on the staging path. Hosts of equal size whose number
+// is not a power of two are refused, as Horovod refuses them.
+Status EngineImpl::DeviceAdasum(const Response& r, std::vector<TensorEntry*>& entries,
+                                bool* host_failed) {
+  Comm& c = *comm_;
+  std::map<int, int> members;  // host -> members of this communicator on it
+  for (int i = 0; i < c.size; ++i) {
+    const int w = c.WorldRank(i);
+    ++members[topology_.size() == options_.size ? topology_.host_of[w] : w];
+  }
+  const int hosts = static_cast<int>(members.size());
+  int per_host = members.begin()->second;
+  for (const auto& m : members) {
+    if (m.second != per_host) per_host = 0;
+  }
+  if (per_host <= 1 || (hosts > 1 && !(c.local && c.cross))) {
+    return RunStaged(r, entries, host_failed);
+  }
+  if (hosts == 1) {
+    Response average = r;
+    average.op = ReduceOp::kSum;
+    average.postscale = r.postscale / c.size;
+    return DeviceAllreduce(average, entries);
+  }
+  if ((hosts & (hosts - 1)) != 0) {
+    *host_failed = true;  // every member finds the same, before anything moves
+    return Status::InvalidArgument(
+        "allreduce '" + r.names[0] + "': Adasum of device tensors sums each host's members "
+        "and combines the hosts by Adasum, which needs a number of hosts that is a power of "
+        "two; this job has " + std::to_string(hosts) + " hosts of " + std::to_string(per_host) +
+        " ranks (HVD_GPU_OPERATIONS=cpu stages them for a flat Adasum over the ranks instead)");
+  }
+  Device& d = *device_;
+  const size_t es = DataTypeSize(r.dtype);
+  std::vector<size_t> counts, bytes, offsets;
+  size_t total = 0;
+  for (const auto& shape : r.shapes) {
+    counts.push_back(static_cast<size_t>(NumElements(shape)));
+    bytes.push_back(counts.back() * es);
+    total += counts.back();
+  }
+  const size_t packed = AlignedOffsets(bytes, &offsets);
+  MemoryNeeds need;
+  need.scratch = AdasumScratchBytes(total, r.dtype);
+  if (Status agreed = Reserve(need, 0, nullptr); !agreed.ok()) {
+    *host_failed = true;  // the members agreed on it
+    return agreed;
+  }
+  HVD_RETURN_IF_ERROR(SetUpLocalDeviceCollectives("device Adasum"));
+  void* fusion = nullptr;
+  void* staged = nullptr;
+  HVD_RETURN_IF_ERROR(GetDeviceBuffer(device_fusion_, &d, std::max<size_t>(packed, 1), &fusion));
+  HVD_RETURN_IF_ERROR(GetDeviceBuffer(host_staging_, &d, std::max<size_t>(total * es, 1), &staged));
+  auto* buf = static_cast<uint8_t*>(fusion);
+  auto* host = static_cast<uint8_t*>(staged);
+  std::vector<CopySpan> in, out;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (bytes[i] == 0) continue;
+    if (entries[i]) {
+      in.push_back({entries[i]->input.data, buf + offsets[i], bytes[i]});
+      out.push_back({buf + offsets[i], entries[i]->output.data, bytes[i]});
+    } else {
+      HVD_RETURN_IF_ERROR(d.Zero(buf + offsets[i], bytes[i]));
+    }
+  }
+  const size_t count = packed / es;
+  HVD_RETURN_IF_ERROR(DeviceCopy(in));
+  HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, r.prescale));
+  if (count > 0) {
+    HVD_RETURN_IF_ERROR(c.local_device_collectives->Allreduce(buf, buf, count, r.dtype,
+                                                              ReduceOp::kSum));
+  }
+  // The hosts' sums cross to the host packed end to end, as the host path's Adasum takes them.
+  size_t at = 0;
+  for (size_t i = 0; i < bytes.size(); at += bytes[i], ++i) {
+    if (bytes[i]) HVD_RETURN_IF_ERROR(d.Copy(host + at, buf + offsets[i], bytes[i]));
+  }
+  HVD_RETURN_IF_ERROR(DeviceSynchronize());
+  Status across = AdasumAllreduce(*c.cross, host, counts, r.dtype, scratch_, CollectiveDeadline());
+  if (!across.ok()) {
+    *host_failed = true;
+    return across;
+  }
+  at = 0;
+  for (size_t i = 0; i < bytes.size(); at += bytes[i], ++i) {
+    if (bytes[i]) HVD_RETURN_IF_ERROR(d.Copy(buf + offsets[i], host + at, bytes[i]));
+  }
+  HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, r.postscale / per_host));
+  HVD_RETURN_IF_ERROR(DeviceCopy(out));
+  return DeviceDone(entries);
+}
+
 // Hierarchical allreduce of the `count` elements in `buf` (device memory, in place): a
 // reduce-scatter among this host's members on the device, this member's share reduced across
 // hosts by the host path (pinned host memory, over `cross`: shm or TCP), an allgather among
@@ -365,18 +485,7 @@ Status EngineImpl::DeviceHierarchicalAllreduce(void* buf, size_t count, DataType
   Comm& c = *comm_;
   Device& d = *device_;
   if (count == 0) return Status::OK();
-  if (!c.local_device_collectives) {
-    auto local = CreateDeviceCollectives(*c.local, d, CollectiveDeadline(),
-                                         [this] { return PollDuringDeviceWait(); });
-    if (!local.ok()) {
-      abandon_ = c.size > 1;  // the other hosts go on to the allreduce across hosts
-      return local.status().WithContext("setting up device collectives inside the host");
-    }
-    c.local_device_collectives = std::move(*local);
-    HVD_LOG(kInfo) << "hierarchical device allreduce: " << c.local_device_collectives->name()
-                   << " among this host's " << c.local->size() << " ranks, the host path across "
-                   << c.cross->size() << " hosts";
-  }
+  HVD_RETURN_IF_ERROR(SetUpLocalDeviceCollectives("hierarchical device allreduce"));
   DeviceCollectives& inside = *c.local_device_collectives;
   const int n = c.local->size(), me = c.local->rank();
   const size_t es = DataTypeSize(dtype);
