@@ -287,3 +287,38 @@ def test_join_naming_the_device_before_any_device_tensor():
         y = hvd.allreduce(x, op=hvd.Sum, name="join_first.%d" % step)
         assert torch.equal(y.cpu(), torch.full((1001,), (n - 1) * n / 2.0))
     assert 0 <= hvd.join() < n
+
+
+def _adasum_tree(vectors):
+    """Adasum's formula in float64 over the vectors in order: pairs, then pairs of pairs."""
+    while len(vectors) > 1:
+        nxt = []
+        for a, b in zip(vectors[0::2], vectors[1::2]):
+            dot, aa, bb = float((a * b).sum()), float((a * a).sum()), float((b * b).sum())
+            ca = 1 - dot / (2 * aa) if aa > 0 else 1.0
+            cb = 1 - dot / (2 * bb) if bb > 0 else 1.0
+            nxt.append(ca * a + cb * b)
+        vectors = nxt
+    return vectors[0]
+
+
+def test_adasum_on_cuda_is_horovods():
+    """On NCCL (every rank a GPU of its own, one host) Adasum of CUDA tensors is the ranks'
+    average, as Horovod's NCCL build computes it (a sum inside the host, Adasum across hosts,
+    divided by the ranks per host); staged (ranks sharing a GPU), the flat Adasum over ranks."""
+    r, n = world()
+    x = torch.sin(torch.arange(1.0, 40.0, dtype=torch.float64) * (r + 1)) * (r % 3 + 1)
+    ranks = [torch.sin(torch.arange(1.0, 40.0, dtype=torch.float64) * (q + 1)) * (q % 3 + 1)
+             for q in range(n)]
+    own_gpus = torch.cuda.device_count() >= hvd.local_size() and hvd.nccl_built()
+    if own_gpus and hvd.cross_size() == 1:
+        want = sum(ranks) / n
+    elif n & (n - 1):
+        with pytest.raises(hvd.InvalidArgumentError, match="power of two"):
+            hvd.allreduce(x.to(dev()), op=hvd.Adasum, name="cuda.adasum.refused")
+        return
+    else:
+        want = _adasum_tree(ranks)
+    got = hvd.allreduce(x.to(dev()), op=hvd.Adasum, name="cuda.adasum")
+    assert got.device == dev()
+    assert torch.allclose(got.cpu(), want, atol=1e-9), (got, want)
