@@ -9,7 +9,8 @@
 3. hvd.init(process_sets=[ProcessSet(subcomm), ProcessSet([0, 1])]): every distinct set the
    ranks' communicators name is added (evens 1, odds 2) ahead of the sets given as ranks (3);
    comm_process_set_id; collectives over a communicator's set; a communicator's set cannot be
-   added after init; a duplicate raises ValueError.
+   added after init; a duplicate raises ValueError; the same objects work after a shutdown; a
+   communicator with processes outside hvd's world on one rank makes every rank raise.
 4. Bad input: a list with a repeated rank, a rank MPI_COMM_WORLD lacks, something that is
    neither a list nor a communicator: ValueError naming what was wrong, on every rank.
 
@@ -129,6 +130,23 @@ expect_error(ValueError, "entry number 1 is a duplicate", lambda: hvd.init(
 assert again.process_set_id == from_comm.process_set_id and same.process_set_id is None
 hvd.barrier()
 hvd.shutdown()
+world.Barrier()
+# The same objects again after a shutdown: still sets of communicators, not this rank's ranks.
+hvd.init(process_sets=[from_comm, pair])
+assert from_comm.process_set_id == (1 if me % 2 == 0 else 2) and pair.process_set_id == 3
+got = hvd.allreduce(np.full(2, 1.0), op=hvd.Sum, name="set.again", process_set=from_comm)
+assert np.array_equal(got, np.full(2, float(len(members)))), got
+hvd.barrier()  # a set rank 0 is not in is negotiated by rank 0: it must not leave first
+hvd.shutdown()
+world.Barrier()
+
+# A communicator with a process outside hvd's world on one rank of each world only (rank 0's
+# and rank 1's {0, 1}): every rank of both worlds raises, naming that rank; nothing hangs.
+mixed = world.Split(color=0 if me < 2 else me, key=me)
+expect_error(ValueError, "rank 0: the ProcessSet of communicator number 0: the communicator "
+             "has processes outside hvd's world", lambda: hvd.init(comm=half, process_sets=[
+                 hvd.ProcessSet(mixed)]))
+assert not hvd.is_initialized()
 world.Barrier()
 
 # 4. Bad input, refused on every rank before anything starts.

@@ -7,6 +7,8 @@ NCCL; ranks that share a GPU are staged through host memory; both must give the 
 References are float64 NumPy/torch computations on the CPU from every rank's input.
 """
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -303,20 +305,26 @@ def _adasum_tree(vectors):
 
 
 def test_adasum_on_cuda_is_horovods():
-    """On NCCL (every rank a GPU of its own, one host) Adasum of CUDA tensors is the ranks'
-    average, as Horovod's NCCL build computes it (a sum inside the host, Adasum across hosts,
-    divided by the ranks per host); staged (ranks sharing a GPU), the flat Adasum over ranks."""
+    """On NCCL (every rank a GPU of its own) Adasum of CUDA tensors is Horovod's NCCL build's:
+    a sum inside each host, Adasum across hosts, divided by the ranks per host (on one host the
+    ranks' average); staged (ranks sharing a GPU, or HVD_GPU_OPERATIONS=cpu), the flat Adasum
+    over the ranks. Hosts are blocks of consecutive ranks, as hvdrun places them."""
     r, n = world()
     x = torch.sin(torch.arange(1.0, 40.0, dtype=torch.float64) * (r + 1)) * (r % 3 + 1)
     ranks = [torch.sin(torch.arange(1.0, 40.0, dtype=torch.float64) * (q + 1)) * (q % 3 + 1)
              for q in range(n)]
-    own_gpus = torch.cuda.device_count() >= hvd.local_size() and hvd.nccl_built()
-    if own_gpus and hvd.cross_size() == 1:
-        want = sum(ranks) / n
-    elif n & (n - 1):
+    per_host, hosts = hvd.local_size(), hvd.cross_size()
+    nccl = (torch.cuda.device_count() >= per_host and hvd.nccl_built() and
+            os.environ.get("HVD_GPU_OPERATIONS", os.environ.get("HOROVOD_GPU_OPERATIONS",
+                                                                 "nccl")) == "nccl")
+    by_hosts = nccl and per_host > 1 and per_host * hosts == n
+    if (hosts if by_hosts else n) & ((hosts if by_hosts else n) - 1):
         with pytest.raises(hvd.InvalidArgumentError, match="power of two"):
             hvd.allreduce(x.to(dev()), op=hvd.Adasum, name="cuda.adasum.refused")
         return
+    if by_hosts:
+        sums = [sum(ranks[h * per_host:(h + 1) * per_host]) for h in range(hosts)]
+        want = _adasum_tree(sums) / per_host
     else:
         want = _adasum_tree(ranks)
     got = hvd.allreduce(x.to(dev()), op=hvd.Adasum, name="cuda.adasum")

@@ -21,6 +21,7 @@ Elastic training (``hvd.elastic``: State, ObjectState, run) retries after these 
 """
 
 import atexit as _atexit
+import sys as _sys
 import threading as _threading
 
 from hvd import _core
@@ -45,8 +46,9 @@ Average = _core.AVERAGE
 Min = _core.MIN
 Max = _core.MAX
 Product = _core.PRODUCT
-# Horovod's adaptive summation (allreduce of float32/float64 tensors on a power-of-two number of
-# ranks; in DistributedOptimizer it combines each rank's parameter change).
+# Horovod's adaptive summation (allreduce of float16/32/64 tensors on a power-of-two number of
+# ranks, or of hosts for CUDA tensors on NCCL; in DistributedOptimizer it combines each rank's
+# parameter change).
 Adasum = _core.ADASUM
 
 
@@ -116,40 +118,41 @@ class ProcessSet:
 
 
 def _is_mpi_comm(obj):
-    """Whether obj is an mpi4py communicator (mpi4py is imported only where obj may be one)."""
-    if obj is None or isinstance(obj, (list, tuple, range, set, frozenset, str, bytes)):
-        return False
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        return False
-    return isinstance(obj, MPI.Comm)
+    """Whether obj is an mpi4py communicator. A program that holds one has imported mpi4py.MPI;
+    nothing here imports it (that would start MPI)."""
+    mpi = _sys.modules.get("mpi4py.MPI")
+    return mpi is not None and isinstance(obj, mpi.Comm)
 
 
-# hvd's world as MPI sees it, for translating communicators into hvd's ranks: the mpi4py
-# communicator hvd.init was given (None: MPI_COMM_WORLD), and the ranks of MPI_COMM_WORLD a
-# list given to hvd.init named (hvd's rank i being _world_list[i]; None: no list).
-_world_comm = None
-_world_list = None
+# hvd's world as an MPI group, for translating communicators into hvd's ranks: the group of the
+# communicator hvd.init was given, or of the ranks of MPI_COMM_WORLD it listed (in their
+# order); None: MPI_COMM_WORLD's. Freed by shutdown.
+_world_group = None
 
 
 def _comm_world_ranks(comm, what):
-    """The ranks in hvd's world of the processes of mpi4py communicator `comm`, ascending.
-    Raises ValueError naming `what` where one of them is outside hvd's world."""
+    """The ranks in hvd's world of the processes of mpi4py communicator `comm`, in the
+    communicator's order. Raises ValueError naming `what` where one is outside hvd's world."""
     from mpi4py import MPI
-    world = _world_comm if _world_comm is not None else MPI.COMM_WORLD
-    group, world_group = comm.Get_group(), world.Get_group()
+    world = _world_group if _world_group is not None else MPI.COMM_WORLD.Get_group()
+    group = comm.Get_group()
     try:
-        ranks = MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), world_group)
+        ranks = MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), world)
     finally:
         group.Free()
-        world_group.Free()
-    if _world_list is not None:
-        ranks = [_world_list.index(r) if r in _world_list else MPI.UNDEFINED for r in ranks]
+        if world is not _world_group:
+            world.Free()
     if any(r == MPI.UNDEFINED for r in ranks):
-        raise ValueError("%s: the communicator has processes outside hvd's world"
-                         % (what,))
-    return sorted(ranks)
+        raise ValueError("%s: the communicator has processes outside hvd's world" % (what,))
+    return list(ranks)
+
+
+def _free_world_group():
+    global _world_group
+    group, _world_group = _world_group, None
+    mpi = _sys.modules.get("mpi4py.MPI")
+    if group is not None and mpi is not None and not mpi.Is_finalized():
+        group.Free()
 
 
 global_process_set = ProcessSet([])
@@ -199,7 +202,7 @@ def init(comm=None, process_sets=None):
     without an id, and init raises ValueError naming it (the engine runs, with every other
     entry added).
     """
-    global _world_comm, _world_list
+    global _world_group
     dynamic = isinstance(process_sets, str)
     if dynamic and process_sets != "dynamic":
         raise ValueError("hvd.init(process_sets=...) takes a list of ProcessSets or 'dynamic', "
@@ -208,11 +211,12 @@ def init(comm=None, process_sets=None):
     for ps in sets:
         if not isinstance(ps, ProcessSet):
             raise ValueError("hvd.init(process_sets=...) takes ProcessSets, got %r" % (ps,))
-    via_comm = [ps for ps in sets if ps.ranks is None and ps.mpi_comm is not None]
+    # A set made from a communicator stays one (its ranks differ from rank to rank).
+    via_comm = [ps for ps in sets if ps is not global_process_set and ps.mpi_comm is not None]
     if comm is None and via_comm and not _core.is_initialized():
         from mpi4py import MPI
         comm = MPI.COMM_WORLD  # the world the communicators' processes are counted in
-    mpi_comm, world_ranks = -1, []
+    mpi_comm, world_ranks = None, []
     if comm is None:
         pass
     elif _is_mpi_comm(comm):
@@ -236,22 +240,53 @@ def init(comm=None, process_sets=None):
                                       "comm to be an MPI communicator (or None), not a list of "
                                       "ranks")
     if not _core.is_initialized():
-        _world_comm = comm if _is_mpi_comm(comm) else None
-        _world_list = world_ranks or None
-        # Every distinct set the ranks' communicators name, in Horovod's order: the
-        # communicators' in the order given, each one's sets ascending by their ranks.
-        from_comms = []
-        for index, ps in enumerate(via_comm):
-            mine = _comm_world_ranks(ps.mpi_comm, "hvd.init: the ProcessSet of communicator "
-                                                  "number %d" % index)
-            everyone = _world_comm.allgather(tuple(mine))
-            from_comms.extend(list(ranks) for ranks in sorted(set(everyone)))
-        given = from_comms + [ps.ranks for ps in sets
-                              if ps is not global_process_set and ps.ranks is not None]
-        _core.init(given, dynamic, mpi_comm, world_ranks)
+        group = comm.Get_group() if _is_mpi_comm(comm) else None
+        try:
+            given = _sets_from_comms(comm, via_comm, group)
+            given += [ps.ranks for ps in sets
+                      if ps is not global_process_set and ps.mpi_comm is None]
+            _core.init(given, dynamic, mpi_comm, world_ranks)
+        except BaseException:
+            if group is not None:
+                group.Free()
+            raise
+        _free_world_group()
+        _world_group = group
+        if world_ranks and "mpi4py.MPI" in _sys.modules:  # checked by the engine
+            from mpi4py import MPI
+            everyone = MPI.COMM_WORLD.Get_group()
+            _world_group = everyone.Incl(world_ranks)
+            everyone.Free()
         global_process_set.ranks = list(range(_core.size()))
         global_process_set.mpi_comm = comm if _is_mpi_comm(comm) else None
     _bind_process_sets(sets)
+
+
+def _sets_from_comms(comm, via_comm, world_group):
+    """Every distinct set of processes that the ranks' communicators of `via_comm` name, as
+    lists of hvd's ranks, in Horovod's order: the communicators' in the order given, each one's
+    sets by their ranks in the communicator's order. Collective over `comm` (hvd's world). A
+    rank that cannot translate its communicator makes every rank raise, naming it."""
+    global _world_group
+    if not via_comm:
+        return []
+    out = []
+    saved, _world_group = _world_group, world_group
+    try:
+        for index, ps in enumerate(via_comm):
+            try:
+                mine, error = _comm_world_ranks(ps.mpi_comm, "the ProcessSet of communicator "
+                                                "number %d" % index), None
+            except Exception as e:  # ValueError, or MPI's own on a freed communicator
+                mine, error = None, "rank %d: %s" % (comm.Get_rank(), e)
+            everyone = comm.allgather((mine, error))
+            errors = [err for _, err in everyone if err]
+            if errors:
+                raise ValueError("hvd.init: " + "; ".join(errors))
+            out.extend(sorted(ranks) for ranks in sorted({tuple(m) for m, _ in everyone}))
+    finally:
+        _world_group = saved
+    return out
 
 
 def _bind_process_sets(sets):
@@ -266,9 +301,9 @@ def _bind_process_sets(sets):
     for index, ps in enumerate(sets):
         if ps is global_process_set:
             continue
-        if ps.ranks is None and ps.mpi_comm is not None:
-            ps.ranks = _comm_world_ranks(ps.mpi_comm, "hvd.init: process_sets entry number %d"
-                                         % index)
+        if ps.mpi_comm is not None:  # this rank's members, which may differ from another's
+            ps.ranks = sorted(_comm_world_ranks(ps.mpi_comm, "hvd.init: process_sets entry "
+                                                "number %d" % index))
         process_set_id = ids.get(tuple(ps.ranks))
         if process_set_id is None:
             raise ValueError("hvd.init: process_sets entry number %d (%s) names no process set; "
@@ -300,7 +335,7 @@ def add_process_set(process_set):
     removed set (the first removed first) if there is one, else the next unused id."""
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
-    if process_set.ranks is None and process_set.mpi_comm is not None:
+    if process_set.mpi_comm is not None:
         raise NotImplementedError("adding a process set made from an MPI communicator after "
                                   "hvd.init is not supported (as in Horovod): give its ranks, "
                                   "or pass it to hvd.init(process_sets=[...])")
@@ -351,7 +386,10 @@ def comm_process_set_id(comm):
     (0 for one congruent with hvd's world). Raises ValueError where there is none."""
     if not _core.is_initialized():
         raise ValueError("Horovod has not been initialized; use hvd.init().")
-    ranks = tuple(_comm_world_ranks(comm, "comm_process_set_id"))
+    if not _core.mpi_enabled():
+        raise ValueError("comm_process_set_id: this job's ranks did not meet through MPI (start "
+                         "it with mpirun or hvdrun --mpi), so MPI's ranks are not hvd's")
+    ranks = tuple(sorted(_comm_world_ranks(comm, "comm_process_set_id")))
     for process_set_id, known in get_process_set_ids_and_ranks().items():
         if tuple(known) == ranks:
             return process_set_id
@@ -375,6 +413,8 @@ def shutdown():
     for process_set_id in [i for i in _process_sets if i != 0]:
         for ps in _process_sets.pop(process_set_id):
             ps._invalidate()
+    _free_world_group()
+    global_process_set.mpi_comm = None
 
 
 def start_timeline(file_path, mark_cycles=False):

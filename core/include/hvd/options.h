@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -125,12 +126,14 @@ struct HVD_EXPORT Options {
   // (local: the ranks that share this host's memory), the ranks meet through MPI on it
   // (bootstrap kMpi, whatever launched them), and HVD_CPU_OPERATIONS=mpi runs on it. The
   // launcher's world must be MPI's: a process started without mpirun is refused.
-  //   mpi_comm: the communicator's Fortran handle (MPI_Comm_c2f; mpi4py: Comm.py2f()); every
-  //     member calls Engine::Create with it. -1: none.
+  //   mpi_comm: the communicator's Fortran handle (MPI_Comm_c2f; mpi4py: Comm.py2f(); any
+  //     value, negative ones included, as MPICH's are); every member calls Engine::Create
+  //     with it. Empty: none.
   //   mpi_world_ranks: the world is these ranks of MPI_COMM_WORLD, hvd's rank i being MPI's
   //     rank mpi_world_ranks[i]; only they call Engine::Create. Empty: none.
-  int64_t mpi_comm = -1;
+  std::optional<int64_t> mpi_comm;
   std::vector<int> mpi_world_ranks;
+  bool MpiWorldGiven() const { return mpi_comm.has_value() || !mpi_world_ranks.empty(); }
 
   // Elastic jobs (hvdrun --min-np / --max-np / --host-discovery-script; docs/ELASTIC.md).
   // HVD_ELASTIC (HOROVOD_ELASTIC), 1 or 0 (default): the identity above is only a first guess;

@@ -345,7 +345,7 @@ Status Options::Validate() const {
       return Status::InvalidArgument(os.str());
     }
   }
-  if (mpi_comm >= 0 && !mpi_world_ranks.empty()) {
+  if (mpi_comm.has_value() && !mpi_world_ranks.empty()) {
     return Status::InvalidArgument("the job's MPI world is named twice: a communicator "
                                    "(mpi_comm) and a list of ranks (mpi_world_ranks); give one");
   }
@@ -358,7 +358,7 @@ Status Options::Validate() const {
           "and not negative; entry " + std::to_string(i) + " is " + std::to_string(r));
     }
   }
-  if ((mpi_comm >= 0 || !mpi_world_ranks.empty()) && elastic) {
+  if (MpiWorldGiven() && elastic) {
     return Status::InvalidArgument("an elastic job (HVD_ELASTIC=1) takes its world from hvdrun, "
                                    "not from an MPI communicator (hvd.init(comm=...))");
   }

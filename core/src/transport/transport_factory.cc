@@ -148,7 +148,7 @@ std::chrono::microseconds SpinWindow(const Options& options) {
 }
 
 Status TakeIdentityFromMpi(Options* options) {
-  if (options->mpi_comm < 0 && options->mpi_world_ranks.empty()) return Status::OK();
+  if (!options->MpiWorldGiven()) return Status::OK();
 #if HVD_HAVE_MPI
   return MpiContext::TakeIdentity(options);
 #else
@@ -162,6 +162,9 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
                                     ControlLink::ErrorFn on_error) {
   auto backends = std::make_unique<JobBackendsImpl>();
   if (options.size == 1) {
+    // A world of one named through MPI (hvd.init(comm=...)): MPI is kept (and finalized at
+    // shutdown where hvd started it), as for a larger one.
+    if (options.MpiWorldGiven()) HVD_RETURN_IF_ERROR(StartMpi(options, backends.get()));
     JobConnections job;
     job.transport = std::make_unique<TcpTransport>(
         io, 0, std::vector<std::unique_ptr<asio::ip::tcp::socket>>(1));

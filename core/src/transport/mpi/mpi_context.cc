@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
+#include <set>
+#include <vector>
 #include <thread>
 
 #include "common/logging.h"
@@ -75,12 +78,12 @@ Status MpiFailed(int rc, const std::string& what) {
 // communicator, or the group of the given ranks of MPI_COMM_WORLD (collective over them only).
 // Every argument is checked first: MPI_COMM_WORLD's errors end the process.
 Status NewWorldComm(const Options& o, MPI_Comm* out) {
-  if (o.mpi_comm >= 0) {
-    MPI_Comm given = MPI_Comm_f2c(static_cast<MPI_Fint>(o.mpi_comm));
+  if (o.mpi_comm.has_value()) {
+    MPI_Comm given = MPI_Comm_f2c(static_cast<MPI_Fint>(*o.mpi_comm));
     if (given == MPI_COMM_NULL) {
       return Status::InvalidArgument("the MPI communicator given as the job's world "
                                      "(hvd.init(comm=...)) is MPI_COMM_NULL or not a communicator "
-                                     "(Fortran handle " + std::to_string(o.mpi_comm) + ")");
+                                     "(Fortran handle " + std::to_string(*o.mpi_comm) + ")");
     }
     int inter = 0;
     HVD_RETURN_IF_ERROR(MpiFailed(MPI_Comm_test_inter(given, &inter), "MPI_Comm_test_inter"));
@@ -127,47 +130,74 @@ Status NewWorldComm(const Options& o, MPI_Comm* out) {
 
 }  // namespace
 
-Status MpiContext::TakeIdentity(Options* o) {
-  if (o->mpi_comm < 0 && o->mpi_world_ranks.empty()) return Status::OK();
-  int provided = 0;
-  HVD_RETURN_IF_ERROR(StartMpi(&provided));
-  int world_size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  if (world_size != o->size) {
-    return Status::FailedPrecondition(
-        "hvd.init(comm=...) takes the job's world from MPI, but MPI_COMM_WORLD has " +
-        std::to_string(world_size) + " process(es) and the launcher started " +
-        std::to_string(o->size) + " (start the job with mpirun, or hvdrun --mpi)");
-  }
-  MPI_Comm comm = MPI_COMM_NULL, local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
-  HVD_RETURN_IF_ERROR(NewWorldComm(*o, &comm));
-  int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+namespace {
+
+// The identity of this process in the job's world `comm` (see TakeIdentity).
+Status IdentityIn(MPI_Comm comm, Options* o) {
+  MPI_Comm local = MPI_COMM_NULL;
+  int rank = 0, size = 1, local_rank = 0, local_size = 1;
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   Status s = MpiFailed(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   if (s.ok()) s = MpiFailed(MPI_Comm_size(comm, &size), "MPI_Comm_size");
-  // The members that share this host's memory are its local ranks; the members with the same
-  // local rank, one per host, its cross ranks (as Horovod's MPI controller splits them).
+  // The members that share this host's memory are its local ranks, in the communicator's
+  // order (as Horovod's MPI controller splits them).
   if (s.ok()) {
     s = MpiFailed(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local),
                   "MPI_Comm_split_type");
   }
   if (s.ok()) s = MpiFailed(MPI_Comm_rank(local, &local_rank), "MPI_Comm_rank");
   if (s.ok()) s = MpiFailed(MPI_Comm_size(local, &local_size), "MPI_Comm_size");
-  if (s.ok()) s = MpiFailed(MPI_Comm_split(comm, local_rank, rank, &cross), "MPI_Comm_split");
-  if (s.ok()) s = MpiFailed(MPI_Comm_rank(cross, &cross_rank), "MPI_Comm_rank");
-  if (s.ok()) s = MpiFailed(MPI_Comm_size(cross, &cross_size), "MPI_Comm_size");
-  for (MPI_Comm* c : {&cross, &local, &comm}) {
-    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+  // A host is known by its first member (local rank 0), so that every member of a host gives
+  // it the same number however the communicator orders the hosts' members. The cross rank is
+  // this host's place among the hosts that have this local rank, in that order: Horovod's
+  // where each host's members come in a block.
+  int leader = rank;
+  if (s.ok()) s = MpiFailed(MPI_Bcast(&leader, 1, MPI_INT, 0, local), "MPI_Bcast");
+  std::vector<int> all(2 * static_cast<size_t>(size));
+  int mine[2] = {leader, local_rank};
+  if (s.ok()) {
+    s = MpiFailed(MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm), "MPI_Allgather");
   }
+  if (local != MPI_COMM_NULL) MPI_Comm_free(&local);
   if (!s.ok()) return s;
+  std::set<int> hosts;  // the leaders of the hosts that have this local rank
+  for (int i = 0; i < size; ++i) {
+    if (all[2 * i + 1] == local_rank) hosts.insert(all[2 * i]);
+  }
   o->rank = rank;
   o->size = size;
   o->local_rank = local_rank;
   o->local_size = local_size;
-  o->cross_rank = cross_rank;
-  o->cross_size = cross_size;
+  o->cross_rank = static_cast<int>(std::distance(hosts.begin(), hosts.find(leader)));
+  o->cross_size = static_cast<int>(hosts.size());
   o->bootstrap = Options::Bootstrap::kMpi;
   return Status::OK();
+}
+
+}  // namespace
+
+Status MpiContext::TakeIdentity(Options* o) {
+  if (!o->MpiWorldGiven()) return Status::OK();
+  int was_initialized = 0, provided = 0;
+  MPI_Initialized(&was_initialized);
+  HVD_RETURN_IF_ERROR(StartMpi(&provided));
+  int world_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  Status s;
+  if (world_size != o->size) {
+    s = Status::FailedPrecondition(
+        "hvd.init(comm=...) takes the job's world from MPI, but MPI_COMM_WORLD has " +
+        std::to_string(world_size) + " process(es) and the launcher started " +
+        std::to_string(o->size) + " (start the job with mpirun, or hvdrun --mpi)");
+  }
+  MPI_Comm comm = MPI_COMM_NULL;
+  if (s.ok()) s = NewWorldComm(*o, &comm);
+  if (s.ok()) s = IdentityIn(comm, o);
+  if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  // MPI started here for a world that never formed: nothing else would finalize it, and
+  // mpirun counts a process that exits without MPI_Finalize as failed.
+  if (!s.ok() && !was_initialized) MPI_Finalize();
+  return s;
 }
 
 StatusOr<std::unique_ptr<MpiContext>> MpiContext::Create(const Options& options, bool need_threads) {
@@ -198,7 +228,7 @@ StatusOr<std::unique_ptr<MpiContext>> MpiContext::Create(const Options& options,
   }
   HVD_LOG(kDebug) << "MPI ready: " << MpiThreadLevelName(provided)
                   << (ctx->finalize_ ? ", initialised by hvd" : ", initialised by the program")
-                  << (options.mpi_comm >= 0 || !options.mpi_world_ranks.empty()
+                  << (options.MpiWorldGiven()
                           ? ", the job's world is the communicator hvd.init(comm=...) gave"
                           : "");
   return ctx;
