@@ -191,7 +191,8 @@ def init(comm=None, process_sets=None):
     (hvd's rank i is MPI's rank ``comm[i]``; only the listed processes call init with it), or
     an mpi4py communicator (hvd's world is its processes, hvd's ranks its ranks). A list or a
     communicator needs the job started by mpirun (or hvdrun --mpi); the ranks meet through MPI
-    on that communicator, local ranks are the members sharing a host.
+    on that communicator, local ranks are the members sharing a host. Elsewhere a list of every
+    launched rank in order is the world as launched (without MPI), and a part of it is refused.
     ``process_sets``: ProcessSets every rank adds as the engine starts (in the same order on
     every rank), or ``"dynamic"`` to allow ``add_process_set`` and ``remove_process_set``
     later, as HOROVOD_DYNAMIC_PROCESS_SETS=1 does. A ProcessSet made from a communicator may

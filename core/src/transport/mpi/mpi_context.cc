@@ -178,6 +178,24 @@ Status IdentityIn(MPI_Comm comm, Options* o) {
 
 Status MpiContext::TakeIdentity(Options* o) {
   if (!o->MpiWorldGiven()) return Status::OK();
+  if (o->bootstrap != Options::Bootstrap::kMpi && !o->mpi_comm.has_value()) {
+    // A list of ranks in a job that mpirun did not start (hvdrun's, Slurm's, or none): every
+    // launched rank in order is the world as launched, which is what Horovod's Gloo controller
+    // makes of any list; a part of it would leave the ranks not listed waiting for ever there.
+    bool everyone = static_cast<int>(o->mpi_world_ranks.size()) == o->size;
+    for (size_t i = 0; everyone && i < o->mpi_world_ranks.size(); ++i) {
+      everyone = o->mpi_world_ranks[i] == static_cast<int>(i);
+    }
+    if (everyone) {
+      o->mpi_world_ranks.clear();
+      return Status::OK();
+    }
+    return Status::FailedPrecondition(
+        "hvd.init(comm=[...]) names some of the ranks as the job's world, which needs the job "
+        "started by mpirun (or hvdrun --mpi); this job's launcher started " +
+        std::to_string(o->size) + " rank(s), and a list of all of them in order is the only one "
+        "it takes");
+  }
   int was_initialized = 0, provided = 0;
   MPI_Initialized(&was_initialized);
   HVD_RETURN_IF_ERROR(StartMpi(&provided));
