@@ -314,10 +314,13 @@ def test_adasum_on_cuda_is_horovods():
     ranks = [torch.sin(torch.arange(1.0, 40.0, dtype=torch.float64) * (q + 1)) * (q % 3 + 1)
              for q in range(n)]
     per_host, hosts = hvd.local_size(), hvd.cross_size()
+    ops = os.environ.get("HVD_GPU_OPERATIONS", os.environ.get("HOROVOD_GPU_OPERATIONS", "nccl"))
     nccl = (torch.cuda.device_count() >= per_host and hvd.nccl_built() and
-            os.environ.get("HVD_GPU_OPERATIONS", os.environ.get("HOROVOD_GPU_OPERATIONS",
-                                                                 "nccl")) == "nccl")
-    by_hosts = nccl and per_host > 1 and per_host * hosts == n
+            ops.lower() == "nccl")
+    # Hosts of equal size on every rank, as the engine's gathered layout needs.
+    uniform = set(hvd.allgather_object((per_host, hosts), name="cuda.adasum.layout")) == \
+        {(per_host, hosts)} and per_host * hosts == n
+    by_hosts = nccl and per_host > 1 and uniform
     if (hosts if by_hosts else n) & ((hosts if by_hosts else n) - 1):
         with pytest.raises(hvd.InvalidArgumentError, match="power of two"):
             hvd.allreduce(x.to(dev()), op=hvd.Adasum, name="cuda.adasum.refused")

@@ -124,32 +124,40 @@ def _is_mpi_comm(obj):
     return mpi is not None and isinstance(obj, mpi.Comm)
 
 
-# hvd's world as an MPI group, for translating communicators into hvd's ranks: the group of the
-# communicator hvd.init was given, or of the ranks of MPI_COMM_WORLD it listed (in their
-# order); None: MPI_COMM_WORLD's. Freed by shutdown.
+# hvd's world as MPI sees it, for translating communicators into hvd's ranks: the group of
+# the communicator hvd.init was given, or the ranks of MPI_COMM_WORLD it listed (hvd's rank i
+# is _world_list[i]; kept only where the engine took the list); neither: MPI_COMM_WORLD.
+# Cleared (the group freed) by shutdown.
 _world_group = None
+_world_list = None
 
 
 def _comm_world_ranks(comm, what):
     """The ranks in hvd's world of the processes of mpi4py communicator `comm`, in the
-    communicator's order. Raises ValueError naming `what` where one is outside hvd's world."""
+    communicator's order. Raises ValueError naming `what` where one is outside hvd's world, or
+    `comm` is not a usable communicator."""
     from mpi4py import MPI
-    world = _world_group if _world_group is not None else MPI.COMM_WORLD.Get_group()
-    group = comm.Get_group()
+    try:
+        world = _world_group if _world_group is not None else MPI.COMM_WORLD.Get_group()
+        group = comm.Get_group()
+    except MPI.Exception as e:
+        raise ValueError("%s: %s" % (what, e)) from None
     try:
         ranks = MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), world)
     finally:
         group.Free()
         if world is not _world_group:
             world.Free()
+    if _world_list is not None:
+        ranks = [_world_list.index(r) if r in _world_list else MPI.UNDEFINED for r in ranks]
     if any(r == MPI.UNDEFINED for r in ranks):
         raise ValueError("%s: the communicator has processes outside hvd's world" % (what,))
     return list(ranks)
 
 
 def _free_world_group():
-    global _world_group
-    group, _world_group = _world_group, None
+    global _world_group, _world_list
+    group, _world_group, _world_list = _world_group, None, None
     mpi = _sys.modules.get("mpi4py.MPI")
     if group is not None and mpi is not None and not mpi.Is_finalized():
         group.Free()
@@ -203,7 +211,7 @@ def init(comm=None, process_sets=None):
     without an id, and init raises ValueError naming it (the engine runs, with every other
     entry added).
     """
-    global _world_group
+    global _world_group, _world_list
     dynamic = isinstance(process_sets, str)
     if dynamic and process_sets != "dynamic":
         raise ValueError("hvd.init(process_sets=...) takes a list of ProcessSets or 'dynamic', "
@@ -224,6 +232,8 @@ def init(comm=None, process_sets=None):
         if not _core.HAVE_MPI:
             raise ValueError("hvd.init(comm=...): this build of hvd has no MPI (rebuild with "
                              "-DHVD_WITH_MPI=ON)")
+        if not comm:  # mpi4py: MPI.COMM_NULL is false
+            raise ValueError("hvd.init(comm=...): the communicator is MPI.COMM_NULL")
         if comm.Is_inter():
             raise ValueError("hvd.init(comm=...) takes an intracommunicator, got an "
                              "intercommunicator")
@@ -253,11 +263,9 @@ def init(comm=None, process_sets=None):
             raise
         _free_world_group()
         _world_group = group
-        if world_ranks and "mpi4py.MPI" in _sys.modules:  # checked by the engine
-            from mpi4py import MPI
-            everyone = MPI.COMM_WORLD.Get_group()
-            _world_group = everyone.Incl(world_ranks)
-            everyone.Free()
+        # A list the engine took (not the world as launched, which it drops): MPI's world is
+        # hvd's then, so communicators translate through it.
+        _world_list = list(world_ranks) if world_ranks and _core.mpi_enabled() else None
         global_process_set.ranks = list(range(_core.size()))
         global_process_set.mpi_comm = comm if _is_mpi_comm(comm) else None
     _bind_process_sets(sets)

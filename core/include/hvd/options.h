@@ -124,8 +124,9 @@ struct HVD_EXPORT Options {
   // the caller, not read from the environment; needs a build with MPI. With either field,
   // Engine::Create takes rank, size, local and cross rank and size from the communicator
   // (local: the ranks that share this host's memory), the ranks meet through MPI on it
-  // (bootstrap kMpi, whatever launched them), and HVD_CPU_OPERATIONS=mpi runs on it. The
-  // launcher's world must be MPI's: a process started without mpirun is refused.
+  // (bootstrap kMpi), and HVD_CPU_OPERATIONS=mpi runs on it. The launcher's world must be
+  // MPI's: a communicator in a process no MPI launcher started is refused, and there a list is
+  // taken only when it names every launched rank in order (the world as launched, no MPI).
   //   mpi_comm: the communicator's Fortran handle (MPI_Comm_c2f; mpi4py: Comm.py2f(); any
   //     value, negative ones included, as MPICH's are); every member calls Engine::Create
   //     with it. Empty: none.
@@ -133,6 +134,10 @@ struct HVD_EXPORT Options {
   //     rank mpi_world_ranks[i]; only they call Engine::Create. Empty: none.
   std::optional<int64_t> mpi_comm;
   std::vector<int> mpi_world_ranks;
+  // Set by FromEnvironment: the identity came from an MPI launcher (OMPI_COMM_WORLD_*, PMI_*),
+  // not from hvdrun's HVD_* / HOROVOD_* or Slurm's. Where it did not, mpi_world_ranks is taken
+  // only as every launched rank in order (the world as launched, without MPI).
+  bool launched_by_mpi = false;
   bool MpiWorldGiven() const { return mpi_comm.has_value() || !mpi_world_ranks.empty(); }
 
   // Elastic jobs (hvdrun --min-np / --max-np / --host-discovery-script; docs/ELASTIC.md).

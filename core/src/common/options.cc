@@ -297,6 +297,7 @@ StatusOr<Options> Options::FromEnvironment() {
   Status s = ReadIdentity(&o, &source, &slurm);
   if (s.ok()) s = ReadKnobs(&o);
   if (s.ok()) ChooseBootstrap(&o, source, slurm);
+  o.launched_by_mpi = source == IdentitySource::kMpi;
   if (s.ok()) s = o.Validate();
   if (!s.ok()) return s;
   return o;

@@ -149,6 +149,24 @@ std::chrono::microseconds SpinWindow(const Options& options) {
 
 Status TakeIdentityFromMpi(Options* options) {
   if (!options->MpiWorldGiven()) return Status::OK();
+  if (!options->launched_by_mpi && !options->mpi_comm.has_value()) {
+    // A list of ranks in a job no MPI launcher started (hvdrun's, or none): every launched
+    // rank in order is the world as launched, without MPI, which is what Horovod's Gloo
+    // controller makes of any list; a part of it would leave the ranks not listed waiting.
+    bool everyone = static_cast<int>(options->mpi_world_ranks.size()) == options->size;
+    for (size_t i = 0; everyone && i < options->mpi_world_ranks.size(); ++i) {
+      everyone = options->mpi_world_ranks[i] == static_cast<int>(i);
+    }
+    if (everyone) {
+      options->mpi_world_ranks.clear();
+      return Status::OK();
+    }
+    return Status::FailedPrecondition(
+        "hvd.init(comm=[...]) names some of the ranks as the job's world, which needs the job "
+        "started by mpirun (or hvdrun --mpi); this job's launcher started " +
+        std::to_string(options->size) + " rank(s), and a list of all of them in order is the "
+        "only one it takes");
+  }
 #if HVD_HAVE_MPI
   return MpiContext::TakeIdentity(options);
 #else

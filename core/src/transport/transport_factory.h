@@ -84,7 +84,9 @@ std::chrono::microseconds SpinWindow(const Options& options);
 
 // Where the options name the job's world as an MPI communicator (Options::mpi_comm,
 // mpi_world_ranks): rank, size, local and cross identity from it (MpiContext::TakeIdentity),
-// before anything else uses them. Otherwise does nothing. Fails in a build without MPI.
+// before anything else uses them. Otherwise does nothing. In a process no MPI launcher
+// started, a list of every launched rank in order is dropped (the world as launched) and any
+// other list refused; a communicator or a list there, in a build without MPI, fails.
 Status TakeIdentityFromMpi(Options* options);
 
 // `on_message` and `on_error` receive the control links' traffic (transport/control.h).

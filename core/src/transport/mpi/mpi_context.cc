@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iterator>
+#include <limits>
 #include <set>
 #include <vector>
 #include <thread>
@@ -79,6 +80,12 @@ Status MpiFailed(int rc, const std::string& what) {
 // Every argument is checked first: MPI_COMM_WORLD's errors end the process.
 Status NewWorldComm(const Options& o, MPI_Comm* out) {
   if (o.mpi_comm.has_value()) {
+    if (*o.mpi_comm < std::numeric_limits<MPI_Fint>::min() ||
+        *o.mpi_comm > std::numeric_limits<MPI_Fint>::max()) {
+      return Status::InvalidArgument("the MPI communicator given as the job's world has a "
+                                     "Fortran handle out of range: " +
+                                     std::to_string(*o.mpi_comm));
+    }
     MPI_Comm given = MPI_Comm_f2c(static_cast<MPI_Fint>(*o.mpi_comm));
     if (given == MPI_COMM_NULL) {
       return Status::InvalidArgument("the MPI communicator given as the job's world "
@@ -178,26 +185,7 @@ Status IdentityIn(MPI_Comm comm, Options* o) {
 
 Status MpiContext::TakeIdentity(Options* o) {
   if (!o->MpiWorldGiven()) return Status::OK();
-  if (o->bootstrap != Options::Bootstrap::kMpi && !o->mpi_comm.has_value()) {
-    // A list of ranks in a job that mpirun did not start (hvdrun's, Slurm's, or none): every
-    // launched rank in order is the world as launched, which is what Horovod's Gloo controller
-    // makes of any list; a part of it would leave the ranks not listed waiting for ever there.
-    bool everyone = static_cast<int>(o->mpi_world_ranks.size()) == o->size;
-    for (size_t i = 0; everyone && i < o->mpi_world_ranks.size(); ++i) {
-      everyone = o->mpi_world_ranks[i] == static_cast<int>(i);
-    }
-    if (everyone) {
-      o->mpi_world_ranks.clear();
-      return Status::OK();
-    }
-    return Status::FailedPrecondition(
-        "hvd.init(comm=[...]) names some of the ranks as the job's world, which needs the job "
-        "started by mpirun (or hvdrun --mpi); this job's launcher started " +
-        std::to_string(o->size) + " rank(s), and a list of all of them in order is the only one "
-        "it takes");
-  }
-  int was_initialized = 0, provided = 0;
-  MPI_Initialized(&was_initialized);
+  int provided = 0;
   HVD_RETURN_IF_ERROR(StartMpi(&provided));
   int world_size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
@@ -212,9 +200,9 @@ Status MpiContext::TakeIdentity(Options* o) {
   if (s.ok()) s = NewWorldComm(*o, &comm);
   if (s.ok()) s = IdentityIn(comm, o);
   if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
-  // MPI started here for a world that never formed: nothing else would finalize it, and
-  // mpirun counts a process that exits without MPI_Finalize as failed.
-  if (!s.ok() && !was_initialized) MPI_Finalize();
+  // MPI started here for a world that never formed stays initialised: MPI_Finalize would wait
+  // for the other processes' MPI to end (and for ever for a member that never came), where the
+  // failed process should report at once.
   return s;
 }
 

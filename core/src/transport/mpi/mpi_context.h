@@ -47,7 +47,8 @@ class MpiContext {
   // rank, size, local rank and size (the members sharing this host's memory) and cross rank
   // and size from that communicator, and sets the bootstrap to kMpi. Fails where the launcher's
   // world is not MPI's (a process started without mpirun), or where this process is not one of
-  // mpi_world_ranks.
+  // mpi_world_ranks. (A list in a process no MPI launcher started never gets here:
+  // TakeIdentityFromMpi, transport/transport_factory.h.)
   static Status TakeIdentity(Options* options);
   static StatusOr<std::unique_ptr<MpiContext>> Create(const Options& options, bool need_threads);
   // Frees the communicator and calls MPI_Finalize if hvd initialised MPI and nothing broke.
