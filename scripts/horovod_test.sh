@@ -10,8 +10,8 @@
 # helpers come from tests/horovod/common.py. --one-device makes every rank its own host (local
 # rank 0), so that on a machine with one GPU all ranks use cuda:0 (hvd then stages their CUDA
 # tensors through host memory). --mpi starts the ranks with `hvdrun --mpi` (mpirun), for the
-# files that need MPI (mpi4py communicators). Environment: PY (the python with torch; default /usr/bin/python3
-# where it exists), BUILD_DIR (build), LIMIT (seconds, 600), DESELECT (test names to leave out,
+# files that need MPI (mpi4py communicators). Environment: PY (the python with torch; default
+# /usr/bin/python3 where it exists), BUILD_DIR (build), LIMIT (seconds, 600), DESELECT (test names to leave out,
 # space-separated: a test that fails on some ranks only leaves the others waiting in their next
 # collective until HVD_STALL_SHUTDOWN_TIME_SECONDS, set here to 40).
 set -uo pipefail

@@ -206,7 +206,7 @@ def init(comm=None, process_sets=None):
     later, as HOROVOD_DYNAMIC_PROCESS_SETS=1 does. A ProcessSet made from a communicator may
     differ from rank to rank (each rank's half of a split): as in Horovod, every distinct set
     of processes the ranks' communicators name is added, ahead of the sets given as ranks, in
-    the order of their ranks; comm must then be None or a communicator. As in Horovod,
+    Horovod's order; comm must then be None or a communicator. As in Horovod,
     duplicates are not allowed: an entry with the world's ranks or an earlier entry's is left
     without an id, and init raises ValueError naming it (the engine runs, with every other
     entry added).

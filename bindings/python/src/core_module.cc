@@ -201,8 +201,8 @@ PyHandle* Wrap(hvd::HandlePtr h, py::object keep) {
 // `process_sets`: lists of ranks every rank adds as the engine starts (ids 1, 2, ...);
 // `dynamic`: allow adding and removing sets later (as HVD_DYNAMIC_PROCESS_SETS=1);
 // `mpi_comm`, `mpi_world_ranks`: the job's world as an MPI communicator (Options::mpi_comm).
-void Init(std::vector<std::vector<int>> process_sets, bool dynamic, std::optional<int64_t> mpi_comm,
-          std::vector<int> mpi_world_ranks) {
+void Init(std::vector<std::vector<int>> process_sets, bool dynamic,
+          std::optional<int64_t> mpi_comm, std::vector<int> mpi_world_ranks) {
   if (g_engine) return;
   hvd::StatusOr<std::unique_ptr<hvd::Engine>> e = hvd::Status::Internal("not started");
   {
@@ -295,7 +295,8 @@ void BindConstants(py::module_& m) {
 void BindEngine(py::module_& m) {
   m.def("init", &Init, "Creates the engine from the environment (idempotent).",
         py::arg("process_sets") = std::vector<std::vector<int>>(), py::arg("dynamic") = false,
-        py::arg("mpi_comm") = std::optional<int64_t>(), py::arg("mpi_world_ranks") = std::vector<int>());
+        py::arg("mpi_comm") = std::optional<int64_t>(),
+        py::arg("mpi_world_ranks") = std::vector<int>());
   m.def("dynamic_process_sets", [] { return Eng().options().dynamic_process_sets; });
   m.def("add_process_set", [](std::vector<int> ranks) {
     hvd::StatusOr<int32_t> id = hvd::Status::Internal("not run");

@@ -5,8 +5,8 @@
 #include <iterator>
 #include <limits>
 #include <set>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "common/logging.h"
 
@@ -101,7 +101,9 @@ Status NewWorldComm(const Options& o, MPI_Comm* out) {
     }
     return MpiFailed(MPI_Comm_dup(given, out), "MPI_Comm_dup of the given communicator");
   }
-  if (o.mpi_world_ranks.empty()) return MpiFailed(MPI_Comm_dup(MPI_COMM_WORLD, out), "MPI_Comm_dup");
+  if (o.mpi_world_ranks.empty()) {
+    return MpiFailed(MPI_Comm_dup(MPI_COMM_WORLD, out), "MPI_Comm_dup");
+  }
   int world_size = 0, world_rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -134,10 +136,6 @@ Status NewWorldComm(const Options& o, MPI_Comm* out) {
   MPI_Group_free(&world_group);
   return s;
 }
-
-}  // namespace
-
-namespace {
 
 // The identity of this process in the job's world `comm` (see TakeIdentity).
 Status IdentityIn(MPI_Comm comm, Options* o) {

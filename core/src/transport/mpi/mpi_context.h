@@ -1,7 +1,7 @@
 // MPI as hvd uses it: initialisation (unless the program has done it already), a private
 // duplicate of the job's world (MPI_COMM_WORLD, or the communicator or ranks of it that
-// Options::mpi_comm / mpi_world_ranks name), and the one wrapper through which MPI's error codes become a
-// Status.
+// Options::mpi_comm / mpi_world_ranks name), and the one wrapper through which MPI's error
+// codes become a Status.
 //
 // Threads: MPI is initialised by the thread that creates the engine, and used afterwards by the
 // thread running the engine's work (collectives: the background thread, or a caller waiting on a
@@ -39,9 +39,6 @@ namespace hvd {
 
 class MpiContext {
  public:
-  // Initialises MPI if it is not yet, and checks that the job's MPI world is hvd's: the same
-  // size and this process at options.rank. need_threads: the background thread will call MPI (fail with
-  // FailedPrecondition when MPI provides less than MPI_THREAD_SERIALIZED).
   // Where the options name the job's world as an MPI communicator (Options::mpi_comm or
   // mpi_world_ranks; else it does nothing): initialises MPI unless the program has, takes
   // rank, size, local rank and size (the members sharing this host's memory) and cross rank
@@ -50,6 +47,9 @@ class MpiContext {
   // mpi_world_ranks. (A list in a process no MPI launcher started never gets here:
   // TakeIdentityFromMpi, transport/transport_factory.h.)
   static Status TakeIdentity(Options* options);
+  // Initialises MPI if it is not yet, and checks that the job's MPI world is hvd's: the same
+  // size and this process at options.rank. need_threads: the background thread will call MPI
+  // (fail with FailedPrecondition when MPI provides less than MPI_THREAD_SERIALIZED).
   static StatusOr<std::unique_ptr<MpiContext>> Create(const Options& options, bool need_threads);
   // Frees the communicator and calls MPI_Finalize if hvd initialised MPI and nothing broke.
   ~MpiContext();
