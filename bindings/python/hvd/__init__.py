@@ -493,7 +493,15 @@ def mpi_enabled():
 
 
 def mpi_threads_supported():
-    return False
+    """As Horovod's: whether MPI, which this job uses, gives MPI_THREAD_MULTIPLE, so that the
+    program may call MPI (mpi4py) alongside hvd. Raises ValueError where the job does not use
+    MPI (started without mpirun, and HVD_CPU_OPERATIONS is not mpi), as Horovod's does."""
+    if not _core.is_initialized():
+        raise ValueError("Horovod has not been initialized; use hvd.init().")
+    if not _core.mpi_enabled():
+        raise ValueError("Horovod MPI is not enabled: start the job with mpirun (or hvdrun --mpi), "
+                         "or set HVD_CPU_OPERATIONS=mpi")
+    return bool(_core.mpi_threads_supported())
 
 
 def gloo_built():

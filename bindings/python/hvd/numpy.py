@@ -41,6 +41,7 @@ from hvd import (  # noqa: F401  (re-exported)
     local_size,
     mpi_built,
     mpi_enabled,
+    mpi_threads_supported,
     process_set_by_id,
     process_sets,
     rank,

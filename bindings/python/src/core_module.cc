@@ -326,6 +326,8 @@ void BindEngine(py::module_& m) {
     return o.bootstrap == hvd::Options::Bootstrap::kMpi ||
            o.cpu_operations == hvd::Options::CpuOperations::kMpi;
   }, "Whether this job uses MPI: started by mpirun, or HVD_CPU_OPERATIONS=mpi.");
+  m.def("mpi_threads_supported", [] { return Eng().mpi_threads_supported(); },
+        "Whether MPI gives this process MPI_THREAD_MULTIPLE (False without MPI in use).");
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     hvd::Status s = Eng().StartTimeline(path, mark_cycles);
     if (!s.ok()) throw StatusError(s);

@@ -181,6 +181,10 @@ class HVD_EXPORT Engine {
   int cross_rank() const;
   int cross_size() const;
   const Options& options() const;
+  // Whether MPI, where this job uses it (started by mpirun, or HVD_CPU_OPERATIONS=mpi), gives
+  // this process MPI_THREAD_MULTIPLE, so that the program may call MPI alongside hvd (Horovod's
+  // mpi_threads_supported). False where MPI is not in use or the build has none.
+  bool mpi_threads_supported() const;
 
   // Process sets. Adding and removing one is collective: every rank calls it, with the same
   // ranks, in the same order; it blocks until every rank has. Ranks outside the set take part

@@ -871,6 +871,7 @@ int Engine::local_rank() const { return impl_->options().local_rank; }
 int Engine::local_size() const { return impl_->options().local_size; }
 int Engine::cross_rank() const { return impl_->options().cross_rank; }
 int Engine::cross_size() const { return impl_->options().cross_size; }
+bool Engine::mpi_threads_supported() const { return MpiThreadMultiple(); }
 const Options& Engine::options() const { return impl_->options(); }
 StatusOr<int32_t> Engine::AddProcessSet(std::vector<int> ranks) {
   return impl_->AddProcessSet(std::move(ranks));

@@ -147,6 +147,19 @@ std::chrono::microseconds SpinWindow(const Options& options) {
   return std::chrono::microseconds(100);
 }
 
+bool MpiThreadMultiple() {
+#if HVD_HAVE_MPI
+  int initialized = 0, finalized = 0, provided = MPI_THREAD_SINGLE;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return false;
+  MPI_Query_thread(&provided);
+  return provided == MPI_THREAD_MULTIPLE;
+#else
+  return false;
+#endif
+}
+
 Status TakeIdentityFromMpi(Options* options) {
   if (!options->MpiWorldGiven()) return Status::OK();
   if (!options->launched_by_mpi && !options->mpi_comm.has_value()) {
@@ -180,9 +193,12 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
                                     ControlLink::ErrorFn on_error) {
   auto backends = std::make_unique<JobBackendsImpl>();
   if (options.size == 1) {
-    // A world of one named through MPI (hvd.init(comm=...)): MPI is kept (and finalized at
-    // shutdown where hvd started it), as for a larger one.
-    if (options.MpiWorldGiven()) HVD_RETURN_IF_ERROR(StartMpi(options, backends.get()));
+    // A world of one that mpirun started, or named through MPI (hvd.init(comm=...)): MPI is
+    // started (and finalized at shutdown where hvd started it), as for a larger one, so that
+    // the program may use it alongside hvd.
+    if (options.MpiWorldGiven() || options.bootstrap == Options::Bootstrap::kMpi) {
+      HVD_RETURN_IF_ERROR(StartMpi(options, backends.get()));
+    }
     JobConnections job;
     job.transport = std::make_unique<TcpTransport>(
         io, 0, std::vector<std::unique_ptr<asio::ip::tcp::socket>>(1));

@@ -89,6 +89,9 @@ std::chrono::microseconds SpinWindow(const Options& options);
 // other list refused; a communicator or a list there, in a build without MPI, fails.
 Status TakeIdentityFromMpi(Options* options);
 
+// Whether MPI is initialised (and not finalized) in this process with MPI_THREAD_MULTIPLE.
+bool MpiThreadMultiple();
+
 // `on_message` and `on_error` receive the control links' traffic (transport/control.h).
 StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options,
                                     Deadline deadline, ControlLink::MessageFn on_message,
