@@ -518,6 +518,9 @@ class EngineImpl {
   Status RunStagedAllreduce(const Response& r, std::vector<TensorEntry*>& entries,
                             bool* host_failed);
   void DrainCopies();
+  Status PackOnDevice(const std::vector<TensorEntry*>& entries, const std::vector<size_t>& bytes,
+                      const std::vector<size_t>& offsets, uint8_t* buf,
+                      std::vector<CopySpan>* out);
   Status DeviceAllreduce(const Response& r, std::vector<TensorEntry*>& entries);
   Status DeviceHierarchicalAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                      const PlanContext& pc);

@@ -306,6 +306,26 @@ Status EngineImpl::AllocateDeviceOutput(TensorEntry* e, const std::vector<int64_
   return Status::OK();
 }
 
+// Packs the entries' inputs into the device buffer `buf` at `offsets` (one batched copy; a
+// joined rank's missing entry stands in with zeros) and gives the spans that copy the results
+// back out.
+Status EngineImpl::PackOnDevice(const std::vector<TensorEntry*>& entries,
+                                const std::vector<size_t>& bytes,
+                                const std::vector<size_t>& offsets, uint8_t* buf,
+                                std::vector<CopySpan>* out) {
+  std::vector<CopySpan> in;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (bytes[i] == 0) continue;
+    if (entries[i]) {
+      in.push_back({entries[i]->input.data, buf + offsets[i], bytes[i]});
+      out->push_back({buf + offsets[i], entries[i]->output.data, bytes[i]});
+    } else {
+      HVD_RETURN_IF_ERROR(device_->Zero(buf + offsets[i], bytes[i]));
+    }
+  }
+  return DeviceCopy(in);
+}
+
 Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>& entries) {
   Device& d = *device_;
   DeviceCollectives& c = *comm_->device_collectives;
@@ -340,18 +360,9 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
   void* fusion = nullptr;
   HVD_RETURN_IF_ERROR(GetDeviceBuffer(device_fusion_, &d, total, &fusion));
   auto* buf = static_cast<uint8_t*>(fusion);
-  std::vector<CopySpan> in, out;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    if (bytes[i] == 0) continue;
-    if (entries[i]) {
-      in.push_back({entries[i]->input.data, buf + offsets[i], bytes[i]});
-      out.push_back({buf + offsets[i], entries[i]->output.data, bytes[i]});
-    } else {
-      HVD_RETURN_IF_ERROR(d.Zero(buf + offsets[i], bytes[i]));
-    }
-  }
+  std::vector<CopySpan> out;
+  HVD_RETURN_IF_ERROR(PackOnDevice(entries, bytes, offsets, buf, &out));
   const size_t count = total / esize;
-  HVD_RETURN_IF_ERROR(DeviceCopy(in));
   HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, r.prescale));
   HVD_RETURN_IF_ERROR(reduce(buf, buf, count));
   HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, post));
@@ -438,18 +449,9 @@ Status EngineImpl::DeviceAdasum(const Response& r, std::vector<TensorEntry*>& en
   HVD_RETURN_IF_ERROR(GetDeviceBuffer(host_staging_, &d, std::max<size_t>(total * es, 1), &staged));
   auto* buf = static_cast<uint8_t*>(fusion);
   auto* host = static_cast<uint8_t*>(staged);
-  std::vector<CopySpan> in, out;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    if (bytes[i] == 0) continue;
-    if (entries[i]) {
-      in.push_back({entries[i]->input.data, buf + offsets[i], bytes[i]});
-      out.push_back({buf + offsets[i], entries[i]->output.data, bytes[i]});
-    } else {
-      HVD_RETURN_IF_ERROR(d.Zero(buf + offsets[i], bytes[i]));
-    }
-  }
+  std::vector<CopySpan> out;
+  HVD_RETURN_IF_ERROR(PackOnDevice(entries, bytes, offsets, buf, &out));
   const size_t count = packed / es;
-  HVD_RETURN_IF_ERROR(DeviceCopy(in));
   HVD_RETURN_IF_ERROR(d.Scale(buf, count, r.dtype, r.prescale));
   if (count > 0) {
     HVD_RETURN_IF_ERROR(c.local_device_collectives->Allreduce(buf, buf, count, r.dtype,
