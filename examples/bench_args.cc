@@ -119,6 +119,7 @@ bool ParseBenchArgs(int argc, char** argv, BenchArgs* out, std::string* error) {
     if (flag == "-h" || flag == "--help") a.help = true;
     else if (flag == "--raw") a.raw = true;
     else if (flag == "--csv") a.csv = true;
+    else if (flag == "--paired") a.paired = true;
     else if (flag == "--check") a.check = true;
     else if (flag == "--no-check") a.check = false;
     else {
@@ -143,6 +144,10 @@ bool ParseBenchArgs(int argc, char** argv, BenchArgs* out, std::string* error) {
   }
   if (a.tensors > 1 && (a.coll != hvd::RawCollective::kAllreduce || a.raw)) {
     *error = "--tensors is for engine allreduces (--coll allreduce, without --raw)";
+    return false;
+  }
+  if (a.paired && a.tensors < 2) {
+    *error = "--paired compares a step of --tensors N (N >= 2) with one tensor of its bytes";
     return false;
   }
   if (a.sets > 1 && a.raw) {
@@ -182,6 +187,10 @@ std::string BenchUsage(const char* argv0) {
     << "  --tensors N        allreduce: N tensors of the size per step, under the same names\n"
     << "                     every step (a training step's gradients); time per step, GB/s over\n"
     << "                     all N (default 1)\n"
+    << "  --paired           with --tensors: each step is followed by one allreduce of one\n"
+    << "                     tensor of the step's bytes; a second row times it, and the ratio\n"
+    << "                     of the two (the median of each pair's) is printed: the pairs see\n"
+    << "                     the same state of the machine\n"
     << "  --sets K           split the ranks into K process sets (rank % K; the world size must\n"
     << "                     be a multiple of K) that run the sweep at the same time, each on its\n"
     << "                     own; ranks and busbw count in a set, time is the slowest set's\n"

@@ -23,6 +23,7 @@ struct BenchArgs {
   hvd::ReduceOp op = hvd::ReduceOp::kSum;
   bool raw = false;
   int tensors = 1;           // --tensors: allreduces per step
+  bool paired = false;       // --paired: each step of --tensors also as one tensor of the same bytes
   int sets = 1;              // --sets: process sets (rank % sets) that run the sweep at once
   bool csv = false;
   bool check = true;

@@ -81,10 +81,14 @@ class Bench {
   size_t CountFor(size_t bytes) const;
   // One operation. --raw: the bare collective after a barrier on the transport, timed on the
   // background thread (*seconds); otherwise the caller times it.
-  hvd::Status RunOnce(const std::string& name, size_t count, double* seconds);
+  // as_one (--paired): one allreduce of `count` elements, whatever --tensors says.
+  hvd::Status RunOnce(const std::string& name, size_t count, double* seconds, bool as_one = false);
+  int64_t CountWrongInSteps(size_t count) const;  // this rank's, over the step's tensors
   int64_t RunSize(size_t count);
   void PrintHeader() const;
-  void PrintRow(size_t count, std::vector<double>& samples, int64_t wrong) const;
+  // tensors: how many tensors of `count` elements a sample moved.
+  void PrintRow(size_t count, std::vector<double>& samples, int64_t wrong, int tensors,
+                const char* label) const;
 
   hvd::Engine& engine_;
   const BenchArgs a_;
@@ -111,13 +115,13 @@ size_t Bench::CountFor(size_t bytes) const {
   return count;
 }
 
-hvd::Status Bench::RunOnce(const std::string& name, size_t count, double* seconds) {
+hvd::Status Bench::RunOnce(const std::string& name, size_t count, double* seconds, bool as_one) {
   if (a_.raw) {
     return hvd::RunRawCollective(engine_, a_.coll, in_.get(), out_.get(), count, a_.dtype, a_.op,
                                  seconds);
   }
   const std::vector<int64_t> shape{static_cast<int64_t>(count)};
-  if (a_.tensors > 1) {
+  if (a_.tensors > 1 && !as_one) {
     // One step of a training loop: every tensor enqueued, then every handle waited on.
     std::vector<hvd::HandlePtr> hs(a_.tensors);
     if (names_.empty() || names_[0] != name + ".0") {
@@ -176,13 +180,26 @@ int64_t Bench::RunSize(size_t count) {
     Fill(in_.get() + k * bytes, count, a_.dtype, rank_);
   }
   std::vector<double> samples(iters);
+  std::vector<double> one(a_.paired ? iters : 0);  // --paired: the one tensor's samples
+  int64_t wrong_one = 0;
   // Negotiation's share of the timed steps (--tensors): this rank's counters around each step.
   // ns, request and response lists (or round parts) sent, ns of it per-tensor bookkeeping
-  double negotiation[3] = {0, 0, 0};
+  // fast-path steps (collectives of cached tensors) and those taken again, per step
+  double negotiation[5] = {0, 0, 0, 0, 0};
   for (int it = -a_.warmup; it < iters; ++it) {
     hvd::Status st;
     double seconds = 0;
     if (!a_.raw) {
+      st = engine_.Barrier()->Wait();
+      if (!st.ok()) Die(rank_, "barrier", st);
+    }
+    if (a_.paired) {  // one tensor of the step's bytes first, so that the check reads the step's
+      const auto t0 = std::chrono::steady_clock::now();
+      st = RunOnce(name + ".one", count * a_.tensors, nullptr, true);
+      const auto t1 = std::chrono::steady_clock::now();
+      if (!st.ok()) Die(rank_, "allreduce of one tensor of the step's bytes", st);
+      if (it >= 0) one[it] = std::chrono::duration<double>(t1 - t0).count();
+      if (it == iters - 1 && a_.check) wrong_one = CountWrongInSteps(count);
       st = engine_.Barrier()->Wait();
       if (!st.ok()) Die(rank_, "barrier", st);
     }
@@ -197,6 +214,9 @@ int64_t Bench::RunSize(size_t count) {
       negotiation[2] +=
           static_cast<double>(after.bookkeeping_nanoseconds - before.bookkeeping_nanoseconds) /
           iters;
+      negotiation[3] += static_cast<double>(after.fast_path_steps - before.fast_path_steps) / iters;
+      negotiation[4] +=
+          static_cast<double>(after.fast_path_steps_reused - before.fast_path_steps_reused) / iters;
     }
     if (!st.ok()) Die(rank_, std::string(CollectiveName(a_.coll)) + " of " + std::to_string(bytes) + " bytes", st);
     if (!a_.raw) seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -206,14 +226,32 @@ int64_t Bench::RunSize(size_t count) {
   hvd::Status st = engine_.Allreduce(name + ".times", tv, tv, hvd::ReduceOp::kMax)->Wait();
   if (!st.ok()) Die(rank_, "allreduce max of the times", st);
 
-  int64_t wrong = 0;
-  for (int k = 0; a_.check && k < a_.tensors; ++k) {
-    wrong += checker_.CountWrong(out_.get() + static_cast<size_t>(k) * count * esize_, count);
+  std::vector<double> ratios(one.size());  // each pair's: busbw of the step over the one tensor's
+  if (a_.paired) {
+    hvd::TensorView ov(one.data(), hvd::DataType::kFloat64, {iters});
+    st = engine_.Allreduce(name + ".one.times", ov, ov, hvd::ReduceOp::kMax)->Wait();
+    if (!st.ok()) Die(rank_, "allreduce max of the one tensor's times", st);
+    for (int i = 0; i < iters; ++i) ratios[i] = one[i] / samples[i];
   }
-  hvd::TensorView wv(&wrong, hvd::DataType::kInt64, {1});
+
+  int64_t wrong[2] = {a_.check ? CountWrongInSteps(count) : 0, wrong_one};
+  hvd::TensorView wv(wrong, hvd::DataType::kInt64, {2});
   st = engine_.Allreduce(name + ".wrong", wv, wv, hvd::ReduceOp::kSum)->Wait();
   if (!st.ok()) Die(rank_, "allreduce sum of the wrong counts", st);
-  if (world_rank_ == 0) PrintRow(count, samples, wrong);
+  if (world_rank_ == 0) {
+    PrintRow(count, samples, wrong[0], a_.tensors, a_.raw ? "hvd-raw" : "hvd");
+    if (a_.paired) {
+      PrintRow(count * a_.tensors, one, wrong[1], 1, "hvd-one");
+      std::sort(ratios.begin(), ratios.end());
+      const size_t n = ratios.size();
+      if (!a_.csv) {
+        std::printf("# paired: busbw of the step of %d tensors over one tensor of its bytes, "
+                    "median of the %zu pairs %.3f (quartiles %.3f-%.3f)\n",
+                    a_.tensors, n, n % 2 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]),
+                    ratios[n / 4], ratios[(3 * n) / 4 - (n >= 4 ? 1 : 0)]);
+      }
+    }
+  }
   if (a_.tensors > 1 && !a_.raw) {
     // Each the most of any rank; the agreement's share too.
     double busiest[4] = {negotiation[0], negotiation[1], negotiation[2],
@@ -231,10 +269,12 @@ int64_t Bench::RunSize(size_t count) {
                   "from bits); "
                   "the agreement %.1f us (parts and lists made, sent, read and ANDed)\n",
                   busiest[2] / 1e3, busiest[2] / a_.tensors, busiest[3] / 1e3);
+      std::printf("#   rank 0: %.2f fast-path collectives per step, %.2f of them with the "
+                  "responses of an earlier step taken again\n", negotiation[3], negotiation[4]);
       std::fflush(stdout);
     }
   }
-  return wrong;
+  return wrong[0] + wrong[1];
 }
 
 void Bench::PrintHeader() const {
@@ -254,6 +294,10 @@ void Bench::PrintHeader() const {
     if (a_.tensors > 1) {
       std::printf("# %d tensors of each size per step, under the same names every step; time is per"
                   " step, data = size x %d\n", a_.tensors, a_.tensors);
+      if (a_.paired) {
+        std::printf("# --paired: before each step, after its own barrier, one allreduce of one"
+                    " tensor of the step's bytes (row hvd-one: size = those bytes)\n");
+      }
     }
     std::printf("# size = bytes of each rank's input buffer, count = its elements; algbw = data/time"
                 " with data = size (allgather: size x ranks, the gathered output, as nccl-tests)\n");
@@ -269,16 +313,25 @@ void Bench::PrintHeader() const {
   std::fflush(stdout);
 }
 
-void Bench::PrintRow(size_t count, std::vector<double>& samples, int64_t wrong) const {
+int64_t Bench::CountWrongInSteps(size_t count) const {
+  int64_t wrong = 0;
+  for (int k = 0; k < a_.tensors; ++k) {
+    wrong += checker_.CountWrong(out_.get() + static_cast<size_t>(k) * count * esize_, count);
+  }
+  return wrong;
+}
+
+void Bench::PrintRow(size_t count, std::vector<double>& samples, int64_t wrong, int tensors,
+                     const char* label) const {
   std::sort(samples.begin(), samples.end());
   const size_t n = samples.size();
   const double med = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
-  const double data = static_cast<double>(count * esize_) * a_.tensors *
+  const double data = static_cast<double>(count * esize_) * tensors *
                       (a_.coll == RawCollective::kAllgather ? size_ : 1);
   const double algbw = data / med / 1e9;
   const double busbw = algbw * BusFactor(a_.coll, size_);
   if (a_.csv) {
-    std::printf("%s,%d,%zu,%zu,%zu,%.3f,%.3f,%.4f,%.4f,%s\n", a_.raw ? "hvd-raw" : "hvd", size_,
+    std::printf("%s,%d,%zu,%zu,%zu,%.3f,%.3f,%.4f,%.4f,%s\n", label, size_,
                 count * esize_, count, n, med * 1e6, samples[0] * 1e6, algbw, busbw,
                 !a_.check ? "skip" : wrong ? "FAIL" : "ok");
   } else {

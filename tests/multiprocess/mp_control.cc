@@ -1,8 +1,11 @@
 // Barrier, join, many caller threads, and the engine's work run by a waiting caller.
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "hvd/raw.h"
 #include "mp_checks.h"
 
 namespace mp {
@@ -244,7 +247,106 @@ void CheckWaitRunsTheWork(hvd::Engine& e, Checker& ck) {
   }
 }
 
+// Training steps on the fast path: a step of many small gradients (A) and a step of one large
+// tensor (B, a loss or metric allreduced once per step in a real loop), alternating, every value
+// checked. The engine keeps the responses of its last few steps: once warm, A and B are each
+// taken again, not rebuilt, although each follows the other (counted by
+// hvd::ReadNegotiationCounters). `most_steps`: the most fast-path steps (each its own
+// collective) per A+B pair on average, 0: not checked. Two where each is agreed at once; a step
+// agreed in pieces as its tensors arrive (a background thread that polls takes them in
+// batches) runs as several.
+void CheckAlternatingSteps(hvd::Engine& e, Checker& ck, double most_steps) {
+  const int r = e.rank(), n = e.size();
+  constexpr int kSmall = 1000, kSmallCount = 1024, kLargeCount = 1 << 20;
+  constexpr int kWarm = 4, kSteps = 40;
+  std::vector<std::vector<float>> in(kSmall, std::vector<float>(kSmallCount)), out = in;
+  std::vector<std::string> names;
+  for (int t = 0; t < kSmall; ++t) names.push_back("steps.grad." + std::to_string(t));
+  std::vector<float> big_in(kLargeCount), big_out(kLargeCount);
+  // Small integers: every sum is exact in float32, whatever the order.
+  auto small = [](int q, int s, int t, int64_t i) { return static_cast<float>((q + s + t + i) % 7); };
+  auto large = [](int q, int s, int64_t i) { return static_cast<float>((q * 3 + s + i) % 11); };
+  auto sum_small = [&](int s, int t, int64_t i) {
+    double v = 0;
+    for (int q = 0; q < n; ++q) v += small(q, s, t, i);
+    return v;
+  };
+  auto sum_large = [&](int s, int64_t i) {
+    double v = 0;
+    for (int q = 0; q < n; ++q) v += large(q, s, i);
+    return v;
+  };
+  hvd::NegotiationCounters before;
+  int wrong_steps = 0;
+  for (int s = 0; s < kWarm + kSteps; ++s) {
+    if (s == kWarm) before = hvd::ReadNegotiationCounters(e);
+    for (int t = 0; t < kSmall; ++t) {
+      for (int i = 0; i < kSmallCount; ++i) in[t][i] = small(r, s, t, i);
+    }
+    for (int64_t i = 0; i < kLargeCount; ++i) big_in[i] = large(r, s, i);
+    std::vector<hvd::HandlePtr> hs;
+    for (int t = 0; t < kSmall; ++t) {
+      hs.push_back(e.Allreduce(names[t], TensorView(in[t].data(), DataType::kFloat32, {kSmallCount}),
+                               TensorView(out[t].data(), DataType::kFloat32, {kSmallCount}),
+                               ReduceOp::kSum));
+    }
+    bool ok = true;
+    for (int t = 0; t < kSmall; ++t) {
+      ok = ck.ExpectOk(WaitDone(hs[t]), "step " + std::to_string(s) + ": " + names[t]) && ok;
+    }
+    ok = ck.ExpectOk(WaitDone(e.Allreduce("steps.loss",
+                                          TensorView(big_in.data(), DataType::kFloat32, {kLargeCount}),
+                                          TensorView(big_out.data(), DataType::kFloat32, {kLargeCount}),
+                                          ReduceOp::kSum)),
+                     "step " + std::to_string(s) + ": steps.loss") && ok;
+    if (!ok) break;  // every rank's operations failed alike (the job failed)
+    for (int t = 0; t < kSmall && ok; ++t) {
+      for (int i = 0; i < kSmallCount && ok; ++i) ok = out[t][i] == sum_small(s, t, i);
+      if (!ok) {
+        ck.Expect(false, "step " + std::to_string(s) + ": " + names[t] + " has a wrong element");
+      }
+    }
+    for (int64_t i = 0; i < kLargeCount && ok; ++i) {
+      if (big_out[i] != sum_large(s, i)) {
+        ok = ck.Expect(false, "step " + std::to_string(s) + ": steps.loss element " +
+                                  std::to_string(i) + " is " + Checker::Num(big_out[i]) +
+                                  ", expected " + Checker::Num(sum_large(s, i)));
+      }
+    }
+    wrong_steps += ok ? 0 : 1;
+  }
+  ck.Expect(wrong_steps == 0, std::to_string(wrong_steps) + " steps gave wrong values");
+  const hvd::NegotiationCounters after = hvd::ReadNegotiationCounters(e);
+  const uint64_t steps = after.fast_path_steps - before.fast_path_steps;
+  const uint64_t reused = after.fast_path_steps_reused - before.fast_path_steps_reused;
+  // Rank 0 builds every step where it answers; a worker or a rank of the rounds takes most of
+  // them again. A step cut into rounds by a rank descheduled mid-submission is rebuilt: half
+  // leaves room for that on a loaded machine; keeping one step only takes none again here.
+  ck.Expect(steps >= static_cast<uint64_t>(2 * kSteps),
+            std::to_string(steps) + " fast-path steps for " + std::to_string(2 * kSteps) +
+                " alternating steps of cached tensors");
+  ck.Expect(2 * reused >= steps, "the responses of " + std::to_string(reused) + " of " +
+                                     std::to_string(steps) + " fast-path steps were taken "
+                                     "again (expected at least half: the same two steps "
+                                     "alternate)");
+  const double per_pair = static_cast<double>(steps) / kSteps;
+  std::printf("[mp] rank %d: %llu fast-path steps for %d pairs of steps (%.2f a pair), %llu "
+              "taken again\n", r, static_cast<unsigned long long>(steps), kSteps, per_pair,
+              static_cast<unsigned long long>(reused));
+  if (most_steps > 0) {
+    ck.Expect(per_pair <= most_steps,
+              std::to_string(per_pair) + " fast-path steps per pair of steps (at most " +
+                  std::to_string(most_steps) + " expected: each step agreed at once)");
+  }
+}
+
 }  // namespace
+
+int RunStepChecks(hvd::Engine& e, Checker& ck, double most_steps) {
+  ck.Begin("alternating steps");
+  CheckAlternatingSteps(e, ck, most_steps);
+  return ck.End();
+}
 
 int RunBarrierAndJoinChecks(hvd::Engine& e, Checker& ck) {
   int failures = 0;

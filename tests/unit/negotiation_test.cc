@@ -115,6 +115,7 @@ TEST(Messages, RoundPartRoundTripAndRefusals) {
   c.knobs.hierarchical_allreduce = 1;
   c.knobs.small_allreduce_bytes = 999;
   c.knobs.staging_piece_bytes = 0;
+  c.hold_uneven = true;
   auto bytes = Encode(c);
   RoundContribution out;
   ASSERT_TRUE(Decode(bytes.data(), bytes.size(), &out).ok());
@@ -127,8 +128,9 @@ TEST(Messages, RoundPartRoundTripAndRefusals) {
   EXPECT_EQ(out.knobs.hierarchical_allreduce, 1);
   EXPECT_EQ(out.knobs.small_allreduce_bytes, 999u);
   EXPECT_EQ(out.knobs.staging_piece_bytes, 0u);
-  // Every truncation is refused, and so are a negative rank, a toggle out of range and
-  // trailing bytes.
+  EXPECT_TRUE(out.hold_uneven);
+  // Every truncation is refused, and so are a negative rank, a toggle out of range, a hold
+  // other than 0 or 1, and trailing bytes.
   for (size_t n = 0; n < bytes.size(); ++n) {
     EXPECT_FALSE(Decode(bytes.data(), n, &out).ok()) << n << " bytes";
   }
@@ -139,6 +141,9 @@ TEST(Messages, RoundPartRoundTripAndRefusals) {
   bad = c;
   bad.knobs.hierarchical_allreduce = 3;
   b = Encode(bad);
+  EXPECT_FALSE(Decode(b.data(), b.size(), &out).ok());
+  b = bytes;
+  b.back() = 2;  // the hold
   EXPECT_FALSE(Decode(b.data(), b.size(), &out).ok());
   b = bytes;
   b.push_back(0);

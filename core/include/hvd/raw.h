@@ -41,6 +41,11 @@ struct NegotiationCounters {
   // Of nanoseconds: the per-tensor part (the pending table and the response-cache lookup of each
   // tensor taken in, the agreed responses built from cache bits). The rest is the agreement.
   uint64_t bookkeeping_nanoseconds = 0;
+  // Fast-path steps (the cached tensors agreed at once, by a round or a list of bits from rank
+  // 0), and of them those whose responses were taken again from one of the last few steps of
+  // the same bits instead of being rebuilt from the cache.
+  uint64_t fast_path_steps = 0;
+  uint64_t fast_path_steps_reused = 0;
 };
 HVD_EXPORT NegotiationCounters ReadNegotiationCounters(Engine& engine);
 

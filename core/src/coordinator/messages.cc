@@ -232,6 +232,7 @@ std::vector<uint8_t> Encode(const RoundContribution& c) {
   w.Vec(c.withdraw);
   w.Put<uint64_t>(c.fusion_threshold);
   PutKnobs(w, c.knobs);
+  w.Put<uint8_t>(c.hold_uneven ? 1 : 0);
   return w.Take();
 }
 
@@ -330,6 +331,9 @@ Status Decode(const uint8_t* data, size_t len, RoundContribution* out) {
   if (!rd.Get(&out->fusion_threshold) || !GetKnobs(rd, &out->knobs)) {
     return Status::InvalidArgument("malformed round: bad plan knobs");
   }
+  uint8_t hold = 0;
+  if (!rd.Get(&hold) || hold > 1) return Status::InvalidArgument("malformed round: bad hold");
+  out->hold_uneven = hold == 1;
   return CheckDone(rd, "round");
 }
 

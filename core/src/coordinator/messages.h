@@ -144,6 +144,9 @@ struct RoundContribution {
   // Rank 0 only.
   uint64_t fusion_threshold = 0;
   PlanKnobs knobs;
+  // Whether the round holds the bits every rank announced while some rank announced a bit
+  // another has not (its step still arriving): rank 0's clock says whether the hold is over.
+  bool hold_uneven = false;
 };
 
 std::vector<uint8_t> Encode(const RequestList& l);

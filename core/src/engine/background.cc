@@ -15,6 +15,7 @@ namespace hvd {
 
 namespace {
 constexpr auto kIdleTick = std::chrono::milliseconds(100);
+constexpr auto kDueSleep = std::chrono::microseconds(20);
 // While it spins with every control link polled in memory, how often the background thread
 // also polls the io_context (a syscall).
 constexpr auto kIoPollEvery = std::chrono::microseconds(20);
@@ -173,8 +174,9 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
       StepAside(run);
       continue;
     }
+    const Clock::duration due_in = CycleRemaining();
     if (spin_.count() > 0 && now - last_work_ < spin_) {
-      if (queued_.load()) continue;
+      if (queued_.load() || due_in == Clock::duration::zero()) continue;
       if (SpinPoll(now)) continue;
       // Yield every round: the thread that will answer may be waiting for this core.
       sched_yield();
@@ -187,7 +189,10 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
     }
     timeline_->Tick(/*idle=*/true);
     Clock::duration sleep = std::min<Clock::duration>(kIdleTick, timeline_->IdleFlushIn());
-    if (auto left = CycleRemaining(); left > Clock::duration::zero()) sleep = std::min(sleep, left);
+    // (At least kDueSleep: a wait due now that the next pass did not end is not spun on.)
+    if (due_in != Clock::duration::max()) {
+      sleep = std::min(sleep, std::max<Clock::duration>(due_in, kDueSleep));
+    }
     sleeping_.store(true);
     if (!queued_.load()) io_.run_one_for(sleep);
     sleeping_.store(false);
@@ -306,14 +311,32 @@ std::shared_ptr<std::vector<Response>> EngineImpl::StepResponses(ProcessSetState
                                                                  size_t threshold,
                                                                  const PlanKnobs& knobs,
                                                                  size_t* bytes) {
-  ProcessSetState::LastStep& last = ps.last_step;
   ResponseCache& cache = *ps.cache;
-  if (last.responses && last.contents == cache.contents() && last.threshold == threshold &&
-      last.knobs == knobs && last.bits == bits && cache.MarkUsed(bits)) {
-    *bytes = last.bytes;
-    return last.responses;
+  const uint64_t contents = cache.contents();
+  ++ps.known_steps_clock;
+  fast_path_steps_.fetch_add(1, std::memory_order_relaxed);
+  for (auto& k : ps.known_steps) {
+    if (k.responses && k.contents == contents && k.threshold == threshold && k.knobs == knobs &&
+        k.bits == bits) {
+      if (!cache.MarkUsed(bits)) break;  // (a bit is empty: the rebuild below says so)
+      k.used = ps.known_steps_clock;
+      fast_path_steps_reused_.fetch_add(1, std::memory_order_relaxed);
+      *bytes = k.bytes;
+      return k.responses;
+    }
   }
-  Recycle(last.responses);
+  // The entry to build into: an empty one, else one of other contents (it can never match
+  // again), else the one least recently taken.
+  if (ps.known_steps.size() < ProcessSetState::kKnownSteps) ps.known_steps.emplace_back();
+  ProcessSetState::KnownStep* into = &ps.known_steps[0];
+  for (auto& k : ps.known_steps) {
+    if (!k.responses) {
+      into = &k;
+      break;
+    }
+    if (into->contents == contents && (k.contents != contents || k.used < into->used)) into = &k;
+  }
+  Recycle(into->responses);
   auto step = std::make_shared<std::vector<Response>>();
   if (!cache.RebuildAll(bits, threshold, step.get(), &spare_responses_)) return nullptr;
   size_t total = 0;
@@ -322,12 +345,13 @@ std::shared_ptr<std::vector<Response>> EngineImpl::StepResponses(ProcessSetState
     r.knobs = knobs;
     total += ResponseBytes(r);
   }
-  last.bits = bits;
-  last.threshold = threshold;
-  last.knobs = knobs;
-  last.contents = cache.contents();
-  last.bytes = total;
-  last.responses = step;
+  into->bits = bits;
+  into->threshold = threshold;
+  into->knobs = knobs;
+  into->contents = contents;
+  into->bytes = total;
+  into->used = ps.known_steps_clock;
+  into->responses = step;
   *bytes = total;
   return step;
 }
@@ -609,7 +633,6 @@ Status EngineImpl::OnRequests(int peer, RequestList&& list) {
 
 namespace {
 constexpr auto kBitPatience = std::chrono::seconds(1);
-constexpr auto kStragglerHold = std::chrono::microseconds(300);  // AgreedGoAt
 }  // namespace
 
 void EngineImpl::TickReady(const ProcessSetState& ps, int rank, const std::string& name) {
@@ -836,27 +859,35 @@ Clock::time_point EngineImpl::AgreedGoAt(const ProcessSetState& ps) const {
   return cycle;
 }
 
-// When responses wait for HVD_CYCLE_TIME to gather more tensors to fuse, how long until the
-// coordinator's go (CoordinatorStep also sleeps no longer than that for agreed bits).
+// What waits on rank 0's clock (responses gathering more tensors for HVD_CYCLE_TIME, agreed
+// bits held for a straggler) and how long until it goes: the loop works then, whether it spins
+// or sleeps. Only waits that the loop's next pass ends count: none while shutdown is decided,
+// and none of rank 0's lists while its part of a round is out (a message ends that wait).
 Clock::duration EngineImpl::CycleRemaining() const {
-  if (CycleTimeMs() <= 0) return Clock::duration::zero();
   Clock::duration left = Clock::duration::max();
+  if (shutdown_by_ >= 0) return left;
+  const bool cycle = CycleTimeMs() > 0;
   const auto now = Clock::now();
-  // A round this rank has news for starts HVD_CYCLE_TIME after its last (rounds.cc).
-  if (rounds_ && !rounds_->sent && (rounds_->fresh || rounds_->coordinator_news)) {
-    left = rounds_->started + CycleWindow() - now;
+  if (rounds_ && !rounds_->sent) {
+    // A round this rank has news for starts HVD_CYCLE_TIME after its last (rounds.cc).
+    if (cycle && (rounds_->fresh || rounds_->coordinator_news)) {
+      left = rounds_->started + CycleWindow() - now;
+    }
+    // Rank 0 starts the round that ends a hold (RoundNews).
+    if (coordinator() && rounds_->holding) {
+      left = std::min(left, rounds_->holding_since + kStragglerHold - now);
+    }
   }
   for (const auto& kv : sets_) {
-    if (!coordinator()) break;
+    if (!coordinator() || (rounds_ && rounds_->sent)) break;
     const ProcessSetState& ps = *kv.second;
     if (!ps.coordinator) continue;
-    if (ps.coordinator->has_ready()) {
+    if (cycle && ps.coordinator->has_ready()) {
       left = std::min(left, ps.coordinator->ready_since() + CycleWindow() - now);
     }
     if (ps.agreed_since != Clock::time_point()) left = std::min(left, AgreedGoAt(ps) - now);
   }
-  if (left == Clock::duration::max()) return Clock::duration::zero();
-  return left > Clock::duration::zero() ? left : Clock::duration::zero();
+  return std::max(left, Clock::duration::zero());
 }
 
 // Each process set's coordinator in turn (a set waiting on a slow member holds back no other).

@@ -247,20 +247,26 @@ struct ProcessSetState {
   bool bits_changed = false;
   Clock::time_point bits_checked;
   Clock::time_point agreed_since;  // when the oldest agreed bit not yet sent became agreed
-  // Members: the responses of the last fast-path step and what they were built from
-  // (EngineImpl::StepResponses). A training step agrees on the same bits step after step.
-  struct LastStep {
+  // Members: the responses of the last few fast-path steps of different bits and what they
+  // were built from (EngineImpl::StepResponses). A training step agrees on the same bits step
+  // after step, often with another step between two of them (a loss or metric allreduced once
+  // per step, a barrier), so one remembered step is not enough.
+  struct KnownStep {
     std::vector<uint64_t> bits;
     size_t threshold = 0;
     PlanKnobs knobs;
     uint64_t contents = 0;  // the cache's contents() then
     size_t bytes = 0;       // of every response
+    uint64_t used = 0;      // known_steps_clock when last taken
     std::shared_ptr<std::vector<Response>> responses;
-  } last_step;
+  };
+  static constexpr size_t kKnownSteps = 4;
+  std::vector<KnownStep> known_steps;  // at most kKnownSteps
+  uint64_t known_steps_clock = 0;
 };
 
 // A response waiting for execution: its own, or one of a fast-path step's, shared with the
-// step's other responses and with ProcessSetState::last_step.
+// step's other responses and with ProcessSetState::known_steps.
 struct QueuedResponse {
   QueuedResponse() = default;
   explicit QueuedResponse(Response&& r) : own(std::move(r)) {}
@@ -273,6 +279,11 @@ struct QueuedResponse {
 // The global set's symmetric fast path (rounds.cc), kept on every rank of a job whose ranks
 // all link to each other directly (one host sharing memory, or a world of one). Bits count in
 // the global set's response cache.
+// How long agreed cached tensors wait while some rank has announced a cached tensor that another
+// has not (a step still arriving): EngineImpl::AgreedGoAt where rank 0 answers, the rounds'
+// hold (rounds.cc) where the ranks agree among themselves.
+constexpr auto kStragglerHold = std::chrono::microseconds(300);
+
 struct Rounds {
   uint64_t done = 0;   // rounds completed here
   bool sent = false;   // this rank's part of round done+1 is out
@@ -282,6 +293,14 @@ struct Rounds {
   std::vector<Clock::time_point> since;  // [bit] when it was announced here
   Clock::time_point checked;             // when late bits were last looked for
   Clock::time_point started;             // when this rank last started a round (HVD_CYCLE_TIME)
+  // When this rank first held its part while its callers were still enqueuing (zero: not
+  // holding; EngineImpl::HoldPartForBurst).
+  Clock::time_point held_since;
+  // The last round completed held the bits every rank announced (some rank had announced a bit
+  // another had not, and rank 0's part allowed the hold); the same on every rank. Rank 0: when
+  // the first of the rounds holding since completed, here.
+  bool holding = false;
+  Clock::time_point holding_since;
   // Rank 0: its coordinator took a request whose name has a bit, or a join, since its last part.
   bool coordinator_news = false;
   // [rank] the parts of round done+1 and (sent by ranks that completed it first) done+2.
@@ -341,6 +360,10 @@ class EngineImpl {
   // Counters for tests and the benchmark.
   uint64_t responses_executed() const { return responses_executed_.load(); }
   uint64_t cache_hits() const { return cache_hits_.load(); }
+  uint64_t fast_path_steps() const { return fast_path_steps_.load(std::memory_order_relaxed); }
+  uint64_t fast_path_steps_reused() const {
+    return fast_path_steps_reused_.load(std::memory_order_relaxed);
+  }
   // The background thread's time in negotiation (announcing, agreeing, building the responses
   // to execute), and the requests and response lists this rank sent (hvd/raw.h).
   uint64_t negotiation_ns() const { return negotiation_ns_.load(std::memory_order_relaxed); }
@@ -425,6 +448,8 @@ class EngineImpl {
   // adds it to bookkeeping_ns() too (call it only inside a counted stretch, or with both).
   Clock::duration CountNegotiation(Clock::time_point since);
   void CountBookkeeping(Clock::duration d);
+  // How long until a wait of rank 0's (HVD_CYCLE_TIME, a straggler hold) ends and the loop has
+  // work: Clock::duration::max() where none is pending, zero where one is due.
   Clock::duration CycleRemaining() const;
   Status OnRequests(int peer, RequestList&& list);
   // Rank 0's fast path for cached tensors (background.cc); ranks count in the set.
@@ -454,6 +479,9 @@ class EngineImpl {
   // Sends this rank's part and completes rounds while it can; true if it did either.
   bool TryRounds();
   bool RoundNews(Clock::time_point now) const;
+  // Whether this rank's part waits: a caller is still enqueuing (tensors came since the last
+  // drain), for at most kBurstHold from the first part held.
+  bool HoldPartForBurst();
   void SendPart();
   // At shutdown: whether a round some rank may run is still to complete here (rounds.cc).
   bool RoundsLeftAtShutdown();
@@ -668,6 +696,7 @@ class EngineImpl {
   bool done_ = false;
   std::atomic<uint64_t> responses_executed_{0};
   std::atomic<uint64_t> cache_hits_{0};
+  std::atomic<uint64_t> fast_path_steps_{0}, fast_path_steps_reused_{0};  // StepResponses
   std::atomic<uint64_t> negotiation_ns_{0};
   std::atomic<uint64_t> negotiation_messages_{0};
   std::atomic<uint64_t> bookkeeping_ns_{0};

@@ -81,6 +81,8 @@ NegotiationCounters ReadNegotiationCounters(Engine& engine) {
   c.messages = engine.impl()->negotiation_messages();
   c.cache_hits = engine.impl()->cache_hits();
   c.bookkeeping_nanoseconds = engine.impl()->bookkeeping_ns();
+  c.fast_path_steps = engine.impl()->fast_path_steps();
+  c.fast_path_steps_reused = engine.impl()->fast_path_steps_reused();
   return c;
 }
 

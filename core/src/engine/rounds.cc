@@ -54,6 +54,8 @@ namespace {
 constexpr auto kBitPatience = std::chrono::seconds(1);
 constexpr auto kLateCheckEvery = std::chrono::milliseconds(100);
 constexpr auto kPeerLinkGrace = std::chrono::seconds(2);
+// The longest a part waits for the rest of a burst of tensors a caller is enqueuing.
+constexpr auto kBurstHold = std::chrono::microseconds(200);
 
 constexpr uint64_t Mask(uint32_t bit) { return uint64_t{1} << (bit % 64); }
 
@@ -71,7 +73,9 @@ void EngineImpl::AnnounceBit(uint32_t bit, Clock::time_point now) {
 
 bool EngineImpl::RoundNews(Clock::time_point now) const {
   const Rounds& r = *rounds_;
-  if (!r.fresh && !r.coordinator_news) return false;
+  // Rank 0 ends a hold that has lasted kStragglerHold: its next part does not allow it.
+  const bool hold_over = coordinator() && r.holding && now - r.holding_since >= kStragglerHold;
+  if (!r.fresh && !r.coordinator_news && !hold_over) return false;
   return CycleTimeMs() <= 0 || now - r.started >= CycleWindow();
 }
 
@@ -84,6 +88,7 @@ bool EngineImpl::TryRounds() {
       // Another rank's part of round done+1 is here: answer it at once. Once shutdown is
       // decided, no rank starts a round (RoundsLeftAtShutdown).
       if (r.have == 0 && (shutdown_by_ >= 0 || !RoundNews(Clock::now()))) break;
+      if (shutdown_by_ < 0 && HoldPartForBurst()) break;
       SendPart();
       did = true;
     }
@@ -103,6 +108,22 @@ bool EngineImpl::TryRounds() {
   return did;
 }
 
+// A step's tensors are enqueued one after another, tens of nanoseconds apart, and a background
+// thread that is polling drains them in batches as they come. A part sent (or answered) after
+// each batch would cut the step into rounds wherever the parts happened to go out, each round
+// its own collective. While more tensors came since the last drain, the part waits instead
+// (another rank's part too: the rest of the step would not be agreed without this rank), so
+// that a step submitted at once is agreed in one round; a caller that waits, or a gap in the
+// enqueues, lets it go at once. A stream of enqueues that never pauses still sends a part
+// every kBurstHold, so the first tensors run while the caller enqueues the rest.
+bool EngineImpl::HoldPartForBurst() {
+  Rounds& r = *rounds_;
+  if (!queued_.load(std::memory_order_relaxed)) return false;
+  const auto now = Clock::now();
+  if (r.held_since == Clock::time_point()) r.held_since = now;
+  return now - r.held_since < kBurstHold;
+}
+
 void EngineImpl::SendPart() {
   Rounds& r = *rounds_;
   ProcessSetState& world = World();
@@ -118,6 +139,9 @@ void EngineImpl::SendPart() {
   if (coordinator()) {
     c.fusion_threshold = FusionThreshold();
     c.knobs = Knobs();
+    // A cycle time of the hold's length or more gathers a step's tensors already.
+    c.hold_uneven = CycleWindow() < kStragglerHold &&
+                    (!r.holding || now - r.holding_since < kStragglerHold);
     const Coordinator& co = *world.coordinator;
     if (co.any_joined()) {
       c.withdraw.assign(r.ready.size(), ~uint64_t{0});
@@ -132,6 +156,7 @@ void EngineImpl::SendPart() {
   TrimZeros(&c.withdraw);
   r.fresh = false;
   r.started = now;
+  r.held_since = Clock::time_point();
   r.sent = true;
   if (options_.size > 1) {
     auto payload = Payload(Encode(c));
@@ -212,7 +237,8 @@ Status EngineImpl::CompleteRound() {
     return keep;
   };
   const size_t words = r.ready.size();
-  std::vector<uint64_t> agreed(words, ~uint64_t{0}), out(words, 0);
+  // agreed: announced by every rank; anyone: by some rank.
+  std::vector<uint64_t> agreed(words, ~uint64_t{0}), anyone(words, 0), out(words, 0);
   for (int q = 0; q < options_.size; ++q) {
     const RoundContribution& c = *r.parts[q];
     if (c.cache_epoch > epoch) {
@@ -222,7 +248,9 @@ Status EngineImpl::CompleteRound() {
                               std::to_string(epoch));
     }
     for (size_t w = 0; w < words; ++w) {
-      agreed[w] &= w < c.ready.size() ? valid(c, w, c.ready[w]) : 0;
+      const uint64_t ready = w < c.ready.size() ? valid(c, w, c.ready[w]) : 0;
+      agreed[w] &= ready;
+      anyone[w] |= ready;
       if (w < c.withdraw.size()) out[w] |= valid(c, w, c.withdraw[w]);
     }
     if (timeline_->enabled()) {  // each rank's readiness as its part came (a tick per rank)
@@ -234,12 +262,29 @@ Status EngineImpl::CompleteRound() {
       }
     }
   }
-  // This rank's row: agreed bits leave it, withdrawn ones go to the coordinator.
-  std::vector<Request> leaving;
-  bool any = false;
+  bool any = false, uneven = false;
   for (size_t w = 0; w < words; ++w) {
     agreed[w] &= ~out[w];
     any = any || agreed[w] != 0;
+    uneven = uneven || (anyone[w] & ~out[w]) != agreed[w];
+  }
+  // The hold: while some rank has announced a bit another has not, its step is still arriving
+  // there (its caller part of the way through enqueuing it, or waiting for a core), and what
+  // every rank announced would run as a collective of its own with the rest in another after
+  // it. So, while rank 0's part allows it, the round agrees on nothing and the bits stay
+  // announced; a later round agrees on them with the rest of the step, or once rank 0 ends the
+  // hold (after kStragglerHold, as AgreedGoAt holds where rank 0 answers). Every rank decides
+  // alike from the same parts.
+  const bool hold = any && uneven && zero.hold_uneven;
+  if (hold) {
+    std::fill(agreed.begin(), agreed.end(), 0);
+    any = false;
+    if (!r.holding) r.holding_since = start;
+  }
+  r.holding = hold;
+  // This rank's row: agreed bits leave it, withdrawn ones go to the coordinator.
+  std::vector<Request> leaving;
+  for (size_t w = 0; w < words; ++w) {
     r.ready[w] &= ~agreed[w];
     for (uint64_t x = r.ready[w] & out[w]; x; x &= x - 1) {
       const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(x));
