@@ -16,6 +16,7 @@ namespace hvd {
 namespace {
 constexpr auto kIdleTick = std::chrono::milliseconds(100);
 constexpr auto kDueSleep = std::chrono::microseconds(20);
+constexpr auto kSleepGranularity = std::chrono::milliseconds(1);
 // While it spins with every control link polled in memory, how often the background thread
 // also polls the io_context (a syscall).
 constexpr auto kIoPollEvery = std::chrono::microseconds(20);
@@ -174,9 +175,12 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
       StepAside(run);
       continue;
     }
+    // A wait of rank 0's that ends sooner than the event loop's sleep can (whole milliseconds)
+    // is spun out too: the next pass's Work ends it.
     const Clock::duration due_in = CycleRemaining();
-    if (spin_.count() > 0 && now - last_work_ < spin_) {
-      if (queued_.load() || due_in == Clock::duration::zero()) continue;
+    const bool due_soon = due_in > Clock::duration::zero() && due_in < kSleepGranularity;
+    if ((spin_.count() > 0 && now - last_work_ < spin_) || due_soon) {
+      if (queued_.load()) continue;
       if (SpinPoll(now)) continue;
       // Yield every round: the thread that will answer may be waiting for this core.
       sched_yield();
@@ -189,7 +193,7 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
     }
     timeline_->Tick(/*idle=*/true);
     Clock::duration sleep = std::min<Clock::duration>(kIdleTick, timeline_->IdleFlushIn());
-    // (At least kDueSleep: a wait due now that the next pass did not end is not spun on.)
+    // (At least kDueSleep: a wait due now, which the last pass did not end, is not spun on.)
     if (due_in != Clock::duration::max()) {
       sleep = std::min(sleep, std::max<Clock::duration>(due_in, kDueSleep));
     }

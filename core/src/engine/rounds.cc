@@ -15,13 +15,20 @@
 // every rank builds the responses with. A rank sends its part of round k+1 once it has completed
 // round k, when it has news (a bit announced since its last part, a bit to withdraw; on rank 0,
 // a request its coordinator took for a name that has a bit, or a join) or when another rank's
-// part of round k+1 reaches it. It completes the round once it holds every part, and every rank
-// computes the same from the same parts:
+// part of round k+1 reaches it; while its callers are still enqueuing (tensors came since its
+// last drain) the part waits for the rest of them, up to kBurstHold (HoldPartForBurst). It
+// completes the round once it holds every part, and every rank computes the same from the same
+// parts:
 //   - agreed: the bits each rank announced (less those whose cache entry changed after that
 //     rank's epoch) ANDed over the ranks, less the withdrawn bits ORed over the ranks. Every rank
 //     builds their responses from its own cache, in bit order, fused with rank 0's threshold,
-//     and runs them next (a round that agrees on the bits, threshold and knobs of the round
-//     before, with the cache unchanged, takes that round's responses again: StepResponses).
+//     and runs them next (a round that agrees on the bits, threshold and knobs of one of the
+//     last few rounds, with the cache unchanged, takes that round's responses again:
+//     StepResponses).
+//   - held: while some rank announced a bit another has not (a step still arriving there) and
+//     rank 0's part allows it (hold_uneven, until kStragglerHold after the first round that
+//     held), the round agrees on nothing and every bit stays announced, so that the step runs
+//     as one collective; rank 0 starts the round that ends the hold.
 //   - withdrawn: a rank holding such a bit sends its tensor's request to the coordinator.
 //     Rank 0 withdraws the bits of the names its coordinator holds requests for (every bit while
 //     a rank has joined), so a name is answered on one path only: a rank whose request changed,
