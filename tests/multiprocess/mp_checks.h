@@ -15,9 +15,10 @@ int RunBarrierAndJoinChecks(hvd::Engine& e, Checker& ck);  // mp_control.cc
 int RunThreadChecks(hvd::Engine& e, Checker& ck);        // mp_control.cc
 // The engine's work run by a waiting caller, under a long spin window.
 int RunCallerProgressChecks(hvd::Engine& e, Checker& ck);  // mp_control.cc
-// Two training steps on the fast path, alternating: values, responses taken again, and (where
-// `most_steps` > 0) the fast-path steps (collectives) per pair of steps (mp_control.cc).
-int RunStepChecks(hvd::Engine& e, Checker& ck, double most_steps);
+// Two training steps on the fast path, alternating (one of `tensors` small tensors, one of a
+// large one): values, each step one collective with its responses kept; a tensor held while
+// some rank has not announced another (mp_control.cc).
+int RunStepChecks(hvd::Engine& e, Checker& ck, int tensors);
 int RunMismatchChecks(hvd::Engine& e, Checker& ck);      // mp_errors.cc
 // Under HVD_DYNAMIC_PROCESS_SETS=1: sets added, used at once, and removed (mp_process_sets.cc).
 int RunProcessSetChecks(hvd::Engine& e, Checker& ck);

@@ -22,9 +22,10 @@
 //                         given again in another order, and the world's ranks (both skipped).
 //   --caller-progress     a waiting caller runs the engine's work (mp_control.cc); run with a long
 //                          HVD_SPIN_MICROSECONDS.
-//   --steps[=P]           two training steps of cached tensors alternating (mp_control.cc):
-//                          values, each step's responses taken again, and with P at most P
-//                          fast-path steps (collectives) per pair of steps on average.
+//   --steps[=N]           two training steps of cached tensors alternating, one of N tensors of
+//                          4 KiB (default 1,000), one of 4 MiB (mp_control.cc): values, each
+//                          step one collective whose responses are kept; a tensor held while
+//                          some rank has not announced another goes after the hold.
 //   --peerloss=V          rank V SIGKILLs itself after a warm-up while the others keep
 //                          submitting; every survivor must fail with PeerLost/Timeout naming
 //                          rank V within HVD_TIMEOUT_SECONDS + 10 s. Survivors print
@@ -71,10 +72,10 @@ int RunCallerProgress() {
   return failures ? 1 : 0;
 }
 
-int RunSteps(double most_steps) {
+int RunSteps(int tensors) {
   auto e = CreateOrDie();
   Checker ck(e->rank(), e->size());
-  const int failures = RunStepChecks(*e, ck, most_steps);
+  const int failures = RunStepChecks(*e, ck, tensors);
   std::printf("[mp] rank %d of %d: alternating steps %s\n", e->rank(), e->size(),
               failures ? "FAILED" : "passed");
   return failures ? 1 : 0;
@@ -299,8 +300,8 @@ int main(int argc, char** argv) {
   if (mode == "--checks") return mp::RunChecks();
   if (mode == "--process-sets") return mp::RunSetChecks(false);
   if (mode == "--caller-progress") return mp::RunCallerProgress();
-  if (mode == "--steps") return mp::RunSteps(0);
-  if (mode.rfind("--steps=", 0) == 0) return mp::RunSteps(std::atof(mode.c_str() + 8));
+  if (mode == "--steps") return mp::RunSteps(1000);
+  if (mode.rfind("--steps=", 0) == 0) return mp::RunSteps(std::max(1, std::atoi(mode.c_str() + 8)));
   if (mode == "--process-sets-static") return mp::RunSetChecks(true);
   if (mode == "--memory") {
     return mp::RunMemory("memory", 20000, 1000, [](int) { return std::string("memory.same.name"); });
@@ -320,7 +321,7 @@ int main(int argc, char** argv) {
   if (mode.rfind("--soak=", 0) == 0) return mp::RunSoak(std::atol(mode.c_str() + 7));
   if (mode == "--chaos") return mp::RunChaos();
   std::fprintf(stderr,
-               "usage: %s [--checks | --process-sets | --process-sets-static | --caller-progress | --steps[=P] | --memory | --memory-cycling | --soak=N | --chaos | "
+               "usage: %s [--checks | --process-sets | --process-sets-static | --caller-progress | --steps[=N] | --memory | --memory-cycling | --soak=N | --chaos | "
                "--peerloss=RANK | --peerloss-cached=RANK]\n",
                argv[0]);
   return 2;

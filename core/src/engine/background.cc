@@ -16,7 +16,6 @@ namespace hvd {
 namespace {
 constexpr auto kIdleTick = std::chrono::milliseconds(100);
 constexpr auto kDueSleep = std::chrono::microseconds(20);
-constexpr auto kSleepGranularity = std::chrono::milliseconds(1);
 // While it spins with every control link polled in memory, how often the background thread
 // also polls the io_context (a syscall).
 constexpr auto kIoPollEvery = std::chrono::microseconds(20);
@@ -138,6 +137,7 @@ bool EngineImpl::WorkCycle(bool by_caller) {
 }
 
 void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
+  bool due_retried = false;  // a pass ran since a wait of rank 0's fell due, and it is due still
   while (!done_) {
     bool worked = Work(/*by_caller=*/false);
     if (!abort_.ok()) {
@@ -175,11 +175,16 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
       StepAside(run);
       continue;
     }
-    // A wait of rank 0's that ends sooner than the event loop's sleep can (whole milliseconds)
-    // is spun out too: the next pass's Work ends it.
+    // A wait of rank 0's (a cycle, a straggler hold) that fell due since the pass's Work looked
+    // is ended by one more pass; one that is due after that is slept out below.
     const Clock::duration due_in = CycleRemaining();
-    const bool due_soon = due_in > Clock::duration::zero() && due_in < kSleepGranularity;
-    if ((spin_.count() > 0 && now - last_work_ < spin_) || due_soon) {
+    if (due_in != Clock::duration::zero()) {
+      due_retried = false;
+    } else if (!due_retried) {
+      due_retried = true;
+      continue;
+    }
+    if (spin_.count() > 0 && now - last_work_ < spin_) {
       if (queued_.load()) continue;
       if (SpinPoll(now)) continue;
       // Yield every round: the thread that will answer may be waiting for this core.
@@ -193,9 +198,12 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
     }
     timeline_->Tick(/*idle=*/true);
     Clock::duration sleep = std::min<Clock::duration>(kIdleTick, timeline_->IdleFlushIn());
-    // (At least kDueSleep: a wait due now, which the last pass did not end, is not spun on.)
+    // The event loop sleeps in whole milliseconds; a timer (a timerfd) wakes it when the wait
+    // ends, to the microsecond. (At least kDueSleep: a wait still due after one more pass is
+    // not spun on.)
     if (due_in != Clock::duration::max()) {
-      sleep = std::min(sleep, std::max<Clock::duration>(due_in, kDueSleep));
+      due_timer_.expires_after(std::max<Clock::duration>(due_in, kDueSleep));
+      due_timer_.async_wait([](const asio::error_code&) {});
     }
     sleeping_.store(true);
     if (!queued_.load()) io_.run_one_for(sleep);

@@ -686,6 +686,7 @@ class EngineImpl {
   Deadline shutdown_rounds_deadline_ = NoDeadline();
   Status abort_;           // set by a control message or a lost peer
   std::unique_ptr<asio::steady_timer> heartbeat_;
+  asio::steady_timer due_timer_{io_};  // wakes the loop's sleep when a wait of rank 0's ends
   std::chrono::microseconds spin_{0};  // polling window before sleeping (HVD_SPIN_MICROSECONDS)
   // More ranks on this host than cores: callers' Wait polls only for operations of up to
   // kSmallWaitBytes (engine.cc).

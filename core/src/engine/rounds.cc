@@ -82,7 +82,8 @@ bool EngineImpl::RoundNews(Clock::time_point now) const {
   const Rounds& r = *rounds_;
   // Rank 0 ends a hold that has lasted kStragglerHold: its next part does not allow it.
   const bool hold_over = coordinator() && r.holding && now - r.holding_since >= kStragglerHold;
-  if (!r.fresh && !r.coordinator_news && !hold_over) return false;
+  if (hold_over) return true;  // (not a cycle's wait more: autotune may have set one since)
+  if (!r.fresh && !r.coordinator_news) return false;
   return CycleTimeMs() <= 0 || now - r.started >= CycleWindow();
 }
 
@@ -147,7 +148,8 @@ void EngineImpl::SendPart() {
     c.fusion_threshold = FusionThreshold();
     c.knobs = Knobs();
     // A cycle time of the hold's length or more gathers a step's tensors already.
-    c.hold_uneven = CycleWindow() < kStragglerHold &&
+    // (Not once shutdown is decided: no round after this one runs what it would hold.)
+    c.hold_uneven = shutdown_by_ < 0 && CycleWindow() < kStragglerHold &&
                     (!r.holding || now - r.holding_since < kStragglerHold);
     const Coordinator& co = *world.coordinator;
     if (co.any_joined()) {

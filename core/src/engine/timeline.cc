@@ -112,7 +112,9 @@ void Timeline::RankReady(const std::string& name, int rank, Clock::time_point t)
   for (const auto& seen : ready) {
     if (seen.first == rank) return;
   }
-  ready.emplace_back(rank, t);
+  // A rank's readiness that reached this rank before the file began (a part of a round that
+  // completes after a start_timeline) is shown at the file's start: no timestamp is negative.
+  ready.emplace_back(rank, std::max(t, start_));
 }
 
 void Timeline::Begin(const std::string& op, const std::vector<std::string>& names, size_t bytes) {
