@@ -1,4 +1,5 @@
-// Barrier, join, many caller threads, and the engine's work run by a waiting caller.
+// Barrier, join, many caller threads, the engine's work run by a waiting caller, and training
+// steps on the fast path.
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -7,14 +8,7 @@
 
 #include "hvd/raw.h"
 #include "mp_checks.h"
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define HVD_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define HVD_SANITIZED 1
-#endif
-#endif
+#include "sanitized.h"
 
 namespace mp {
 

@@ -18,14 +18,7 @@
 
 #include "hvd/engine.h"
 #include "mp_fork.h"
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define HVD_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define HVD_SANITIZED 1
-#endif
-#endif
+#include "sanitized.h"
 
 namespace mp {
 namespace {
