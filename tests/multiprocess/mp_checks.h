@@ -19,6 +19,8 @@ int RunCallerProgressChecks(hvd::Engine& e, Checker& ck);  // mp_control.cc
 // large one): values, each step one collective with its responses kept; a tensor held while
 // some rank has not announced another (mp_control.cc).
 int RunStepChecks(hvd::Engine& e, Checker& ck, int tensors);
+// The CPU a rank uses idle and through the waits of HVD_CYCLE_TIME (mp_control.cc).
+int RunWaitingCpuChecks(hvd::Engine& e, Checker& ck);
 int RunMismatchChecks(hvd::Engine& e, Checker& ck);      // mp_errors.cc
 // Under HVD_DYNAMIC_PROCESS_SETS=1: sets added, used at once, and removed (mp_process_sets.cc).
 int RunProcessSetChecks(hvd::Engine& e, Checker& ck);

@@ -22,6 +22,8 @@
 //                         given again in another order, and the world's ranks (both skipped).
 //   --caller-progress     a waiting caller runs the engine's work (mp_control.cc); run with a long
 //                          HVD_SPIN_MICROSECONDS.
+//   --waiting-cpu         the CPU a rank uses idle and through cycle-time waits (mp_control.cc);
+//                          run with HVD_CYCLE_TIME=20.
 //   --steps[=N]           two training steps of cached tensors alternating, one of N tensors of
 //                          4 KiB (default 1,000), one of 4 MiB (mp_control.cc): values, each
 //                          step one collective whose responses are kept; a tensor held while
@@ -77,6 +79,15 @@ int RunSteps(int tensors) {
   Checker ck(e->rank(), e->size());
   const int failures = RunStepChecks(*e, ck, tensors);
   std::printf("[mp] rank %d of %d: alternating steps %s\n", e->rank(), e->size(),
+              failures ? "FAILED" : "passed");
+  return failures ? 1 : 0;
+}
+
+int RunWaitingCpu() {
+  auto e = CreateOrDie();
+  Checker ck(e->rank(), e->size());
+  const int failures = RunWaitingCpuChecks(*e, ck);
+  std::printf("[mp] rank %d of %d: waiting cpu %s\n", e->rank(), e->size(),
               failures ? "FAILED" : "passed");
   return failures ? 1 : 0;
 }
@@ -301,6 +312,7 @@ int main(int argc, char** argv) {
   if (mode == "--process-sets") return mp::RunSetChecks(false);
   if (mode == "--caller-progress") return mp::RunCallerProgress();
   if (mode == "--steps") return mp::RunSteps(1000);
+  if (mode == "--waiting-cpu") return mp::RunWaitingCpu();
   if (mode.rfind("--steps=", 0) == 0) return mp::RunSteps(std::max(1, std::atoi(mode.c_str() + 8)));
   if (mode == "--process-sets-static") return mp::RunSetChecks(true);
   if (mode == "--memory") {
@@ -321,7 +333,7 @@ int main(int argc, char** argv) {
   if (mode.rfind("--soak=", 0) == 0) return mp::RunSoak(std::atol(mode.c_str() + 7));
   if (mode == "--chaos") return mp::RunChaos();
   std::fprintf(stderr,
-               "usage: %s [--checks | --process-sets | --process-sets-static | --caller-progress | --steps[=N] | --memory | --memory-cycling | --soak=N | --chaos | "
+               "usage: %s [--checks | --process-sets | --process-sets-static | --caller-progress | --steps[=N] | --waiting-cpu | --memory | --memory-cycling | --soak=N | --chaos | "
                "--peerloss=RANK | --peerloss-cached=RANK]\n",
                argv[0]);
   return 2;

@@ -1,5 +1,7 @@
 // Barrier, join, many caller threads, the engine's work run by a waiting caller, and training
 // steps on the fast path.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -391,7 +393,64 @@ void CheckUnevenAnnouncements(hvd::Engine& e, Checker& ck) {
                                "is 0.3 ms (expected under 50 ms)");
 }
 
+// This process's CPU time (every thread's), in seconds.
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// The CPU a rank uses while it waits: idle (no operation for 300 ms), and through the waits of a
+// cycle time (run with HVD_CYCLE_TIME=20: each small allreduce, 10 ms after the last, waits for
+// the next round or list). The background thread sleeps through both, to the microsecond by a
+// timer; it once re-armed that timer on every pass, each re-arm ending its next sleep at once,
+// and spun through every wait. Bounds far above a sleeping thread's share (a few percent) and
+// below a spinning one's; not under a sanitizer.
+void CheckWaitingCpu(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  float v[4], out[4];
+  auto step = [&](int s) {
+    for (int i = 0; i < 4; ++i) v[i] = static_cast<float>(r + s + i);
+    ck.ExpectOk(WaitDone(e.Allreduce("waiting.cpu", TensorView(v, DataType::kFloat32, {4}),
+                                     TensorView(out, DataType::kFloat32, {4}), ReduceOp::kSum)),
+                "allreduce " + std::to_string(s));
+    ck.ExpectElements(DataType::kFloat32, out, 4,
+                      [&](int64_t i) { return n * (n - 1) / 2.0 + n * (s + i); },
+                      "allreduce " + std::to_string(s) + "'s values");
+  };
+  step(0);
+  ck.ExpectOk(WaitDone(e.Barrier()), "barrier before the idle stretch");
+  double cpu0 = ProcessCpuSeconds();
+  auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const double idle = (ProcessCpuSeconds() - cpu0) / SecondsSince(t0);
+  ck.ExpectOk(WaitDone(e.Barrier()), "barrier after the idle stretch");
+  cpu0 = ProcessCpuSeconds();
+  t0 = Clock::now();
+  for (int s = 1; s <= 20; ++s) {
+    step(s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const double cycling = (ProcessCpuSeconds() - cpu0) / SecondsSince(t0);
+  std::printf("[mp] rank %d: CPU used idle %.1f%%, through the waits of a cycle time %.1f%%\n",
+              r, idle * 100, cycling * 100);
+#ifndef HVD_SANITIZED
+  ck.Expect(idle < 0.15, "an idle rank used " + std::to_string(idle * 100) +
+                             "% of a core (expected near zero, under 15%)");
+  ck.Expect(cycling < 0.4, "a rank waiting through cycle times used " +
+                               std::to_string(cycling * 100) +
+                               "% of a core (expected a few percent, under 40%)");
+#endif
+}
+
 }  // namespace
+
+int RunWaitingCpuChecks(hvd::Engine& e, Checker& ck) {
+  ck.Begin("waiting cpu");
+  CheckWaitingCpu(e, ck);
+  return ck.End();
+}
 
 int RunStepChecks(hvd::Engine& e, Checker& ck, int tensors) {
   ck.Begin("alternating steps");

@@ -276,14 +276,14 @@ struct QueuedResponse {
   const Response& get() const { return shared ? (*shared)[index] : own; }
 };
 
-// The global set's symmetric fast path (rounds.cc), kept on every rank of a job whose ranks
-// all link to each other directly (one host sharing memory, or a world of one). Bits count in
-// the global set's response cache.
 // How long agreed cached tensors wait while some rank has announced a cached tensor that another
 // has not (a step still arriving): EngineImpl::AgreedGoAt where rank 0 answers, the rounds'
 // hold (rounds.cc) where the ranks agree among themselves.
 constexpr auto kStragglerHold = std::chrono::microseconds(300);
 
+// The global set's symmetric fast path (rounds.cc), kept on every rank of a job whose ranks
+// all link to each other directly (one host sharing memory, or a world of one). Bits count in
+// the global set's response cache.
 struct Rounds {
   uint64_t done = 0;   // rounds completed here
   bool sent = false;   // this rank's part of round done+1 is out
@@ -686,7 +686,11 @@ class EngineImpl {
   Deadline shutdown_rounds_deadline_ = NoDeadline();
   Status abort_;           // set by a control message or a lost peer
   std::unique_ptr<asio::steady_timer> heartbeat_;
-  asio::steady_timer due_timer_{io_};  // wakes the loop's sleep when a wait of rank 0's ends
+  // Wakes the loop's sleep when a wait of rank 0's ends; whether a wait of it is pending, and
+  // the number of the last one armed. Under ProgressHelper::run, as io_'s handlers are.
+  asio::steady_timer due_timer_{io_};
+  bool due_armed_ = false;
+  uint64_t due_arms_ = 0;
   std::chrono::microseconds spin_{0};  // polling window before sleeping (HVD_SPIN_MICROSECONDS)
   // More ranks on this host than cores: callers' Wait polls only for operations of up to
   // kSmallWaitBytes (engine.cc).
