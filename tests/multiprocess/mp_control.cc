@@ -388,9 +388,11 @@ void CheckUnevenAnnouncements(hvd::Engine& e, Checker& ck) {
   const double median = latency[latency.size() / 2];
   std::printf("[mp] rank %d: a with b announced by all but the last rank: median %.2f ms\n", r,
               median * 1e3);
+#ifndef HVD_SANITIZED
   ck.Expect(median < 0.05, "a took " + std::to_string(median * 1e3) +
                                " ms (median) while only some ranks had announced b; the hold "
                                "is 0.3 ms (expected under 50 ms)");
+#endif
 }
 
 // This process's CPU time (every thread's), in seconds.

@@ -201,17 +201,18 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
     // The event loop sleeps in whole milliseconds; a timer (a timerfd) wakes it when the wait
     // ends, to the microsecond. (At least kDueSleep: a wait still due after one more pass is
     // not spun on.)
-    // Armed again only for an earlier end: re-arming cancels the wait pending, whose handler
-    // (run at once, aborted) would end the next sleep at once, and so on until the end.
+    // Armed again only for an end earlier by more than the clock's drift between two passes:
+    // re-arming cancels the wait pending, whose handler (run at once, aborted) ends the next
+    // sleep at once.
     if (due_in != Clock::duration::max()) {
       const Clock::time_point at = Clock::now() + std::max<Clock::duration>(due_in, kDueSleep);
-      if (!due_armed_ || at < due_timer_.expiry()) {
+      if (!due_armed_ || at + kDueSleep < due_timer_.expiry()) {
         const uint64_t arm = ++due_arms_;
-        due_armed_ = true;
         due_timer_.expires_at(at);
         due_timer_.async_wait([this, arm](const asio::error_code&) {
           if (arm == due_arms_) due_armed_ = false;  // (not an earlier wait's, cancelled)
         });
+        due_armed_ = true;
       }
     }
     sleeping_.store(true);

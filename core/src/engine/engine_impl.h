@@ -614,6 +614,13 @@ class EngineImpl {
 
   // Background side.
   asio::io_context io_;
+  // Wakes the loop's sleep when a wait of rank 0's ends; whether a wait of it is pending, and
+  // the number of the last one armed. Under ProgressHelper::run, as io_'s handlers are.
+  // Declared next to io_: the transport's teardown still runs io_, and with it the handler of
+  // a wait the timer's destruction cancelled, which reads these.
+  uint64_t due_arms_ = 0;
+  bool due_armed_ = false;
+  asio::steady_timer due_timer_{io_};
   // MPI and the Slurm-hosted store when used (transport/transport_factory.h); declared before
   // transport_ so that it outlives the transport that points at its offload.
   std::unique_ptr<JobBackends> backends_;
@@ -686,11 +693,6 @@ class EngineImpl {
   Deadline shutdown_rounds_deadline_ = NoDeadline();
   Status abort_;           // set by a control message or a lost peer
   std::unique_ptr<asio::steady_timer> heartbeat_;
-  // Wakes the loop's sleep when a wait of rank 0's ends; whether a wait of it is pending, and
-  // the number of the last one armed. Under ProgressHelper::run, as io_'s handlers are.
-  asio::steady_timer due_timer_{io_};
-  bool due_armed_ = false;
-  uint64_t due_arms_ = 0;
   std::chrono::microseconds spin_{0};  // polling window before sleeping (HVD_SPIN_MICROSECONDS)
   // More ranks on this host than cores: callers' Wait polls only for operations of up to
   // kSmallWaitBytes (engine.cc).
