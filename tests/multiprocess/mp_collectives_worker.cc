@@ -43,6 +43,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,31 +66,20 @@ std::unique_ptr<hvd::Engine> CreateOrDie() {
   return std::move(*e);
 }
 
-int RunCallerProgress() {
+// One group of checks on an engine from the environment: prints the rank's verdict and returns
+// the exit status.
+int RunGroup(const char* what, const std::function<int(hvd::Engine&, Checker&)>& checks) {
   auto e = CreateOrDie();
   Checker ck(e->rank(), e->size());
-  const int failures = RunCallerProgressChecks(*e, ck);
-  std::printf("[mp] rank %d of %d: caller progress %s\n", e->rank(), e->size(),
+  const int failures = checks(*e, ck);
+  std::printf("[mp] rank %d of %d: %s %s\n", e->rank(), e->size(), what,
               failures ? "FAILED" : "passed");
   return failures ? 1 : 0;
 }
 
 int RunSteps(int tensors) {
-  auto e = CreateOrDie();
-  Checker ck(e->rank(), e->size());
-  const int failures = RunStepChecks(*e, ck, tensors);
-  std::printf("[mp] rank %d of %d: alternating steps %s\n", e->rank(), e->size(),
-              failures ? "FAILED" : "passed");
-  return failures ? 1 : 0;
-}
-
-int RunWaitingCpu() {
-  auto e = CreateOrDie();
-  Checker ck(e->rank(), e->size());
-  const int failures = RunWaitingCpuChecks(*e, ck);
-  std::printf("[mp] rank %d of %d: waiting cpu %s\n", e->rank(), e->size(),
-              failures ? "FAILED" : "passed");
-  return failures ? 1 : 0;
+  return RunGroup("alternating steps",
+                  [tensors](hvd::Engine& e, Checker& ck) { return RunStepChecks(e, ck, tensors); });
 }
 
 int RunChecks() {
@@ -310,9 +300,9 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "--checks";
   if (mode == "--checks") return mp::RunChecks();
   if (mode == "--process-sets") return mp::RunSetChecks(false);
-  if (mode == "--caller-progress") return mp::RunCallerProgress();
+  if (mode == "--caller-progress") return mp::RunGroup("caller progress", mp::RunCallerProgressChecks);
   if (mode == "--steps") return mp::RunSteps(1000);
-  if (mode == "--waiting-cpu") return mp::RunWaitingCpu();
+  if (mode == "--waiting-cpu") return mp::RunGroup("waiting cpu", mp::RunWaitingCpuChecks);
   if (mode.rfind("--steps=", 0) == 0) return mp::RunSteps(std::max(1, std::atoi(mode.c_str() + 8)));
   if (mode == "--process-sets-static") return mp::RunSetChecks(true);
   if (mode == "--memory") {
