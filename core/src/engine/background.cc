@@ -175,15 +175,6 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
       StepAside(run);
       continue;
     }
-    // A wait of rank 0's (a cycle, a straggler hold) that fell due since the pass's Work looked
-    // is ended by one more pass; one that is due after that is slept out below.
-    const Clock::duration due_in = CycleRemaining();
-    if (due_in != Clock::duration::zero()) {
-      due_retried = false;
-    } else if (!due_retried) {
-      due_retried = true;
-      continue;
-    }
     if (spin_.count() > 0 && now - last_work_ < spin_) {
       if (queued_.load()) continue;
       if (SpinPoll(now)) continue;
@@ -196,14 +187,23 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
       StopPolling();
       if (poller_->Poll()) continue;
     }
+    // A wait of rank 0's (a cycle, a straggler hold) that fell due since the pass's Work looked
+    // is ended by one more pass (while spinning, every pass's Work looks); one that is due
+    // after that is slept out below.
+    const Clock::duration due_in = CycleRemaining();
+    if (due_in != Clock::duration::zero()) {
+      due_retried = false;
+    } else if (!due_retried) {
+      due_retried = true;
+      continue;
+    }
     timeline_->Tick(/*idle=*/true);
     Clock::duration sleep = std::min<Clock::duration>(kIdleTick, timeline_->IdleFlushIn());
     // The event loop sleeps in whole milliseconds; a timer (a timerfd) wakes it when the wait
-    // ends, to the microsecond. (At least kDueSleep: a wait still due after one more pass is
-    // not spun on.)
-    // Armed again only for an end earlier by more than the clock's drift between two passes:
-    // re-arming cancels the wait pending, whose handler (run at once, aborted) ends the next
-    // sleep at once.
+    // ends, to the microsecond (at least kDueSleep ahead: a wait still due after one more pass
+    // is not spun on). It is armed again only for an end earlier by more than the clock's drift
+    // between two passes: re-arming cancels the wait pending, whose handler (run at once,
+    // aborted) ends the next sleep at once.
     if (due_in != Clock::duration::max()) {
       const Clock::time_point at = Clock::now() + std::max<Clock::duration>(due_in, kDueSleep);
       if (!due_armed_ || at + kDueSleep < due_timer_.expiry()) {
