@@ -189,6 +189,8 @@ Status EngineImpl::Connect() {
   auto job = ConnectJob(io_, options_, deadline, on_msg, on_err);  // transport/transport_factory.h
   if (!job.ok()) return job.status().WithContext("rank " + std::to_string(options_.rank));
   backends_ = std::move(job->backends);
+  // Taken now: the job's shutdown, which another rank may start, finalizes MPI.
+  mpi_thread_multiple_ = MpiThreadMultiple();
   transport_ = std::move(job->transport);
   control_ = std::move(job->control);
   peers_ = std::move(job->peers);
@@ -871,7 +873,7 @@ int Engine::local_rank() const { return impl_->options().local_rank; }
 int Engine::local_size() const { return impl_->options().local_size; }
 int Engine::cross_rank() const { return impl_->options().cross_rank; }
 int Engine::cross_size() const { return impl_->options().cross_size; }
-bool Engine::mpi_threads_supported() const { return MpiThreadMultiple(); }
+bool Engine::mpi_threads_supported() const { return impl_->mpi_thread_multiple(); }
 const Options& Engine::options() const { return impl_->options(); }
 StatusOr<int32_t> Engine::AddProcessSet(std::vector<int> ranks) {
   return impl_->AddProcessSet(std::move(ranks));

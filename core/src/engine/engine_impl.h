@@ -360,6 +360,8 @@ class EngineImpl {
   // Counters for tests and the benchmark.
   uint64_t responses_executed() const { return responses_executed_.load(); }
   uint64_t cache_hits() const { return cache_hits_.load(); }
+  // Whether MPI gave MPI_THREAD_MULTIPLE when the job formed (false without MPI in use).
+  bool mpi_thread_multiple() const { return mpi_thread_multiple_; }
   uint64_t fast_path_steps() const { return fast_path_steps_.load(std::memory_order_relaxed); }
   uint64_t fast_path_steps_reused() const {
     return fast_path_steps_reused_.load(std::memory_order_relaxed);
@@ -625,6 +627,7 @@ class EngineImpl {
   // transport_ so that it outlives the transport that points at its offload.
   std::unique_ptr<JobBackends> backends_;
   bool shut_down_ = false;  // background thread: the loop ended with a shutdown (FinishShutdown)
+  bool mpi_thread_multiple_ = false;  // set once in Connect (Engine::mpi_threads_supported)
   std::unique_ptr<Transport> transport_;
   Topology topology_;  // where each rank runs (empty for a world of one)
   std::string layout_note_;  // why the layout does not allow hierarchical collectives
