@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -395,6 +396,84 @@ void CheckUnevenAnnouncements(hvd::Engine& e, Checker& ck) {
 #endif
 }
 
+// The last rank's caller enqueues a step of cached tensors in four batches with short pauses
+// between them, while the others enqueue it at once. Each batch of the last rank's would start a
+// round that holds (its part lacks the rest of the step), every rank answering it with a part:
+// a ping-pong of parts that took the cores the enqueuing callers needed. The last rank's part
+// waits instead until it has every bit the others announced: the step takes two rounds (the
+// last rank's answer to the others' part, and its whole part; three where the first parts of
+// both went out early), not one per batch (5 to 9 parts a step).
+void CheckStepInBatches(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  const bool last = r == n - 1;
+  constexpr int kTensors = 64, kBatches = 4, kCount = 16;
+  std::vector<std::vector<float>> in(kTensors, std::vector<float>(kCount)), out = in;
+  // Of each timed step: this rank's parts beyond two for each fast-path collective, the step's
+  // parts and collectives.
+  std::vector<int64_t> extra;
+  std::string seen;
+  for (int s = 0; s < 24; ++s) {
+    for (int t = 0; t < kTensors; ++t) {
+      for (int i = 0; i < kCount; ++i) in[t][i] = static_cast<float>((r + s + t + i) % 5);
+    }
+    ck.ExpectOk(WaitDone(e.Barrier()), "barrier before batched step " + std::to_string(s));
+    const hvd::NegotiationCounters before = hvd::ReadNegotiationCounters(e);
+    std::vector<hvd::HandlePtr> hs;
+    for (int t = 0; t < kTensors; ++t) {
+      if (last && t > 0 && t % (kTensors / kBatches) == 0) {
+        const auto until = Clock::now() + std::chrono::microseconds(30);
+        while (Clock::now() < until) std::this_thread::yield();
+      }
+      hs.push_back(e.Allreduce("batched." + std::to_string(t),
+                               TensorView(in[t].data(), DataType::kFloat32, {kCount}),
+                               TensorView(out[t].data(), DataType::kFloat32, {kCount}),
+                               ReduceOp::kSum));
+    }
+    bool ok = true;
+    for (int t = 0; t < kTensors; ++t) {
+      ok = ck.ExpectOk(WaitDone(hs[t]), "batched step " + std::to_string(s) + ": tensor " +
+                                            std::to_string(t)) && ok;
+    }
+    const hvd::NegotiationCounters after = hvd::ReadNegotiationCounters(e);
+    if (!ok) return;
+    if (s >= 4) {
+      const auto parts = static_cast<int64_t>(after.messages - before.messages);
+      const auto collectives = static_cast<int64_t>(after.fast_path_steps - before.fast_path_steps);
+      extra.push_back(parts - 2 * collectives);
+      seen += " " + std::to_string(parts) + "/" + std::to_string(collectives);
+    }
+    for (int t = 0; t < kTensors; ++t) {
+      ck.ExpectElements(DataType::kFloat32, out[t].data(), kCount,
+                        [&](int64_t i) {
+                          double v = 0;
+                          for (int q = 0; q < n; ++q) v += (q + s + t + i) % 5;
+                          return v;
+                        },
+                        "batched step " + std::to_string(s) + ": tensor " + std::to_string(t));
+    }
+  }
+  std::sort(extra.begin(), extra.end());
+  const int64_t median = extra[extra.size() / 2];
+  // Rounds run where the engine's rule (engine.cc, SymmetricNegotiation) puts them on one host;
+  // elsewhere rank 0 answers, and a worker sends it a list per batch.
+  const char* knob = std::getenv("HVD_SYMMETRIC_NEGOTIATION");
+  const std::string how = knob ? knob : "auto";
+  const bool rounds = how == "on" || (how != "off" && static_cast<unsigned>(n) <=
+                                                          std::max(1u, std::thread::hardware_concurrency()));
+  std::printf("[mp] rank %d: a step enqueued in %d batches by the last rank (%s): parts or lists "
+              "sent / fast-path collectives of each step:%s; median %lld parts beyond two a "
+              "collective\n",
+              r, kBatches, rounds ? "rounds" : "rank 0 answers", seen.c_str(),
+              static_cast<long long>(median));
+#ifndef HVD_SANITIZED
+  if (rounds) ck.Expect(median <= 1, "a step enqueued in " + std::to_string(kBatches) +
+                             " batches by the last rank took " + std::to_string(median) +
+                             " parts beyond two for each of its collectives (median) on this "
+                             "rank (expected at most 1: the last rank's part waits for the rest "
+                             "of the step; a part per batch makes 3 or more)");
+#endif
+}
+
 // This process's CPU time (every thread's), in seconds.
 double ProcessCpuSeconds() {
   rusage u{};
@@ -458,6 +537,7 @@ int RunStepChecks(hvd::Engine& e, Checker& ck, int tensors) {
   ck.Begin("alternating steps");
   CheckAlternatingSteps(e, ck, tensors);
   CheckUnevenAnnouncements(e, ck);
+  CheckStepInBatches(e, ck);
   return ck.End();
 }
 

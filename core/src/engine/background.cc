@@ -892,7 +892,7 @@ Clock::duration EngineImpl::CycleRemaining() const {
   const auto now = Clock::now();
   if (rounds_ && !rounds_->sent) {
     // A round this rank has news for starts HVD_CYCLE_TIME after its last (rounds.cc).
-    if (cycle && (rounds_->fresh || rounds_->coordinator_news)) {
+    if (cycle && PartHasNews()) {
       left = rounds_->started + CycleWindow() - now;
     }
     // Rank 0 starts the round that ends a hold (RoundNews).

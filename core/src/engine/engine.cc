@@ -240,6 +240,7 @@ Status EngineImpl::Connect() {
     const size_t bits = static_cast<size_t>(std::max(0, options_.cache_capacity));
     rounds_->ready.assign((bits + 63) / 64, 0);
     rounds_->withdraw = rounds_->ready;
+    rounds_->missing = rounds_->ready;
     rounds_->since.assign(bits, Clock::time_point());
     rounds_->parts.resize(options_.size);
     rounds_->early.resize(options_.size);

@@ -301,6 +301,14 @@ struct Rounds {
   // the first of the rounds holding since completed, here.
   bool holding = false;
   Clock::time_point holding_since;
+  // While holding: the bits some rank announced in the last round that this rank had not (its
+  // step still arriving here) and has not announced since, how many, and whether there were
+  // any. Only a rank that lacked bits starts the next round, once it has them all
+  // (PartHasNews).
+  std::vector<uint64_t> missing;
+  size_t missing_count = 0;
+  bool lacked = false;
+  bool withdrew = false;  // `withdraw` has bits this rank's last part did not give
   // Rank 0: its coordinator took a request whose name has a bit, or a join, since its last part.
   bool coordinator_news = false;
   // [rank] the parts of round done+1 and (sent by ranks that completed it first) done+2.
@@ -484,6 +492,7 @@ class EngineImpl {
   // Whether this rank's part waits: a caller is still enqueuing (tensors came since the last
   // drain), for at most kBurstHold from the first part held.
   bool HoldPartForBurst();
+  bool PartHasNews() const;  // rounds.cc
   void SendPart();
   // At shutdown: whether a round some rank may run is still to complete here (rounds.cc).
   bool RoundsLeftAtShutdown();

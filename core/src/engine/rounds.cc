@@ -28,7 +28,9 @@
 //   - held: while some rank announced a bit another has not (a step still arriving there) and
 //     rank 0's part allows it (hold_uneven, until kStragglerHold after the first round that
 //     held), the round agrees on nothing and every bit stays announced, so that the step runs
-//     as one collective; rank 0 starts the round that ends the hold.
+//     as one collective; rank 0 starts the round that ends the hold. Meanwhile only a rank
+//     that lacked some of the others' bits starts a round, once it has them all (PartHasNews):
+//     the others answer it with everything they have.
 //   - withdrawn: a rank holding such a bit sends its tensor's request to the coordinator.
 //     Rank 0 withdraws the bits of the names its coordinator holds requests for (every bit while
 //     a rank has joined), so a name is answered on one path only: a rank whose request changed,
@@ -76,6 +78,24 @@ void EngineImpl::AnnounceBit(uint32_t bit, Clock::time_point now) {
   r.ready[bit / 64] |= Mask(bit);
   r.since[bit] = now;
   r.fresh = true;
+  if (r.missing_count > 0 && (r.missing[bit / 64] & Mask(bit))) {
+    r.missing[bit / 64] &= ~Mask(bit);
+    --r.missing_count;
+  }
+}
+
+// Whether this rank has news for a round: a bit announced or withdrawn since its last part, or
+// (rank 0) its coordinator's news. While a round holds, announced bits are news only on a rank
+// that lacked some of the others' bits in that round and now has them all: a round started
+// before that would hold again, and each such round costs every rank a part. (Started on every
+// batch the background thread drained while a caller enqueued a step, they were a ping-pong of
+// parts in which the enqueuing callers lost their cores.) A rank that lacked nothing waits for
+// the ranks that did, whose parts it answers with all it has, or for rank 0 to end the hold.
+bool EngineImpl::PartHasNews() const {
+  const Rounds& r = *rounds_;
+  if (r.coordinator_news || r.withdrew) return true;
+  if (!r.fresh) return false;
+  return !r.holding || (r.lacked && r.missing_count == 0);
 }
 
 bool EngineImpl::RoundNews(Clock::time_point now) const {
@@ -83,7 +103,7 @@ bool EngineImpl::RoundNews(Clock::time_point now) const {
   // Rank 0 ends a hold that has lasted kStragglerHold: its next part does not allow it.
   const bool hold_over = coordinator() && r.holding && now - r.holding_since >= kStragglerHold;
   if (hold_over) return true;  // (not a cycle's wait more: autotune may have set one since)
-  if (!r.fresh && !r.coordinator_news) return false;
+  if (!PartHasNews()) return false;
   return CycleTimeMs() <= 0 || now - r.started >= CycleWindow();
 }
 
@@ -164,6 +184,7 @@ void EngineImpl::SendPart() {
   }
   TrimZeros(&c.withdraw);
   r.fresh = false;
+  r.withdrew = false;
   r.started = now;
   r.held_since = Clock::time_point();
   r.sent = true;
@@ -301,6 +322,12 @@ Status EngineImpl::CompleteRound() {
     }
     r.ready[w] &= ~out[w];
   }
+  r.missing_count = 0;
+  for (size_t w = 0; w < words; ++w) {
+    r.missing[w] = hold ? anyone[w] & ~out[w] & ~r.ready[w] : 0;
+    r.missing_count += static_cast<size_t>(__builtin_popcountll(r.missing[w]));
+  }
+  r.lacked = r.missing_count > 0;
   const size_t threshold = zero.fusion_threshold;
   const PlanKnobs knobs = zero.knobs;
   r.done = round;
@@ -391,6 +418,7 @@ void EngineImpl::WithdrawLateBits(Clock::time_point now) {
   }
   if (leaving.empty()) return;
   r.fresh = true;
+  r.withdrew = true;
   SendToCoordinator(std::move(leaving));
 }
 
