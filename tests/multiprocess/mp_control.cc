@@ -3,7 +3,6 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -454,12 +453,8 @@ void CheckStepInBatches(hvd::Engine& e, Checker& ck) {
   }
   std::sort(extra.begin(), extra.end());
   const int64_t median = extra[extra.size() / 2];
-  // Rounds run where the engine's rule (engine.cc, SymmetricNegotiation) puts them on one host;
-  // elsewhere rank 0 answers, and a worker sends it a list per batch.
-  const char* knob = std::getenv("HVD_SYMMETRIC_NEGOTIATION");
-  const std::string how = knob ? knob : "auto";
-  const bool rounds = how == "on" || (how != "off" && static_cast<unsigned>(n) <=
-                                                          std::max(1u, std::thread::hardware_concurrency()));
+  // Where rank 0 answers, a worker sends it a list per batch.
+  const bool rounds = hvd::NegotiatesInRounds(e);
   std::printf("[mp] rank %d: a step enqueued in %d batches by the last rank (%s): parts or lists "
               "sent / fast-path collectives of each step:%s; median %lld parts beyond two a "
               "collective\n",

@@ -49,4 +49,8 @@ struct NegotiationCounters {
 };
 HVD_EXPORT NegotiationCounters ReadNegotiationCounters(Engine& engine);
 
+// Whether the global set agrees on cached tensors in rounds, every rank sending its part to
+// every other (HVD_SYMMETRIC_NEGOTIATION), rather than rank 0 answering. Fixed at creation.
+HVD_EXPORT bool NegotiatesInRounds(Engine& engine);
+
 }  // namespace hvd

@@ -371,6 +371,7 @@ class EngineImpl {
   // Whether MPI gave MPI_THREAD_MULTIPLE when the job formed (false without MPI in use).
   bool mpi_thread_multiple() const { return mpi_thread_multiple_; }
   uint64_t fast_path_steps() const { return fast_path_steps_.load(std::memory_order_relaxed); }
+  bool negotiates_in_rounds() const { return rounds_ != nullptr; }  // set at Create, then fixed
   uint64_t fast_path_steps_reused() const {
     return fast_path_steps_reused_.load(std::memory_order_relaxed);
   }

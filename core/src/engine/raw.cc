@@ -86,4 +86,6 @@ NegotiationCounters ReadNegotiationCounters(Engine& engine) {
   return c;
 }
 
+bool NegotiatesInRounds(Engine& engine) { return engine.impl()->negotiates_in_rounds(); }
+
 }  // namespace hvd

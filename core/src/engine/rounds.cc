@@ -322,12 +322,20 @@ Status EngineImpl::CompleteRound() {
     }
     r.ready[w] &= ~out[w];
   }
+  // What this rank's part lacked of the others' bits (not what its row lacks now: bits it
+  // announced after its part went out make it the rank that starts the next round), and of
+  // that what it has not announced since.
+  const RoundContribution& mine = *r.parts[options_.rank];
   r.missing_count = 0;
-  for (size_t w = 0; w < words; ++w) {
-    r.missing[w] = hold ? anyone[w] & ~out[w] & ~r.ready[w] : 0;
+  r.lacked = false;
+  for (size_t w = 0; hold && w < words; ++w) {
+    const uint64_t own = w < mine.ready.size() ? valid(mine, w, mine.ready[w]) : 0;
+    const uint64_t lacked = anyone[w] & ~out[w] & ~own;
+    r.lacked = r.lacked || lacked != 0;
+    r.missing[w] = lacked & ~r.ready[w];
     r.missing_count += static_cast<size_t>(__builtin_popcountll(r.missing[w]));
   }
-  r.lacked = r.missing_count > 0;
+  if (!hold) std::fill(r.missing.begin(), r.missing.end(), 0);
   const size_t threshold = zero.fusion_threshold;
   const PlanKnobs knobs = zero.knobs;
   r.done = round;
@@ -394,6 +402,10 @@ void EngineImpl::OnCacheChanged(const std::vector<std::pair<uint32_t, Request>>&
   for (const auto& [bit, was] : changed) {
     // Every rank applies the same list, so every rank holding this bit lets it go here too.
     r.withdraw[bit / 64] &= ~Mask(bit);
+    if (r.missing[bit / 64] & Mask(bit)) {  // no rank's caller announces the old entry now
+      r.missing[bit / 64] &= ~Mask(bit);
+      --r.missing_count;
+    }
     if (!(r.ready[bit / 64] & Mask(bit))) continue;
     r.ready[bit / 64] &= ~Mask(bit);
     leaving.push_back(was);
