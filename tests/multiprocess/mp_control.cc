@@ -401,7 +401,7 @@ void CheckUnevenAnnouncements(hvd::Engine& e, Checker& ck) {
 // a ping-pong of parts that took the cores the enqueuing callers needed. The last rank's part
 // waits instead until it has every bit the others announced: the step takes two rounds (the
 // last rank's answer to the others' part, and its whole part; three where the first parts of
-// both went out early), not one per batch (5 to 9 parts a step).
+// both went out early), not one per batch (4 to 9 parts a step).
 void CheckStepInBatches(hvd::Engine& e, Checker& ck) {
   const int r = e.rank(), n = e.size();
   const bool last = r == n - 1;
