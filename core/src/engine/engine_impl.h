@@ -294,8 +294,9 @@ struct Rounds {
   Clock::time_point checked;             // when late bits were last looked for
   Clock::time_point started;             // when this rank last started a round (HVD_CYCLE_TIME)
   // When this rank first held its part while its callers were still enqueuing (zero: not
-  // holding; EngineImpl::HoldPartForBurst).
+  // holding; EngineImpl::HoldPartForBurst), and when it last announced a bit.
   Clock::time_point held_since;
+  Clock::time_point announced_at;
   // The last round completed held the bits every rank announced (some rank had announced a bit
   // another had not, and rank 0's part allowed the hold); the same on every rank. Rank 0: when
   // the first of the rounds holding since completed, here.
@@ -491,7 +492,8 @@ class EngineImpl {
   bool TryRounds();
   bool RoundNews(Clock::time_point now) const;
   // Whether this rank's part waits: a caller is still enqueuing (tensors came since the last
-  // drain), for at most kBurstHold from the first part held.
+  // drain, or a bit was announced less than kBurstGap ago) and none waits, for at most
+  // kBurstHold from the first part held.
   bool HoldPartForBurst();
   bool PartHasNews() const;  // rounds.cc
   void SendPart();

@@ -63,8 +63,11 @@ namespace {
 constexpr auto kBitPatience = std::chrono::seconds(1);
 constexpr auto kLateCheckEvery = std::chrono::milliseconds(100);
 constexpr auto kPeerLinkGrace = std::chrono::seconds(2);
-// The longest a part waits for the rest of a burst of tensors a caller is enqueuing.
+// The longest a part waits for the rest of a burst of tensors a caller is enqueuing, and the
+// gap between two of its enqueues that ends the burst (kept within the spin window, while the
+// background thread looks again without sleeping).
 constexpr auto kBurstHold = std::chrono::microseconds(200);
+constexpr auto kBurstGap = std::chrono::microseconds(50);
 
 constexpr uint64_t Mask(uint32_t bit) { return uint64_t{1} << (bit % 64); }
 
@@ -78,6 +81,7 @@ void EngineImpl::AnnounceBit(uint32_t bit, Clock::time_point now) {
   r.ready[bit / 64] |= Mask(bit);
   r.since[bit] = now;
   r.fresh = true;
+  r.announced_at = now;
   if (r.missing_count > 0 && (r.missing[bit / 64] & Mask(bit))) {
     r.missing[bit / 64] &= ~Mask(bit);
     --r.missing_count;
@@ -139,15 +143,19 @@ bool EngineImpl::TryRounds() {
 // A step's tensors are enqueued one after another, tens of nanoseconds apart, and a background
 // thread that is polling drains them in batches as they come. A part sent (or answered) after
 // each batch would cut the step into rounds wherever the parts happened to go out, each round
-// its own collective. While more tensors came since the last drain, the part waits instead
-// (another rank's part too: the rest of the step would not be agreed without this rank), so
-// that a step submitted at once is agreed in one round; a caller that waits, or a gap in the
-// enqueues, lets it go at once. A stream of enqueues that never pauses still sends a part
-// every kBurstHold, so the first tensors run while the caller enqueues the rest.
+// its own collective. While more tensors came since the last drain, or the last came less than
+// kBurstGap ago (the caller between two enqueues: a vector growing, an interpreter's call,
+// its core taken for a moment), the part waits instead (another rank's part too: the rest of
+// the step would not be agreed without this rank), so that a step submitted at once is agreed
+// in one round. A caller that waits for an operation ends its burst: the part goes at once. A
+// stream of enqueues that never pauses still sends a part every kBurstHold, so the first
+// tensors run while the caller enqueues the rest.
 bool EngineImpl::HoldPartForBurst() {
   Rounds& r = *rounds_;
-  if (!queued_.load(std::memory_order_relaxed)) return false;
+  if (helper_->waiting.load(std::memory_order_relaxed) > 0) return false;
   const auto now = Clock::now();
+  const bool recent = now - r.announced_at < std::min<Clock::duration>(kBurstGap, spin_);
+  if (!recent && !queued_.load(std::memory_order_relaxed)) return false;
   if (r.held_since == Clock::time_point()) r.held_since = now;
   return now - r.held_since < kBurstHold;
 }
