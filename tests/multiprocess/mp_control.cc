@@ -475,7 +475,9 @@ void CheckStepInBatches(hvd::Engine& e, Checker& ck) {
 // sent its part, on every rank with the same bits: the round agreed on the first batches alone,
 // and the step ran as two or more collectives (mp_steps_np2 failed about one run in seven on
 // its step of 1,000 tensors, whose handle vector grows at 512). A part now waits while the
-// last tensor came less than 50 µs ago: the step is one collective.
+// last tensor came less than 50 µs ago: the step is one collective. (Before, two runs
+// in three split 11-15 of the 20 steps; one in three, whose background threads did not poll
+// through the pauses, split none.)
 void CheckStepWithPauses(hvd::Engine& e, Checker& ck) {
   const int r = e.rank(), n = e.size();
   constexpr int kTensors = 64, kBatches = 4, kCount = 16;
@@ -521,18 +523,19 @@ void CheckStepWithPauses(hvd::Engine& e, Checker& ck) {
                         "paused step " + std::to_string(s) + ": tensor " + std::to_string(t));
     }
   }
-  std::sort(collectives.begin(), collectives.end());
-  const uint64_t median = collectives[collectives.size() / 2];
+  const auto split = std::count_if(collectives.begin(), collectives.end(),
+                                   [](uint64_t c) { return c > 1; });
   const bool rounds = hvd::NegotiatesInRounds(e);
   std::printf("[mp] rank %d: a step enqueued in %d batches 20 us apart by every rank (%s): "
               "fast-path collectives of each step:%s\n",
               r, kBatches, rounds ? "rounds" : "rank 0 answers", seen.c_str());
 #ifndef HVD_SANITIZED
   if (rounds) {
-    ck.Expect(median == 1, "a step enqueued in " + std::to_string(kBatches) + " batches 20 us "
-                           "apart by every rank ran as " + std::to_string(median) +
-                           " fast-path collectives (median; expected 1: a part waits while the "
-                           "last tensor came less than 50 us ago)");
+    ck.Expect(split <= 4, std::to_string(split) + " of " + std::to_string(collectives.size()) +
+                              " steps enqueued in " + std::to_string(kBatches) +
+                              " batches 20 us apart by every rank ran as more than one "
+                              "fast-path collective (expected at most 4: a part waits while "
+                              "the last tensor came less than 50 us ago)");
   }
 #endif
 }

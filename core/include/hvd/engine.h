@@ -109,8 +109,11 @@ class HVD_EXPORT Handle {
   // whether it was refused at submission.
   std::chrono::microseconds spin_{0};
   bool refused_ = false;
-  // Engine side: the engine's caller-driven progress, or null (the handle only waits).
+  // Engine side: the engine's caller-driven progress (null: a handle no engine made), and
+  // whether a caller that waits runs the engine's work (else it only waits, counted as
+  // blocked: the engine sends what it holds for a burst of enqueues at once).
   ProgressHelper* helper_ = nullptr;
+  bool helps_ = false;
 
  private:
   const Results& results() const;

@@ -899,6 +899,8 @@ Clock::duration EngineImpl::CycleRemaining() const {
     if (coordinator() && rounds_->holding) {
       left = std::min(left, rounds_->holding_since + kStragglerHold - now);
     }
+    // A part held for a burst's pause goes when it ends.
+    left = std::min(left, BurstHoldRemaining(now));
   }
   for (const auto& kv : sets_) {
     if (!coordinator() || (rounds_ && rounds_->sent)) break;

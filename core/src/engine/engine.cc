@@ -575,7 +575,8 @@ void EngineImpl::SetWaitPolicy(TensorEntry& e) const {
 void EngineImpl::SetWaitPolicy(TensorEntry& e, int64_t bytes) const {
   const bool small = bytes <= static_cast<int64_t>(kSmallWaitBytes);
   e.handle->spin_ = !oversubscribed_ || small ? spin_ : std::chrono::microseconds(0);
-  if (small && !oversubscribed_) e.handle->helper_ = helper_;
+  e.handle->helper_ = helper_;
+  e.handle->helps_ = small && !oversubscribed_;
 }
 
 // Submit for one host allreduce, built in its name's node of in_flight_ instead of moved

@@ -94,6 +94,7 @@ class ProgressHelper {
   std::mutex run;                 // held by the thread that runs the engine's work
   EngineImpl* engine = nullptr;   // guarded by run; null once the engine has stopped
   std::atomic<int> waiting{0};    // callers that ask for `run`
+  std::atomic<int> blocked{0};    // callers in a handle's Wait or WaitFor (after helping)
   std::mutex aside_mu;
   std::condition_variable aside_cv;  // the background thread, stepped aside, waits on it
   bool aside = false;             // guarded by aside_mu
@@ -492,9 +493,11 @@ class EngineImpl {
   bool TryRounds();
   bool RoundNews(Clock::time_point now) const;
   // Whether this rank's part waits: a caller is still enqueuing (tensors came since the last
-  // drain, or a bit was announced less than kBurstGap ago) and none waits, for at most
-  // kBurstHold from the first part held.
+  // drain, or the last bit was announced less than kBurstGap ago) and none waits, for at
+  // most kBurstHold from the first part held (rounds.cc).
   bool HoldPartForBurst();
+  Clock::time_point BurstGapEnd() const;
+  Clock::duration BurstHoldRemaining(Clock::time_point now) const;
   bool PartHasNews() const;  // rounds.cc
   void SendPart();
   // At shutdown: whether a round some rank may run is still to complete here (rounds.cc).

@@ -25,6 +25,22 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
           nullptr, 0);
 }
 
+// A caller blocked in a handle's wait, counted for the engine (ProgressHelper::blocked).
+class BlockedScope {
+ public:
+  explicit BlockedScope(ProgressHelper* p) : p_(p) {
+    if (p_) p_->blocked.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~BlockedScope() {
+    if (p_) p_->blocked.fetch_sub(1, std::memory_order_relaxed);
+  }
+  BlockedScope(const BlockedScope&) = delete;
+  BlockedScope& operator=(const BlockedScope&) = delete;
+
+ private:
+  ProgressHelper* const p_;
+};
+
 }  // namespace
 
 const Handle::Results& Handle::results() const {
@@ -75,7 +91,8 @@ bool Handle::Sleep(std::chrono::steady_clock::time_point limit) const {
 Status Handle::Wait() const {
   // Once finished, status_ is final (Complete sets it before, and never again).
   if (Poll()) return status_;
-  if (helper_ != nullptr) HelpProgress(helper_, *this, spin_, Clock::time_point::max());
+  if (helper_ != nullptr && helps_) HelpProgress(helper_, *this, spin_, Clock::time_point::max());
+  BlockedScope blocked(Poll() ? nullptr : helper_);
   if (!Spin(std::chrono::steady_clock::time_point::max())) {
     Sleep(std::chrono::steady_clock::time_point::max());
   }
@@ -84,7 +101,8 @@ Status Handle::Wait() const {
 
 Status Handle::WaitFor(std::chrono::milliseconds timeout) const {
   const auto until = std::chrono::steady_clock::now() + timeout;
-  if (helper_ != nullptr && !Poll()) HelpProgress(helper_, *this, spin_, until);
+  if (helper_ != nullptr && helps_ && !Poll()) HelpProgress(helper_, *this, spin_, until);
+  BlockedScope blocked(Poll() ? nullptr : helper_);
   if (Spin(until) || Sleep(until)) return status_;
   return Status::Timeout("operation still pending after " + std::to_string(timeout.count()) +
                          " ms");

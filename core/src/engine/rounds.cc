@@ -16,7 +16,8 @@
 // round k, when it has news (a bit announced since its last part, a bit to withdraw; on rank 0,
 // a request its coordinator took for a name that has a bit, or a join) or when another rank's
 // part of round k+1 reaches it; while its callers are still enqueuing (tensors came since its
-// last drain) the part waits for the rest of them, up to kBurstHold (HoldPartForBurst). It
+// last drain, or the last one came less than kBurstGap ago) and none of them waits, the
+// part waits for the rest of them, up to kBurstHold (HoldPartForBurst). It
 // completes the round once it holds every part, and every rank computes the same from the same
 // parts:
 //   - agreed: the bits each rank announced (less those whose cache entry changed after that
@@ -64,8 +65,8 @@ constexpr auto kBitPatience = std::chrono::seconds(1);
 constexpr auto kLateCheckEvery = std::chrono::milliseconds(100);
 constexpr auto kPeerLinkGrace = std::chrono::seconds(2);
 // The longest a part waits for the rest of a burst of tensors a caller is enqueuing, and the
-// gap between two of its enqueues that ends the burst (kept within the spin window, while the
-// background thread looks again without sleeping).
+// gap between two of its enqueues that ends the burst (at most the spin window; a loop that
+// sleeps meanwhile wakes when it ends: BurstHoldRemaining).
 constexpr auto kBurstHold = std::chrono::microseconds(200);
 constexpr auto kBurstGap = std::chrono::microseconds(50);
 
@@ -119,7 +120,10 @@ bool EngineImpl::TryRounds() {
     if (!r.sent) {
       // Another rank's part of round done+1 is here: answer it at once. Once shutdown is
       // decided, no rank starts a round (RoundsLeftAtShutdown).
-      if (r.have == 0 && (shutdown_by_ >= 0 || !RoundNews(Clock::now()))) break;
+      if (r.have == 0 && (shutdown_by_ >= 0 || !RoundNews(Clock::now()))) {
+        r.held_since = Clock::time_point();  // (no part to hold: no wake-up for it)
+        break;
+      }
       if (shutdown_by_ < 0 && HoldPartForBurst()) break;
       SendPart();
       did = true;
@@ -147,17 +151,35 @@ bool EngineImpl::TryRounds() {
 // kBurstGap ago (the caller between two enqueues: a vector growing, an interpreter's call,
 // its core taken for a moment), the part waits instead (another rank's part too: the rest of
 // the step would not be agreed without this rank), so that a step submitted at once is agreed
-// in one round. A caller that waits for an operation ends its burst: the part goes at once. A
-// stream of enqueues that never pauses still sends a part every kBurstHold, so the first
-// tensors run while the caller enqueues the rest.
+// in one round. A caller of this process that waits for an operation (in Handle::Wait or
+// WaitFor, running the engine's work or not) ends the burst: the part goes at once, so a lone
+// operation's part waits for nothing. A stream of enqueues that never pauses still sends a
+// part every kBurstHold, so the first tensors run while the caller enqueues the rest.
 bool EngineImpl::HoldPartForBurst() {
   Rounds& r = *rounds_;
-  if (helper_->waiting.load(std::memory_order_relaxed) > 0) return false;
+  if (helper_->waiting.load(std::memory_order_relaxed) > 0 ||
+      helper_->blocked.load(std::memory_order_relaxed) > 0) {
+    return false;
+  }
   const auto now = Clock::now();
-  const bool recent = now - r.announced_at < std::min<Clock::duration>(kBurstGap, spin_);
-  if (!recent && !queued_.load(std::memory_order_relaxed)) return false;
+  if (!queued_.load(std::memory_order_relaxed) && now >= BurstGapEnd()) return false;
   if (r.held_since == Clock::time_point()) r.held_since = now;
   return now - r.held_since < kBurstHold;
+}
+
+// Until when a pause between enqueues holds the part: kBurstGap (at most the spin window)
+// after the last bit announced.
+Clock::time_point EngineImpl::BurstGapEnd() const {
+  return rounds_->announced_at + std::min<Clock::duration>(kBurstGap, spin_);
+}
+
+// How long until a part held for a burst goes (max(): none held). The loop that sleeps wakes
+// then; a hold on queued_ never sleeps (the loop looks at queued_ first).
+Clock::duration EngineImpl::BurstHoldRemaining(Clock::time_point now) const {
+  const Rounds& r = *rounds_;
+  if (r.sent || r.held_since == Clock::time_point()) return Clock::duration::max();
+  const Clock::time_point end = std::min(r.held_since + kBurstHold, BurstGapEnd());
+  return std::max(end - now, Clock::duration::zero());
 }
 
 void EngineImpl::SendPart() {
