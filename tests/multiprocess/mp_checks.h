@@ -19,6 +19,8 @@ int RunCallerProgressChecks(hvd::Engine& e, Checker& ck);  // mp_control.cc
 // large one): values, each step one collective with its responses kept; a tensor held while
 // some rank has not announced another (mp_control.cc).
 int RunStepChecks(hvd::Engine& e, Checker& ck, int tensors);
+// A step enqueued in batches by the last rank: its parts per collective (mp_control.cc).
+int RunBatchedStepChecks(hvd::Engine& e, Checker& ck);
 // The CPU a rank uses idle and through the waits of HVD_CYCLE_TIME (mp_control.cc).
 int RunWaitingCpuChecks(hvd::Engine& e, Checker& ck);
 int RunMismatchChecks(hvd::Engine& e, Checker& ck);      // mp_errors.cc

@@ -302,6 +302,7 @@ int main(int argc, char** argv) {
   if (mode == "--process-sets") return mp::RunSetChecks(false);
   if (mode == "--caller-progress") return mp::RunGroup("caller progress", mp::RunCallerProgressChecks);
   if (mode == "--steps") return mp::RunSteps(1000);
+  if (mode == "--steps-batched") return mp::RunGroup("a step in batches", mp::RunBatchedStepChecks);
   if (mode == "--waiting-cpu") return mp::RunGroup("waiting cpu", mp::RunWaitingCpuChecks);
   if (mode.rfind("--steps=", 0) == 0) return mp::RunSteps(std::max(1, std::atoi(mode.c_str() + 8)));
   if (mode == "--process-sets-static") return mp::RunSetChecks(true);
@@ -323,7 +324,7 @@ int main(int argc, char** argv) {
   if (mode.rfind("--soak=", 0) == 0) return mp::RunSoak(std::atol(mode.c_str() + 7));
   if (mode == "--chaos") return mp::RunChaos();
   std::fprintf(stderr,
-               "usage: %s [--checks | --process-sets | --process-sets-static | --caller-progress | --steps[=N] | --waiting-cpu | --memory | --memory-cycling | --soak=N | --chaos | "
+               "usage: %s [--checks | --process-sets | --process-sets-static | --caller-progress | --steps[=N] | --steps-batched | --waiting-cpu | --memory | --memory-cycling | --soak=N | --chaos | "
                "--peerloss=RANK | --peerloss-cached=RANK]\n",
                argv[0]);
   return 2;

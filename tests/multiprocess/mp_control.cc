@@ -395,61 +395,79 @@ void CheckUnevenAnnouncements(hvd::Engine& e, Checker& ck) {
 #endif
 }
 
-// The last rank's caller enqueues a step of cached tensors in four batches with short pauses
-// between them, while the others enqueue it at once. Each batch of the last rank's would start a
-// round that holds (its part lacks the rest of the step), every rank answering it with a part:
+// One step of kStepTensors cached allreduces named `prefix`.t, enqueued in kStepBatches batches
+// with a `pause` between them on this rank (zero: none; busy, or yielding the core to whatever
+// else may run: this rank's background thread), waited on and checked. `parts` and
+// `collectives`: this rank's round parts (or lists) sent and fast-path collectives over the
+// step; false where an operation failed.
+constexpr int kStepTensors = 64, kStepBatches = 4;
+bool RunBatchedStep(hvd::Engine& e, Checker& ck, const std::string& prefix, int s,
+                    std::chrono::microseconds pause, bool yield, int64_t* parts,
+                    int64_t* collectives) {
+  const int r = e.rank(), n = e.size();
+  constexpr int kCount = 16;
+  std::vector<std::vector<float>> in(kStepTensors, std::vector<float>(kCount)), out = in;
+  for (int t = 0; t < kStepTensors; ++t) {
+    for (int i = 0; i < kCount; ++i) in[t][i] = static_cast<float>((r + s + t + i) % 5);
+  }
+  const std::string step = prefix + " step " + std::to_string(s);
+  ck.ExpectOk(WaitDone(e.Barrier()), "barrier before " + step);
+  const hvd::NegotiationCounters before = hvd::ReadNegotiationCounters(e);
+  std::vector<hvd::HandlePtr> hs;
+  for (int t = 0; t < kStepTensors; ++t) {
+    if (pause.count() > 0 && t > 0 && t % (kStepTensors / kStepBatches) == 0) {
+      const auto until = Clock::now() + pause;
+      while (Clock::now() < until) {
+        if (yield) std::this_thread::yield();
+      }
+    }
+    hs.push_back(e.Allreduce(prefix + "." + std::to_string(t),
+                             TensorView(in[t].data(), DataType::kFloat32, {kCount}),
+                             TensorView(out[t].data(), DataType::kFloat32, {kCount}),
+                             ReduceOp::kSum));
+  }
+  bool ok = true;
+  for (int t = 0; t < kStepTensors; ++t) {
+    ok = ck.ExpectOk(WaitDone(hs[t]), step + ": tensor " + std::to_string(t)) && ok;
+  }
+  const hvd::NegotiationCounters after = hvd::ReadNegotiationCounters(e);
+  if (!ok) return false;
+  *parts = static_cast<int64_t>(after.messages - before.messages);
+  *collectives = static_cast<int64_t>(after.fast_path_steps - before.fast_path_steps);
+  for (int t = 0; t < kStepTensors; ++t) {
+    ck.ExpectElements(DataType::kFloat32, out[t].data(), kCount,
+                      [&](int64_t i) {
+                        double v = 0;
+                        for (int q = 0; q < n; ++q) v += (q + s + t + i) % 5;
+                        return v;
+                      },
+                      step + ": tensor " + std::to_string(t));
+  }
+  return true;
+}
+
+// The last rank's caller enqueues a step of cached tensors in four batches with 30 µs pauses
+// between them, yielding its core, while the others enqueue it at once. Run with
+// HVD_SPIN_MICROSECONDS=10 (mp_steps_batched_np2), so that a part waits for a pause of 10 µs at
+// most and each batch of the last rank's reaches its background thread on its own. Each batch
+// of the last rank's would start a round that holds (its part lacks the rest of the step), every rank answering it with a part:
 // a ping-pong of parts that took the cores the enqueuing callers needed. The last rank's part
 // waits instead until it has every bit the others announced: the step takes two rounds (the
 // last rank's answer to the others' part, and its whole part; three where the first parts of
 // both went out early), not one per batch (4 to 9 parts a step).
 void CheckStepInBatches(hvd::Engine& e, Checker& ck) {
-  const int r = e.rank(), n = e.size();
-  const bool last = r == n - 1;
-  constexpr int kTensors = 64, kBatches = 4, kCount = 16;
-  std::vector<std::vector<float>> in(kTensors, std::vector<float>(kCount)), out = in;
+  const bool last = e.rank() == e.size() - 1;
   // Of each timed step: this rank's parts beyond two for each fast-path collective, the step's
   // parts and collectives.
   std::vector<int64_t> extra;
   std::string seen;
   for (int s = 0; s < 24; ++s) {
-    for (int t = 0; t < kTensors; ++t) {
-      for (int i = 0; i < kCount; ++i) in[t][i] = static_cast<float>((r + s + t + i) % 5);
-    }
-    ck.ExpectOk(WaitDone(e.Barrier()), "barrier before batched step " + std::to_string(s));
-    const hvd::NegotiationCounters before = hvd::ReadNegotiationCounters(e);
-    std::vector<hvd::HandlePtr> hs;
-    for (int t = 0; t < kTensors; ++t) {
-      if (last && t > 0 && t % (kTensors / kBatches) == 0) {
-        const auto until = Clock::now() + std::chrono::microseconds(30);
-        while (Clock::now() < until) std::this_thread::yield();
-      }
-      hs.push_back(e.Allreduce("batched." + std::to_string(t),
-                               TensorView(in[t].data(), DataType::kFloat32, {kCount}),
-                               TensorView(out[t].data(), DataType::kFloat32, {kCount}),
-                               ReduceOp::kSum));
-    }
-    bool ok = true;
-    for (int t = 0; t < kTensors; ++t) {
-      ok = ck.ExpectOk(WaitDone(hs[t]), "batched step " + std::to_string(s) + ": tensor " +
-                                            std::to_string(t)) && ok;
-    }
-    const hvd::NegotiationCounters after = hvd::ReadNegotiationCounters(e);
-    if (!ok) return;
-    if (s >= 4) {
-      const auto parts = static_cast<int64_t>(after.messages - before.messages);
-      const auto collectives = static_cast<int64_t>(after.fast_path_steps - before.fast_path_steps);
-      extra.push_back(parts - 2 * collectives);
-      seen += " " + std::to_string(parts) + "/" + std::to_string(collectives);
-    }
-    for (int t = 0; t < kTensors; ++t) {
-      ck.ExpectElements(DataType::kFloat32, out[t].data(), kCount,
-                        [&](int64_t i) {
-                          double v = 0;
-                          for (int q = 0; q < n; ++q) v += (q + s + t + i) % 5;
-                          return v;
-                        },
-                        "batched step " + std::to_string(s) + ": tensor " + std::to_string(t));
-    }
+    int64_t parts = 0, collectives = 0;
+    const auto pause = std::chrono::microseconds(last ? 30 : 0);
+    if (!RunBatchedStep(e, ck, "batched", s, pause, true, &parts, &collectives)) return;
+    if (s < 4) continue;
+    extra.push_back(parts - 2 * collectives);
+    seen += " " + std::to_string(parts) + "/" + std::to_string(collectives);
   }
   std::sort(extra.begin(), extra.end());
   const int64_t median = extra[extra.size() / 2];
@@ -458,14 +476,14 @@ void CheckStepInBatches(hvd::Engine& e, Checker& ck) {
   std::printf("[mp] rank %d: a step enqueued in %d batches by the last rank (%s): parts or lists "
               "sent / fast-path collectives of each step:%s; median %lld parts beyond two a "
               "collective\n",
-              r, kBatches, rounds ? "rounds" : "rank 0 answers", seen.c_str(),
+              e.rank(), kStepBatches, rounds ? "rounds" : "rank 0 answers", seen.c_str(),
               static_cast<long long>(median));
 #ifndef HVD_SANITIZED
-  if (rounds) ck.Expect(median <= 1, "a step enqueued in " + std::to_string(kBatches) +
+  if (rounds) ck.Expect(median <= 0, "a step enqueued in " + std::to_string(kStepBatches) +
                              " batches by the last rank took " + std::to_string(median) +
                              " parts beyond two for each of its collectives (median) on this "
-                             "rank (expected at most 1: the last rank's part waits for the rest "
-                             "of the step; a part per batch makes 3 or more)");
+                             "rank (expected none: the last rank's part waits for the rest of "
+                             "the step; a part per batch makes 1-2 more)");
 #endif
 }
 
@@ -475,64 +493,31 @@ void CheckStepInBatches(hvd::Engine& e, Checker& ck) {
 // sent its part, on every rank with the same bits: the round agreed on the first batches alone,
 // and the step ran as two or more collectives (mp_steps_np2 failed about one run in seven on
 // its step of 1,000 tensors, whose handle vector grows at 512). A part now waits while the
-// last tensor came less than 50 µs ago: the step is one collective. (Before, two runs
-// in three split 11-15 of the 20 steps; one in three, whose background threads did not poll
-// through the pauses, split none.)
+// last tensor came less than 50 µs ago: the step is one collective. (Before, two runs in three
+// split 11-15 of the 20 steps; one in three, whose background threads did not poll through the
+// pauses, split none.)
 void CheckStepWithPauses(hvd::Engine& e, Checker& ck) {
-  const int r = e.rank(), n = e.size();
-  constexpr int kTensors = 64, kBatches = 4, kCount = 16;
-  std::vector<std::vector<float>> in(kTensors, std::vector<float>(kCount)), out = in;
-  std::vector<uint64_t> collectives;
+  std::vector<int64_t> collectives;
   std::string seen;
   for (int s = 0; s < 24; ++s) {
-    for (int t = 0; t < kTensors; ++t) {
-      for (int i = 0; i < kCount; ++i) in[t][i] = static_cast<float>((r + 2 * s + t + i) % 5);
+    int64_t parts = 0, got = 0;
+    if (!RunBatchedStep(e, ck, "paused", s, std::chrono::microseconds(20), false, &parts, &got)) {
+      return;
     }
-    ck.ExpectOk(WaitDone(e.Barrier()), "barrier before paused step " + std::to_string(s));
-    const hvd::NegotiationCounters before = hvd::ReadNegotiationCounters(e);
-    std::vector<hvd::HandlePtr> hs;
-    for (int t = 0; t < kTensors; ++t) {
-      if (t > 0 && t % (kTensors / kBatches) == 0) {
-        const auto until = Clock::now() + std::chrono::microseconds(20);
-        while (Clock::now() < until) {
-        }
-      }
-      hs.push_back(e.Allreduce("paused." + std::to_string(t),
-                               TensorView(in[t].data(), DataType::kFloat32, {kCount}),
-                               TensorView(out[t].data(), DataType::kFloat32, {kCount}),
-                               ReduceOp::kSum));
-    }
-    bool ok = true;
-    for (int t = 0; t < kTensors; ++t) {
-      ok = ck.ExpectOk(WaitDone(hs[t]), "paused step " + std::to_string(s) + ": tensor " +
-                                            std::to_string(t)) && ok;
-    }
-    const hvd::NegotiationCounters after = hvd::ReadNegotiationCounters(e);
-    if (!ok) return;
-    if (s >= 4) {
-      collectives.push_back(after.fast_path_steps - before.fast_path_steps);
-      seen += " " + std::to_string(collectives.back());
-    }
-    for (int t = 0; t < kTensors; ++t) {
-      ck.ExpectElements(DataType::kFloat32, out[t].data(), kCount,
-                        [&](int64_t i) {
-                          double v = 0;
-                          for (int q = 0; q < n; ++q) v += (q + 2 * s + t + i) % 5;
-                          return v;
-                        },
-                        "paused step " + std::to_string(s) + ": tensor " + std::to_string(t));
-    }
+    if (s < 4) continue;
+    collectives.push_back(got);
+    seen += " " + std::to_string(got);
   }
   const auto split = std::count_if(collectives.begin(), collectives.end(),
-                                   [](uint64_t c) { return c > 1; });
+                                   [](int64_t c) { return c > 1; });
   const bool rounds = hvd::NegotiatesInRounds(e);
   std::printf("[mp] rank %d: a step enqueued in %d batches 20 us apart by every rank (%s): "
               "fast-path collectives of each step:%s\n",
-              r, kBatches, rounds ? "rounds" : "rank 0 answers", seen.c_str());
+              e.rank(), kStepBatches, rounds ? "rounds" : "rank 0 answers", seen.c_str());
 #ifndef HVD_SANITIZED
   if (rounds) {
     ck.Expect(split <= 4, std::to_string(split) + " of " + std::to_string(collectives.size()) +
-                              " steps enqueued in " + std::to_string(kBatches) +
+                              " steps enqueued in " + std::to_string(kStepBatches) +
                               " batches 20 us apart by every rank ran as more than one "
                               "fast-path collective (expected at most 4: a part waits while "
                               "the last tensor came less than 50 us ago)");
@@ -603,8 +588,13 @@ int RunStepChecks(hvd::Engine& e, Checker& ck, int tensors) {
   ck.Begin("alternating steps");
   CheckAlternatingSteps(e, ck, tensors);
   CheckUnevenAnnouncements(e, ck);
-  CheckStepInBatches(e, ck);
   CheckStepWithPauses(e, ck);
+  return ck.End();
+}
+
+int RunBatchedStepChecks(hvd::Engine& e, Checker& ck) {
+  ck.Begin("a step in batches");
+  CheckStepInBatches(e, ck);
   return ck.End();
 }
 
