@@ -449,12 +449,12 @@ bool RunBatchedStep(hvd::Engine& e, Checker& ck, const std::string& prefix, int 
 // The last rank's caller enqueues a step of cached tensors in four batches with 30 µs pauses
 // between them, yielding its core, while the others enqueue it at once. Run with
 // HVD_SPIN_MICROSECONDS=10 (mp_steps_batched_np2), so that a part waits for a pause of 10 µs at
-// most and each batch of the last rank's reaches its background thread on its own. Each batch
-// of the last rank's would start a round that holds (its part lacks the rest of the step), every rank answering it with a part:
-// a ping-pong of parts that took the cores the enqueuing callers needed. The last rank's part
-// waits instead until it has every bit the others announced: the step takes two rounds (the
-// last rank's answer to the others' part, and its whole part; three where the first parts of
-// both went out early), not one per batch (4 to 9 parts a step).
+// most and each batch of the last rank's reaches its background thread on its own. Each such
+// batch would start a round that holds (its part lacks the rest of the step), every rank
+// answering it with a part: a ping-pong of parts that took the cores the enqueuing callers
+// needed. The last rank's part waits instead until it has every bit the others announced: the
+// step takes two rounds (the last rank's answer to the others' part, and its whole part), not
+// one per batch (1-2 parts beyond two a collective, the median without the rule).
 void CheckStepInBatches(hvd::Engine& e, Checker& ck) {
   const bool last = e.rank() == e.size() - 1;
   // Of each timed step: this rank's parts beyond two for each fast-path collective, the step's
