@@ -310,7 +310,6 @@ struct Rounds {
   std::vector<uint64_t> missing;
   size_t missing_count = 0;
   bool lacked = false;
-  bool withdrew = false;  // `withdraw` has bits this rank's last part did not give
   // Rank 0: its coordinator took a request whose name has a bit, or a join, since its last part.
   bool coordinator_news = false;
   // [rank] the parts of round done+1 and (sent by ranks that completed it first) done+2.

@@ -98,9 +98,10 @@ void EngineImpl::AnnounceBit(uint32_t bit, Clock::time_point now) {
 // the ranks that did, whose parts it answers with all it has, or for rank 0 to end the hold.
 bool EngineImpl::PartHasNews() const {
   const Rounds& r = *rounds_;
-  if (r.coordinator_news || r.withdrew) return true;
-  if (!r.fresh) return false;
-  return !r.holding || (r.lacked && r.missing_count == 0);
+  if (r.coordinator_news) return true;
+  if (!r.fresh) return false;  // (a bit withdrawn here makes the row fresh too)
+  if (!r.holding || (r.lacked && r.missing_count == 0)) return true;
+  return std::any_of(r.withdraw.begin(), r.withdraw.end(), [](uint64_t w) { return w != 0; });
 }
 
 bool EngineImpl::RoundNews(Clock::time_point now) const {
@@ -214,7 +215,6 @@ void EngineImpl::SendPart() {
   }
   TrimZeros(&c.withdraw);
   r.fresh = false;
-  r.withdrew = false;
   r.started = now;
   r.held_since = Clock::time_point();
   r.sent = true;
@@ -460,7 +460,6 @@ void EngineImpl::WithdrawLateBits(Clock::time_point now) {
   }
   if (leaving.empty()) return;
   r.fresh = true;
-  r.withdrew = true;
   SendToCoordinator(std::move(leaving));
 }
 
