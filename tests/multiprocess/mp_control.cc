@@ -1,8 +1,11 @@
 // Barrier, join, many caller threads, the engine's work run by a waiting caller, and training
 // steps on the fast path.
+#include <dirent.h>
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -204,8 +207,29 @@ void CheckThreads(hvd::Engine& e, Checker& ck) {
 // then a batch of 200 can miss (1 run in 20 under TSan, and a run that misses one often misses
 // several): while any rank has seen none, all run another batch, up to 40 (seconds, under TSan).
 // Every result is checked either way.
+// Every thread of this process may run on the CPUs in `mask`; the threads that may not, by id.
+std::string ThreadsOffMask(const cpu_set_t& mask) {
+  std::string off;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return off;
+  while (dirent* t = readdir(d)) {
+    if (t->d_name[0] < '0' || t->d_name[0] > '9') continue;
+    cpu_set_t m;
+    if (sched_getaffinity(std::atoi(t->d_name), sizeof(m), &m) == 0 && !CPU_EQUAL(&m, &mask)) {
+      off += std::string(off.empty() ? "" : ", ") + t->d_name + " (" +
+             std::to_string(CPU_COUNT(&m)) + " CPUs)";
+    }
+  }
+  closedir(d);
+  return off;
+}
+
 void CheckWaitRunsTheWork(hvd::Engine& e, Checker& ck) {
   const int r = e.rank(), n = e.size();
+  // Stepped aside on a host with no core to spare, the background thread is kept on its
+  // helping caller's CPU, and gets the process's CPUs back when it returns (AsidePin).
+  cpu_set_t start;
+  const bool have_mask = sched_getaffinity(0, sizeof(start), &start) == 0;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const bool helps = static_cast<unsigned>(std::max(1, e.local_size())) <= cores &&
                      e.options().spin_microseconds != 0;
@@ -241,6 +265,18 @@ void CheckWaitRunsTheWork(hvd::Engine& e, Checker& ck) {
       return;
     }
     if (none == 0) break;
+  }
+  if (have_mask) {
+    // (It returns when it next runs; the last helper left with the last operation.)
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    std::string off = ThreadsOffMask(start);
+    while (!off.empty() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      off = ThreadsOffMask(start);
+    }
+    ck.Expect(off.empty(), "threads " + off + " may still run on fewer CPUs than the process's " +
+                               std::to_string(CPU_COUNT(&start)) +
+                               " 5 s after the last helped operation (expected every one back)");
   }
   if (helps && long_window) {
     ck.Expect(on_caller > 0, "none of " + std::to_string(ran) +

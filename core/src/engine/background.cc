@@ -25,6 +25,35 @@ constexpr auto kIoPollEvery = std::chrono::microseconds(20);
 // some runs.
 constexpr auto kAsideYield = std::chrono::milliseconds(100);
 
+// The background thread, stepped aside, kept on one CPU (the helping caller's) until it
+// returns: a thread that yields stays runnable, and the scheduler spreads runnable threads,
+// not work. On a host with a core per rank and none to spare, it often put both ranks' callers,
+// which then did all the work, on one core and both yielding background threads on the other
+// (a step of 1,000 tiny allreduces at 2 ranks on 2 cores then took 2-4 times as long, with
+// 10-20 times the context switches). Kept beside its caller, a background thread yields only
+// to it, and a core that only background threads would share has none: the scheduler moves a
+// caller there.
+class AsidePin {
+ public:
+  explicit AsidePin(int cpu) {
+    if (cpu < 0 || sched_getaffinity(0, sizeof(saved_), &saved_) != 0) return;
+    if (!CPU_ISSET(cpu, &saved_) || CPU_COUNT(&saved_) < 2) return;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pinned_ = sched_setaffinity(0, sizeof(one), &one) == 0;
+  }
+  ~AsidePin() {
+    if (pinned_) sched_setaffinity(0, sizeof(saved_), &saved_);
+  }
+  AsidePin(const AsidePin&) = delete;
+  AsidePin& operator=(const AsidePin&) = delete;
+
+ private:
+  cpu_set_t saved_;
+  bool pinned_ = false;
+};
+
 }  // namespace
 
 // kAbort's payload (coordinator/messages.h): the cause's code in one byte, then its message. A
@@ -226,6 +255,7 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
 void EngineImpl::StepAside(std::unique_lock<std::mutex>& run) {
   ProgressHelper& p = *helper_;
   run.unlock();
+  const AsidePin pin(pin_aside_ ? p.caller_cpu.load(std::memory_order_relaxed) : -1);
   // Callers usually help one operation after another (wait, submit, wait): yield while they do,
   // so that none of them pays for waking this thread when it leaves. Only a long stretch of
   // help (kAsideYield) puts it to sleep, woken by the last caller to leave.
@@ -283,6 +313,7 @@ void HelpProgress(ProgressHelper* p, const Handle& h, std::chrono::microseconds 
                   Clock::time_point until) {
   if (t_running_engine || spin.count() <= 0) return;
   p->waiting.fetch_add(1);
+  p->caller_cpu.store(sched_getcpu(), std::memory_order_relaxed);  // (AsidePin)
   std::unique_lock<std::mutex> run(p->run, std::defer_lock);
   auto moved_at = Clock::now();
   while (!h.Poll()) {

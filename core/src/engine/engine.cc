@@ -1,6 +1,8 @@
 // The public Engine API: argument checks and enqueueing. See engine_impl.h for the threads.
 #include "engine/engine_impl.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cassert>
@@ -181,6 +183,11 @@ Status EngineImpl::Connect() {
   // polling of a long one would take the core that the threads it waits for need.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   oversubscribed_ = static_cast<unsigned>(std::max(1, options_.local_size)) > cores;
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
+    const int usable = CPU_COUNT(&allowed);
+    pin_aside_ = usable > 1 && std::max(1, options_.local_size) >= usable;
+  }
   auto on_msg = [this](int peer, uint8_t type, std::vector<uint8_t>&& p) {
     OnControlMessage(peer, type, std::move(p));
   };

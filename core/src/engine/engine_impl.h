@@ -95,6 +95,7 @@ class ProgressHelper {
   EngineImpl* engine = nullptr;   // guarded by run; null once the engine has stopped
   std::atomic<int> waiting{0};    // callers that ask for `run`
   std::atomic<int> blocked{0};    // callers in a handle's Wait or WaitFor (after helping)
+  std::atomic<int> caller_cpu{-1};  // where the last caller to start helping ran (sched_getcpu)
   std::mutex aside_mu;
   std::condition_variable aside_cv;  // the background thread, stepped aside, waits on it
   bool aside = false;             // guarded by aside_mu
@@ -714,6 +715,10 @@ class EngineImpl {
   // More ranks on this host than cores: callers' Wait polls only for operations of up to
   // kSmallWaitBytes (engine.cc).
   bool oversubscribed_ = false;
+  // No core to spare on this host (at least as many ranks as the CPUs this process may use, and
+  // more than one of those): the background thread, stepped aside, stays on its helping
+  // caller's CPU (StepAside).
+  bool pin_aside_ = false;
   static constexpr size_t kSmallWaitBytes = 64 << 10;
   Clock::time_point last_work_;
   std::vector<Clock::time_point> last_heard_;  // per control peer
@@ -740,7 +745,8 @@ class EngineImpl {
   bool Work(bool by_caller);
   bool WorkCycle(bool by_caller);
   // The background thread, idle while a caller waits: lets the caller run the work (`run` is
-  // released until no caller asks for it, or a tick passes).
+  // released until no caller asks for it, or a tick passes). Where pin_aside_, on the CPU of
+  // the caller that helps.
   void StepAside(std::unique_lock<std::mutex>& run);
   // While polling after work (the background thread's spin, a helping caller): the control
   // rings with the poller's flag up, and the io_context every kIoPollEvery (every round with
