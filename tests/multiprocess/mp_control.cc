@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "hvd/raw.h"
@@ -197,6 +198,40 @@ void CheckThreads(hvd::Engine& e, Checker& ck) {
   for (auto& th : threads) th.join();
 }
 
+// Each thread of this process by id, with the CPUs it may run on.
+std::vector<std::pair<std::string, cpu_set_t>> ThreadMasks() {
+  std::vector<std::pair<std::string, cpu_set_t>> masks;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return masks;
+  while (dirent* t = readdir(d)) {
+    if (t->d_name[0] < '0' || t->d_name[0] > '9') continue;
+    cpu_set_t m;
+    if (sched_getaffinity(std::atoi(t->d_name), sizeof(m), &m) == 0) {
+      masks.emplace_back(t->d_name, m);
+    }
+  }
+  closedir(d);
+  return masks;
+}
+
+// The threads whose CPUs are not those they had in `before` (a thread not there then: the
+// process's, `start`), by id.
+std::string ThreadsWithOtherMasks(const std::vector<std::pair<std::string, cpu_set_t>>& before,
+                                  const cpu_set_t& start) {
+  std::string off;
+  for (const auto& [id, now] : ThreadMasks()) {
+    const cpu_set_t* had = &start;
+    for (const auto& b : before) {
+      if (b.first == id) had = &b.second;
+    }
+    if (!CPU_EQUAL(&now, had)) {
+      off += (off.empty() ? "" : ", ") + id + " (" + std::to_string(CPU_COUNT(&now)) +
+             " CPUs, had " + std::to_string(CPU_COUNT(had)) + ")";
+    }
+  }
+  return off;
+}
+
 // Caller-driven progress (engine/engine_impl.h): with a core per rank, a thread that waits on a
 // small operation runs the engine's work itself once the background thread is idle, so some
 // allgathers' output allocators (called where the response executes) run on the waiting thread.
@@ -207,29 +242,13 @@ void CheckThreads(hvd::Engine& e, Checker& ck) {
 // then a batch of 200 can miss (1 run in 20 under TSan, and a run that misses one often misses
 // several): while any rank has seen none, all run another batch, up to 40 (seconds, under TSan).
 // Every result is checked either way.
-// Every thread of this process may run on the CPUs in `mask`; the threads that may not, by id.
-std::string ThreadsOffMask(const cpu_set_t& mask) {
-  std::string off;
-  DIR* d = opendir("/proc/self/task");
-  if (d == nullptr) return off;
-  while (dirent* t = readdir(d)) {
-    if (t->d_name[0] < '0' || t->d_name[0] > '9') continue;
-    cpu_set_t m;
-    if (sched_getaffinity(std::atoi(t->d_name), sizeof(m), &m) == 0 && !CPU_EQUAL(&m, &mask)) {
-      off += std::string(off.empty() ? "" : ", ") + t->d_name + " (" +
-             std::to_string(CPU_COUNT(&m)) + " CPUs)";
-    }
-  }
-  closedir(d);
-  return off;
-}
-
 void CheckWaitRunsTheWork(hvd::Engine& e, Checker& ck) {
   const int r = e.rank(), n = e.size();
   // Stepped aside on a host with no core to spare, the background thread is kept on its
   // helping caller's CPU, and gets the process's CPUs back when it returns (AsidePin).
   cpu_set_t start;
   const bool have_mask = sched_getaffinity(0, sizeof(start), &start) == 0;
+  const auto masks_before = ThreadMasks();
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const bool helps = static_cast<unsigned>(std::max(1, e.local_size())) <= cores &&
                      e.options().spin_microseconds != 0;
@@ -269,14 +288,13 @@ void CheckWaitRunsTheWork(hvd::Engine& e, Checker& ck) {
   if (have_mask) {
     // (It returns when it next runs; the last helper left with the last operation.)
     const auto deadline = Clock::now() + std::chrono::seconds(5);
-    std::string off = ThreadsOffMask(start);
+    std::string off = ThreadsWithOtherMasks(masks_before, start);
     while (!off.empty() && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      off = ThreadsOffMask(start);
+      off = ThreadsWithOtherMasks(masks_before, start);
     }
-    ck.Expect(off.empty(), "threads " + off + " may still run on fewer CPUs than the process's " +
-                               std::to_string(CPU_COUNT(&start)) +
-                               " 5 s after the last helped operation (expected every one back)");
+    ck.Expect(off.empty(), "threads " + off + " may run on other CPUs than before, 5 s after " +
+                               "the last helped operation (expected every one's back)");
   }
   if (helps && long_window) {
     ck.Expect(on_caller > 0, "none of " + std::to_string(ran) +

@@ -25,8 +25,8 @@ constexpr auto kIoPollEvery = std::chrono::microseconds(20);
 // some runs.
 constexpr auto kAsideYield = std::chrono::milliseconds(100);
 
-// The background thread, stepped aside, kept on one CPU (the helping caller's) until it
-// returns: a thread that yields stays runnable, and the scheduler spreads runnable threads,
+// The background thread, stepped aside, kept on one CPU (the helping caller's) while it yields
+// (not while it sleeps after kAsideYield): a thread that yields stays runnable, and the scheduler spreads runnable threads,
 // not work. On a host with a core per rank and none to spare, it often put both ranks' callers,
 // which then did all the work, on one core and both yielding background threads on the other
 // (a step of 1,000 tiny allreduces at 2 ranks on 2 cores then took 2-4 times as long, with
@@ -38,19 +38,28 @@ class AsidePin {
   explicit AsidePin(int cpu) {
     if (cpu < 0 || sched_getaffinity(0, sizeof(saved_), &saved_) != 0) return;
     if (!CPU_ISSET(cpu, &saved_) || CPU_COUNT(&saved_) < 2) return;
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    pinned_ = sched_setaffinity(0, sizeof(one), &one) == 0;
+    CPU_ZERO(&one_);
+    CPU_SET(cpu, &one_);
+    pinned_ = sched_setaffinity(0, sizeof(one_), &one_) == 0;
   }
+  // The mask it had, unless something else set another meanwhile; where that fails (the CPUs
+  // it had are gone from its cpuset), every CPU, which the kernel narrows to what it may use.
   ~AsidePin() {
-    if (pinned_) sched_setaffinity(0, sizeof(saved_), &saved_);
+    if (!pinned_) return;
+    cpu_set_t now;
+    if (sched_getaffinity(0, sizeof(now), &now) != 0 || !CPU_EQUAL(&now, &one_)) return;
+    if (sched_setaffinity(0, sizeof(saved_), &saved_) == 0) return;
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int c = 0; c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
+    sched_setaffinity(0, sizeof(all), &all);
   }
   AsidePin(const AsidePin&) = delete;
   AsidePin& operator=(const AsidePin&) = delete;
 
  private:
   cpu_set_t saved_;
+  cpu_set_t one_;
   bool pinned_ = false;
 };
 
@@ -255,12 +264,14 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
 void EngineImpl::StepAside(std::unique_lock<std::mutex>& run) {
   ProgressHelper& p = *helper_;
   run.unlock();
-  const AsidePin pin(pin_aside_ ? p.caller_cpu.load(std::memory_order_relaxed) : -1);
   // Callers usually help one operation after another (wait, submit, wait): yield while they do,
   // so that none of them pays for waking this thread when it leaves. Only a long stretch of
   // help (kAsideYield) puts it to sleep, woken by the last caller to leave.
-  const auto until = Clock::now() + kAsideYield;
-  while (p.waiting.load() > 0 && Clock::now() < until) sched_yield();
+  {
+    const AsidePin pin(pin_aside_ ? p.caller_cpu.load(std::memory_order_relaxed) : -1);
+    const auto until = Clock::now() + kAsideYield;
+    while (p.waiting.load() > 0 && Clock::now() < until) sched_yield();
+  }
   if (p.waiting.load() > 0) {
     std::unique_lock<std::mutex> l(p.aside_mu);
     p.aside = true;
@@ -312,8 +323,11 @@ int EngineImpl::HelpStep() {
 void HelpProgress(ProgressHelper* p, const Handle& h, std::chrono::microseconds spin,
                   Clock::time_point until) {
   if (t_running_engine || spin.count() <= 0) return;
+  // (For AsidePin: before `waiting`, which the background thread sees before it reads this.)
+  if (p->track_cpu.load(std::memory_order_relaxed)) {
+    p->caller_cpu.store(sched_getcpu(), std::memory_order_relaxed);
+  }
   p->waiting.fetch_add(1);
-  p->caller_cpu.store(sched_getcpu(), std::memory_order_relaxed);  // (AsidePin)
   std::unique_lock<std::mutex> run(p->run, std::defer_lock);
   auto moved_at = Clock::now();
   while (!h.Poll()) {

@@ -2,6 +2,7 @@
 #include "engine/engine_impl.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -183,11 +184,15 @@ Status EngineImpl::Connect() {
   // polling of a long one would take the core that the threads it waits for need.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   oversubscribed_ = static_cast<unsigned>(std::max(1, options_.local_size)) > cores;
+  // Only where this process may run on every CPU of the host: a rank bound to CPUs of its own
+  // (mpirun --bind-to, Slurm --cpu-bind, taskset) has its spare ones to itself.
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
     const int usable = CPU_COUNT(&allowed);
-    pin_aside_ = usable > 1 && std::max(1, options_.local_size) >= usable;
+    pin_aside_ = usable > 1 && usable == static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) &&
+                 std::max(1, options_.local_size) >= usable;
   }
+  helper_->track_cpu.store(pin_aside_, std::memory_order_relaxed);
   auto on_msg = [this](int peer, uint8_t type, std::vector<uint8_t>&& p) {
     OnControlMessage(peer, type, std::move(p));
   };

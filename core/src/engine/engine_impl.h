@@ -95,7 +95,10 @@ class ProgressHelper {
   EngineImpl* engine = nullptr;   // guarded by run; null once the engine has stopped
   std::atomic<int> waiting{0};    // callers that ask for `run`
   std::atomic<int> blocked{0};    // callers in a handle's Wait or WaitFor (after helping)
-  std::atomic<int> caller_cpu{-1};  // where the last caller to start helping ran (sched_getcpu)
+  // Where the last caller to start helping ran (sched_getcpu), kept only if track_cpu (set
+  // before any handle exists: EngineImpl::pin_aside_).
+  std::atomic<int> caller_cpu{-1};
+  std::atomic<bool> track_cpu{false};
   std::mutex aside_mu;
   std::condition_variable aside_cv;  // the background thread, stepped aside, waits on it
   bool aside = false;             // guarded by aside_mu
