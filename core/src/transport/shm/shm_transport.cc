@@ -24,6 +24,7 @@
 
 #include "bootstrap/auth.h"
 #include "collectives/collectives.h"
+#include "common/cpu_relax.h"
 #include "common/logging.h"
 #include "reduce/reduce.h"
 #include "transport/collective_offload.h"
@@ -131,17 +132,6 @@ void CopyOutOfRing(const uint8_t* ring, uint64_t pos, uint8_t* dst, size_t n,
 
 // How often a spinning wait also polls the io_context (a syscall) and yields the core.
 constexpr auto kPollEvery = std::chrono::microseconds(20);
-
-// A short pause between looks at shared memory while spinning.
-inline void CpuRelax() {
-  for (int i = 0; i < 16; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-  }
-}
 
 void Unmap(std::vector<Segment>& segments) {
   for (Segment& s : segments) {
