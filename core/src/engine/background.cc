@@ -33,13 +33,13 @@ constexpr auto kAsideYield = std::chrono::milliseconds(100);
 constexpr auto kHelpYieldEvery = std::chrono::microseconds(20);
 
 // The background thread, stepped aside, kept on one CPU (the helping caller's) while it yields
-// (not while it sleeps after kAsideYield): a thread that yields stays runnable, and the scheduler spreads runnable threads,
-// not work. On a host with a core per rank and none to spare, it often put both ranks' callers,
-// which then did all the work, on one core and both yielding background threads on the other
-// (a step of 1,000 tiny allreduces at 2 ranks on 2 cores then took 2-4 times as long, with
-// 10-20 times the context switches). Kept beside its caller, a background thread yields only
-// to it, and a core that only background threads would share has none: the scheduler moves a
-// caller there.
+// (not while it sleeps after kAsideYield). A thread that yields stays runnable, and the
+// scheduler spreads runnable threads, not work: on a host with a core per rank and none to
+// spare, it often put both ranks' callers, which then did all the work, on one core and both
+// yielding background threads on the other (a step of 1,000 tiny allreduces at 2 ranks on 2
+// cores then took 2-4 times as long, with 10-20 times the context switches). Kept beside its
+// caller, a background thread yields only to it, and a core that only background threads would
+// share has none: the scheduler moves a caller there.
 class AsidePin {
  public:
   explicit AsidePin(int cpu) {

@@ -718,9 +718,9 @@ class EngineImpl {
   // More ranks on this host than cores: callers' Wait polls only for operations of up to
   // kSmallWaitBytes (engine.cc).
   bool oversubscribed_ = false;
-  // No core to spare on this host (at least as many ranks as the CPUs this process may use, and
-  // more than one of those): the background thread, stepped aside, stays on its helping
-  // caller's CPU (StepAside).
+  // No core to spare on this host (this process may use every CPU of the host, more than one,
+  // and the host runs at least as many ranks): the background thread, stepped aside, stays on
+  // its helping caller's CPU while it yields (StepAside).
   bool pin_aside_ = false;
   static constexpr size_t kSmallWaitBytes = 64 << 10;
   Clock::time_point last_work_;
