@@ -191,6 +191,8 @@ Status EngineImpl::Connect() {
     const int usable = CPU_COUNT(&allowed);
     pin_aside_ = usable > 1 && usable == static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) &&
                  std::max(1, options_.local_size) >= usable;
+    helper_->pause_idle.store(usable >= std::max(1, options_.local_size),
+                              std::memory_order_relaxed);
   }
   helper_->track_cpu.store(pin_aside_, std::memory_order_relaxed);
   auto on_msg = [this](int peer, uint8_t type, std::vector<uint8_t>&& p) {

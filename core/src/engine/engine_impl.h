@@ -99,6 +99,10 @@ class ProgressHelper {
   // before any handle exists: EngineImpl::pin_aside_).
   std::atomic<int> caller_cpu{-1};
   std::atomic<bool> track_cpu{false};
+  // This process may use at least a CPU per rank on the host: a helping caller that waits for
+  // its peers pauses between passes instead of yielding at each (HelpProgress). Off where the
+  // ranks may share CPUs (taskset, or bound one per core: the peer may be on this one).
+  std::atomic<bool> pause_idle{false};
   std::mutex aside_mu;
   std::condition_variable aside_cv;  // the background thread, stepped aside, waits on it
   bool aside = false;             // guarded by aside_mu
