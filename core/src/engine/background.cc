@@ -276,7 +276,9 @@ void EngineImpl::StepAside(std::unique_lock<std::mutex>& run) {
   // so that none of them pays for waking this thread when it leaves. Only a long stretch of
   // help (kAsideYield) puts it to sleep, woken by the last caller to leave.
   {
-    const AsidePin pin(pin_aside_ ? p.caller_cpu.load(std::memory_order_relaxed) : -1);
+    const AsidePin pin(p.pin_aside.load(std::memory_order_relaxed)
+                           ? p.caller_cpu.load(std::memory_order_relaxed)
+                           : -1);
     const auto until = Clock::now() + kAsideYield;
     while (p.waiting.load() > 0 && Clock::now() < until) sched_yield();
   }
@@ -332,7 +334,7 @@ void HelpProgress(ProgressHelper* p, const Handle& h, std::chrono::microseconds 
                   Clock::time_point until) {
   if (t_running_engine || spin.count() <= 0) return;
   // (For AsidePin: before `waiting`, which the background thread sees before it reads this.)
-  if (p->track_cpu.load(std::memory_order_relaxed)) {
+  if (p->pin_aside.load(std::memory_order_relaxed)) {
     p->caller_cpu.store(sched_getcpu(), std::memory_order_relaxed);
   }
   p->waiting.fetch_add(1);

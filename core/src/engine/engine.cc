@@ -183,18 +183,18 @@ Status EngineImpl::Connect() {
   // the window: there a sleep and its wake-up cost more than the whole operation, while the
   // polling of a long one would take the core that the threads it waits for need.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  oversubscribed_ = static_cast<unsigned>(std::max(1, options_.local_size)) > cores;
-  // Only where this process may run on every CPU of the host: a rank bound to CPUs of its own
-  // (mpirun --bind-to, Slurm --cpu-bind, taskset) has its spare ones to itself.
+  const int local = std::max(1, options_.local_size);
+  oversubscribed_ = static_cast<unsigned>(local) > cores;
+  // Pinning aside only where this process may run on every CPU of the host: a rank bound to
+  // CPUs of its own (mpirun --bind-to, Slurm --cpu-bind, taskset) has its spare ones to itself.
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
     const int usable = CPU_COUNT(&allowed);
-    pin_aside_ = usable > 1 && usable == static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) &&
-                 std::max(1, options_.local_size) >= usable;
-    helper_->pause_idle.store(usable >= std::max(1, options_.local_size),
-                              std::memory_order_relaxed);
+    helper_->pin_aside.store(
+        usable > 1 && usable == static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) && local >= usable,
+        std::memory_order_relaxed);
+    helper_->pause_idle.store(usable >= local, std::memory_order_relaxed);
   }
-  helper_->track_cpu.store(pin_aside_, std::memory_order_relaxed);
   auto on_msg = [this](int peer, uint8_t type, std::vector<uint8_t>&& p) {
     OnControlMessage(peer, type, std::move(p));
   };

@@ -95,10 +95,12 @@ class ProgressHelper {
   EngineImpl* engine = nullptr;   // guarded by run; null once the engine has stopped
   std::atomic<int> waiting{0};    // callers that ask for `run`
   std::atomic<int> blocked{0};    // callers in a handle's Wait or WaitFor (after helping)
-  // Where the last caller to start helping ran (sched_getcpu), kept only if track_cpu (set
-  // before any handle exists: EngineImpl::pin_aside_).
+  // No core to spare on this host (this process may use every CPU of the host, more than one,
+  // and the host runs at least as many ranks; set before any handle exists): the background
+  // thread, stepped aside, stays on its helping caller's CPU while it yields (StepAside), the
+  // CPU where the last caller to start helping ran (sched_getcpu, kept only then).
+  std::atomic<bool> pin_aside{false};
   std::atomic<int> caller_cpu{-1};
-  std::atomic<bool> track_cpu{false};
   // This process may use at least a CPU per rank on the host: a helping caller that waits for
   // its peers pauses between passes instead of yielding at each (HelpProgress). Off where the
   // ranks may share CPUs (taskset, or bound one per core: the peer may be on this one).
@@ -722,10 +724,6 @@ class EngineImpl {
   // More ranks on this host than cores: callers' Wait polls only for operations of up to
   // kSmallWaitBytes (engine.cc).
   bool oversubscribed_ = false;
-  // No core to spare on this host (this process may use every CPU of the host, more than one,
-  // and the host runs at least as many ranks): the background thread, stepped aside, stays on
-  // its helping caller's CPU while it yields (StepAside).
-  bool pin_aside_ = false;
   static constexpr size_t kSmallWaitBytes = 64 << 10;
   Clock::time_point last_work_;
   std::vector<Clock::time_point> last_heard_;  // per control peer
@@ -752,8 +750,8 @@ class EngineImpl {
   bool Work(bool by_caller);
   bool WorkCycle(bool by_caller);
   // The background thread, idle while a caller waits: lets the caller run the work (`run` is
-  // released until no caller asks for it, or a tick passes). Where pin_aside_, on the CPU of
-  // the caller that helps.
+  // released until no caller asks for it, or a tick passes). Where ProgressHelper::pin_aside,
+  // on the CPU of the caller that helps.
   void StepAside(std::unique_lock<std::mutex>& run);
   // While polling after work (the background thread's spin, a helping caller): the control
   // rings with the poller's flag up, and the io_context every kIoPollEvery (every round with
