@@ -217,6 +217,11 @@ def test_alltoall_uneven_splits():
     assert torch.equal(received, torch.tensor([(q + r) % 3 for q in range(n)], dtype=torch.int32))
     out, recv = hvd.synchronize(hvd.alltoall_async(x, splits=splits))
     assert torch.equal(out, y) and recv.tolist() == received.tolist()
+    # NumPy's integers, as Horovod takes them (torch.tensor(splits, dtype=int32)).
+    for given in (np.array(splits, dtype=np.int64), [np.int32(s) for s in splits],
+                  tuple(splits)):
+        out, recv = hvd.alltoall(x, splits=given)
+        assert torch.equal(out, y) and recv.tolist() == received.tolist()
 
 
 @pytest.mark.parametrize("dtype", NUMERIC, ids=str)
@@ -260,6 +265,7 @@ def test_sparse_and_other_device_tensors_are_clear_errors():
 def test_exception_classes():
     assert issubclass(hvd.HvdError, RuntimeError)
     assert issubclass(hvd.InvalidArgumentError, ValueError)  # as Horovod's bad arguments
+    assert issubclass(hvd.FailedPreconditionError, ValueError)  # and its calls before init
     assert hvd.HorovodInternalError is hvd.HvdError
     for cls in (hvd.InvalidArgumentError, hvd.PeerLostError, hvd.AbortedError,
                 hvd.HvdTimeoutError, hvd.FailedPreconditionError, hvd.InternalError):
@@ -447,3 +453,35 @@ def test_a_group_on_two_devices_is_refused_before_it_is_submitted():
     r, n = world()
     out = hvd.grouped_allreduce([torch.full((3,), float(r)), torch.full((2,), 1.0)], op=hvd.Sum)
     assert out[0].tolist() == [n * (n - 1) / 2.0] * 3 and out[1].tolist() == [float(n)] * 2
+
+
+def test_mpi_ops_holds_horovods_names():
+    """Scripts import the ops and basics from horovod.torch.mpi_ops as well."""
+    from hvd.torch import mpi_ops
+    for name in ("Sum", "Average", "Adasum", "Min", "Max", "Product", "init", "shutdown",
+                 "size", "rank", "local_rank", "local_size", "cross_rank", "cross_size",
+                 "is_initialized", "nccl_built", "mpi_enabled", "ProcessSet",
+                 "global_process_set", "add_process_set", "remove_process_set",
+                 "allreduce", "allreduce_async_", "synchronize", "poll", "join"):
+        assert getattr(mpi_ops, name) is getattr(hvd, name), name
+    assert mpi_ops.size() == world()[1]
+
+
+def test_calls_before_init_raise_valueerror_as_horovod():
+    """A process that has not called init (a fresh interpreter: this one has)."""
+    import subprocess
+    import sys
+    code = ("import hvd.torch as hvd\n"
+            "for f in (hvd.rank, hvd.size, hvd.local_rank):\n"
+            "    try:\n"
+            "        f()\n"
+            "    except ValueError as e:\n"
+            "        assert 'init' in str(e), e\n"
+            "    else:\n"
+            "        raise SystemExit('no error from %s' % f.__name__)\n"
+            "print('ok')\n")
+    env = {k: v for k, v in __import__("os").environ.items()
+           if not k.startswith(("HVD_", "HOROVOD_", "OMPI_", "PMI_"))}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr

@@ -51,7 +51,7 @@ def train_reference(kind, passes, predivide=1.0):
 
 
 def train_distributed(kind, passes, named=True, compression=hvd.Compression.none,
-                      predivide=1.0, positional=False, groups=None):
+                      predivide=1.0, positional=False, groups=None, metric=False):
     r, n = world()
     model = make_model(seed=1 + r)  # a different start on every rank
     if r == 0:
@@ -75,7 +75,13 @@ def train_distributed(kind, passes, named=True, compression=hvd.Compression.none
         for micro in range(passes):
             x, y = global_batch(step, micro, n)
             shard = slice(r * BATCH, (r + 1) * BATCH)
-            torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
+            loss = torch.nn.functional.mse_loss(model(x[shard]), y[shard])
+            loss.backward()
+        if metric:  # Horovod's metric_average: unnamed, while the gradients are in flight
+            average = hvd.allreduce(loss.detach())
+            with torch.no_grad():
+                expected = torch.nn.functional.mse_loss(model(x), y)
+            assert torch.allclose(average, expected, atol=1e-12, rtol=0), (average, expected)
         opt.step()
     return model
 
@@ -94,6 +100,62 @@ def test_distributed_optimizer_matches_single_process(kind, passes):
 def test_distributed_optimizer_unnamed_and_predivide():
     assert_same_params(train_distributed("sgd", 1, named=False, predivide=2.0),
                        train_reference("sgd", 1))
+
+
+def test_unnamed_gradients_apart_from_unnamed_calls():
+    """The optimizer's own names for unnamed parameters never meet the caller's unnamed
+    allreduces in the same step (they did: 'already in flight', or a metric summed into a
+    gradient)."""
+    assert_same_params(train_distributed("sgd", 1, named=False, metric=True),
+                       train_reference("sgd", 1))
+
+
+def test_set_backward_passes_per_step_as_horovod():
+    """Built for 1 pass, set to 2: gradients accumulate over two backward passes, as a model
+    built with 2 would."""
+    r, n = world()
+    model = make_model()
+    opt = hvd.DistributedOptimizer(make_opt("sgd", model.parameters()),
+                                   named_parameters=model.named_parameters())
+    opt.set_backward_passes_per_step(2)
+    assert opt.backward_passes_per_step == 2
+    for step in range(STEPS):
+        opt.zero_grad()
+        for micro in range(2):
+            x, y = global_batch(step, micro, n)
+            shard = slice(r * BATCH, (r + 1) * BATCH)
+            torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
+        opt.step()
+    assert_same_params(model, train_reference("sgd", 2))
+
+
+def test_load_state_dict_starts_the_step_afresh():
+    """A rollback in the middle of accumulating (Horovod's load_state_dict): the next step
+    runs as if the interrupted one never began."""
+    r, n = world()
+    model = make_model()
+    opt = hvd.DistributedOptimizer(make_opt("sgd", model.parameters()),
+                                   named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=2)
+    saved = copy.deepcopy(opt.state_dict())
+    x, y = global_batch(99, 0, n)
+    torch.nn.functional.mse_loss(model(x), y).backward()  # one of two passes: nothing sent
+    opt.load_state_dict(saved)
+    for step in range(STEPS):
+        opt.zero_grad()  # refused before (the interrupted pass still counted)
+        for micro in range(2):
+            x, y = global_batch(step, micro, n)
+            shard = slice(r * BATCH, (r + 1) * BATCH)
+            torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
+        opt.step()
+    assert_same_params(model, train_reference("sgd", 2))
+
+
+def test_named_parameters_must_be_pairs():
+    model = make_model()
+    with pytest.raises(ValueError, match="sequence of tuples"):
+        hvd.DistributedOptimizer(make_opt("sgd", model.parameters()),
+                                 named_parameters=model.parameters())
 
 
 def test_distributed_optimizer_arguments_in_horovods_order():
@@ -318,6 +380,17 @@ def test_allgather_object():
     r, n = world()
     got = hvd.allgather_object({"rank": r, "data": "x" * (r * 7)})
     assert got == [{"rank": q, "data": "x" * (q * 7)} for q in range(n)]
+
+
+def test_objects_with_lambdas_travel_as_in_horovod():
+    """cloudpickle, as Horovod: a lambda or a closure (a schedule in an elastic state) goes by
+    value."""
+    r, n = world()
+    offset = 3
+    got = hvd.broadcast_object((lambda x: x * 2 + offset) if r == 0 else None, root_rank=0)
+    assert got(5) == 13
+    fns = hvd.allgather_object(lambda x, r=r: x + r)
+    assert [f(100) for f in fns] == [100 + q for q in range(n)]
 
 
 def test_barrier_after_training():

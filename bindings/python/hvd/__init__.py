@@ -8,8 +8,8 @@ Errors from the engine raise :class:`HvdError` (a ``RuntimeError``, also exporte
 ``HorovodInternalError``) or one subclass per status code:
 
 * ``InvalidArgumentError``, ``FailedPreconditionError``: the call or its tensor was wrong, for
-  example a shape, dtype or root that differs across ranks. Recoverable: the next operation
-  works.
+  example a shape, dtype or root that differs across ranks, or a call before ``hvd.init()``.
+  Recoverable: the next operation works. Both are also ``ValueError``s, as Horovod raises.
 * ``PeerLostError``, ``HvdTimeoutError``: a rank died or stopped answering. The communicator
   is gone; every later operation fails too.
 * ``ResourceExhaustedError``: a rank could not allocate the memory an operation needs. The

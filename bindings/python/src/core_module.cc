@@ -248,11 +248,12 @@ void RegisterErrors(py::module_& m) {
   g_errors[0] = base;
   for (int i = 1; i < kErrorClasses; ++i) {
     std::string qual = std::string("hvd.") + kNames[i];
-    // InvalidArgumentError is also a ValueError, as Horovod raises for bad arguments, so that
-    // `except ValueError` catches it.
-    PyObject* bases = i == static_cast<int>(hvd::StatusCode::kInvalidArgument)
-                          ? PyTuple_Pack(2, base, PyExc_ValueError)
-                          : nullptr;
+    // InvalidArgumentError and FailedPreconditionError are also ValueErrors, as Horovod
+    // raises for bad arguments and for a call before hvd.init(), so that `except ValueError`
+    // catches them.
+    const bool value_error = i == static_cast<int>(hvd::StatusCode::kInvalidArgument) ||
+                             i == static_cast<int>(hvd::StatusCode::kFailedPrecondition);
+    PyObject* bases = value_error ? PyTuple_Pack(2, base, PyExc_ValueError) : nullptr;
     g_errors[i] = PyErr_NewException(qual.c_str(), bases ? bases : base, nullptr);
     Py_XDECREF(bases);
     m.add_object(kNames[i], py::handle(g_errors[i]));

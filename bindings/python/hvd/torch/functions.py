@@ -41,6 +41,16 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         synchronize(h)
 
 
+def _dumps(obj):
+    """obj's bytes, by cloudpickle as in Horovod (lambdas and closures go by value), or by
+    pickle where cloudpickle is not installed. Either is read back by pickle.loads."""
+    try:
+        import cloudpickle
+    except ImportError:
+        return pickle.dumps(obj)
+    return cloudpickle.dumps(obj)
+
+
 def _object_op_name(name, process_set):
     # Not type(obj).__name__ as Horovod does: non-root ranks often pass None, and the names
     # must agree across ranks. Unnamed calls take the next number of the set's counter.
@@ -48,11 +58,11 @@ def _object_op_name(name, process_set):
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns root_rank's obj (pickled) on every rank of process_set (root_rank is a world
+    """Returns root_rank's obj (cloudpickled) on every rank of process_set (root_rank is a world
     rank)."""
     name = _object_op_name(name, process_set)
     if _core.rank() == root_rank:
-        payload = torch.from_numpy(np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy())
+        payload = torch.from_numpy(np.frombuffer(_dumps(obj), dtype=np.uint8).copy())
         length = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
@@ -66,9 +76,9 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of every rank's obj (pickled) in process_set, in rank order."""
+    """Returns the list of every rank's obj (cloudpickled) in process_set, in rank order."""
     name = _object_op_name(name, process_set)
-    payload = torch.from_numpy(np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy())
+    payload = torch.from_numpy(np.frombuffer(_dumps(obj), dtype=np.uint8).copy())
     sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
                       name="ao.%s.size" % name, process_set=process_set).tolist()
     data = allgather(payload, name="ao.%s.data" % name, process_set=process_set).numpy()

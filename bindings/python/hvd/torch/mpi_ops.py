@@ -20,11 +20,47 @@ grouped_reducescatter are differentiable (torch.autograd.Function), with horovod
 The async and in-place variants are not differentiable.
 """
 
+import operator
 import warnings
 
 import torch
 
 from hvd import _core, _ops, _process_set_id, global_process_set
+# What horovod.torch.mpi_ops also holds (scripts import the ops' names from it:
+# `from horovod.torch.mpi_ops import Sum`).
+from hvd import (  # noqa: F401  (re-exported)
+    Adasum,
+    Average,
+    Max,
+    Min,
+    ProcessSet,
+    Product,
+    Sum,
+    add_process_set,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    remove_process_set,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
 from hvd._ops import Handle  # noqa: F401  (the type of async results)
 from hvd.torch.compression import Compression
 
@@ -414,7 +450,8 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 # ---------------------------------------------------------------- alltoall
 
 def _splits_list(splits):
-    """Horovod's rule: splits are an int32 tensor (or a list of ints); anything else raises
+    """Horovod's rule: splits are an int32 tensor, or a sequence of integers (Python's or
+    NumPy's, a NumPy array included: Horovod makes an int32 tensor of it); anything else raises
     ValueError at the call."""
     if splits is None:
         return None
@@ -422,9 +459,17 @@ def _splits_list(splits):
         if splits.dtype != torch.int32:
             raise ValueError("alltoall splits must be an int32 tensor, got %s" % splits.dtype)
         return [int(s) for s in splits.tolist()]
-    if any(not isinstance(s, int) or isinstance(s, bool) for s in splits):
-        raise ValueError("alltoall splits must be integers, got %r" % (list(splits),))
-    return list(splits)
+    splits = list(splits)
+    out = []
+    for s in splits:
+        try:
+            if isinstance(s, bool) or type(s).__name__ == "bool_":
+                raise TypeError
+            out.append(operator.index(s))
+        except TypeError:
+            raise ValueError("alltoall splits must be integers, got %r (a %s)"
+                             % (s, type(s).__name__)) from None
+    return out
 
 
 def _splits_device(splits):

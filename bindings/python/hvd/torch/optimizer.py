@@ -58,6 +58,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         all_params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
             named_parameters = list(named_parameters)
+            if any(not isinstance(np_, tuple) or len(np_) != 2 for np_ in named_parameters):
+                raise ValueError("named_parameters should be a sequence of tuples (name, "
+                                 "parameter), usually produced by model.named_parameters()")
             names = [n for n, _ in named_parameters]
             if len(set(names)) != len(names):
                 dups = sorted({n for n in names if names.count(n) > 1})
@@ -68,7 +71,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 raise ValueError("named_parameters lacks %d of the optimizer's parameters"
                                  % len(missing))
         else:
-            self._parameter_names = {p: "noname.%d" % i for i, p in enumerate(all_params)}
+            # Horovod's names for them. Given names get the op as prefix, so these go out as
+            # "allreduce.allreduce.noname.<i>", apart from the caller's own unnamed
+            # allreduces ("allreduce.noname.<n>", _ops.op_name), which a step may interleave.
+            self._parameter_names = {p: "allreduce.noname.%d" % i
+                                     for i, p in enumerate(all_params)}
 
         # parameter, or a group's tuple of parameters -> (handle or None, compression ctx)
         self._handles = {}
@@ -88,6 +95,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._register_hooks()
             if groups and op != _core.ADASUM:  # Horovod's Adasum optimizer takes no groups
                 self._form_groups(groups)
+
+    def load_state_dict(self, *args, **kwargs):
+        """As Horovod's: also forgets what this step had accumulated or sent (a rollback, as in
+        an elastic reset, starts the next step afresh)."""
+        self._reset_step()
+        self._synchronized = False
+        self._should_synchronize = True
+        super(self.__class__, self).load_state_dict(*args, **kwargs)
+
+    def set_backward_passes_per_step(self, passes):
+        """Horovod's: from now on, gradients accumulate locally for ``passes`` backward passes
+        before they go out (the current count starts again)."""
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def _reset_step(self):
+        self._handles.clear()
+        self._group_ready.clear()
+        self._densified.clear()
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
 
     def _form_groups(self, groups):
         """Horovod's groups: a count splits the parameters, in the order of the set's first
@@ -274,11 +303,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 else:
                     self._apply_reduced(key, output, ctx)
         finally:  # after a failure too (an elastic reset), the next step starts afresh
-            self._handles.clear()
-            self._group_ready.clear()
-            self._densified.clear()
-            for p in self._ordered:
-                self._allreduce_delay[p] = self.backward_passes_per_step
+            self._reset_step()
         self._synchronized = True
 
     def _apply_reduced(self, p, output, ctx):
