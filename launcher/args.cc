@@ -32,14 +32,17 @@ cxxopts::Options BuildOptions() {
       ("p,ssh-port", "Port of sshd on the remote hosts (default: ssh's own)", s(), "PORT")
       ("i,ssh-identity-file", "Private key ssh uses for the remote hosts", s(), "FILE")
       ("ssh-config", "ssh configuration file for the remote hosts (ssh -F FILE)", s(), "FILE")
-      ("network-interface", "Interface (same name on every host) whose IPv4 address the ranks "
-                            "and the rendezvous store listen on and publish", s(), "IFACE")
+      ("network-interface", "Interface whose IPv4 address the ranks and the rendezvous store "
+                            "listen on and publish: a name, or a comma-separated list of names "
+                            "of which each host takes the first it has", s(), "IFACE")
       ("grace-seconds", "After the first rank fails, seconds the others get to finish "
                         "before SIGTERM (default 3)", s(), "SEC")
       ("kill-after-seconds", "Seconds between SIGTERM and SIGKILL when stopping ranks "
                              "(default 5)", s(), "SEC")
       ("no-prefix", "Do not prefix output lines with [rank]<stream>:")
-      ("v,verbose", "Print what hvdrun does to stderr")
+      ("prefix-output-with-timestamp", "Start each output line with the time it was read "
+                                       "(also -prefix-timestamp)")
+      ("verbose", "Print what hvdrun does to stderr")
       ("mpi", "Run the job through Open MPI's mpirun with the equivalent flags")
       ("h,help", "Print this help");
   o.add_options("Engine knobs (exported to every rank)")
@@ -60,7 +63,8 @@ cxxopts::Options BuildOptions() {
       ("output-filename", "Also write each rank's output to DIR/rank.N/stdout and stderr "
                           "(N zero-padded)", s(), "DIR")
       ("check-build", "Print what this build has and exit (also -cb)")
-      ("version", "Print hvd's version and exit")
+      ("v,version", "Print hvd's version and exit")
+      ("network-interfaces", "As --network-interface", s(), "LIST")
       ("disable-cache", "-> HVD_CACHE_CAPACITY=0")
       ("hierarchical-allreduce", "-> HVD_HIERARCHICAL_ALLREDUCE=1")
       ("no-hierarchical-allreduce", "-> HVD_HIERARCHICAL_ALLREDUCE=0")
@@ -73,6 +77,12 @@ cxxopts::Options BuildOptions() {
       ("autotune-bayes-opt-max-samples", "Accepted; hvd's autotune samples a fixed grid", s(), "N")
       ("autotune-gaussian-process-noise", "Accepted; hvd's autotune samples a fixed grid", s(), "X")
       ("no-stall-check", "-> HVD_STALL_CHECK_TIME_SECONDS=0")
+      ("stall-check", "The stall check on (the default; undoes --no-stall-check)")
+      ("no-autotune", "Autotune off (the default; undoes --autotune)")
+      ("no-timeline-mark-cycles", "Undoes --timeline-mark-cycles")
+      ("no-mpi-threads-disable", "Accepted; hvd does not call MPI from several threads")
+      ("log-with-timestamp", "Accepted; hvd's log lines have no timestamps")
+      ("no-log-hide-timestamp", "As --log-with-timestamp")
       ("stall-check-warning-time-seconds", "As --stall-check-seconds", s(), "SEC")
       ("stall-check-shutdown-time-seconds", "-> HVD_STALL_SHUTDOWN_TIME_SECONDS", s(), "SEC")
       ("gloo", "hvd's own controller over TCP and shared memory (the default)")
@@ -133,6 +143,14 @@ std::string FlagName(const std::string& arg, bool* inline_value) {
     *inline_value = false;
     return "check-build";
   }
+  if (arg == "-prefix-timestamp") {
+    *inline_value = false;
+    return "prefix-output-with-timestamp";
+  }
+  if (arg == "-hostfile" || arg.rfind("-hostfile=", 0) == 0) {
+    *inline_value = eq != std::string::npos;
+    return "hostfile";
+  }
   if (arg == "-np" || arg.rfind("-np=", 0) == 0) {
     *inline_value = eq != std::string::npos;
     return "np";
@@ -157,6 +175,8 @@ void SplitArgs(int argc, const char* const* argv, std::vector<std::string>* flag
     std::string name = FlagName(a, &inline_value);
     if (a.rfind("-np", 0) == 0) a = "-" + a;  // cxxopts spells it --np
     if (a == "-cb") a = "--check-build";
+    if (a == "-prefix-timestamp") a = "--prefix-output-with-timestamp";
+    if (a.rfind("-hostfile", 0) == 0) a = "-" + a;
     // horovodrun's long spellings of the elastic bounds.
     for (const char* bound : {"min", "max"}) {
       if (name == std::string(bound) + "-num-proc") {
@@ -288,6 +308,7 @@ void ParseJobFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
   out->verbose = r.count("verbose") > 0;
   out->mpi = r.count("mpi") > 0;
   out->prefix_output = r.count("no-prefix") == 0;
+  out->prefix_timestamp = r.count("prefix-output-with-timestamp") > 0;
   if (r.count("grace-seconds")) {
     out->grace_seconds = ParseSeconds("--grace-seconds", r["grace-seconds"].as<std::string>(), true);
   }
@@ -386,15 +407,23 @@ void ParseSshFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
     out->ssh_config_file = r["ssh-config"].as<std::string>();
     RequireReadable("--ssh-config", out->ssh_config_file);
   }
-  if (r.count("network-interface")) {
-    const std::string name = r["network-interface"].as<std::string>();
-    // It goes into the remote probe's command line: allow what Linux allows in practice.
-    if (name.empty() || name.size() > 15 ||
-        name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                               "0123456789_.-@") != std::string::npos) {
-      throw LaunchError("bad interface name '" + name + "' for --network-interface");
+  for (const char* flag : {"network-interface", "network-interfaces"}) {
+    if (!r.count(flag)) continue;
+    const std::string list = r[flag].as<std::string>();
+    std::stringstream names(list);
+    for (std::string name; std::getline(names, name, ',');) {
+      // It goes into the remote probe's command line: allow what Linux allows in practice.
+      if (name.empty() || name.size() > 15 ||
+          name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                 "0123456789_.-@") != std::string::npos) {
+        throw LaunchError("bad interface name '" + name + "' in '" + list + "' for --" + flag +
+                          " (expected names such as eth0, comma-separated)");
+      }
+      out->network_interface += (out->network_interface.empty() ? "" : ",") + name;
     }
-    out->network_interface = name;
+    if (list.empty() || list.back() == ',') {
+      throw LaunchError("bad interface list '" + list + "' for --" + flag);
+    }
   }
 }
 
@@ -441,7 +470,18 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
                       "mpirun (--mpi); it does not use jsrun");
   }
   if (has("gloo") && out->mpi) throw LaunchError("give either --gloo or --mpi, not both");
+  // horovodrun's pairs of a flag and its opposite (argparse's mutually exclusive groups).
+  for (const auto& [on, off] : {std::pair<const char*, const char*>{"stall-check", "no-stall-check"},
+                                {"autotune", "no-autotune"},
+                                {"timeline-mark-cycles", "no-timeline-mark-cycles"},
+                                {"mpi-threads-disable", "no-mpi-threads-disable"},
+                                {"log-with-timestamp", "log-without-timestamp"}}) {
+    if (has(on) && has(off)) {
+      throw LaunchError(std::string("give either --") + on + " or --" + off + ", not both");
+    }
+  }
   if (has("timeline-mark-cycles")) out->knobs["HVD_TIMELINE_MARK_CYCLES"] = "1";
+  if (has("no-timeline-mark-cycles")) out->knobs["HVD_TIMELINE_MARK_CYCLES"] = "0";
   if (has("timeline-filename")) {
     if (has("timeline")) throw LaunchError("give either --timeline or --timeline-filename");
     if (get("timeline-filename").empty()) throw LaunchError("--timeline-filename needs a file name");
@@ -463,6 +503,7 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
     if (has(off.c_str())) out->knobs[var] = "0";
   }
   if (has("autotune")) out->knobs["HVD_AUTOTUNE"] = "1";
+  if (has("no-autotune")) out->knobs["HVD_AUTOTUNE"] = "0";
   if (has("autotune-log-file")) out->knobs["HVD_AUTOTUNE_LOG"] = get("autotune-log-file");
   if (has("autotune-warmup-samples")) {
     double n = ParseNonNegative("--autotune-warmup-samples", get("autotune-warmup-samples"));
@@ -499,6 +540,9 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
       {"autotune-bayes-opt-max-samples", "hvd's autotune samples a fixed grid of settings"},
       {"autotune-gaussian-process-noise", "hvd's autotune samples a fixed grid of settings"},
       {"mpi-threads-disable", "hvd does not call MPI from several threads"},
+      {"no-mpi-threads-disable", "hvd does not call MPI from several threads"},
+      {"log-with-timestamp", "hvd's log lines have no timestamps"},
+      {"no-log-hide-timestamp", "hvd's log lines have no timestamps"},
       {"num-nccl-streams", "hvd runs one NCCL stream per rank"},
       {"thread-affinity", "hvd does not pin its background thread"},
       {"log-without-timestamp", "hvd's log lines have no timestamps"},
@@ -571,10 +615,10 @@ std::string HelpText() {
   std::string text = BuildOptions().help({"Job", "Engine knobs (exported to every rank)",
                                            "horovodrun's spellings (a launch line works unchanged)"});
   text +=
-      "\nHosts: localhost, 127.0.0.1 and this machine's name start ranks here; every other host\n"
-      "is reached with ssh (BatchMode: keys or an agent, never a password prompt). Before any\n"
-      "rank starts, every remote host is checked at once; hosts that fail are listed with\n"
-      "ssh's own message and nothing is started. Remote ranks run in the same working\n"
+      "\nHosts: localhost, 127.0.0.1, this machine's name and its interfaces' addresses start\n"
+      "ranks here; every other host is reached with ssh (BatchMode: keys or an agent, never a\n"
+      "password prompt). Before any rank starts, every remote host is checked at once; hosts\n"
+      "that fail are listed with ssh's own message and nothing is started. Remote ranks run in the same working\n"
       "directory with hvdrun's environment (less HOME, USER, SSH_*, ... which describe the\n"
       "login there) and the variables below; they travel over ssh's stdin, never argv.\n"
       "Ranks listen on (HVD_BIND_ADDR) and publish the address the --network-interface has\n"

@@ -22,6 +22,7 @@ struct LaunchOptions {
   bool verbose = false;
   bool mpi = false;  // --mpi: run the job through Open MPI's mpirun
   bool prefix_output = true;
+  bool prefix_timestamp = false;  // --prefix-output-with-timestamp
   double grace_seconds = 3.0;       // after the first failure, before SIGTERM
   double kill_after_seconds = 5.0;  // after SIGTERM, before SIGKILL
   double start_timeout_seconds = 30.0;
@@ -29,7 +30,9 @@ struct LaunchOptions {
   int ssh_port = 0;               // -p/--ssh-port; 0: ssh's own default
   std::string ssh_identity_file;  // -i/--ssh-identity-file
   std::string ssh_config_file;    // --ssh-config (ssh -F)
-  std::string network_interface;  // --network-interface: addresses to publish come from it
+  // --network-interface(s): addresses to publish come from it; a comma-separated list of
+  // names, of which each host takes the first that has an IPv4 address there.
+  std::string network_interface;
   // horovodrun's spellings (see HelpText):
   std::string output_dir;              // --output-filename: DIR/rank.N/{stdout,stderr}
   bool check_build = false;            // --check-build / -cb: print the build and exit

@@ -1,5 +1,8 @@
 #include "hosts.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -127,8 +130,40 @@ int TotalSlots(const std::vector<HostSlots>& hosts) {
   return total > INT_MAX ? INT_MAX : static_cast<int>(total);
 }
 
+namespace {
+
+// An address of one of this machine's interfaces (the host given by its IP, as cluster
+// hostfiles list them). Other loopback addresses (127.0.0.2) are not: as for horovodrun, they
+// name hosts reached over ssh.
+bool IsOwnAddress(std::string host) {
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  in_addr v4{};
+  in6_addr v6{};
+  const bool is_v4 = ::inet_pton(AF_INET, host.c_str(), &v4) == 1;
+  const bool is_v6 = !is_v4 && ::inet_pton(AF_INET6, host.c_str(), &v6) == 1;
+  if (!is_v4 && !is_v6) return false;
+  if (host == "127.0.0.1" || (is_v6 && IN6_IS_ADDR_LOOPBACK(&v6))) return true;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return false;
+  bool own = false;
+  for (ifaddrs* a = list; a != nullptr && !own; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr) continue;
+    if (is_v4 && a->ifa_addr->sa_family == AF_INET) {
+      own = reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr == v4.s_addr;
+    } else if (is_v6 && a->ifa_addr->sa_family == AF_INET6) {
+      own = IN6_ARE_ADDR_EQUAL(&reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, &v6);
+    }
+  }
+  ::freeifaddrs(list);
+  return own;
+}
+
+}  // namespace
+
 bool IsLocalHost(const std::string& host) {
-  if (host == "localhost" || host == "127.0.0.1" || host == "::1" || host == "[::1]") return true;
+  if (host == "localhost" || IsOwnAddress(host)) return true;
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return false;
   std::string own(name);

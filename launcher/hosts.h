@@ -33,7 +33,8 @@ std::vector<HostSlots> ParseHostfile(std::istream& in, const std::string& source
 
 int TotalSlots(const std::vector<HostSlots>& hosts);
 
-// True for localhost, 127.0.0.1, ::1 and this machine's own host name.
+// True for localhost, 127.0.0.1, ::1, an address of one of this machine's interfaces, and
+// this machine's own host name.
 bool IsLocalHost(const std::string& host);
 
 // Where one rank runs and who it is in the job (the environment contract).

@@ -165,6 +165,7 @@ SupervisorOptions SupervisorOptionsOf(const LaunchOptions& opts, int ranks) {
   sopts.grace_seconds = opts.grace_seconds;
   sopts.kill_after_seconds = opts.kill_after_seconds;
   sopts.prefix_output = opts.prefix_output;
+  sopts.prefix_timestamp = opts.prefix_timestamp;
   sopts.output_dir = opts.output_dir;
   sopts.ranks = ranks;
   sopts.verbose = opts.verbose;

@@ -27,6 +27,7 @@ std::vector<std::string> MpirunCommand(const LaunchOptions& opts,
   if (hosts.empty()) hosts = "localhost:" + std::to_string(opts.np);
   cmd.insert(cmd.end(), {"-H", hosts});
   if (opts.prefix_output) cmd.push_back("--tag-output");
+  if (opts.prefix_timestamp) cmd.push_back("--timestamp-output");
   if (!opts.output_dir.empty()) cmd.insert(cmd.end(), {"--output-filename", opts.output_dir});
   cmd.insert(cmd.end(), opts.mpi_args.begin(), opts.mpi_args.end());
   std::string rsh;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <ctime>
 
 namespace hvd {
 namespace launcher {
@@ -28,8 +29,9 @@ void WriteAll(int fd, const std::string& s) {
   }
 }
 
-LinePump::LinePump(int rank, const char* stream_name, int out_fd, bool prefix, int file_fd)
-    : out_fd_(out_fd), file_fd_(file_fd) {
+LinePump::LinePump(int rank, const char* stream_name, int out_fd, bool prefix, int file_fd,
+                   bool timestamp)
+    : out_fd_(out_fd), file_fd_(file_fd), timestamp_(timestamp) {
   if (prefix) prefix_ = "[" + std::to_string(rank) + "]<" + stream_name + ">:";
 }
 
@@ -37,14 +39,33 @@ LinePump::~LinePump() {
   if (file_fd_ >= 0) ::close(file_fd_);
 }
 
-void LinePump::Emit(const char* data, size_t len) {
+// horovodrun's --prefix-output-with-timestamp: the local time as Python's time.ctime() gives
+// it, before the rank's prefix.
+static std::string TimeStamp() {
+  time_t now = ::time(nullptr);
+  tm local{};
+  ::localtime_r(&now, &local);
+  char text[64];
+  size_t n = std::strftime(text, sizeof(text), "%a %b %e %H:%M:%S %Y", &local);
+  return std::string(text, n);
+}
+
+void LinePump::Emit(const char* data, size_t len, bool end) {
+  // The rank's prefix and the time at the start of a line only: a line longer than kMaxLine
+  // goes out in pieces, with nothing added between them.
+  std::string stamp, head;
+  if (!mid_line_) {
+    if (timestamp_) stamp = TimeStamp() + (prefix_.empty() ? " " : "");
+    head = stamp + prefix_;
+  }
   std::string line;
-  line.reserve(prefix_.size() + len + 1);
-  line += prefix_;
+  line.reserve(head.size() + len + 1);
+  line += head;
   line.append(data, len);
-  line.push_back('\n');
+  if (end) line.push_back('\n');
+  mid_line_ = !end;
   WriteAll(out_fd_, line);
-  if (file_fd_ >= 0) WriteAll(file_fd_, line.substr(prefix_.size()));
+  if (file_fd_ >= 0) WriteAll(file_fd_, stamp + line.substr(head.size()));
 }
 
 bool LinePump::Pump(int in_fd) {
@@ -59,21 +80,21 @@ bool LinePump::Pump(int in_fd) {
     while (true) {
       size_t nl = partial_.find('\n', start);
       if (nl == std::string::npos) break;
-      Emit(partial_.data() + start, nl - start);
+      Emit(partial_.data() + start, nl - start, /*end=*/true);
       start = nl + 1;
     }
     partial_.erase(0, start);
-    while (partial_.size() >= kMaxLine) {
-      Emit(partial_.data(), kMaxLine);
-      partial_.erase(0, kMaxLine);
+    if (partial_.size() >= kMaxLine) {  // part of a longer line: out now, unbroken
+      Emit(partial_.data(), partial_.size(), /*end=*/false);
+      partial_.clear();
     }
   }
   return true;
 }
 
 void LinePump::Flush() {
-  if (partial_.empty()) return;
-  Emit(partial_.data(), partial_.size());
+  if (partial_.empty() && !mid_line_) return;
+  Emit(partial_.data(), partial_.size(), /*end=*/true);
   partial_.clear();
 }
 

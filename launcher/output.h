@@ -1,6 +1,9 @@
 // Line-prefixed forwarding of one rank stream (stdout or stderr) to hvdrun's own stream:
-// "[3]<stdout>:text", and, with --output-filename, the lines unprefixed to a file as well. Each complete line goes out in one write, so lines of different ranks
-// never interleave inside a line. A line longer than kMaxLine is cut into kMaxLine pieces.
+// "[3]<stdout>:text" (with the time first, as horovodrun's --prefix-output-with-timestamp
+// writes it, where asked), and, with --output-filename, the lines without the rank's prefix to
+// a file as well. Each line of up to kMaxLine bytes goes out in one write, so lines of
+// different ranks never interleave inside it; a longer one goes out in pieces as it comes,
+// whole (nothing is inserted into it), and may interleave with other ranks' lines.
 //
 // Thread-safety: one thread (hvdrun's supervisor loop).
 #pragma once
@@ -12,11 +15,12 @@ namespace launcher {
 
 class LinePump {
  public:
-  static constexpr size_t kMaxLine = 64 << 10;
+  static constexpr size_t kMaxLine = 1 << 20;
 
   // Reads from `in_fd` (non-blocking, not owned) and writes to `out_fd`, and to `file_fd`
   // (owned; -1: none).
-  LinePump(int rank, const char* stream_name, int out_fd, bool prefix, int file_fd = -1);
+  LinePump(int rank, const char* stream_name, int out_fd, bool prefix, int file_fd = -1,
+           bool timestamp = false);
   ~LinePump();
   LinePump(const LinePump&) = delete;
   LinePump& operator=(const LinePump&) = delete;
@@ -27,11 +31,14 @@ class LinePump {
   void Flush();
 
  private:
-  void Emit(const char* data, size_t len);
+  // `end`: the line ends here (a newline follows).
+  void Emit(const char* data, size_t len, bool end);
 
   std::string prefix_;
   int out_fd_;
   int file_fd_;
+  bool timestamp_;
+  bool mid_line_ = false;  // the last Emit ended inside a line
   std::string partial_;
 };
 

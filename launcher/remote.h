@@ -52,15 +52,17 @@ struct HostProbe {
 
 // Probes every host at once (ssh's ConnectTimeout is timeout_seconds) and waits for all of
 // them, at most timeout_seconds + 1 (hosts that have not answered by then are killed and
-// reported). `interface` may be empty.
+// reported). `interface` may be empty, one name, or a comma-separated list of names: a host
+// takes the first that has an IPv4 address there.
 std::vector<HostProbe> ProbeHosts(const std::vector<std::string>& hosts, const SshOptions& ssh,
                                   const std::string& interface, double timeout_seconds);
 
 // Parses a probe's stdout (exposed for tests).
 void ParseProbeOutput(const std::string& out, const std::string& interface, HostProbe* probe);
 
-// The IPv4 address of a local interface, or "" when it has none.
-std::string LocalInterfaceAddress(const std::string& interface);
+// The IPv4 address of a local interface (the first of a comma-separated list that has one),
+// or "" when none has.
+std::string LocalInterfaceAddress(const std::string& interfaces);
 
 // `s` quoted for a POSIX shell.
 std::string ShellQuote(const std::string& s);

@@ -90,10 +90,12 @@ int Supervisor::OutputFile(int rank, const char* stream) const {
 
 void Supervisor::Add(RankProcess rank) {
   int r = rank.label >= 0 ? rank.label : rank.placement.rank;
-  out_pumps_.push_back(std::make_unique<LinePump>(r, "stdout", STDOUT_FILENO, options_.prefix_output,
-                                                  OutputFile(r, "stdout")));
-  err_pumps_.push_back(std::make_unique<LinePump>(r, "stderr", STDERR_FILENO, options_.prefix_output,
-                                                  OutputFile(r, "stderr")));
+  out_pumps_.push_back(std::make_unique<LinePump>(r, "stdout", STDOUT_FILENO,
+                                                  options_.prefix_output, OutputFile(r, "stdout"),
+                                                  options_.prefix_timestamp));
+  err_pumps_.push_back(std::make_unique<LinePump>(r, "stderr", STDERR_FILENO,
+                                                  options_.prefix_output, OutputFile(r, "stderr"),
+                                                  options_.prefix_timestamp));
   ranks_.push_back(rank);
 }
 

@@ -45,6 +45,7 @@ struct SupervisorOptions {
   double grace_seconds = 3.0;
   double kill_after_seconds = 5.0;
   bool prefix_output = true;
+  bool prefix_timestamp = false;
   bool verbose = false;
   // --output-filename: each rank's output also goes to DIR/rank.N/{stdout,stderr}, N padded
   // with zeros to the width of the largest rank (`ranks`).

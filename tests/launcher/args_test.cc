@@ -1,5 +1,13 @@
 // Unit tests of hvdrun's flag, host-list and hostfile parsing and of rank placement.
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -132,10 +140,35 @@ TEST(LocalHosts, Recognised) {
   ASSERT_EQ(0, gethostname(name, sizeof(name) - 1));
   EXPECT_TRUE(IsLocalHost(name));
   EXPECT_FALSE(IsLocalHost("surely-not-this-machine.invalid"));
+  // By address, as hostfiles list hosts: every interface's address. Another loopback address
+  // is a host of its own (the tests reach "remote" hosts so).
+  EXPECT_FALSE(IsLocalHost("127.0.0.2"));
+  EXPECT_TRUE(IsLocalHost("::1"));
+  EXPECT_TRUE(IsLocalHost("[::1]"));
+  ifaddrs* list = nullptr;
+  ASSERT_EQ(0, getifaddrs(&list));
+  std::vector<std::string> own;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+              sizeof(text));
+    EXPECT_TRUE(IsLocalHost(text)) << text << " on " << a->ifa_name;
+    own.push_back(text);
+  }
+  freeifaddrs(list);
+  EXPECT_FALSE(own.empty());
+  // An address none of the interfaces has is another host's.
+  for (int last = 1; last < 255; ++last) {
+    const std::string other = "198.51.100." + std::to_string(last);
+    if (std::find(own.begin(), own.end(), other) != own.end()) continue;
+    EXPECT_FALSE(IsLocalHost(other)) << other;
+    break;
+  }
 }
 
 TEST(Args, FlagsStopAtCommand) {
-  auto o = Parse({"-np", "2", "-v", "python3", "train.py", "--lr", "0.1", "-np", "9"});
+  auto o = Parse({"-np", "2", "--verbose", "python3", "train.py", "--lr", "0.1", "-np", "9"});
   EXPECT_EQ(2, o.np);
   EXPECT_TRUE(o.verbose);
   EXPECT_EQ((std::vector<std::string>{"python3", "train.py", "--lr", "0.1", "-np", "9"}), o.command);
@@ -354,6 +387,45 @@ TEST(Args, HorovodrunMpiArgsAndCheckBuild) {
   EXPECT_TRUE(ParseArgs(2, cb).check_build);
   const char* version[] = {"hvdrun", "--version"};
   EXPECT_TRUE(ParseArgs(2, version).version);
+  const char* v[] = {"hvdrun", "-v"};  // horovodrun's -v: the version (--verbose is verbose)
+  EXPECT_TRUE(ParseArgs(2, v).version);
+}
+
+// horovodrun's single-dash long flags, its plural interface flag, the timestamp prefix and
+// the opposites its help hides.
+TEST(Args, HorovodrunOtherSpellings) {
+  const std::string hostfile = ::testing::TempDir() + "/hvdrun_args_hostfile";
+  {
+    std::ofstream f(hostfile);
+    f << "localhost slots=3\n";
+  }
+  for (const std::vector<std::string>& line :
+       {std::vector<std::string>{"-np", "2", "-hostfile", hostfile, "x"},
+        std::vector<std::string>{"-np", "2", "-hostfile=" + hostfile, "x"},
+        std::vector<std::string>{"-np", "2", "--hostfile", hostfile, "x"}}) {
+    auto o = Parse(line);
+    ASSERT_EQ(1u, o.hosts.size()) << line[2];
+    EXPECT_EQ(3, o.hosts[0].slots);
+    EXPECT_EQ(2, o.np);
+  }
+  EXPECT_TRUE(Parse({"-np", "1", "-prefix-timestamp", "x"}).prefix_timestamp);
+  EXPECT_TRUE(Parse({"-np", "1", "--prefix-output-with-timestamp", "x"}).prefix_timestamp);
+  EXPECT_FALSE(Parse({"-np", "1", "x"}).prefix_timestamp);
+  EXPECT_EQ("eth0,ib0", Parse({"-np", "1", "--network-interfaces", "eth0,ib0", "x"})
+                            .network_interface);
+  EXPECT_EQ("eth0,ib0", Parse({"-np", "1", "--network-interface", "eth0,ib0", "x"})
+                            .network_interface);
+  EXPECT_THROW(Parse({"-np", "1", "--network-interfaces", "eth0,", "x"}), LaunchError);
+  EXPECT_THROW(Parse({"-np", "1", "--network-interfaces", "eth0;ls", "x"}), LaunchError);
+  auto off = Parse({"-np", "1", "--no-autotune", "--stall-check", "--no-timeline-mark-cycles",
+                    "--log-with-timestamp", "x"});
+  EXPECT_EQ("0", off.knobs["HVD_AUTOTUNE"]);
+  EXPECT_EQ("0", off.knobs["HVD_TIMELINE_MARK_CYCLES"]);
+  EXPECT_EQ(0u, off.knobs.count("HVD_STALL_CHECK_TIME_SECONDS"));
+  EXPECT_EQ(1u, off.warnings.size());  // timestamps
+  EXPECT_THROW(Parse({"-np", "1", "--autotune", "--no-autotune", "x"}), LaunchError);
+  EXPECT_THROW(Parse({"-np", "1", "--stall-check", "--no-stall-check", "x"}), LaunchError);
+  std::remove(hostfile.c_str());
 }
 
 TEST(Args, ElasticFlags) {

@@ -253,6 +253,51 @@ TEST(Hvdrun, LinesDoNotInterleave) {
   }
 }
 
+TEST(Hvdrun, LongLinesStayWhole) {
+  // 300 KB lines (a JSON record, say) from 2 ranks, with and without the prefix: each comes out
+  // as one line, nothing inserted, as horovodrun keeps them; a short line after each.
+  std::string script =
+      "awk -v r=$HVD_RANK 'BEGIN { s = r; while (length(s) < 300000) s = s s; "
+      "print substr(s, 1, 300000); print \"end\" }'";
+  for (bool prefix : {true, false}) {
+    std::vector<std::string> args = {"-np", "2", "sh", "-c", script};
+    if (!prefix) args.insert(args.begin(), "--no-prefix");
+    Result r = RunHvdrun(args);
+    ASSERT_EQ(0, r.code) << r.err;
+    auto lines = Lines(r.out);
+    ASSERT_EQ(4u, lines.size());
+    int long_lines = 0;
+    for (const auto& line : lines) {
+      if (line.size() < 1000) {
+        EXPECT_EQ(prefix ? 15u : 3u, line.size()) << line;
+        continue;
+      }
+      ++long_lines;
+      ASSERT_EQ((prefix ? 12u : 0u) + 300000u, line.size());
+      const size_t start = prefix ? 12 : 0;
+      const char rank = line[start];
+      EXPECT_EQ(std::string(300000, rank), line.substr(start));
+    }
+    EXPECT_EQ(2, long_lines);
+  }
+}
+
+TEST(Hvdrun, TimestampPrefix) {
+  // horovodrun's -prefix-timestamp: "Fri Nov 27 06:30:12 2026[0]<stdout>:text".
+  Result r = RunHvdrun({"-np", "1", "-prefix-timestamp", "sh", "-c", "echo stamped"});
+  ASSERT_EQ(0, r.code) << r.err;
+  auto lines = Lines(r.out);
+  ASSERT_EQ(1u, lines.size());
+  const std::string& line = lines[0];
+  const std::string tail = "[0]<stdout>:stamped";
+  ASSERT_GT(line.size(), tail.size());
+  EXPECT_EQ(tail, line.substr(line.size() - tail.size())) << line;
+  const std::string stamp = line.substr(0, line.size() - tail.size());
+  EXPECT_EQ(24u, stamp.size()) << stamp;  // ctime's width: "Fri Nov 27 06:30:12 2026"
+  EXPECT_EQ(':', stamp[13]) << stamp;
+  EXPECT_EQ(':', stamp[16]) << stamp;
+}
+
 TEST(Hvdrun, ArgumentsAfterCommandBelongToIt) {
   Result r = RunHvdrun({"-np", "1", "sh", "-c", "echo \"$@\"", "x", "--lr", "0.1", "-np", "5", "--help"});
   ASSERT_EQ(0, r.code) << r.err;

@@ -14,7 +14,7 @@ echo "127.0.0.1:2" >"$DIR/hosts"
 echo "localhost:2" >>"$DIR/hosts"
 printf '#!/bin/sh\ncat "%s"\n' "$DIR/hosts" >"$DIR/discover.sh"
 chmod +x "$DIR/discover.sh"
-timeout -k 5 240 "$HVDRUN" -v -np 4 --min-np 2 --max-np 4 \
+timeout -k 5 240 "$HVDRUN" --verbose -np 4 --min-np 2 --max-np 4 \
   --host-discovery-script "$DIR/discover.sh" "$PY" "$EXAMPLE" --epochs 12 --epoch-sleep 0.5 \
   >"$DIR/out" 2>&1 &
 JOB=$!
