@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <map>
 #include <mutex>
 
 #include "bootstrap/elastic.h"
 #include "bootstrap/store.h"
 #include "common/logging.h"
 #include "hvd/config.h"
+#include "collectives/collectives.h"
 #include "transport/device_collectives.h"
 #include "transport/group_view.h"
 #include "transport/shm/shm_transport.h"
@@ -188,6 +190,68 @@ Status TakeIdentityFromMpi(Options* options) {
 #endif
 }
 
+namespace {
+
+std::string RanksText(const std::vector<int>& ranks) {
+  if (ranks.size() == 1) return "rank " + std::to_string(ranks[0]);
+  std::string s;
+  for (size_t i = 0; i < ranks.size() && i < 8; ++i) {
+    s += (s.empty() ? "" : ", ") + std::to_string(ranks[i]);
+  }
+  if (ranks.size() > 8) s += ", ... (" + std::to_string(ranks.size()) + ")";
+  return "ranks [" + s + "]";
+}
+
+// Knobs that every rank must set alike: a difference makes the ranks disagree on the response
+// cache's bits or on how bytes move, and the job would fail later (or crash, or hang) with a
+// message that names neither. Every rank finds the same difference and says so.
+Status CheckKnobsAgree(Transport& t, const Options& o, Deadline deadline) {
+  struct Knob {
+    const char* name;
+    int64_t value;
+    std::string (*text)(int64_t);
+  };
+  const Knob knobs[] = {
+      {"HVD_CACHE_CAPACITY", o.cache_capacity, [](int64_t v) { return std::to_string(v); }},
+      {"HVD_SHM", static_cast<int64_t>(o.shm),
+       [](int64_t v) {
+         switch (static_cast<Options::Toggle>(v)) {
+           case Options::Toggle::kOn: return std::string("on");
+           case Options::Toggle::kOff: return std::string("off");
+           default: return std::string("auto");
+         }
+       }},
+      {"HVD_CPU_OPERATIONS", static_cast<int64_t>(o.cpu_operations),
+       [](int64_t v) {
+         return std::string(static_cast<Options::CpuOperations>(v) ==
+                                    Options::CpuOperations::kMpi ? "mpi" : "tcp");
+       }},
+  };
+  constexpr size_t k = sizeof(knobs) / sizeof(knobs[0]);
+  const int n = t.size();
+  int64_t mine[k];
+  for (size_t i = 0; i < k; ++i) mine[i] = knobs[i].value;
+  std::vector<int64_t> all(static_cast<size_t>(n) * k);
+  HVD_RETURN_IF_ERROR(Allgatherv(t, mine, all.data(), std::vector<size_t>(n, sizeof(mine)),
+                                 deadline));
+  for (size_t i = 0; i < k; ++i) {
+    std::map<int64_t, std::vector<int>> ranks_of;  // value -> the ranks that have it
+    for (int r = 0; r < n; ++r) ranks_of[all[static_cast<size_t>(r) * k + i]].push_back(r);
+    if (ranks_of.size() == 1) continue;
+    std::string what;
+    for (const auto& [value, ranks] : ranks_of) {
+      what += (what.empty() ? "" : ", ") + RanksText(ranks) + (ranks.size() == 1 ? " has " : " have ") +
+              knobs[i].text(value);
+    }
+    return Status::FailedPrecondition(
+        std::string(knobs[i].name) + " differs between ranks: " + what +
+        "; it must be the same on every rank");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options,
                                     Deadline deadline, ControlLink::MessageFn on_message,
                                     ControlLink::ErrorFn on_error) {
@@ -249,6 +313,8 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
                    tcp->lost_peer());
   }
   job.topology = std::move(*topology);
+  Status agree = CheckKnobsAgree(*tcp, o, deadline);
+  if (!agree.ok()) return give_up(agree, tcp->lost_peer());
   // Shared memory among the ranks of each host (transport/shm/shm_transport.h): the router
   // over it and TCP, or TCP alone.
   int lost = -1;

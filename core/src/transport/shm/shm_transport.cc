@@ -1303,7 +1303,8 @@ StatusOr<std::unique_ptr<Transport>> ConnectSharedMemory(std::unique_ptr<TcpTran
     HVD_LOG(kWarning) << why << "; this host's ranks talk over TCP (HVD_SHM=auto)";
     return std::unique_ptr<Transport>(std::move(tcp));
   }
-  if (local.size() < 2) return std::unique_ptr<Transport>(std::move(tcp));
+  // Not wanted here (ranks that differ are refused before: CheckKnobsAgree), or alone.
+  if (!wanted || local.size() < 2) return std::unique_ptr<Transport>(std::move(tcp));
   std::vector<int> slot_of(n, -1);
   for (size_t i = 0; i < local.size(); ++i) slot_of[local[i]] = static_cast<int>(i);
   const int my_slot = slot_of[me];
