@@ -71,6 +71,19 @@ SshOptions SshOptionsOf(const LaunchOptions& opts) {
   ssh.identity_file = opts.ssh_identity_file;
   ssh.config_file = opts.ssh_config_file;
   ssh.connect_timeout_seconds = opts.start_timeout_seconds;
+  // The ranks' HVD_TIMEOUT_SECONDS (the flag's, else the environment's, as they read it): a
+  // session silent that long has lost its host, as its ranks have lost their peers.
+  ssh.alive_seconds = 30;
+  auto knob = opts.knobs.find("HVD_TIMEOUT_SECONDS");
+  const char* text = knob != opts.knobs.end() ? knob->second.c_str() : nullptr;
+  for (const char* var : {"HVD_TIMEOUT_SECONDS", "HOROVOD_TIMEOUT_SECONDS"}) {
+    if (text == nullptr) text = std::getenv(var);
+  }
+  if (text != nullptr) {
+    char* end = nullptr;
+    const double v = std::strtod(text, &end);
+    if (end != text && *end == '\0' && v > 0 && v <= 1e6) ssh.alive_seconds = v;
+  }
   return ssh;
 }
 

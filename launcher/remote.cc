@@ -189,6 +189,11 @@ std::vector<std::string> SshCommand(const SshOptions& ssh, const std::string& ho
   int connect_timeout = std::max(1, static_cast<int>(std::ceil(ssh.connect_timeout_seconds)));
   std::vector<std::string> argv = {"ssh", "-T", "-x", "-o", "BatchMode=yes", "-o",
                                    "ConnectTimeout=" + std::to_string(connect_timeout)};
+  if (ssh.alive_seconds > 0) {
+    const int interval = std::max(1, static_cast<int>(std::ceil(ssh.alive_seconds / 3)));
+    argv.insert(argv.end(), {"-o", "ServerAliveInterval=" + std::to_string(interval), "-o",
+                             "ServerAliveCountMax=3"});
+  }
   if (!ssh.config_file.empty()) argv.insert(argv.end(), {"-F", ssh.config_file});
   if (ssh.port > 0) argv.insert(argv.end(), {"-p", std::to_string(ssh.port)});
   if (!ssh.identity_file.empty()) argv.insert(argv.end(), {"-i", ssh.identity_file});

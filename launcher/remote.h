@@ -36,6 +36,10 @@ struct SshOptions {
   std::string identity_file;
   std::string config_file;
   double connect_timeout_seconds = 30;
+  // About how long a session may hear nothing from its host before ssh gives up on it (its
+  // ServerAlive probes), so that a rank whose host is cut off ends instead of leaving hvdrun
+  // waiting; 0: ssh's own default (none). hvdrun gives the ranks' HVD_TIMEOUT_SECONDS.
+  double alive_seconds = 0;
 };
 
 // ssh's argv for running `remote_command` (one string, for the remote login shell) on host.

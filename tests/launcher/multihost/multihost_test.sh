@@ -21,6 +21,10 @@
 #                100 ms netem delay where the kernel has netem (else says it skipped that)
 #   partition    host 2 cut off mid-allreduce (HVD_TIMEOUT_SECONDS=5): every rank fails within
 #                5 + 5 s naming a rank on the other side, hvdrun exits non-zero
+#   launchercut  hvdrun's own host cut off mid-allreduce (HVD_TIMEOUT_SECONDS=5; the hosts
+#                still reach each other): hvdrun's ssh sessions give up within about that
+#                timeout (ServerAlive probes), and hvdrun exits non-zero naming a rank whose
+#                host it lost, instead of waiting for the link forever
 #   symmetric    the checked job for 20 rounds with HVD_SYMMETRIC_NEGOTIATION=on: cached
 #                tensors agreed in rounds, over TCP links between workers across the hosts
 #   symmetric_partition  the partition with HVD_SYMMETRIC_NEGOTIATION=on
@@ -344,6 +348,27 @@ case_partition() {
     sleep 0.1
   done
   echo "30 s after the link came back, sshd sessions left: ${left:-none}"
+}
+
+case_launchercut() {
+  fault_job || return
+  ip -n "$NETNS_SW" link set p1 down  # the launcher's port (10.233.0.1)
+  # ssh gives up after 3 unanswered probes HVD_TIMEOUT_SECONDS / 3 apart; then the grace.
+  wait_job 40
+  [ "$RC" != 0 ] && [ "$RC" != -1 ] || fail "hvdrun exited $RC"
+  local took=$(( $(date +%s%3N) - CUT_MS ))
+  echo "hvdrun exited $RC after $took ms from the cut"
+  [ "$took" -le $(( (HVD_TIMEOUT_SECONDS + 15) * 1000 )) ] ||
+    fail "hvdrun took $took ms after the cut (timeout $HVD_TIMEOUT_SECONDS s)"
+  has "$ERR" "^hvdrun: rank [0-3] " || fail "hvdrun names no rank"
+  grep '^hvdrun:' "$ERR" | head -5
+  local left
+  left=$(echo $(ip netns pids "$NETNS_L"))
+  [ -z "$left" ] || { fail "processes left on the launcher's host:"; ps -o pid,args -p "${left// /,}"; }
+  [ "$FAILED" = 0 ] || show
+  # The ranks never lost each other: they go once their sessions end, after the link is back.
+  ip -n "$NETNS_SW" link set p1 up
+  export -n HVD_TIMEOUT_SECONDS
 }
 
 # Symmetric negotiation across hosts (HVD_SYMMETRIC_NEGOTIATION=on): the ranks agree on cached
