@@ -1429,8 +1429,16 @@ void EngineImpl::FinishShutdown(int requested_by) {
     std::memcpy(p.data() + 4, &done, 8);
     BroadcastControl(static_cast<uint8_t>(MessageType::kShutdown), Payload(std::move(p)));
   }
-  Status s = Status::Aborted("hvd has been shut down (rank " + std::to_string(requested_by) +
-                             " called shutdown)");
+  // Another rank's shutdown: what ends its operations on this one. As Horovod says, the usual
+  // cause is an exception on that rank, or its script ending while this one still runs
+  // collectives.
+  const std::string who = "rank " + std::to_string(requested_by);
+  Status s = Status::Aborted(
+      requested_by == options_.rank
+          ? "hvd has been shut down (" + who + " called shutdown)"
+          : "hvd has been shut down (" + who + " called shutdown): an exception on " + who +
+                ", or its script ending while this rank still runs collectives; if an "
+                "exception, " + who + "'s output shows it");
   done_ = true;  // connection errors from here on are the job ending, not a lost peer
   FailAll(s, /*notify=*/false);
 }
