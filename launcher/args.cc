@@ -284,7 +284,9 @@ void ParseKnobs(const cxxopts::ParseResult& r, LaunchOptions* out) {
     out->knobs["HVD_CACHE_CAPACITY"] = std::to_string(static_cast<int>(n));
   }
   if (has("timeout")) {
-    out->knobs["HVD_TIMEOUT_SECONDS"] = Str(ParseSeconds("--timeout", get("timeout"), false));
+    const double v = ParseSeconds("--timeout", get("timeout"), false);
+    if (v < 1) throw LaunchError("bad value '" + get("timeout") + "' for --timeout (at least 1 s)");
+    out->knobs["HVD_TIMEOUT_SECONDS"] = Str(v);
   }
   if (has("stall-check-seconds")) {
     out->knobs["HVD_STALL_CHECK_TIME_SECONDS"] =
@@ -523,8 +525,12 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
         "--stall-check-shutdown-time-seconds", get("stall-check-shutdown-time-seconds"), true));
   }
   if (has("gloo-timeout-seconds") && !has("timeout")) {
-    out->knobs["HVD_TIMEOUT_SECONDS"] =
-        Str(ParseSeconds("--gloo-timeout-seconds", get("gloo-timeout-seconds"), false));
+    const double v = ParseSeconds("--gloo-timeout-seconds", get("gloo-timeout-seconds"), false);
+    if (v < 1) {
+      throw LaunchError("bad value '" + get("gloo-timeout-seconds") +
+                        "' for --gloo-timeout-seconds (at least 1 s)");
+    }
+    out->knobs["HVD_TIMEOUT_SECONDS"] = Str(v);
   }
   if (has("tcp")) out->knobs["HVD_SHM"] = "off";
   for (const char* f : {"mpi-args", "binding-args"}) {

@@ -222,6 +222,10 @@ TEST(Args, DurationsHaveACeiling) {
   EXPECT_NE(ErrorOf({"-np", "1", "--cycle-time-ms", "1e13", "x"}).find("(at most 1e6 ms)"),
             std::string::npos);
   EXPECT_EQ("1000000", Parse({"-np", "1", "--timeout", "1e6", "x"}).knobs["HVD_TIMEOUT_SECONDS"]);
+  EXPECT_NE(ErrorOf({"-np", "1", "--timeout", "0.5", "x"}).find("(at least 1 s)"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf({"-np", "1", "--gloo-timeout-seconds", "0.01", "x"}).find("(at least 1 s)"),
+            std::string::npos);
 }
 
 // Without --start-timeout, hvdrun waits for the ranks as long as they wait for each other: the

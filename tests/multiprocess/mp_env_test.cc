@@ -99,7 +99,10 @@ TEST(BadEnvironment, TimeoutNotANumber) { ExpectRefused({{"HVD_TIMEOUT_SECONDS",
 // into an instant timeout.
 TEST(BadEnvironment, DurationsHaveACeiling) {
   ExpectRefused({{"HVD_TIMEOUT_SECONDS", "1e10"}},
-                "HVD_TIMEOUT_SECONDS='1e10': expected a number from 0.001 to 1e+06");
+                "HVD_TIMEOUT_SECONDS='1e10': expected a number from 1 to 1e+06");
+  // And a floor: under a second, a pause in the scheduler reads as a lost peer.
+  ExpectRefused({{"HVD_TIMEOUT_SECONDS", "0.001"}},
+                "HVD_TIMEOUT_SECONDS='0.001': expected a number from 1 to 1e+06");
   ExpectRefused({{"HOROVOD_TIMEOUT_SECONDS", "inf"}}, "HOROVOD_TIMEOUT_SECONDS");
   ExpectRefused({{"HVD_START_TIMEOUT", "1e12"}}, "HVD_START_TIMEOUT");
   ExpectRefused({{"HVD_STALL_SHUTDOWN_TIME_SECONDS", "1e99"}}, "HVD_STALL_SHUTDOWN_TIME_SECONDS");

@@ -18,6 +18,7 @@ namespace {
 // The longest duration a knob takes (11.6 days): as hvdrun's flags, and far from where a
 // deadline in nanoseconds would overflow.
 constexpr double kMaxSeconds = 1e6;
+constexpr double kMinTimeoutSeconds = 1;  // HVD_TIMEOUT_SECONDS
 
 // The value of HVD_<name>, or of its Horovod alias HOROVOD_<name>; nullptr if neither is set.
 const char* Knob(const char* name, std::string* which) {
@@ -202,7 +203,9 @@ Status ReadKnobs(Options* o) {
     o->cache_capacity = static_cast<int>(x);
   }
   if (const char* v = Knob("TIMEOUT_SECONDS", &var)) {
-    HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.001, kMaxSeconds, &o->timeout_seconds));
+    // At least a second: heartbeats go out every quarter of it (at most 1 s), and a shorter
+    // limit takes an ordinary pause in the scheduler for a lost peer.
+    HVD_RETURN_IF_ERROR(ParseDouble(var, v, kMinTimeoutSeconds, kMaxSeconds, &o->timeout_seconds));
   }
   if (const char* v = Knob("SPIN_MICROSECONDS", &var)) {
     HVD_RETURN_IF_ERROR(ParseInt(var, v, -1, 1000000, &x));
@@ -331,7 +334,7 @@ Status Options::Validate() const {
     const char* what;
     double value, lo, hi;
   } durations[] = {
-      {"timeout_seconds (HVD_TIMEOUT_SECONDS)", timeout_seconds, 0.001, kMaxSeconds},
+      {"timeout_seconds (HVD_TIMEOUT_SECONDS)", timeout_seconds, kMinTimeoutSeconds, kMaxSeconds},
       {"start_timeout_seconds (HVD_START_TIMEOUT)", start_timeout_seconds, 0.001, kMaxSeconds},
       {"elastic_timeout_seconds (HVD_ELASTIC_TIMEOUT)", elastic_timeout_seconds, 0.001, kMaxSeconds},
       {"stall_check_seconds (HVD_STALL_CHECK_TIME_SECONDS)", stall_check_seconds, 0, kMaxSeconds},
