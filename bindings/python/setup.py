@@ -78,7 +78,7 @@ setup(
     name="hvd",
     version=project_version(),
     description="Horovod-style collectives for NumPy and PyTorch (import hvd.torch as hvd)",
-    packages=["hvd", "hvd.torch"],
+    packages=["hvd", "hvd.common", "hvd.torch", "hvd.torch.elastic"],
     ext_modules=[Extension("hvd._core", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
     entry_points={"console_scripts": ["hvdrun = hvd._launcher:main"]},

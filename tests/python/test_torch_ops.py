@@ -485,3 +485,18 @@ def test_calls_before_init_raise_valueerror_as_horovod():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+def test_horovods_module_paths():
+    """horovod.torch.elastic.sampler, .state and horovod.common.* under hvd's names: a script
+    that imports from them ports by renaming the package."""
+    from hvd.common.elastic import ObjectState, State, run_fn  # noqa: F401
+    from hvd.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+    from hvd.common.process_sets import ProcessSet, global_process_set
+    from hvd.torch.elastic.sampler import ElasticSampler
+    from hvd.torch.elastic.state import TorchState
+    assert ElasticSampler is hvd.elastic.ElasticSampler
+    assert TorchState is hvd.elastic.TorchState
+    assert HorovodInternalError is hvd.HorovodInternalError
+    assert HostsUpdatedInterrupt is hvd.HostsUpdatedInterrupt
+    assert ProcessSet is hvd.ProcessSet and global_process_set is hvd.global_process_set
