@@ -352,7 +352,8 @@ void Supervisor::AdvancePhase() {
       if (r.remote) {
         os << " on host " << r.placement.host << " did not stop within "
            << options_.kill_after_seconds
-           << " s of being asked (its host may be down or cut off); ending its ssh connection";
+           << " s of being asked (the rank is stopped or ignores SIGTERM, or its host is down "
+              "or cut off); ending its ssh connection";
       } else {
         os << " did not exit within " << options_.kill_after_seconds
            << " s of SIGTERM; sending SIGKILL";

@@ -141,6 +141,32 @@ void CheckGroupedMismatch(hvd::Engine& e, Checker& ck) {
       "mm.grs.0", "shape");
   untouched("grouped reducescatter");
   ExpectNextWorks(e, ck, "mm.grs");
+
+  // Groups of different sizes: rank 0 groups three tensors, the others two of them (and, next,
+  // one of them alone). No group can complete as every rank sees it: each fails as a whole at
+  // once on every rank, naming the group membership that differs; nothing waits.
+  fill();
+  TensorView b4(b, DataType::kFloat32, {4});
+  for (const char* prefix : {"mm.gsz2.", "mm.gsz1."}) {
+    const std::string p = prefix;
+    const size_t others = p == "mm.gsz2." ? 2 : 1;
+    std::vector<std::string> names = {p + "0", p + "1", p + "2"};
+    std::vector<TensorView> views = {a4, b4, c4};
+    if (odd) {
+      names.resize(others);
+      views.resize(others);
+    }
+    std::vector<hvd::HandlePtr> hs;
+    if (names.size() == 1) {
+      hs.push_back(e.Allreduce(names[0], views[0], views[0], ReduceOp::kSum));
+    } else {
+      hs = e.GroupedAllreduce(names, views, views, ReduceOp::kSum);
+    }
+    ck.Expect(hs.size() == names.size(), p + ": a handle per tensor");
+    for (size_t i = 0; i < hs.size(); ++i) ExpectInvalid(ck, hs[i], p, "group membership");
+    untouched(p + ": groups of different sizes");
+    ExpectNextWorks(e, ck, p);
+  }
 }
 
 // The fast path (cached tensors agreed by one AND of every rank's bits): a tensor cached on

@@ -320,6 +320,18 @@ def test_grouped_op_with_one_mismatching_member_fails_whole(kind):
     assert torch.equal(ys[0], torch.full((3,), float(n)))
 
 
+def test_grouped_ops_of_different_sizes_fail_whole():
+    """Rank 0 groups two tensors where the others pass one: every rank fails at once, saying
+    the group membership differs, and the next operation works (it waited forever before)."""
+    r, n = world()
+    if n == 1:
+        return
+    xs = [torch.ones(2), torch.ones(3)] if r == 0 else [torch.ones(2)]
+    with pytest.raises(hvd.InvalidArgumentError, match="group membership"):
+        hvd.grouped_allreduce(xs, name="grouped.sizes", op=hvd.Sum)
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="grouped.sizes.after").item() == n
+
+
 @pytest.mark.parametrize("kind", ["allreduce", "allgather", "broadcast", "reducescatter"])
 def test_a_name_in_flight_raises_value_error_at_enqueue(kind):
     """As Horovod: submitting a name that is still in flight on this rank raises ValueError at

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <set>
 #include <sstream>
 
 #include "common/logging.h"
@@ -62,7 +63,14 @@ std::string DescribeDiff(const Request& a, const Request& b, bool first_dim_may_
                ? "process set to remove " + std::to_string(a.root) + " vs " + std::to_string(b.root)
                : "process set ranks " + ShapeToString(a.splits) + " vs " + ShapeToString(b.splits);
   }
-  if (a.group_size != b.group_size || a.group != b.group) return "group membership";
+  if (a.group_size != b.group_size || a.group != b.group) {
+    auto of = [](const Request& q) {
+      return q.group_size > 1 ? "a group of " + std::to_string(q.group_size) + " tensors ('" +
+                                    q.group + "')"
+                              : std::string("no group");
+    };
+    return "group membership: " + of(a) + " vs " + of(b);
+  }
   return "";
 }
 
@@ -95,6 +103,8 @@ std::string Coordinator::Where() const {
 
 void Coordinator::AddRequests(int rank, std::vector<Request> requests) {
   for (auto& r : requests) Add(rank, std::move(r));
+  // A rank's members of a group come in one batch: those of a failed group are all in by now.
+  failed_groups_.clear();
 }
 
 void Coordinator::Add(int rank, Request r) {
@@ -109,6 +119,15 @@ void Coordinator::Add(int rank, Request r) {
     for (const auto& n : names) MarkReadyIfComplete(n);
     if (joined_count_ == size_) PushReady(BuildJoinResponse());
     return;
+  }
+  if (!r.group.empty()) {
+    auto failed = failed_groups_.find(r.group);
+    if (failed != failed_groups_.end()) {  // a member after its group failed (FailGroup)
+      Response e = failed->second;
+      e.names = {r.name};
+      PushReady(std::move(e));
+      return;
+    }
   }
   std::string name = r.name;
   auto it = table_.find(name);
@@ -145,13 +164,62 @@ void Coordinator::MarkReadyIfComplete(const std::string& name) {
   const bool refused = joined_count_ > 0 && RefusedWhileJoined((*first_it)->type);
   if (have < size_ && !refused) return;
   const Request first = **first_it;
+  // The groups the ranks put this tensor in, where they disagree (a group of another number of
+  // tensors on some rank): none of them can complete as every rank sees it.
+  std::set<std::string> disputed;
+  for (const auto& q : e.per_rank) {
+    if (q && (q->group != first.group || q->group_size != first.group_size)) {
+      for (const auto& p : e.per_rank) {
+        if (p && p->group_size > 1) disputed.insert(p->group);
+      }
+      break;
+    }
+  }
   Response resp = BuildResponse(name, e);
   arrival_order_.erase(e.order);
   table_.erase(it);
-  if (first.group_size > 1) {
+  if (!disputed.empty()) {
+    // Each of those groups fails as a whole at once, on every rank, with this tensor's
+    // reason; this one too.
+    for (const auto& key : disputed) FailGroup(key, resp);
+    PushReady(std::move(resp));
+  } else if (first.group_size > 1) {
     ReleaseGroup(first, std::move(resp));
   } else {
     PushReady(std::move(resp));
+  }
+}
+
+void Coordinator::FailGroup(const std::string& key, const Response& cause) {
+  const std::string why = "grouped operation '" + key + "'" + Where() +
+                          " failed as a whole (every member fails with it): " + cause.error;
+  Response error;
+  error.type = OpType::kError;
+  error.error = why;
+  error.error_code = cause.error_code;
+  auto fail = [&](std::vector<std::string> names) {
+    Response e = error;
+    e.names = std::move(names);
+    PushReady(std::move(e));
+  };
+  // Members still to come in the batch being added (AddRequests) fail as they come.
+  failed_groups_[key] = error;
+  // Its members already agreed on and held back, and those waiting on some rank.
+  auto held = groups_.find(key);
+  if (held != groups_.end()) {
+    for (auto& m : held->second.members) fail(m.names);
+    groups_.erase(held);
+  }
+  for (auto it = table_.begin(); it != table_.end();) {
+    bool member = false;
+    for (const auto& q : it->second.per_rank) member = member || (q && q->group == key);
+    if (!member) {
+      ++it;
+      continue;
+    }
+    fail({it->first});
+    arrival_order_.erase(it->second.order);
+    it = table_.erase(it);
   }
 }
 

@@ -78,6 +78,8 @@ class Coordinator {
   void Add(int rank, Request r);
   void MarkReadyIfComplete(const std::string& name);
   Response BuildResponse(const std::string& name, Entry& e);
+  // Fails every member of group `key` held back or still pending, with `cause`'s reason.
+  void FailGroup(const std::string& key, const Response& cause);
   std::string Validate(const std::string& name, const Entry& e) const;
   Response BuildJoinResponse();
   // Holds r (ready or an error) until every member of its group is; then releases the group.
@@ -108,6 +110,8 @@ class Coordinator {
     Clock::time_point since;        // when the first became ready
   };
   std::map<std::string, Group> groups_;  // group key -> members held back
+  // Groups failed while the current batch of requests is added: its later members fail too.
+  std::map<std::string, Response> failed_groups_;
   std::vector<bool> joined_;
   int joined_count_ = 0;
   int last_joined_ = -1;
