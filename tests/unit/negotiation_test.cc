@@ -333,6 +333,46 @@ TEST(Coordinator, GroupWithOneMismatchingMemberFailsAsAWhole) {
   EXPECT_EQ(rs[0].type, OpType::kAllreduce);
 }
 
+// Ranks that put a tensor in groups of different sizes (a group of 3 on rank 0, of 2 on rank 1,
+// or one tensor alone): no group can complete as every rank sees it, so every member of every
+// group involved fails at once, in whichever order the ranks' requests come; nothing is held.
+TEST(Coordinator, GroupsOfDifferentSizesFailWholeAtOnce) {
+  auto alone = [](const std::string& n) { return Allreduce(n, {1}); };
+  struct Case {
+    std::vector<Request> zero, one;
+    std::vector<std::string> failed;
+  };
+  const std::vector<Case> cases = {
+      {{Grouped("x", {1}, 3), Grouped("y", {1}, 3), Grouped("z", {1}, 3)},
+       {Grouped("x", {1}, 2), Grouped("y", {1}, 2)},
+       {"x", "y", "z"}},
+      {{Grouped("x", {1}, 2), Grouped("y", {1}, 2)}, {alone("x")}, {"x", "y"}},
+      {{Grouped("x", {1}, 2), Grouped("y", {1}, 2)}, {alone("y")}, {"x", "y"}},
+  };
+  for (const Case& k : cases) {
+    for (bool zero_first : {true, false}) {
+      Coordinator c(2, 0, 0);
+      c.AddRequests(zero_first ? 0 : 1, zero_first ? k.zero : k.one);
+      c.AddRequests(zero_first ? 1 : 0, zero_first ? k.one : k.zero);
+      std::set<std::string> names;
+      for (const auto& r : c.ComputeResponses()) {
+        EXPECT_EQ(r.type, OpType::kError);
+        EXPECT_EQ(r.error_code, StatusCode::kInvalidArgument);
+        EXPECT_NE(r.error.find("group membership"), std::string::npos) << r.error;
+        for (const auto& n : r.names) names.insert(n);
+      }
+      EXPECT_EQ(names, std::set<std::string>(k.failed.begin(), k.failed.end()))
+          << "rank 0 first: " << zero_first;
+      EXPECT_TRUE(c.idle()) << "rank 0 first: " << zero_first;
+      c.AddRequests(0, {Allreduce("next", {1})});
+      c.AddRequests(1, {Allreduce("next", {1})});
+      auto rs = c.ComputeResponses();
+      ASSERT_EQ(rs.size(), 1u);
+      EXPECT_EQ(rs[0].type, OpType::kAllreduce);
+    }
+  }
+}
+
 TEST(Coordinator, GroupFailsWholeWhenAMemberIsAbandoned) {
   Coordinator c(2, 0, /*stall_seconds=*/0, /*stall_shutdown_seconds=*/0.001);
   c.AddRequests(0, {Grouped("x", {1}, 2), Grouped("y", {1}, 2)});

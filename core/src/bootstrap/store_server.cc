@@ -43,31 +43,6 @@ constexpr size_t kMaxPendingHandshakes = 256;
 constexpr int kDroppedLoggedEach = 10;
 constexpr int kDroppedLogSeconds = 10;
 
-void LogDropped(const std::string& why) {
-  static std::mutex mu;
-  static int logged = 0;
-  static uint64_t since = 0;
-  static std::chrono::steady_clock::time_point last;
-  std::lock_guard<std::mutex> l(mu);
-  const auto now = std::chrono::steady_clock::now();
-  if (logged < kDroppedLoggedEach) {
-    ++logged;
-    last = now;
-    HVD_LOG(kWarning) << "store: dropped a connection: " << why;
-    if (logged == kDroppedLoggedEach) {
-      HVD_LOG(kWarning) << "store: further dropped connections are counted, one line at most every "
-                        << kDroppedLogSeconds << " s";
-    }
-    return;
-  }
-  ++since;
-  if (now - last < std::chrono::seconds(kDroppedLogSeconds)) return;
-  HVD_LOG(kWarning) << "store: dropped " << since << " more connections in the last "
-                    << std::chrono::duration_cast<std::chrono::seconds>(now - last).count()
-                    << " s; the last: " << why;
-  since = 0;
-  last = now;
-}
 const std::string kAuthContext = "store";
 
 class StoreServerImpl;
@@ -133,6 +108,10 @@ class StoreServerImpl : public StoreServer {
   }
   void Forget(Session* s, const std::string* waiting_key);
 
+  // Connections that failed the handshake (any thread).
+  LimitedWarning dropped{"store: dropped a connection", kDroppedLoggedEach,
+                         std::chrono::seconds(kDroppedLogSeconds)};
+
  private:
   void Accept();
   void LimitPendingHandshakes();
@@ -151,6 +130,8 @@ class StoreServerImpl : public StoreServer {
   std::unordered_map<std::string, std::vector<std::shared_ptr<Session>>> waiters_;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;
   std::deque<std::weak_ptr<Session>> authenticating_;  // in the order they were accepted
+  LimitedWarning evicted_{"store: dropped the oldest of too many connections authenticating",
+                          kDroppedLoggedEach, std::chrono::seconds(kDroppedLogSeconds)};
 };
 
 void Session::Start(const std::string& secret, Clock::duration handshake_timeout) {
@@ -164,7 +145,7 @@ void Session::Start(const std::string& secret, Clock::duration handshake_timeout
       [self](const Status& st, const std::string&) {
         if (self->closed_) return;
         if (!st.ok()) {
-          LogDropped(st.message());
+          self->server_->dropped.Note(st.message());
           return self->Close();
         }
         self->authenticated_ = true;
@@ -348,9 +329,8 @@ void StoreServerImpl::LimitPendingHandshakes() {
   authenticating_.swap(live);
   while (authenticating_.size() >= kMaxPendingHandshakes) {
     if (auto oldest = authenticating_.front().lock()) {
-      HVD_LOG(kWarning) << "store: " << kMaxPendingHandshakes
-                        << " connections are authenticating at once; dropped the oldest, from "
-                        << oldest->peer();
+      evicted_.Note(oldest->peer() + " (" + std::to_string(kMaxPendingHandshakes) +
+                    " were authenticating at once)");
       oldest->Close();
     }
     authenticating_.pop_front();

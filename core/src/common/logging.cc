@@ -66,4 +66,38 @@ LogMessage::~LogMessage() {
   (void)ignored;
 }
 
+LimitedWarning::LimitedWarning(std::string what, int each, std::chrono::seconds period)
+    : what_(std::move(what)), each_(each), period_(period) {}
+
+void LimitedWarning::Note(const std::string& detail) {
+  std::lock_guard<std::mutex> l(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  if (logged_ < each_) {
+    ++logged_;
+    told_ = now;
+    HVD_LOG(kWarning) << what_ << ": " << detail;
+    if (logged_ == each_) {
+      HVD_LOG(kWarning) << "further such lines (" << what_ << ") are counted, one line at most every "
+                        << period_.count() << " s";
+    }
+    return;
+  }
+  ++since_;
+  last_ = detail;
+  if (now - told_ < period_) return;
+  HVD_LOG(kWarning) << what_ << ": " << since_ << " more in the last "
+                    << std::chrono::duration_cast<std::chrono::seconds>(now - told_).count()
+                    << " s; the last: " << last_;
+  since_ = 0;
+  told_ = now;
+}
+
+void LimitedWarning::Flush() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (since_ == 0) return;
+  HVD_LOG(kWarning) << what_ << ": " << since_ << " more since the last line; the last: " << last_;
+  since_ = 0;
+  told_ = std::chrono::steady_clock::now();
+}
+
 }  // namespace hvd

@@ -5,7 +5,11 @@
 // not interleave.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
+#include <mutex>
 #include <sstream>
+#include <string>
 
 #include "hvd/options.h"
 
@@ -24,6 +28,30 @@ class LogMessage {
  private:
   LogLevel level_;
   std::ostringstream os_;
+};
+
+// Warnings about what a stranger can repeat at will (connections dropped for failing the
+// handshake): the first `each` are logged one by one, then at most one line every `period`
+// with the count since. A count still untold is logged by the next event after the period, or
+// by Flush() (the owner's shutdown).
+//
+// Thread-safety: Note and Flush may be called from any thread.
+class LimitedWarning {
+ public:
+  LimitedWarning(std::string what, int each, std::chrono::seconds period);
+  ~LimitedWarning() { Flush(); }
+  void Note(const std::string& detail);
+  void Flush();
+
+ private:
+  const std::string what_;
+  const int each_;
+  const std::chrono::seconds period_;
+  std::mutex mu_;
+  int logged_ = 0;
+  uint64_t since_ = 0;  // not logged yet
+  std::string last_;
+  std::chrono::steady_clock::time_point told_;
 };
 
 }  // namespace hvd

@@ -183,7 +183,7 @@ class Acceptor {
                           [this, in](const Status& st, const std::string& context) {
                             --pending_;
                             if (!st.ok()) {
-                              HVD_LOG(kWarning) << "dropped a connection: " << st.message();
+                              dropped_.Note(st.message());
                               return;
                             }
                             if (stopped_) return;
@@ -200,9 +200,10 @@ class Acceptor {
     }
     auto& slot = !ok ? sock : (IsData(h.kind) ? mesh_.data[h.rank] : mesh_.control[h.rank]);
     if (!ok || slot) {
-      HVD_LOG(kWarning) << "dropped a connection with an unexpected hello (magic " << std::hex
-                        << h.magic << std::dec << ", rank " << h.rank << ", kind " << int(h.kind)
-                        << ")";
+      std::ostringstream os;
+      os << "an unexpected hello (magic " << std::hex << h.magic << std::dec << ", rank "
+         << h.rank << ", kind " << int(h.kind) << ")";
+      dropped_.Note(os.str());
       asio::error_code ignored;
       sock->close(ignored);
       return;
@@ -222,6 +223,8 @@ class Acceptor {
   std::vector<std::weak_ptr<Incoming>> incoming_;
   int expected_ = 0, got_ = 0, pending_ = 0, knob_mismatch_ = -1;
   bool stopped_ = false;
+  // A stranger may open any number of connections while the job forms.
+  LimitedWarning dropped_{"dropped a connection", 10, std::chrono::seconds(10)};
 };
 
 }  // namespace
