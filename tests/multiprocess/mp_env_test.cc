@@ -170,6 +170,18 @@ TEST(BadEnvironment, HorovodAliasIsNamed) {
   EXPECT_NE(o.create.find("HOROVOD_TIMEOUT_SECONDS"), std::string::npos) << o.create;
 }
 
+// Both spellings set, differently: HVD_'s is taken (with a warning naming both), whatever the
+// other holds.
+TEST(GoodEnvironment, HvdSpellingWinsOverHorovods) {
+  Outcome o = CreateWith({{"HVD_CACHE_CAPACITY", "16"}, {"HOROVOD_CACHE_CAPACITY", "lots"}});
+  SCOPED_TRACE(o.describe);
+  ASSERT_TRUE(o.finished);
+  EXPECT_EQ(o.create, "OK");
+  Outcome bad = CreateWith({{"HVD_TIMEOUT_SECONDS", "abc"}, {"HOROVOD_TIMEOUT_SECONDS", "5"}});
+  ASSERT_TRUE(bad.finished);
+  EXPECT_NE(bad.create.find("HVD_TIMEOUT_SECONDS='abc'"), std::string::npos) << bad.create;
+}
+
 // The job's world named as MPI ranks or a communicator (hvd.init(comm=...)): a list with a
 // repeated or negative rank, both forms at once, or an elastic job are refused before MPI is
 // touched, saying what was wrong.

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "bootstrap/slurm.h"
+#include "common/logging.h"
 #include "hvd/options.h"
 
 namespace hvd {
@@ -22,14 +23,19 @@ constexpr double kMinTimeoutSeconds = 1;  // HVD_TIMEOUT_SECONDS
 
 // The value of HVD_<name>, or of its Horovod alias HOROVOD_<name>; nullptr if neither is set.
 const char* Knob(const char* name, std::string* which) {
-  for (const char* prefix : {"HVD_", "HOROVOD_"}) {
-    std::string var = std::string(prefix) + name;
-    if (const char* v = std::getenv(var.c_str())) {
-      *which = var;
-      return v;
-    }
+  const std::string ours = std::string("HVD_") + name, horovods = std::string("HOROVOD_") + name;
+  const char* v = std::getenv(ours.c_str());
+  const char* alias = std::getenv(horovods.c_str());
+  if (v != nullptr && alias != nullptr && std::string(v) != alias) {
+    HVD_LOG(kWarning) << ours << "='" << v << "' and " << horovods << "='" << alias
+                      << "' are both set: " << ours << " is taken";
   }
-  return nullptr;
+  if (v != nullptr) {
+    *which = ours;
+    return v;
+  }
+  if (alias != nullptr) *which = horovods;
+  return alias;
 }
 
 Status BadValue(const std::string& var, const char* value, const char* expected) {
