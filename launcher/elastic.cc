@@ -464,8 +464,10 @@ void ElasticDriver::CheckHung(TimePoint now) {
   }
   if (left_id.empty()) return;
   if (first_left_ == TimePoint::max()) first_left_ = now;
-  if (now - first_left_ < Seconds(options_.hang_seconds)) return;
-  if (stayed.empty()) {  // every member left, and none failed (step 6)
+  // Every member left, and none failed (step 6): nothing to wait for. Else the ones that
+  // stayed have HVD_TIMEOUT_SECONDS + 5 s to leave too.
+  if (!stayed.empty() && now - first_left_ < Seconds(options_.hang_seconds)) return;
+  if (stayed.empty()) {
     first_left_ = TimePoint::max();
     if (formed_ > retried_formed_) {
       retried_formed_ = formed_;

@@ -17,13 +17,14 @@
 //      With fewer than --min-np workers possible, no world is published; the job fails once
 //      that lasts --elastic-timeout seconds. --reset-limit bounds the number of new worlds.
 //   5. A worker that exits 0 ends the elastic phase: from then on the job ends as a plain one.
-//   6. A worker whose world broke, or never formed, says so in the store
-//      (elastic/left/<g>/<id>). A worker of the current world that has not, hang_seconds after
-//      another has, is hung (SIGSTOPped, cut off, deadlocked): it is killed and handled as in
-//      step 2. When every member has left and none failed (a world that timed out forming, a
-//      link that broke and healed), nothing else would start a new world: step 4 runs with
-//      the same workers, and after kMaxRetries such worlds in a row without one forming the
-//      job fails, saying why the last did not.
+//   6. A worker whose world broke, or never formed, or that shut its engine down and asks for
+//      the next world (hvd.elastic.run's reset), says so in the store (elastic/left/<g>/<id>).
+//      A worker of the current world that has not, hang_seconds after another has, is hung
+//      (SIGSTOPped, cut off, deadlocked): it is killed and handled as in step 2. When every
+//      member has left and none failed (a world that timed out forming, a link that broke and
+//      healed, an error raised on every rank with no peer lost), nothing else would start a
+//      new world: step 4 runs at once with the same workers, and after kMaxRetries such worlds
+//      in a row without one forming the job fails, saying why the last did not.
 //
 // Thread-safety: one thread (hvdrun's supervisor loop).
 #pragma once

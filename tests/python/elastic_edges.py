@@ -8,6 +8,10 @@ committed steps in an hvd.elastic.TorchState:
   --mode late-host   training ends at step 5; then rank 0 appends a host and the ranks take a
                      while to exit: the workers hvdrun starts for the grown world never join
                      one, and the finished job must still end with 0
+  --mode internal-error  every rank raises HorovodInternalError at step 5 of its first attempt
+                     (as Horovod's elastic tests simulate a failure): no peer is lost and no
+                     process dies, yet hvd.elastic.run must go on in a new world of the same
+                     workers, from the commit, to step 10
 
 Every committed step prints "EDGE-STEP host H rank R size N step S".
 """
@@ -21,8 +25,8 @@ import torch
 import hvd.torch as hvd
 
 p = argparse.ArgumentParser()
-p.add_argument("--mode", required=True, choices=["state-lost", "late-host"])
-p.add_argument("--add-host", required=True)
+p.add_argument("--mode", required=True, choices=["state-lost", "late-host", "internal-error"])
+p.add_argument("--add-host")
 args = p.parse_args()
 
 hvd.init()
@@ -48,10 +52,16 @@ def add_host():
     time.sleep(2)
 
 
+attempts = []
+
+
 @hvd.elastic.run
 def train(state):
-    last = 20 if args.mode == "state-lost" else 5
+    attempts.append(hvd.size())
+    last = {"state-lost": 20, "late-host": 5, "internal-error": 10}[args.mode]
     while state.step < last:
+        if args.mode == "internal-error" and state.step == 5 and len(attempts) == 1:
+            raise hvd.HorovodInternalError("a failure the script simulates")
         hvd.allreduce(torch.ones(1), name="edge")
         state.step += 1
         state.commit()
@@ -67,4 +77,5 @@ train(state)
 if args.mode == "late-host":
     if hvd.rank() == 0:
         add_host()  # e.g. while writing a checkpoint: hvdrun sees the host meanwhile
-print("EDGE-DONE rank %d step %d" % (hvd.rank(), state.step), flush=True)
+print("EDGE-DONE rank %d step %d attempts %d" % (hvd.rank(), state.step, len(attempts)),
+      flush=True)

@@ -22,6 +22,9 @@
 #                 new workers from the initial state (elastic_edges.py)
 #     late-host   a host appears after training ended: hvdrun stops the workers it started for
 #                 it, and the job ends with 0 (elastic_edges.py)
+#     internal-error  every rank raises HorovodInternalError with no peer lost: hvdrun forms
+#                 the next world of the same workers at once and training goes on from the
+#                 commit (elastic_edges.py); it waited for good before
 set -uo pipefail
 HVDRUN=$1
 PY=$2
@@ -164,6 +167,16 @@ case "$CASE" in
     grep -q "stopping worker localhost:0#1 (training finished before the world it was" \
       "$DIR/a.log" || fail "hvdrun did not stop the worker of the world that never formed"
     [ $(($(date +%s) - start)) -lt 60 ] || fail "the job took too long to end"
+    ;;
+  internal-error)
+    start=$(date +%s)
+    run "$DIR/a.log" -np 2 --min-np 2 -H 127.0.0.1:2 "$PY" "$EDGES" --mode internal-error \
+      || fail "the elastic job failed"
+    grep -q "world 2: 2 rank(s) (every worker left world 1" "$DIR/a.log" \
+      || fail "hvdrun did not form the next world"
+    [ "$(grep -c "EDGE-DONE rank [01] step 10 attempts 2" "$DIR/a.log")" = 2 ] \
+      || fail "training did not go on from the commit in the new world"
+    [ $(($(date +%s) - start)) -lt 30 ] || fail "the job took too long (hvdrun waited)"
     ;;
   *)
     fail "unknown case"

@@ -117,13 +117,17 @@ def test_run_fn_retries_in_horovods_order(error):
                    + ["train"])
 
 
-def test_run_fn_lets_other_errors_through():
+@pytest.mark.parametrize("error", [ValueError, hvd.InvalidArgumentError,
+                                   hvd.FailedPreconditionError])
+def test_run_fn_lets_other_errors_through(error):
+    """The script's bugs end the job: a mismatch or a bad argument would meet every new world
+    again (and Horovod's loop lets ValueErrors through as well)."""
     log = []
 
     def train(state):
-        raise ValueError("a bug")
+        raise error("a bug")
 
-    with pytest.raises(ValueError):
+    with pytest.raises(error):
         elastic.run_fn(train, lambda: log.append("engine.reset"))(FakeState(log))
     assert log == ["sync"]
 

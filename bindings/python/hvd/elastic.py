@@ -6,7 +6,9 @@ A training function wrapped by :func:`run` is retried after a failure instead of
    ended with ``HostsUpdatedInterrupt(skip_sync=True)``).
 2. ``func(state, ...)`` runs; its return value is returned.
 3. On ``HvdError`` (``HorovodInternalError``: a peer was lost, a timeout, ...) every rank goes
-   back to its last ``state.commit()`` with ``state.restore()``.
+   back to its last ``state.commit()`` with ``state.restore()``. Not on the ones that are also
+   ``ValueError``s (``InvalidArgumentError``, ``FailedPreconditionError``: a mismatch, a bad
+   argument): they are the script's, and end the job as any other exception does.
    On ``HostsUpdatedInterrupt`` (raised by ``state.commit()`` when the launcher published a new
    world) the state is kept as it is.
 4. ``reset()`` restarts the engine in the new world (a worker hvdrun left out of it exits
@@ -128,7 +130,12 @@ def run_fn(func, reset):
                 if not skip_sync:
                     state.sync()
                 return func(state, *args, **kwargs)
-            except HvdError:
+            except HvdError as e:
+                # A mismatch or a bad argument (InvalidArgumentError, FailedPreconditionError:
+                # ValueErrors, which Horovod's retry loop lets through too) is the script's bug,
+                # which a new world would only meet again.
+                if isinstance(e, ValueError):
+                    raise
                 state.restore()
                 skip_sync = False
             except HostsUpdatedInterrupt as e:

@@ -816,6 +816,24 @@ StatusOr<std::unique_ptr<EngineImpl>> CreateElastic(const Options& options) {
                                       ": hvdrun's rendezvous store");
   }
   int64_t after = options.elastic_after_generation;
+  if (after > 0) {
+    // This process ran world `after` and asks for the next one (hvd.elastic.run's reset after
+    // an error, whatever it was): it has left that world. Where the world broke under it the
+    // engine said so with the reason already; else (a clean shutdown: the error was raised on
+    // no peer's account, or every rank shut down) hvdrun learns it here, and forms the next
+    // world once every member has.
+    std::string said;
+    auto found = (*store)->TryGet(ElasticLeftKey(after, options.elastic_id), &said, deadline);
+    if (found.ok() && !*found) {
+      Status told = ReportLeft(**store, after, options.elastic_id,
+                               "worker " + options.elastic_id + " shut down world " +
+                                   std::to_string(after) + " and asks for the next");
+      if (!told.ok()) {
+        HVD_LOG(kWarning) << "could not tell hvdrun this worker left its world: "
+                          << told.ToString();
+      }
+    }
+  }
   while (true) {
     Options o = options;
     o.elastic_after_generation = after;
