@@ -33,8 +33,9 @@ cxxopts::Options BuildOptions() {
       ("i,ssh-identity-file", "Private key ssh uses for the remote hosts", s(), "FILE")
       ("ssh-config", "ssh configuration file for the remote hosts (ssh -F FILE)", s(), "FILE")
       ("network-interface", "Interface whose IPv4 address the ranks and the rendezvous store "
-                            "listen on and publish: a name, or a comma-separated list of names "
-                            "of which each host takes the first it has", s(), "IFACE")
+                            "listen on and publish, the same name on every host; of a "
+                            "comma-separated list, the first that hvdrun's host has", s(),
+       "IFACE")
       ("grace-seconds", "After the first rank fails, seconds the others get to finish "
                         "before SIGTERM (default 3)", s(), "SEC")
       ("kill-after-seconds", "Seconds between SIGTERM and SIGKILL when stopping ranks "
@@ -593,6 +594,12 @@ LaunchOptions ParseArgs(int argc, const char* const* argv) {
     if (r.count("help")) {
       out.help = true;
       return out;
+    }
+    if (r.count("version") && !out.command.empty()) {
+      // horovodrun's -v prints the version and exits; a launch line with a command that
+      // meant --verbose must not end there silently, with 0.
+      throw LaunchError("-v (--version) prints hvd's version and starts nothing, as "
+                        "horovodrun's does; for what hvdrun does, use --verbose");
     }
     if (r.count("check-build") || r.count("version")) {
       out.check_build = r.count("check-build") > 0;

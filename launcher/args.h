@@ -31,7 +31,7 @@ struct LaunchOptions {
   std::string ssh_identity_file;  // -i/--ssh-identity-file
   std::string ssh_config_file;    // --ssh-config (ssh -F)
   // --network-interface(s): addresses to publish come from it; a comma-separated list of
-  // names, of which each host takes the first that has an IPv4 address there.
+  // names, of which hvdrun takes the first this host has an IPv4 address on, for every host.
   std::string network_interface;
   // horovodrun's spellings (see HelpText):
   std::string output_dir;              // --output-filename: DIR/rank.N/{stdout,stderr}

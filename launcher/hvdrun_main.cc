@@ -2,6 +2,7 @@
 // See `hvdrun --help` and supervisor.h for the failure policy.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
@@ -82,7 +83,8 @@ SshOptions SshOptionsOf(const LaunchOptions& opts) {
   if (text != nullptr) {
     char* end = nullptr;
     const double v = std::strtod(text, &end);
-    if (end != text && *end == '\0' && v > 0 && v <= 1e6) ssh.alive_seconds = v;
+    // At least 10 s: sshd on a busy host may take a few seconds to answer.
+    if (end != text && *end == '\0' && v > 0 && v <= 1e6) ssh.alive_seconds = std::max(v, 10.0);
   }
   return ssh;
 }
@@ -365,7 +367,22 @@ int Main(int argc, char** argv) {
   }
   for (const std::string& w : opts.warnings) std::cerr << "hvdrun: " << w << "\n";
   try {
-    if (opts.mpi) return ExecMpirun(opts);
+    if (opts.mpi) return ExecMpirun(opts);  // mpirun takes the list of interfaces itself
+    if (opts.network_interface.find(',') != std::string::npos) {
+      // A list: the first that this host has an IPv4 address on, the same name on every host
+      // (hosts that took different ones could find themselves on networks apart).
+      std::stringstream names(opts.network_interface);
+      std::string chosen;
+      for (std::string name; chosen.empty() && std::getline(names, name, ',');) {
+        if (!LocalInterfaceAddress(name).empty()) chosen = name;
+      }
+      if (chosen.empty()) {
+        throw std::runtime_error("none of the interfaces " + opts.network_interface +
+                                 " has an IPv4 address on this host (--network-interfaces)");
+      }
+      if (opts.verbose) std::cerr << "hvdrun: using interface " << chosen << " on every host\n";
+      opts.network_interface = chosen;
+    }
     if (opts.elastic) return RunElasticJob(opts);
     return RunJob(opts);
   } catch (const LaunchError& e) {

@@ -53,10 +53,10 @@ static std::string TimeStamp() {
 void LinePump::Emit(const char* data, size_t len, bool end) {
   // The rank's prefix and the time at the start of a line only: a line longer than kMaxLine
   // goes out in pieces, with nothing added between them.
-  std::string stamp, head;
+  std::string stamp, head;  // the time, then a space; the prefix, where there is one, instead
   if (!mid_line_) {
-    if (timestamp_) stamp = TimeStamp() + (prefix_.empty() ? " " : "");
-    head = stamp + prefix_;
+    if (timestamp_) stamp = TimeStamp();
+    head = stamp + (prefix_.empty() && timestamp_ ? " " : "") + prefix_;
   }
   std::string line;
   line.reserve(head.size() + len + 1);
@@ -65,7 +65,9 @@ void LinePump::Emit(const char* data, size_t len, bool end) {
   if (end) line.push_back('\n');
   mid_line_ = !end;
   WriteAll(out_fd_, line);
-  if (file_fd_ >= 0) WriteAll(file_fd_, stamp + line.substr(head.size()));
+  if (file_fd_ >= 0) {
+    WriteAll(file_fd_, (stamp.empty() ? "" : stamp + " ") + line.substr(head.size()));
+  }
 }
 
 bool LinePump::Pump(int in_fd) {

@@ -190,9 +190,11 @@ std::vector<std::string> SshCommand(const SshOptions& ssh, const std::string& ho
   std::vector<std::string> argv = {"ssh", "-T", "-x", "-o", "BatchMode=yes", "-o",
                                    "ConnectTimeout=" + std::to_string(connect_timeout)};
   if (ssh.alive_seconds > 0) {
+    // ssh gives up after CountMax unanswered probes an interval apart, the first an interval
+    // into the silence: about 3 intervals.
     const int interval = std::max(1, static_cast<int>(std::ceil(ssh.alive_seconds / 3)));
     argv.insert(argv.end(), {"-o", "ServerAliveInterval=" + std::to_string(interval), "-o",
-                             "ServerAliveCountMax=3"});
+                             "ServerAliveCountMax=2"});
   }
   if (!ssh.config_file.empty()) argv.insert(argv.end(), {"-F", ssh.config_file});
   if (ssh.port > 0) argv.insert(argv.end(), {"-p", std::to_string(ssh.port)});

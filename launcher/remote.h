@@ -37,8 +37,10 @@ struct SshOptions {
   std::string config_file;
   double connect_timeout_seconds = 30;
   // About how long a session may hear nothing from its host before ssh gives up on it (its
-  // ServerAlive probes), so that a rank whose host is cut off ends instead of leaving hvdrun
-  // waiting; 0: ssh's own default (none). hvdrun gives the ranks' HVD_TIMEOUT_SECONDS.
+  // ServerAlive probes, given on ssh's command line: they take the place of the ssh
+  // configuration's own), so that a rank
+  // whose host is cut off ends instead of leaving hvdrun waiting; 0: ssh's own default (none).
+  // hvdrun gives the ranks' HVD_TIMEOUT_SECONDS, at least 10 s.
   double alive_seconds = 0;
 };
 
@@ -56,8 +58,7 @@ struct HostProbe {
 
 // Probes every host at once (ssh's ConnectTimeout is timeout_seconds) and waits for all of
 // them, at most timeout_seconds + 1 (hosts that have not answered by then are killed and
-// reported). `interface` may be empty, one name, or a comma-separated list of names: a host
-// takes the first that has an IPv4 address there.
+// reported). `interface` may be empty.
 std::vector<HostProbe> ProbeHosts(const std::vector<std::string>& hosts, const SshOptions& ssh,
                                   const std::string& interface, double timeout_seconds);
 

@@ -393,6 +393,9 @@ TEST(Args, HorovodrunMpiArgsAndCheckBuild) {
   EXPECT_TRUE(ParseArgs(2, version).version);
   const char* v[] = {"hvdrun", "-v"};  // horovodrun's -v: the version (--verbose is verbose)
   EXPECT_TRUE(ParseArgs(2, v).version);
+  // With a command it meant --verbose, as hvdrun's -v did: refused, not a silent exit 0.
+  EXPECT_NE(ErrorOf({"-v", "-np", "2", "python3", "train.py"}).find("use --verbose"),
+            std::string::npos);
 }
 
 // horovodrun's single-dash long flags, its plural interface flag, the timestamp prefix and

@@ -143,16 +143,20 @@ void CheckGroupedMismatch(hvd::Engine& e, Checker& ck) {
   ExpectNextWorks(e, ck, "mm.grs");
 
   // Groups of different sizes: rank 0 groups three tensors, the others two of them (and, next,
-  // one of them alone). No group can complete as every rank sees it: each fails as a whole at
-  // once on every rank, naming the group membership that differs; nothing waits.
+  // one of them alone); then groups of two whose second members differ. No group can complete
+  // as every rank sees it: each fails as a whole at once on every rank, naming the group
+  // membership that differs; nothing waits.
   fill();
   TensorView b4(b, DataType::kFloat32, {4});
-  for (const char* prefix : {"mm.gsz2.", "mm.gsz1."}) {
+  for (const char* prefix : {"mm.gsz2.", "mm.gsz1.", "mm.gmem."}) {
     const std::string p = prefix;
-    const size_t others = p == "mm.gsz2." ? 2 : 1;
     std::vector<std::string> names = {p + "0", p + "1", p + "2"};
     std::vector<TensorView> views = {a4, b4, c4};
-    if (odd) {
+    if (p == "mm.gmem.") {
+      names = {p + "0", odd ? p + "9" : p + "1"};
+      views.resize(2);
+    } else if (odd) {
+      const size_t others = p == "mm.gsz2." ? 2 : 1;
       names.resize(others);
       views.resize(others);
     }

@@ -298,9 +298,10 @@ TEST(Coordinator, GroupIsReleasedWhole) {
   EXPECT_EQ(rs.size(), 2u);
 }
 
-Request Grouped(const std::string& name, std::vector<int64_t> shape, int size) {
+Request Grouped(const std::string& name, std::vector<int64_t> shape, int size,
+                const std::string& group = "g") {
   Request q = Allreduce(name, std::move(shape));
-  q.group = "g";
+  q.group = group;
   q.group_size = size;
   return q;
 }
@@ -348,6 +349,10 @@ TEST(Coordinator, GroupsOfDifferentSizesFailWholeAtOnce) {
        {"x", "y", "z"}},
       {{Grouped("x", {1}, 2), Grouped("y", {1}, 2)}, {alone("x")}, {"x", "y"}},
       {{Grouped("x", {1}, 2), Grouped("y", {1}, 2)}, {alone("y")}, {"x", "y"}},
+      // The same size, another member: the engine's keys differ (they digest every name).
+      {{Grouped("x", {1}, 2, "g/xy"), Grouped("y", {1}, 2, "g/xy")},
+       {Grouped("x", {1}, 2, "g/xz"), Grouped("z", {1}, 2, "g/xz")},
+       {"x", "y", "z"}},
   };
   for (const Case& k : cases) {
     for (bool zero_first : {true, false}) {

@@ -63,6 +63,10 @@ std::string DescribeDiff(const Request& a, const Request& b, bool first_dim_may_
                ? "process set to remove " + std::to_string(a.root) + " vs " + std::to_string(b.root)
                : "process set ranks " + ShapeToString(a.splits) + " vs " + ShapeToString(b.splits);
   }
+  if (a.group_size == b.group_size && a.group_size > 1 && a.group != b.group) {
+    return "group membership: groups of " + std::to_string(a.group_size) +
+           " tensors with different members ('" + a.group + "' vs '" + b.group + "')";
+  }
   if (a.group_size != b.group_size || a.group != b.group) {
     auto of = [](const Request& q) {
       return q.group_size > 1 ? "a group of " + std::to_string(q.group_size) + " tensors ('" +

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cassert>
+#include <cstdio>
 #include <thread>
 
 #include "bootstrap/elastic.h"
@@ -555,8 +556,19 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
       return;
     }
     if (n > 1) {
+      // The group's key: its first name, its size and a digest of every member's name, so that
+      // ranks whose groups differ in any member disagree on it (the coordinator then fails them
+      // as a whole) instead of each waiting for members the others never send.
+      uint64_t digest = 1469598103934665603ull;  // FNV-1a, 64 bits
       for (TensorEntry* p = entries; p != end; ++p) {
-        p->request.group = entries[0].request.name + "#group";
+        for (unsigned char c : p->request.name) digest = (digest ^ c) * 1099511628211ull;
+        digest = (digest ^ 0xff) * 1099511628211ull;  // a separator no name byte ends with
+      }
+      char hex[17];
+      std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(digest));
+      const std::string key = entries[0].request.name + "#group/" + std::to_string(n) + "/" + hex;
+      for (TensorEntry* p = entries; p != end; ++p) {
+        p->request.group = key;
         p->request.group_size = static_cast<int32_t>(n);
       }
     }

@@ -289,7 +289,6 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
       io, o.rank, std::move((*mesh)->data), SpinWindow(o),
       std::chrono::duration_cast<Clock::duration>(
           std::chrono::duration<double>(o.timeout_seconds)));
-  tcp->set_offload(backends->offload());
   // A rank that fails from here on leaves its reason in the store, and a rank whose peer
   // closed its connection passes on the reason that peer left, as the mesh does. The note is
   // written at once (a failed transport has closed its connections, and peers look for it
@@ -315,6 +314,9 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
   job.topology = std::move(*topology);
   Status agree = CheckKnobsAgree(*tcp, o, deadline);
   if (!agree.ok()) return give_up(agree, tcp->lost_peer());
+  // MPI's collectives from here on (HVD_CPU_OPERATIONS=mpi): the exchanges above go over TCP on
+  // every rank, so that ranks that differ on it learn so instead of waiting for each other.
+  tcp->set_offload(backends->offload());
   // Shared memory among the ranks of each host (transport/shm/shm_transport.h): the router
   // over it and TCP, or TCP alone.
   int lost = -1;

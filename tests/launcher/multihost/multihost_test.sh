@@ -23,8 +23,8 @@
 #                5 + 5 s naming a rank on the other side, hvdrun exits non-zero
 #   launchercut  hvdrun's own host cut off mid-allreduce (HVD_TIMEOUT_SECONDS=5; the hosts
 #                still reach each other): hvdrun's ssh sessions give up within about that
-#                timeout (ServerAlive probes), and hvdrun exits non-zero naming a rank whose
-#                host it lost, instead of waiting for the link forever
+#                timeout, at least 10 s (ServerAlive probes), and hvdrun exits non-zero naming a
+#                rank whose host it lost, instead of waiting for the link forever
 #   symmetric    the checked job for 20 rounds with HVD_SYMMETRIC_NEGOTIATION=on: cached
 #                tensors agreed in rounds, over TCP links between workers across the hosts
 #   symmetric_partition  the partition with HVD_SYMMETRIC_NEGOTIATION=on
@@ -354,12 +354,12 @@ case_partition() {
 case_launchercut() {
   fault_job || return
   ip -n "$NETNS_SW" link set p1 down  # the launcher's port (10.233.0.1)
-  # ssh gives up after 3 unanswered probes HVD_TIMEOUT_SECONDS / 3 apart; then the grace.
-  wait_job 40
+  # ssh gives up about max(HVD_TIMEOUT_SECONDS, 10) s into the silence; then the grace.
+  wait_job 60
   [ "$RC" != 0 ] && [ "$RC" != -1 ] || fail "hvdrun exited $RC"
   local took=$(( $(date +%s%3N) - CUT_MS ))
   echo "hvdrun exited $RC after $took ms from the cut"
-  [ "$took" -le $(( (HVD_TIMEOUT_SECONDS + 15) * 1000 )) ] ||
+  [ "$took" -le 30000 ] ||
     fail "hvdrun took $took ms after the cut (timeout $HVD_TIMEOUT_SECONDS s)"
   has "$ERR" "^hvdrun: rank [0-3] " || fail "hvdrun names no rank"
   grep '^hvdrun:' "$ERR" | head -5
