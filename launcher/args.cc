@@ -271,8 +271,8 @@ void ParseKnobs(const cxxopts::ParseResult& r, LaunchOptions* out) {
   }
   if (has("cycle-time-ms")) {
     const double ms = ParseNonNegative("--cycle-time-ms", get("cycle-time-ms"));
-    if (ms > 1e6) {
-      throw LaunchError("bad value '" + get("cycle-time-ms") + "' for --cycle-time-ms (at most 1e6 ms)");
+    if (ms > 1e9) {  // the ranks' ceiling for HVD_CYCLE_TIME: 10^6 s, as every duration
+      throw LaunchError("bad value '" + get("cycle-time-ms") + "' for --cycle-time-ms (at most 1e9 ms)");
     }
     out->knobs["HVD_CYCLE_TIME"] = Str(ms);
   }
@@ -478,7 +478,10 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
                                 {"autotune", "no-autotune"},
                                 {"timeline-mark-cycles", "no-timeline-mark-cycles"},
                                 {"mpi-threads-disable", "no-mpi-threads-disable"},
-                                {"log-with-timestamp", "log-without-timestamp"}}) {
+                                {"log-with-timestamp", "log-without-timestamp"},
+                                {"log-with-timestamp", "log-hide-timestamp"},
+                                {"no-log-hide-timestamp", "log-without-timestamp"},
+                                {"no-log-hide-timestamp", "log-hide-timestamp"}}) {
     if (has(on) && has(off)) {
       throw LaunchError(std::string("give either --") + on + " or --" + off + ", not both");
     }

@@ -282,6 +282,21 @@ TEST(Hvdrun, LongLinesStayWhole) {
   }
 }
 
+TEST(Hvdrun, LinesLongerThanTheBufferComeWholeInPieces) {
+  // 2.5 MB, more than hvdrun holds of a line (1 MiB): it goes out in pieces, nothing inserted,
+  // one prefix; the last line of one rank has no newline (hvdrun ends it).
+  std::string script =
+      "awk 'BEGIN { s = \"x\"; while (length(s) < 2500000) s = s s; "
+      "printf \"%s\\nend\", substr(s, 1, 2500000) }'";
+  Result r = RunHvdrun({"-np", "1", "sh", "-c", script});
+  ASSERT_EQ(0, r.code) << r.err;
+  auto lines = Lines(r.out);
+  ASSERT_EQ(2u, lines.size());
+  EXPECT_EQ(12u + 2500000u, lines[0].size());
+  EXPECT_EQ("[0]<stdout>:" + std::string(2500000, 'x'), lines[0]);
+  EXPECT_EQ("[0]<stdout>:end", lines[1]);
+}
+
 TEST(Hvdrun, TimestampPrefix) {
   // horovodrun's -prefix-timestamp: "Fri Nov 27 06:30:12 2026[0]<stdout>:text".
   Result r = RunHvdrun({"-np", "1", "-prefix-timestamp", "sh", "-c", "echo stamped"});

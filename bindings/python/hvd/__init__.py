@@ -7,9 +7,10 @@ Horovod script ports by changing ``import horovod.torch as hvd`` to ``import hvd
 Errors from the engine raise :class:`HvdError` (a ``RuntimeError``, also exported as
 ``HorovodInternalError``) or one subclass per status code:
 
-* ``InvalidArgumentError``, ``FailedPreconditionError``: the call or its tensor was wrong, for
-  example a shape, dtype or root that differs across ranks, or a call before ``hvd.init()``.
-  Recoverable: the next operation works. Both are also ``ValueError``s, as Horovod raises.
+* ``InvalidArgumentError``, ``FailedPreconditionError``: the call, its tensor or the setting was
+  wrong, for example a shape, dtype or root that differs across ranks, a call before
+  ``hvd.init()``, or (from ``init``) a knob that differs across ranks. After an operation's,
+  the next operation works. Both are also ``ValueError``s, as Horovod raises.
 * ``PeerLostError``, ``HvdTimeoutError``: a rank died or stopped answering. The communicator
   is gone; every later operation fails too.
 * ``ResourceExhaustedError``: a rank could not allocate the memory an operation needs. The

@@ -12,15 +12,25 @@
 namespace hvd {
 namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kWarning)};
-std::mutex g_prefix_mu;
-std::string g_prefix;  // guarded by g_prefix_mu
+
+// The prefix and its lock, never destroyed: a log line may come from another object's
+// destructor during static destruction (a LimitedWarning's last count).
+struct Prefix {
+  std::mutex mu;
+  std::string text;  // guarded by mu
+};
+Prefix& ThePrefix() {
+  static Prefix* p = new Prefix;
+  return *p;
+}
 }  // namespace
 
 void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
 LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
 void SetLogPrefix(const std::string& prefix) {
-  std::lock_guard<std::mutex> l(g_prefix_mu);
-  g_prefix = prefix;
+  Prefix& p = ThePrefix();
+  std::lock_guard<std::mutex> l(p.mu);
+  p.text = prefix;
 }
 
 const char* LogLevelName(LogLevel level) {
@@ -51,8 +61,9 @@ LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(leve
   const char* base = strrchr(file, '/');
   std::string prefix;
   {
-    std::lock_guard<std::mutex> l(g_prefix_mu);
-    prefix = g_prefix;
+    Prefix& p = ThePrefix();
+    std::lock_guard<std::mutex> l(p.mu);
+    prefix = p.text;
   }
   os_ << "[hvd " << LogLevelName(level);
   if (!prefix.empty()) os_ << " " << prefix;

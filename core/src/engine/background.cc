@@ -1438,7 +1438,7 @@ void EngineImpl::FinishShutdown(int requested_by) {
           ? "hvd has been shut down (" + who + " called shutdown)"
           : "hvd has been shut down (" + who + " called shutdown): an exception on " + who +
                 ", or its script ending while this rank still runs collectives; if an "
-                "exception, " + who + "'s output shows it");
+                "exception, its traceback is in that rank's output");
   done_ = true;  // connection errors from here on are the job ending, not a lost peer
   FailAll(s, /*notify=*/false);
 }

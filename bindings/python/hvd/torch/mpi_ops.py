@@ -463,8 +463,8 @@ def _splits_list(splits):
     out = []
     for s in splits:
         try:
-            if isinstance(s, bool) or type(s).__name__ == "bool_":
-                raise TypeError
+            if isinstance(s, bool) or getattr(getattr(s, "dtype", None), "kind", "") == "b":
+                raise TypeError  # Python's or NumPy's booleans are no counts
             out.append(operator.index(s))
         except TypeError:
             raise ValueError("alltoall splits must be integers, got %r (a %s)"

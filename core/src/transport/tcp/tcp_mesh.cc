@@ -125,7 +125,10 @@ StatusOr<std::unique_ptr<tcp::socket>> DialRank(asio::io_context& io, StoreClien
 }
 
 // Accepts connections and sorts them by hello into the mesh.
-class Acceptor {
+// Shared with its handlers (each holds it), so that one still queued on the io_context after
+// formation ended finds it alive; once stopped, no handler touches the mesh or the listener,
+// which end with formation.
+class Acceptor : public std::enable_shared_from_this<Acceptor> {
  public:
   // Connections are accepted until `deadline` (the job's start deadline), and each has until
   // then to authenticate.
@@ -160,7 +163,7 @@ class Acceptor {
     if (stopped_) return;
     auto sock = std::make_shared<std::unique_ptr<tcp::socket>>(std::make_unique<tcp::socket>(io_));
     ++pending_;
-    acc_.async_accept(**sock, [this, sock](const asio::error_code& ec) {
+    acc_.async_accept(**sock, [this, self = shared_from_this(), sock](const asio::error_code& ec) {
       --pending_;
       if (ec || stopped_) return;
       auto in = std::make_shared<Incoming>();
@@ -175,12 +178,13 @@ class Acceptor {
   // a peer can only claim a rank if it knows the job's secret.
   void ReadHello(std::shared_ptr<Incoming> in) {
     ++pending_;
-    auto check = [this](const std::string& context) {
+    auto check = [this, self = shared_from_this()](const std::string& context) {
       return CheckHello(UnpackHello(context), rank_, size_, worker_links_);
     };
     auto left = std::max<Clock::duration>(deadline_ - Clock::now(), std::chrono::milliseconds(1));
     auth::AcceptHandshake(*in->sock, secret_, kHelloBytes, in,
-                          [this, in](const Status& st, const std::string& context) {
+                          [this, self = shared_from_this(), in](const Status& st,
+                                                                const std::string& context) {
                             --pending_;
                             if (!st.ok()) {
                               dropped_.Note(st.message());
@@ -301,9 +305,18 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
   addr << acc.local_endpoint().address().to_string() << ":" << acc.local_endpoint().port();
   HVD_RETURN_IF_ERROR(store.Set("hvd/addr/" + std::to_string(o.rank), addr.str(), deadline));
 
-  Acceptor acceptor(io, acc, *mesh, o.rank, o.size, worker_links, o.secret, deadline);
+  auto acceptor_ptr =
+      std::make_shared<Acceptor>(io, acc, *mesh, o.rank, o.size, worker_links, o.secret, deadline);
+  Acceptor& acceptor = *acceptor_ptr;
   acceptor.set_expected((o.size - 1 - o.rank) * (control_from_higher ? 2 : 1));
   acceptor.Start();
+  // Whichever way formation ends (a lower rank that cannot be reached returns at once), the
+  // acceptor stops: connections half accepted are closed, and no handler left on the
+  // io_context reaches the mesh or the listener after them.
+  struct StopOnExit {
+    Acceptor& a;
+    ~StopOnExit() { a.Stop(); }
+  } stop_on_exit{acceptor};
 
   // 2. Dial the lower ranks.
   for (int j = 0; j < o.rank; ++j) {
