@@ -4,7 +4,7 @@
  *   hvd_engine* e = hvd_init(&err);                 // from the environment contract
  *   if (!e) { fprintf(stderr, "%s\n", hvd_error_message(err)); hvd_error_free(err); }
  *   hvd_handle* h = hvd_allreduce(e, "grad", buf, buf, HVD_FLOAT32, 1, &n, HVD_AVERAGE, 1.0, 1.0);
- *   if (hvd_wait(h, &err) != 0) { ... }
+ *   if (hvd_wait(h, -1, &err) != HVD_OK) { ... }
  *   hvd_handle_free(h);
  *   hvd_shutdown(e);
  *
@@ -52,13 +52,16 @@ HVD_C_EXPORT void hvd_error_free(hvd_error* err);
 HVD_C_EXPORT hvd_engine* hvd_init(hvd_error** err);
 /* Shuts down and frees the engine. */
 HVD_C_EXPORT void hvd_shutdown(hvd_engine* e);
+/* -1 for a NULL engine. */
 HVD_C_EXPORT int hvd_rank(const hvd_engine* e);
 HVD_C_EXPORT int hvd_size(const hvd_engine* e);
 HVD_C_EXPORT int hvd_local_rank(const hvd_engine* e);
 HVD_C_EXPORT int hvd_local_size(const hvd_engine* e);
 
-/* Asynchronous operations: never NULL; argument errors surface at hvd_wait. `shape` has
- * `ndim` entries; buffers stay valid until the handle has finished. */
+/* Asynchronous operations: never NULL; argument errors surface at hvd_wait (a NULL engine, a
+ * dtype or op outside its enum, a negative ndim, a NULL shape with ndim > 0, a NULL buffer
+ * with elements included). `shape` has `ndim` entries; buffers stay valid until the handle has
+ * finished. */
 HVD_C_EXPORT hvd_handle* hvd_allreduce(hvd_engine* e, const char* name, const void* input,
                                        void* output, hvd_dtype dtype, int ndim,
                                        const int64_t* shape, hvd_reduce_op op, double prescale,
@@ -71,7 +74,8 @@ HVD_C_EXPORT hvd_handle* hvd_allgather(hvd_engine* e, const char* name, const vo
 HVD_C_EXPORT hvd_handle* hvd_barrier(hvd_engine* e);
 HVD_C_EXPORT hvd_handle* hvd_join(hvd_engine* e);
 
-/* 1 when finished, 0 while pending. */
+/* 1 when finished, 0 while pending. A NULL handle is finished, and hvd_wait on it gives
+ * HVD_INVALID_ARGUMENT. */
 HVD_C_EXPORT int hvd_poll(const hvd_handle* h);
 /* Blocks until finished; returns the status code and sets *err on failure. timeout_ms < 0
  * waits without limit; HVD_TIMEOUT means still pending. */

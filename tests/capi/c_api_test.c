@@ -117,6 +117,46 @@ int main(void) {
     hvd_error_free(err);
     hvd_handle_free(h);
   }
+  /* Misuse is refused at hvd_wait, saying what was wrong, and crashes nothing (every rank makes
+   * the same calls; none reaches the other ranks). */
+  {
+    float x[4] = {1, 2, 3, 4};
+    int64_t four = 4;
+    struct {
+      hvd_handle* h;
+      const char* says;
+    } bad[] = {
+        {hvd_allreduce(e, "c.bad.out", x, NULL, HVD_FLOAT32, 1, &four, HVD_SUM, 1.0, 1.0),
+         "output data is null"},
+        {hvd_allreduce(e, "c.bad.dtype", x, x, (hvd_dtype)262, 1, &four, HVD_SUM, 1.0, 1.0),
+         "dtype 262 is not an hvd_dtype"},
+        {hvd_allreduce(e, "c.bad.op", x, x, HVD_FLOAT32, 1, &four, (hvd_reduce_op)261, 1.0, 1.0),
+         "op 261 is not an hvd_reduce_op"},
+        {hvd_allreduce(e, "c.bad.ndim", x, x, HVD_FLOAT32, -1, &four, HVD_SUM, 1.0, 1.0),
+         "ndim -1 is negative"},
+        {hvd_allreduce(e, "c.bad.shape", x, x, HVD_FLOAT32, 1, NULL, HVD_SUM, 1.0, 1.0),
+         "shape is NULL"},
+        {hvd_allreduce(NULL, "c.bad.engine", x, x, HVD_FLOAT32, 1, &four, HVD_SUM, 1.0, 1.0),
+         "the engine is NULL"},
+        {hvd_broadcast(e, "c.bad.bcast", NULL, HVD_FLOAT32, 1, &four, 0), "data is null"},
+        {hvd_allgather(e, "c.bad.gather", x, (hvd_dtype)-1, 1, &four), "not an hvd_dtype"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
+      err = NULL;
+      CHECK(hvd_poll(bad[i].h) == 1, "refused call %zu is finished", i);
+      int code = hvd_wait(bad[i].h, 30000, &err);
+      CHECK(code == HVD_INVALID_ARGUMENT, "refused call %zu gave code %d", i, code);
+      CHECK(strstr(hvd_error_message(err), bad[i].says) != NULL, "refused call %zu says '%s'", i,
+            hvd_error_message(err));
+      hvd_error_free(err);
+      hvd_handle_free(bad[i].h);
+    }
+    CHECK(hvd_rank(NULL) == -1 && hvd_size(NULL) == -1, "rank and size of a NULL engine");
+    err = NULL;
+    CHECK(hvd_wait(NULL, 0, &err) == HVD_INVALID_ARGUMENT, "hvd_wait(NULL)");
+    hvd_error_free(err);
+    CHECK(hvd_poll(NULL) == 1, "hvd_poll(NULL)");
+  }
   h = hvd_barrier(e);
   wait_ok(h, "barrier");
   hvd_handle_free(h);

@@ -943,6 +943,9 @@ Status CheckAllreduceArgs(const std::string& name, const TensorView& in, const T
                                    out.ShapeString() + " does not match input " +
                                    DataTypeName(in.dtype) + in.ShapeString());
   }
+  if (out.data == nullptr && out.num_elements() > 0) {
+    return Status::InvalidArgument("allreduce '" + name + "': output data is null");
+  }
   if (in.dtype == DataType::kBool && op == ReduceOp::kAverage) {
     return Status::InvalidArgument("allreduce '" + name + "': average is not defined for bool");
   }
@@ -1029,6 +1032,9 @@ HandlePtr Engine::Broadcast(const std::string& name, const TensorView& input,
     return Failed(Status::InvalidArgument("broadcast '" + name + "': output " +
                                           output.ShapeString() + " does not match input " +
                                           input.ShapeString()));
+  }
+  if (output.data == nullptr && output.num_elements() > 0) {
+    return Failed(Status::InvalidArgument("broadcast '" + name + "': output data is null"));
   }
   TensorEntry e = MakeEntry(*impl_, OpType::kBroadcast, name, input, output, process_set);
   e.request.root = root;
