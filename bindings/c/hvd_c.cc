@@ -3,6 +3,7 @@
 #include "hvd_c.h"
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,7 +28,18 @@ void SetError(hvd_error** err, const hvd::Status& s) {
   if (err) *err = new hvd_error{static_cast<int>(s.code()), s.ToString()};
 }
 
-hvd::TensorView View(const void* data, hvd_dtype dtype, int ndim, const int64_t* shape) {
+// An enum argument's value as the caller passed it: C may pass any int, which C++ must not
+// read as the enum type until it is known to be one of its values.
+template <typename E>
+int Raw(const E& value) {
+  static_assert(sizeof(E) == sizeof(int), "the C enums are int-sized");
+  int v;
+  std::memcpy(&v, &value, sizeof(v));
+  return v;
+}
+
+// `dtype` already checked (BadTensor).
+hvd::TensorView View(const void* data, int dtype, int ndim, const int64_t* shape) {
   std::vector<int64_t> dims;
   if (ndim > 0 && shape) dims.assign(shape, shape + ndim);
   return hvd::TensorView(const_cast<void*>(data), static_cast<hvd::DataType>(dtype), dims);
@@ -89,32 +101,35 @@ hvd_handle* hvd_allreduce(hvd_engine* e, const char* name, const void* input, vo
                           hvd_dtype dtype, int ndim, const int64_t* shape, hvd_reduce_op op,
                           double prescale, double postscale) {
   if (!e) return Refused("allreduce", name, "the engine is NULL");
-  std::string bad = BadTensor(dtype, ndim, shape);
-  if (bad.empty() && (op < HVD_SUM || op > HVD_PRODUCT)) {
-    bad = "op " + std::to_string(op) + " is not an hvd_reduce_op (0 to " +
+  const int dt = Raw(dtype), rop = Raw(op);
+  std::string bad = BadTensor(dt, ndim, shape);
+  if (bad.empty() && (rop < HVD_SUM || rop > HVD_PRODUCT)) {
+    bad = "op " + std::to_string(rop) + " is not an hvd_reduce_op (0 to " +
           std::to_string(HVD_PRODUCT) + ")";
   }
   if (!bad.empty()) return Refused("allreduce", name, bad);
-  return Wrap(e->engine->Allreduce(name ? name : "", View(input, dtype, ndim, shape),
-                                   View(output, dtype, ndim, shape),
-                                   static_cast<hvd::ReduceOp>(op), prescale, postscale));
+  return Wrap(e->engine->Allreduce(name ? name : "", View(input, dt, ndim, shape),
+                                   View(output, dt, ndim, shape),
+                                   static_cast<hvd::ReduceOp>(rop), prescale, postscale));
 }
 
 hvd_handle* hvd_broadcast(hvd_engine* e, const char* name, void* buffer, hvd_dtype dtype,
                           int ndim, const int64_t* shape, int root) {
   if (!e) return Refused("broadcast", name, "the engine is NULL");
-  const std::string bad = BadTensor(dtype, ndim, shape);
+  const int dt = Raw(dtype);
+  const std::string bad = BadTensor(dt, ndim, shape);
   if (!bad.empty()) return Refused("broadcast", name, bad);
-  hvd::TensorView v = View(buffer, dtype, ndim, shape);
+  hvd::TensorView v = View(buffer, dt, ndim, shape);
   return Wrap(e->engine->Broadcast(name ? name : "", v, v, root));
 }
 
 hvd_handle* hvd_allgather(hvd_engine* e, const char* name, const void* input, hvd_dtype dtype,
                           int ndim, const int64_t* shape) {
   if (!e) return Refused("allgather", name, "the engine is NULL");
-  const std::string bad = BadTensor(dtype, ndim, shape);
+  const int dt = Raw(dtype);
+  const std::string bad = BadTensor(dt, ndim, shape);
   if (!bad.empty()) return Refused("allgather", name, bad);
-  return Wrap(e->engine->Allgather(name ? name : "", View(input, dtype, ndim, shape)));
+  return Wrap(e->engine->Allgather(name ? name : "", View(input, dt, ndim, shape)));
 }
 
 hvd_handle* hvd_barrier(hvd_engine* e) {
