@@ -113,26 +113,32 @@ def test_unnamed_gradients_apart_from_unnamed_calls():
 def test_set_backward_passes_per_step_as_horovod():
     """Built for 1 pass, set to 2: gradients accumulate over two backward passes, as a model
     built with 2 would."""
-    r, n = world()
     model = make_model()
     opt = hvd.DistributedOptimizer(make_opt("sgd", model.parameters()),
                                    named_parameters=model.named_parameters())
     opt.set_backward_passes_per_step(2)
     assert opt.backward_passes_per_step == 2
+    train_shards(model, opt, 2)
+    assert_same_params(model, train_reference("sgd", 2))
+
+
+def train_shards(model, opt, passes):
+    """STEPS steps of `passes` backward passes each, on this rank's shards of the global batch
+    (the training of train_distributed, for an optimizer made elsewhere)."""
+    r, n = world()
     for step in range(STEPS):
         opt.zero_grad()
-        for micro in range(2):
+        for micro in range(passes):
             x, y = global_batch(step, micro, n)
             shard = slice(r * BATCH, (r + 1) * BATCH)
             torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
         opt.step()
-    assert_same_params(model, train_reference("sgd", 2))
 
 
 def test_load_state_dict_starts_the_step_afresh():
     """A rollback in the middle of accumulating (Horovod's load_state_dict): the next step
     runs as if the interrupted one never began."""
-    r, n = world()
+    _, n = world()
     model = make_model()
     opt = hvd.DistributedOptimizer(make_opt("sgd", model.parameters()),
                                    named_parameters=model.named_parameters(),
@@ -141,13 +147,7 @@ def test_load_state_dict_starts_the_step_afresh():
     x, y = global_batch(99, 0, n)
     torch.nn.functional.mse_loss(model(x), y).backward()  # one of two passes: nothing sent
     opt.load_state_dict(saved)
-    for step in range(STEPS):
-        opt.zero_grad()  # refused before (the interrupted pass still counted)
-        for micro in range(2):
-            x, y = global_batch(step, micro, n)
-            shard = slice(r * BATCH, (r + 1) * BATCH)
-            torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
-        opt.step()
+    train_shards(model, opt, 2)  # its first zero_grad was refused before: the pass counted
     assert_same_params(model, train_reference("sgd", 2))
 
 
