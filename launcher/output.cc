@@ -53,7 +53,9 @@ static std::string TimeStamp() {
 void LinePump::Emit(const char* data, size_t len, bool end) {
   // The rank's prefix and the time at the start of a line only: a line longer than kMaxLine
   // goes out in pieces, with nothing added between them.
-  std::string stamp, head;  // the time, then a space; the prefix, where there is one, instead
+  // `stamp`: the time, where asked; `head`: it and the rank's prefix (a space between the time
+  // and a line that has no prefix).
+  std::string stamp, head;
   if (!mid_line_) {
     if (timestamp_) stamp = TimeStamp();
     head = stamp + (prefix_.empty() && timestamp_ ? " " : "") + prefix_;
@@ -65,7 +67,7 @@ void LinePump::Emit(const char* data, size_t len, bool end) {
   if (end) line.push_back('\n');
   mid_line_ = !end;
   WriteAll(out_fd_, line);
-  if (file_fd_ >= 0) {
+  if (file_fd_ >= 0) {  // the file: the time and a space, never the rank's prefix
     WriteAll(file_fd_, (stamp.empty() ? "" : stamp + " ") + line.substr(head.size()));
   }
 }

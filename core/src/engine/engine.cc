@@ -562,7 +562,7 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
       uint64_t digest = 1469598103934665603ull;  // FNV-1a, 64 bits
       for (TensorEntry* p = entries; p != end; ++p) {
         for (unsigned char c : p->request.name) digest = (digest ^ c) * 1099511628211ull;
-        digest = (digest ^ 0xff) * 1099511628211ull;  // a separator no name byte ends with
+        digest = (digest ^ 0xff) * 1099511628211ull;  // between names: 0xff is in no UTF-8 text
       }
       char hex[17];
       std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(digest));
