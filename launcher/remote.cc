@@ -238,13 +238,9 @@ std::vector<HostProbe> ProbeHosts(const std::vector<std::string>& hosts, const S
                                   const std::string& interface, double timeout_seconds) {
   std::string command = "echo hvdrun-probe $SSH_CONNECTION";
   if (!interface.empty()) {
-    // Each interface of the list in turn: the first inet line is the one taken. "|| true": a
-    // missing address is reported by ParseProbeOutput, with ip's message.
-    std::stringstream names(interface);
-    for (std::string name; std::getline(names, name, ',');) {
-      command += "; PATH=$PATH:/usr/sbin:/sbin ip -o -4 addr show dev " + ShellQuote(name) +
-                 " || true";
-    }
+    // "|| true": a missing address is reported by ParseProbeOutput, with ip's message.
+    command += "; PATH=$PATH:/usr/sbin:/sbin ip -o -4 addr show dev " + ShellQuote(interface) +
+               " || true";
   }
   std::vector<std::string> env = OwnEnvironment();
   std::vector<RunningProbe> running;
@@ -275,19 +271,16 @@ std::vector<HostProbe> ProbeHosts(const std::vector<std::string>& hosts, const S
   return result;
 }
 
-std::string LocalInterfaceAddress(const std::string& interfaces) {
+std::string LocalInterfaceAddress(const std::string& interface) {
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) return "";
   std::string out;
-  std::stringstream names(interfaces);
-  for (std::string name; out.empty() && std::getline(names, name, ',');) {
-    for (ifaddrs* a = list; a != nullptr && out.empty(); a = a->ifa_next) {
-      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
-      if (name != a->ifa_name) continue;
-      char text[INET_ADDRSTRLEN] = {};
-      auto* in = reinterpret_cast<sockaddr_in*>(a->ifa_addr);
-      if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) out = text;
-    }
+  for (ifaddrs* a = list; a != nullptr && out.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    if (interface != a->ifa_name) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    auto* in = reinterpret_cast<sockaddr_in*>(a->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) out = text;
   }
   ::freeifaddrs(list);
   return out;

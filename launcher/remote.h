@@ -38,9 +38,9 @@ struct SshOptions {
   double connect_timeout_seconds = 30;
   // About how long a session may hear nothing from its host before ssh gives up on it (its
   // ServerAlive probes, given on ssh's command line: they take the place of the ssh
-  // configuration's own), so that a rank
-  // whose host is cut off ends instead of leaving hvdrun waiting; 0: ssh's own default (none).
-  // hvdrun gives the ranks' HVD_TIMEOUT_SECONDS, at least 10 s.
+  // configuration's own), so that a rank whose host is cut off ends instead of leaving hvdrun
+  // waiting; 0: ssh's own default (none). hvdrun gives the ranks' HVD_TIMEOUT_SECONDS, at
+  // least 10 s.
   double alive_seconds = 0;
 };
 
@@ -65,9 +65,9 @@ std::vector<HostProbe> ProbeHosts(const std::vector<std::string>& hosts, const S
 // Parses a probe's stdout (exposed for tests).
 void ParseProbeOutput(const std::string& out, const std::string& interface, HostProbe* probe);
 
-// The IPv4 address of a local interface (the first of a comma-separated list that has one),
-// or "" when none has.
-std::string LocalInterfaceAddress(const std::string& interfaces);
+// The IPv4 address of a local interface, or "" when it has none. (hvdrun resolves a list of
+// interfaces to one name before it calls this or ProbeHosts.)
+std::string LocalInterfaceAddress(const std::string& interface);
 
 // `s` quoted for a POSIX shell.
 std::string ShellQuote(const std::string& s);

@@ -38,11 +38,6 @@ using asio::ip::tcp;
 constexpr int kFrameSeconds = 30;
 constexpr size_t kMaxPendingHandshakes = 256;
 
-// A stranger may open thousands of connections that fail the handshake: the first few are
-// logged one by one, then at most one line every kDroppedLogSeconds with the count since.
-constexpr int kDroppedLoggedEach = 10;
-constexpr int kDroppedLogSeconds = 10;
-
 const std::string kAuthContext = "store";
 
 class StoreServerImpl;
@@ -108,9 +103,8 @@ class StoreServerImpl : public StoreServer {
   }
   void Forget(Session* s, const std::string* waiting_key);
 
-  // Connections that failed the handshake (any thread).
-  LimitedWarning dropped{"store: dropped a connection", kDroppedLoggedEach,
-                         std::chrono::seconds(kDroppedLogSeconds)};
+  // Connections that failed the handshake (any thread): a stranger may open thousands.
+  LimitedWarning dropped{"store: dropped a connection"};
 
  private:
   void Accept();
@@ -130,8 +124,7 @@ class StoreServerImpl : public StoreServer {
   std::unordered_map<std::string, std::vector<std::shared_ptr<Session>>> waiters_;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;
   std::deque<std::weak_ptr<Session>> authenticating_;  // in the order they were accepted
-  LimitedWarning evicted_{"store: dropped the oldest of too many connections authenticating",
-                          kDroppedLoggedEach, std::chrono::seconds(kDroppedLogSeconds)};
+  LimitedWarning evicted_{"store: dropped the oldest of too many connections authenticating"};
 };
 
 void Session::Start(const std::string& secret, Clock::duration handshake_timeout) {

@@ -31,14 +31,15 @@ class LogMessage {
 };
 
 // Warnings about what a stranger can repeat at will (connections dropped for failing the
-// handshake): the first `each` are logged one by one, then at most one line every `period`
-// with the count since. A count still untold is logged by the next event after the period, or
+// handshake): the first `each` (10) are logged one by one, then at most one line every
+// `period` (10 s) with the count since. A count still untold is logged by the next event after the period, or
 // by Flush() (the owner's shutdown).
 //
 // Thread-safety: Note and Flush may be called from any thread.
 class LimitedWarning {
  public:
-  LimitedWarning(std::string what, int each, std::chrono::seconds period);
+  explicit LimitedWarning(std::string what, int each = 10,
+                          std::chrono::seconds period = std::chrono::seconds(10));
   ~LimitedWarning() { Flush(); }
   void Note(const std::string& detail);
   void Flush();

@@ -228,7 +228,7 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
   int expected_ = 0, got_ = 0, pending_ = 0, knob_mismatch_ = -1;
   bool stopped_ = false;
   // A stranger may open any number of connections while the job forms.
-  LimitedWarning dropped_{"dropped a connection", 10, std::chrono::seconds(10)};
+  LimitedWarning dropped_{"dropped a connection"};
 };
 
 }  // namespace
