@@ -23,6 +23,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "device/device.h"
@@ -186,6 +187,39 @@ void BenchCopy(int tensors) {
 
 // ---------------------------------------------------------------- --nccl
 
+#if HVD_HAVE_NCCL
+#define CHECK_NCCL(x)                                                                    \
+  do {                                                                                   \
+    ncclResult_t r_ = (x);                                                               \
+    if (r_ != ncclSuccess && r_ != ncclInProgress) {                                     \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(r_)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+// A non-blocking communicator's call taken (the engine's NcclCollectives::Settle, less its
+// control-plane polls).
+void SettleNccl(ncclComm_t comm) {
+  for (;;) {
+    ncclResult_t st = ncclSuccess;
+    CHECK_NCCL(ncclCommGetAsyncError(comm, &st));
+    if (st == ncclSuccess) return;
+    CHECK_NCCL(st);
+  }
+}
+#endif
+
+// One rank: hvd's allreduce against the bare ncclAllReduce, with two rows between them that
+// make the same CUDA and NCCL calls as the engine does but from the calling thread, so that the
+// table splits hvd's fixed cost into what its ordering and NCCL mode cost and what the engine
+// (its threads, negotiation, bookkeeping) adds:
+//   bare ncclAllReduce      blocking communicator, on the caller's stream, cudaStreamSynchronize
+//   + ready event           the same on a second stream that waits for an event recorded on the
+//                           caller's (hvd's engine stream waits for the caller's)
+//   hvd's calls, no engine  + a non-blocking communicator (its error looked at before, the call
+//                           settled after) and the stream's completion found by polling
+//                           cudaStreamQuery with yields (Device::Synchronize)
+//   hvd                     Engine::Allreduce and Wait
 void BenchNccl(size_t max_bytes) {
 #if HVD_HAVE_NCCL
   hvd::Device* dev = OpenDevice(0);
@@ -197,21 +231,59 @@ void BenchNccl(size_t max_bytes) {
   }
   ncclComm_t comm;
   int devs[1] = {0};
-  if (ncclCommInitAll(&comm, 1, devs) != ncclSuccess) std::exit(1);
+  CHECK_NCCL(ncclCommInitAll(&comm, 1, devs));
+  ncclComm_t nb_comm;  // as the engine makes its own
+  {
+    ncclUniqueId id;
+    CHECK_NCCL(ncclGetUniqueId(&id));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    CHECK_NCCL(ncclCommInitRankConfig(&nb_comm, 1, id, 0, &config));
+    SettleNccl(nb_comm);
+  }
+  cudaStream_t side;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaEvent_t ready;
+  CHECK_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
   std::printf("# allreduce float32 sum, one rank on cuda:0, out of place: hvd (engine, NCCL%s) "
               "against a bare ncclAllReduce on a stream, each timed from the call until the "
-              "host sees the result; ratio = bare time / hvd time\n",
+              "host sees the result; ratio = bare time / this row's time. Between them, the "
+              "calls hvd makes, from the calling thread: '+ ready event' orders a second "
+              "stream after the caller's, 'hvd's calls' adds a non-blocking communicator and "
+              "completion found by polling\n",
               (*engine)->options().async_completion ? ", stream-ordered completion" : "");
   Header("");
   void *in, *out;
   CHECK_CUDA(cudaMalloc(&in, max_bytes));
   CHECK_CUDA(cudaMalloc(&out, max_bytes));
-  CHECK_CUDA(cudaMemset(in, 0, max_bytes));
+  CHECK_CUDA(cudaMemset(in, 0x3c, max_bytes));  // not zeros: 0.0115 in every float
   for (size_t bytes = 1 << 20; bytes <= max_bytes; bytes *= 4) {
     const size_t count = bytes / 4;
     double bare = TimeOnHost([&] {
-      if (ncclAllReduce(in, out, count, ncclFloat32, ncclSum, comm, stream) != ncclSuccess) std::exit(1);
+      CHECK_NCCL(ncclAllReduce(in, out, count, ncclFloat32, ncclSum, comm, stream));
       CHECK_CUDA(cudaStreamSynchronize(stream));
+    });
+    double ordered = TimeOnHost([&] {
+      CHECK_CUDA(cudaEventRecord(ready, stream));
+      CHECK_CUDA(cudaStreamWaitEvent(side, ready, 0));
+      CHECK_NCCL(ncclAllReduce(in, out, count, ncclFloat32, ncclSum, comm, side));
+      CHECK_CUDA(cudaStreamSynchronize(side));
+    });
+    double calls = TimeOnHost([&] {
+      int current = -1;
+      CHECK_CUDA(cudaGetDevice(&current));  // the engine's DeviceScope
+      CHECK_CUDA(cudaEventRecord(ready, stream));
+      CHECK_CUDA(cudaStreamWaitEvent(side, ready, 0));
+      ncclResult_t st = ncclSuccess;
+      CHECK_NCCL(ncclCommGetAsyncError(nb_comm, &st));
+      CHECK_NCCL(ncclAllReduce(in, out, count, ncclFloat32, ncclSum, nb_comm, side));
+      SettleNccl(nb_comm);
+      for (;;) {
+        cudaError_t e = cudaStreamQuery(side);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) CHECK_CUDA(e);
+        std::this_thread::yield();
+      }
     });
     hvd::TensorView vin(in, hvd::DataType::kFloat32, {static_cast<int64_t>(count)}, 0);
     hvd::TensorView vout(out, hvd::DataType::kFloat32, {static_cast<int64_t>(count)}, 0);
@@ -227,8 +299,13 @@ void BenchNccl(size_t max_bytes) {
       if (h->cuda_event()) CHECK_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(h->cuda_event())));
     });
     Row(bytes, "float", 4, mine, 1.0, Ratio("hvd; bare/hvd", bare / mine));
+    Row(bytes, "float", 4, calls, 1.0, Ratio("hvd's calls, no engine;", bare / calls));
+    Row(bytes, "float", 4, ordered, 1.0, Ratio("+ ready event;", bare / ordered));
     Row(bytes, "float", 4, bare, 1.0, "bare ncclAllReduce");
   }
+  cudaEventDestroy(ready);
+  cudaStreamDestroy(side);
+  ncclCommDestroy(nb_comm);
   ncclCommDestroy(comm);
   (*engine)->Shutdown();
 #else

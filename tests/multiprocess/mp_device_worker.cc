@@ -25,6 +25,7 @@
 //
 // The inputs are copied to the device on the worker's own stream without waiting: the engine
 // must order its work after that stream (the ready events), or it reads stale memory.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -58,6 +59,11 @@ using hvd::TensorView;
 
 // The stream the worker's tensors are produced on (its own device handle's), once opened.
 void* g_tensor_stream = nullptr;
+
+// Which threads open devices and run the fake collectives: the worker's own (main, the
+// engine's caller) or another (the engine's background thread).
+std::thread::id g_main_thread;
+std::atomic<int> g_opens_by_main{0}, g_opens_elsewhere{0}, g_calls_by_main{0};
 
 class FakeDevice : public hvd::Device {
  public:
@@ -120,6 +126,7 @@ class FakeRuntime : public hvd::DeviceRuntime {
  public:
   explicit FakeRuntime(std::string uuid) : uuid_(std::move(uuid)) {}
   hvd::StatusOr<std::unique_ptr<hvd::Device>> Open(int ordinal) override {
+    ++(std::this_thread::get_id() == g_main_thread ? g_opens_by_main : g_opens_elsewhere);
     return std::unique_ptr<hvd::Device>(new FakeDevice(ordinal, uuid_));
   }
   // A tensor's ready event must be recorded on the stream the caller gave with it (every
@@ -196,6 +203,7 @@ class FakeCollectives : public hvd::DeviceCollectives {
   hvd::Status Enter() {
     if (aborted_) return hvd::Status::Aborted("the fake communicator was aborted");
     ++g_fake_calls[t_.size()];
+    if (std::this_thread::get_id() == g_main_thread) ++g_calls_by_main;
     return hvd::Status::OK();
   }
   hvd::Transport& t_;
@@ -662,6 +670,48 @@ int RunJoinFirst(Env& env, bool name_device) {
   return ck.total_failures() ? 1 : 0;
 }
 
+// --latency=N: the engine's own cost per device operation, where no device work hides it. The
+// median time of N device allreduces of 256 floats (fake device and collectives: host memcpys)
+// beside N of host tensors, each from the call until Wait returns. Then which thread ran
+// what: a caller that waits runs device collectives itself (not oversubscribed), but the
+// device is opened, and the path agreed, on the background thread. Prints both and exits.
+int RunLatency(Env& env, int iters) {
+  hvd::Engine& e = *env.e;
+  const int64_t count = 256;
+  Buffer host(DataType::kFloat32, count);
+  DevBuf buf(env, host);
+  TensorView dv = buf.View(DataType::kFloat32, {count});
+  TensorView hv(host.data(), DataType::kFloat32, {count});
+  auto time = [&](const TensorView& v, const char* name) {
+    std::vector<double> t;
+    for (int i = 0; i < iters + iters / 10; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      hvd::Status s = Done(env, e.Allreduce(name, v, v, ReduceOp::kSum));
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      if (!s.ok()) {
+        std::fprintf(stderr, "FAIL %s: %s\n", name, s.ToString().c_str());
+        std::exit(1);
+      }
+      if (i >= iters / 10) t.push_back(us);  // the first tenth warms up
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const double host_us = time(hv, "latency.host");
+  const double dev_us = time(dv, "latency.device");
+  std::printf("rank %d: allreduce of %lld floats, median of %d: host tensors %.2f us, device "
+              "tensors %.2f us\n", e.rank(), static_cast<long long>(count), iters, host_us, dev_us);
+  e.Shutdown();
+  int calls = 0;
+  for (const auto& kv : g_fake_calls) calls += kv.second;
+  // (The worker opened its own device handle on its thread: one open there is its own.)
+  std::printf("rank %d: device collectives run by the caller's thread: %d of %d. Devices "
+              "opened by the engine on the caller's thread: %d, on another: %d\n",
+              e.rank(), g_calls_by_main.load(), calls, g_opens_by_main.load() - 1,
+              g_opens_elsewhere.load());
+  return 0;
+}
+
 }  // namespace
 }  // namespace mp
 
@@ -671,6 +721,7 @@ int main(int argc, char** argv) {
   int victim = -1;
   std::string join_first;
   bool adasum_only = false;
+  int latency = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--fake=", 0) == 0) {
@@ -683,9 +734,11 @@ int main(int argc, char** argv) {
       join_first = a.substr(13);
     } else if (a == "--adasum-only") {
       adasum_only = true;
+    } else if (a.rfind("--latency=", 0) == 0) {
+      latency = std::atoi(a.c_str() + 10);
     } else {
       std::fprintf(stderr, "unknown argument %s: expected --fake=shared|own, --fake-collectives, "
-                   "--peerloss=RANK, --join-first=device|none, --adasum-only\n", a.c_str());
+                   "--peerloss=RANK, --join-first=device|none, --adasum-only, --latency=N\n", a.c_str());
       return 2;
     }
   }
@@ -693,6 +746,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--fake-collectives needs --fake=shared|own\n");
     return 2;
   }
+  mp::g_main_thread = std::this_thread::get_id();
   if (fake_collectives) hvd::SetDeviceCollectivesForTesting(mp::MakeFakeCollectives);
   std::unique_ptr<mp::FakeRuntime> fake_rt;
   const char* rank_env = std::getenv("HVD_RANK");
@@ -726,6 +780,7 @@ int main(int argc, char** argv) {
   mp::Env env{&e, dev->get(), ordinal};
   if (fake_rt) mp::g_tensor_stream = env.dev->stream();
   if (victim >= 0) return mp::RunPeerLoss(env, victim);
+  if (latency > 0) return mp::RunLatency(env, latency);
   if (!join_first.empty()) return mp::RunJoinFirst(env, join_first == "device");
   mp::Checker ck(e.rank(), e.size());
   if (!adasum_only) {

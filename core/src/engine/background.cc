@@ -157,17 +157,19 @@ bool EngineImpl::Work(bool by_caller) {
 }
 
 bool EngineImpl::WorkCycle(bool by_caller) {
+  if (!by_caller) handed_back_ = false;  // this thread runs what a caller left
   bool worked = DrainQueue();
   if (!abort_.ok()) return worked;
-  // A device tensor just drained (device_seen_ is raised before it is queued): a caller leaves
-  // everything from here on to the background thread.
-  if (by_caller && device_seen_.load()) return worked;
   if (rounds_) {
     CheckPeerLinks();
     worked = TryRounds() || worked;
   }
   if (coordinator()) CoordinatorStep();
   while (!to_execute_.empty() && abort_.ok()) {
+    if (by_caller && !CallerMayExecute(to_execute_.front().get())) {
+      handed_back_ = true;  // the background thread runs it once the caller leaves
+      return worked;
+    }
     StopPolling();  // peers ring while the collective waits
     QueuedResponse q = std::move(to_execute_.front());
     to_execute_.pop_front();
@@ -310,10 +312,10 @@ bool EngineImpl::SpinPoll(Clock::time_point now) {
 
 int EngineImpl::HelpStep() {
   // (A caller holding the lock found the engine running, so done_ is false.)
-  if (!abort_.ok() || shutdown_sent_ || device_seen_.load()) return -1;
+  if (!abort_.ok() || shutdown_sent_ || handed_back_) return -1;
   try {
     bool moved = Work(/*by_caller=*/true);
-    if (!abort_.ok() || shutdown_sent_ || device_seen_.load()) return -1;
+    if (!abort_.ok() || shutdown_sent_ || handed_back_) return -1;
     const auto now = Clock::now();
     moved = SpinPoll(now) || moved;  // the control plane, as the background thread spins
     if (moved) last_work_ = now;

@@ -523,11 +523,8 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
           s = Status::FailedPrecondition(Describe(e.request) + ": device " +
                                          std::to_string(e.input.device) +
                                          " needs a build with CUDA; this build has CPU only");
-        } else {
-          device_seen_.store(true);  // its zeros are device work: the background thread's
         }
       } else if (s.ok() && e.input.device != kCpuDevice) {
-        device_seen_.store(true);  // before any caller could help with it
         s = RecordReady(e);
       }
       if (s.ok() && n > 1 && !names.insert(e.request.name).second) {
@@ -602,7 +599,10 @@ void EngineImpl::SetWaitPolicy(TensorEntry& e, int64_t bytes) const {
   const bool small = bytes <= static_cast<int64_t>(kSmallWaitBytes);
   e.handle->spin_ = !oversubscribed_ || small ? spin_ : std::chrono::microseconds(0);
   e.handle->helper_ = helper_;
-  e.handle->helps_ = small && !oversubscribed_;
+  // A device tensor's host work is small whatever its size (its collective runs on the GPU):
+  // the caller that waits launches it, sparing two hand-offs between threads (measured on an
+  // H200: 1.7 µs of 17 at 1 MiB, one rank).
+  e.handle->helps_ = (small || e.input.device != kCpuDevice) && !oversubscribed_;
 }
 
 // Submit for one host allreduce, built in its name's node of in_flight_ instead of moved

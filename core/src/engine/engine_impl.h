@@ -27,8 +27,11 @@
 // moves for its spin window. A small operation then completes on the thread that waits for it,
 // with no hand-off between two threads of a rank (each a wake-up on a shared core). Only the
 // background thread sleeps in io_, fails everything after an abort and shuts down; a caller
-// leaves those to it, and device tensors (whose CUDA context is the background thread's) are
-// never run by callers.
+// leaves those to it, and the set-up of device work (opening the device, agreeing on its path,
+// creating communicators: CallerMayExecute), whose CUDA state stays with the thread that makes
+// it. Device collectives themselves are run by callers too: a caller that waits for a CUDA
+// tensor's allreduce launches it on the engine's stream itself (their CUDA calls are per device
+// and stream, not per thread; DeviceScope switches a caller's current device for them and back).
 //
 // Thread-safety: Enqueue*, Shutdown and the accessors may be called from any thread.
 #pragma once
@@ -743,12 +746,18 @@ class EngineImpl {
   // (measured: 4 ranks on 2 cores, 4 B-16 KiB, slower in most runs); at 1 MiB (2 ranks) the
   // saving is lost in the operation (100-113 against 92-95 µs in three pairs).
   ProgressHelper* const helper_ = ProgressHelper::New();
-  std::atomic<bool> device_seen_{false};  // a device tensor was submitted: callers never help
   // One pass of the loop's work: drain, rounds, rank 0's coordinators, execution; whether
-  // anything was done (background.cc). By a caller, it stops after the drain once a device
-  // tensor was submitted. Work marks the cycle in the timeline; WorkCycle is the pass itself.
+  // anything was done (background.cc). By a caller, it stops before a response that
+  // CallerMayExecute refuses, and raises handed_back_. Work marks the cycle in the timeline;
+  // WorkCycle is the pass itself.
   bool Work(bool by_caller);
   bool WorkCycle(bool by_caller);
+  // Whether a caller may execute `r`: not a device response that first sets something up (the
+  // device opened at the rank's first device response, the path agreed with the others, a
+  // communicator created): those run on the background thread, where the device stays current
+  // once opened (cuda_device.cc) and no caller's thread is left switched to it.
+  bool CallerMayExecute(const Response& r);
+  bool handed_back_ = false;  // a caller's pass stopped before such a response
   // The background thread, idle while a caller waits: lets the caller run the work (`run` is
   // released until no caller asks for it, or a tick passes). Where ProgressHelper::pin_aside,
   // on the CPU of the caller that helps.

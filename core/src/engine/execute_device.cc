@@ -221,6 +221,22 @@ Status EngineImpl::ChooseDevicePath(Comm& c, const Status& opened) {
   return Status::OK();
 }
 
+bool EngineImpl::CallerMayExecute(const Response& r) {
+  if (r.device == kCpuDevice) return true;
+  if (!device_) return false;  // opened at this rank's first device response
+  const ProcessSetState* ps = FindSet(r.process_set);
+  if (ps == nullptr || !ps->comm) return true;  // (Execute reports it)
+  const Comm& c = *ps->comm;
+  if (c.device_path == Comm::DevicePath::kUnknown) return false;  // agreed at the set's first
+  // The host's communicator, made at the first hierarchical allreduce or Adasum that needs it.
+  if (c.device_path == Comm::DevicePath::kCollectives && !c.local_device_collectives &&
+      r.type == OpType::kAllreduce &&
+      (r.op == ReduceOp::kAdasum || PlanHierarchicalDeviceAllreduce(WithKnobs(c.plan, r.knobs)))) {
+    return false;
+  }
+  return true;
+}
+
 Status EngineImpl::ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>& entries) {
   Status opened = OpenDevice(entries);
   if (comm_->device_path == Comm::DevicePath::kUnknown) {
