@@ -75,8 +75,8 @@ fi
 echo "== benchmarks"
 {
   "$B/hvd_gpu_bench" --copy --tensors=1000
-  "$B/hvd_gpu_bench" --nccl --max-bytes=$((1 << 30))
-  HVD_ENABLE_ASYNC_COMPLETION=1 "$B/hvd_gpu_bench" --nccl --max-bytes=$((1 << 30))
+  "$B/hvd_gpu_bench" --nccl --iters=200 --max-bytes=$((1 << 30))
+  HVD_ENABLE_ASYNC_COMPLETION=1 "$B/hvd_gpu_bench" --nccl --iters=200 --max-bytes=$((1 << 30))
   for piece in 0 4194304; do
     HVD_STAGING_PIECE_BYTES=$piece "$B/hvdrun" --no-prefix -np 2 "$B/hvd_gpu_bench" --staging \
       --max-bytes=$((256 << 20))
