@@ -111,4 +111,13 @@ void LimitedWarning::Flush() {
   told_ = std::chrono::steady_clock::now();
 }
 
+std::string RankList(const std::vector<int>& ranks, size_t shown) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size() && i < shown; ++i) {
+    s += (i ? ", " : "") + std::to_string(ranks[i]);
+  }
+  if (ranks.size() > shown) s += ", ... (" + std::to_string(ranks.size()) + ")";
+  return s;
+}
+
 }  // namespace hvd

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "hvd/options.h"
 
@@ -54,6 +55,9 @@ class LimitedWarning {
   std::string last_;
   std::chrono::steady_clock::time_point told_;
 };
+
+// Ranks in a message: "0, 2, 5"; past `shown` of them, "0, 1, ..., (12)" with the count.
+std::string RankList(const std::vector<int>& ranks, size_t shown = SIZE_MAX);
 
 }  // namespace hvd
 

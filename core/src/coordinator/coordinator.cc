@@ -19,12 +19,6 @@ bool RefusedWhileJoined(OpType t) {
          t == OpType::kReducescatter;
 }
 
-std::string RanksString(const std::vector<int>& ranks) {
-  std::ostringstream os;
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
-  return os.str();
-}
-
 std::string DeviceName(int device) {
   return device == kCpuDevice ? "cpu" : "cuda:" + std::to_string(device);
 }
@@ -295,7 +289,7 @@ std::string Coordinator::Validate(const std::string& name, const Entry& e) const
            (a.type == OpType::kAllgather
                 ? ". Specify sparse_to_dense=True if using DistributedOptimizer"
                 : "") +
-           " (ranks " + RanksString(joined) + " have joined)";
+           " (ranks " + RankList(joined) + " have joined)";
   }
   return "";
 }
@@ -399,8 +393,8 @@ void Coordinator::AbandonStalled(Clock::time_point now) {
     std::ostringstream os;
     os << OpTypeName(type) << " '" << name << "'" << Where() << " abandoned after "
        << stall_shutdown_seconds_ << " s (HVD_STALL_SHUTDOWN_TIME_SECONDS): ranks ["
-       << RanksString(World(missing)) << "] never submitted it; it was ready on ranks ["
-       << RanksString(World(ready)) << "]";
+       << RankList(World(missing)) << "] never submitted it; it was ready on ranks ["
+       << RankList(World(ready)) << "]";
     resp.error = os.str();
     HVD_LOG(kError) << resp.error;
     const Request held = first;  // outlives the entry
@@ -435,8 +429,8 @@ int Coordinator::CheckStalls(Clock::time_point now) {
     ++stalled;
     HVD_LOG(kWarning) << "stall: '" << name << "'" << Where() << " has waited "
                       << std::chrono::duration_cast<std::chrono::seconds>(now - e.first_seen).count()
-                      << " s; ready on ranks [" << RanksString(World(ready))
-                      << "], missing on ranks [" << RanksString(World(missing)) << "]";
+                      << " s; ready on ranks [" << RankList(World(ready))
+                      << "], missing on ranks [" << RankList(World(missing)) << "]";
   }
   for (const auto& [key, g] : groups_) {
     if (now - g.since < std::chrono::duration<double>(stall_seconds_)) continue;

@@ -128,12 +128,6 @@ TensorEntry MakeEntry(EngineImpl& impl, OpType type, const std::string& name,
   return e;
 }
 
-std::string RanksList(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return "[" + s + "]";
-}
-
 }  // namespace
 
 std::string PendingKey(int32_t process_set, const std::string& name) {
@@ -318,7 +312,7 @@ Status EngineImpl::SetUpViews(Comm& comm, const Topology& topo, const std::strin
   auto world_ranks = [&comm](const GroupView& v) {
     std::vector<int> out;
     for (int m : v.members()) out.push_back(comm.WorldRank(m));
-    return RanksList(out);
+    return "[" + RankList(out) + "]";
   };
   HVD_LOG(kInfo) << (world ? std::string() : "process set: ")
                  << "hierarchical collectives ready: this host's ranks "
@@ -424,7 +418,7 @@ Status EngineImpl::CheckProcessSetLocked(Request& r) const {
   };
   if (place(options_.rank) < 0) {
     return Status::InvalidArgument(what() + ": this rank is not a member of process set " +
-                                   std::to_string(id) + " (ranks " + RanksList(ranks) + ")");
+                                   std::to_string(id) + " (ranks [" + RankList(ranks) + "])");
   }
   // Built only for an error, as `what`: this runs for every tensor a caller hands in.
   auto in_set = [id] {
@@ -439,7 +433,7 @@ Status EngineImpl::CheckProcessSetLocked(Request& r) const {
     if (place(r.root) < 0) {
       return Status::InvalidArgument(what() + ": root rank " + std::to_string(r.root) +
                                      " is not a member of process set " + std::to_string(id) +
-                                     " (ranks " + RanksList(ranks) + ")");
+                                     " (ranks [" + RankList(ranks) + "])");
     }
     r.root = place(r.root);
   }

@@ -194,12 +194,7 @@ namespace {
 
 std::string RanksText(const std::vector<int>& ranks) {
   if (ranks.size() == 1) return "rank " + std::to_string(ranks[0]);
-  std::string s;
-  for (size_t i = 0; i < ranks.size() && i < 8; ++i) {
-    s += (s.empty() ? "" : ", ") + std::to_string(ranks[i]);
-  }
-  if (ranks.size() > 8) s += ", ... (" + std::to_string(ranks.size()) + ")";
-  return "ranks [" + s + "]";
+  return "ranks [" + RankList(ranks, 8) + "]";
 }
 
 // Knobs that every rank must set alike: a difference makes the ranks disagree on the response
