@@ -60,21 +60,39 @@ using hvd::TensorView;
 // The stream the worker's tensors are produced on (its own device handle's), once opened.
 void* g_tensor_stream = nullptr;
 
-// Which threads open devices and run the fake collectives: the worker's own (main, the
-// engine's caller) or another (the engine's background thread).
+// Which threads open devices, make communicators and run the fake collectives: the worker's own
+// (main, the engine's caller) or another (the engine's background thread).
 std::thread::id g_main_thread;
-std::atomic<int> g_opens_by_main{0}, g_opens_elsewhere{0}, g_calls_by_main{0};
+std::atomic<int> g_opens_by_main{0}, g_opens_elsewhere{0}, g_calls_by_main{0},
+    g_comms_by_main{0};
+
+// The device current on this thread, as CUDA keeps one per thread: set where the engine opens
+// its device (CUDA's Open leaves it current there) and inside Device::MakeCurrent's scopes. The
+// engine's device refuses work on a thread where it is not current (a caller that ran device
+// work outside MakeCurrent); the worker's own device handle, a framework's, does not look.
+thread_local int t_current = -1;
 
 class FakeDevice : public hvd::Device {
  public:
-  FakeDevice(int ordinal, std::string uuid) : ordinal_(ordinal), uuid_(std::move(uuid)) {}
+  FakeDevice(int ordinal, std::string uuid, bool strict)
+      : ordinal_(ordinal), uuid_(std::move(uuid)), strict_(strict) {}
   int ordinal() const override { return ordinal_; }
   std::string Describe() const override { return "fake:" + std::to_string(ordinal_); }
   std::string Uuid() const override { return uuid_; }
   // Each opened device has a stream of its own (a token: work runs at once), as a CUDA
   // device handle does, so that a ready event recorded on the wrong stream shows.
   void* stream() const override { return const_cast<char*>(&stream_token_); }
+  std::shared_ptr<void> MakeCurrent() override {
+    if (t_current == ordinal_) return nullptr;
+    const int before = t_current;
+    t_current = ordinal_;
+    return std::shared_ptr<void>(new int(before), [](void* p) {
+      t_current = *static_cast<int*>(p);
+      delete static_cast<int*>(p);
+    });
+  }
   hvd::Status Allocate(size_t bytes, void** out) override {
+    HVD_RETURN_IF_ERROR(Current());
     *out = std::malloc(bytes ? bytes : 1);
     std::memset(*out, 0xA5, bytes);  // poisoned: unwritten results show
     return hvd::Status::OK();
@@ -83,11 +101,13 @@ class FakeDevice : public hvd::Device {
   hvd::Status AllocateHost(size_t bytes, void** out) override { return Allocate(bytes, out); }
   void FreeHost(void* p) override { std::free(p); }
   hvd::Status WaitEvent(void* event) override {
+    HVD_RETURN_IF_ERROR(Current());
     return event ? hvd::Status::OK() : hvd::Status::Internal("null ready event");
   }
   // As CUDA's, a table of the spans copied since the last Synchronize, here of 8 spans: a copy
   // that does not fit a table in use is refused until the engine synchronizes.
   hvd::Status BatchedCopy(const std::vector<hvd::CopySpan>& spans) override {
+    HVD_RETURN_IF_ERROR(Current());
     if (table_used_ > 0 && table_used_ + spans.size() > kTableSpans) {
       ++table_full_;
       return hvd::Status::ResourceExhausted(hvd::kCopyTableFull);
@@ -97,18 +117,22 @@ class FakeDevice : public hvd::Device {
     return hvd::Status::OK();
   }
   hvd::Status Copy(void* dst, const void* src, size_t bytes) override {
+    HVD_RETURN_IF_ERROR(Current());
     if (bytes) std::memcpy(dst, src, bytes);
     return hvd::Status::OK();
   }
   hvd::Status Zero(void* dst, size_t bytes) override {
+    HVD_RETURN_IF_ERROR(Current());
     if (bytes) std::memset(dst, 0, bytes);
     return hvd::Status::OK();
   }
   hvd::Status Scale(void* buf, size_t count, DataType dtype, double factor) override {
+    HVD_RETURN_IF_ERROR(Current());
     hvd::Scale(buf, count, dtype, factor);
     return hvd::Status::OK();
   }
   hvd::Status Synchronize(hvd::Deadline, const std::function<hvd::Status()>& poll) override {
+    HVD_RETURN_IF_ERROR(Current());
     table_used_ = 0;
     return poll ? poll() : hvd::Status::OK();
   }
@@ -116,8 +140,16 @@ class FakeDevice : public hvd::Device {
   static inline std::atomic<int> table_full_{0};  // copies refused (read at exit)
 
  private:
+  hvd::Status Current() const {
+    if (!strict_ || t_current == ordinal_) return hvd::Status::OK();
+    return hvd::Status::Internal("fake device: work for " + Describe() + " on a thread where " +
+                                 (t_current < 0 ? std::string("no device")
+                                                : "fake:" + std::to_string(t_current)) +
+                                 " is current (device work outside Device::MakeCurrent)");
+  }
   int ordinal_;
   std::string uuid_;
+  bool strict_;
   char stream_token_ = 0;
   size_t table_used_ = 0;
 };
@@ -126,8 +158,12 @@ class FakeRuntime : public hvd::DeviceRuntime {
  public:
   explicit FakeRuntime(std::string uuid) : uuid_(std::move(uuid)) {}
   hvd::StatusOr<std::unique_ptr<hvd::Device>> Open(int ordinal) override {
-    ++(std::this_thread::get_id() == g_main_thread ? g_opens_by_main : g_opens_elsewhere);
-    return std::unique_ptr<hvd::Device>(new FakeDevice(ordinal, uuid_));
+    // The worker's own handle is opened on main; the engine's on its background thread, where
+    // it stays current, as CUDA's Open leaves it.
+    const bool engine = std::this_thread::get_id() != g_main_thread;
+    ++(engine ? g_opens_elsewhere : g_opens_by_main);
+    if (engine) t_current = ordinal;
+    return std::unique_ptr<hvd::Device>(new FakeDevice(ordinal, uuid_, engine));
   }
   // A tensor's ready event must be recorded on the stream the caller gave with it (every
   // tensor of this worker names its own device handle's stream): recorded on another, the
@@ -158,7 +194,8 @@ class FakeRuntime : public hvd::DeviceRuntime {
 
 // ---------------------------------------------------------------- collectives over host memory
 
-// Calls taken by the fake communicators, by communicator size (background thread only).
+// Calls taken by the fake communicators, by communicator size (by the thread that runs the
+// engine's work: its background thread, or a caller under its run lock).
 std::map<int, int> g_fake_calls;
 
 // Device collectives standing in for NCCL on the fake device: hvd's host algorithms over the
@@ -213,6 +250,7 @@ class FakeCollectives : public hvd::DeviceCollectives {
 
 hvd::StatusOr<std::unique_ptr<hvd::DeviceCollectives>> MakeFakeCollectives(
     hvd::Transport& t, hvd::Device&, hvd::Deadline deadline, hvd::PollFn) {
+  if (std::this_thread::get_id() == g_main_thread) ++g_comms_by_main;
   HVD_RETURN_IF_ERROR(hvd::Barrier(t, deadline));
   return std::unique_ptr<hvd::DeviceCollectives>(new FakeCollectives(t));
 }
@@ -779,9 +817,17 @@ int main(int argc, char** argv) {
   }
   mp::Env env{&e, dev->get(), ordinal};
   if (fake_rt) mp::g_tensor_stream = env.dev->stream();
-  if (victim >= 0) return mp::RunPeerLoss(env, victim);
-  if (latency > 0) return mp::RunLatency(env, latency);
-  if (!join_first.empty()) return mp::RunJoinFirst(env, join_first == "device");
+  // Communicators are made where the engine sets device work up: on its background thread,
+  // never on a caller's (EngineImpl::CallerMayExecute).
+  auto set_up_apart = [&e](int rc) {
+    if (mp::g_comms_by_main.load() == 0) return rc;
+    std::printf("FAIL rank %d: %d device communicators were made on the caller's thread\n",
+                e.rank(), mp::g_comms_by_main.load());
+    return 1;
+  };
+  if (victim >= 0) return set_up_apart(mp::RunPeerLoss(env, victim));
+  if (latency > 0) return set_up_apart(mp::RunLatency(env, latency));
+  if (!join_first.empty()) return set_up_apart(mp::RunJoinFirst(env, join_first == "device"));
   mp::Checker ck(e.rank(), e.size());
   if (!adasum_only) {
     mp::CheckAllreduce(env, ck);
@@ -801,5 +847,5 @@ int main(int argc, char** argv) {
       std::printf("rank %d: fake collectives of %d ranks took %d calls\n", e.rank(), size, calls);
     }
   }
-  return ck.total_failures() ? 1 : 0;
+  return set_up_apart(ck.total_failures() ? 1 : 0);
 }

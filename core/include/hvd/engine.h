@@ -28,9 +28,12 @@
 
 namespace hvd {
 
-// Called on the background thread, once, when the shape of a result that only negotiation can
-// tell (allgather, alltoall, reducescatter) is known. Returns memory for that many elements of
-// the operation's dtype, owned by the caller, or nullptr to fail the operation.
+// Called once, when the shape of a result that only negotiation can tell (allgather, alltoall,
+// reducescatter) is known: on the engine's background thread, or on a thread that waits for an
+// operation and runs the engine's work meanwhile (for a CUDA tensor with the device current),
+// while the engine's work is held up. It must not wait for another operation. Returns memory
+// for that many elements of the operation's dtype, owned by the caller, or nullptr to fail the
+// operation.
 using OutputAllocator = std::function<void*(const std::vector<int64_t>& shape)>;
 
 class ProgressHelper;  // engine/engine_impl.h
@@ -86,8 +89,8 @@ class HVD_EXPORT Handle {
   // Engine side: completes the handle and wakes its waiters. Called once.
   void Complete(Status status);
 
-  // Engine side: what only some operations give back, filled on the background thread before
-  // Complete(). Apart from the handle and made at the first write (mutable_results()), so
+  // Engine side: what only some operations give back, filled by the thread that runs the
+  // engine's work before Complete(). Apart from the handle and made at the first write (mutable_results()), so
   // that the handle of an allreduce, the most common by far, stays small.
   struct Results {
     std::vector<int64_t> output_shape;

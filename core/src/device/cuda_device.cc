@@ -23,6 +23,9 @@ namespace {
 
 Status CudaStatus(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return Status::OK();
+  // Taken from the thread's last-error slot, where the runtime also keeps it: on a caller's
+  // thread the framework's next launch check would report it as its own.
+  cudaGetLastError();
   std::string msg = what + ": " + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")";
   if (e == cudaErrorMemoryAllocation) return Status::ResourceExhausted(msg);
   return Status::Internal("CUDA error in " + msg);
@@ -137,6 +140,13 @@ class CudaDevice : public Device {
   }
   std::string Uuid() const override { return uuid_; }
   void* stream() const override { return stream_; }
+
+  std::shared_ptr<void> MakeCurrent() override {
+    int now = -1;
+    if (cudaGetDevice(&now) == cudaSuccess && now == ordinal_) return nullptr;
+    auto scope = std::make_shared<DeviceScope>(ordinal_);
+    return scope;
+  }
 
   Status Allocate(size_t bytes, void** out) override {
     DeviceScope scope(ordinal_);

@@ -6,8 +6,10 @@
 //
 // Work on a Device is queued, in order, on the device's own stream; Synchronize waits for it.
 //
-// Thread-safety: a Device is used by the engine's background thread only. A DeviceRuntime's
-// RecordEvent and ReleaseEvent may be called from any thread (callers submit from theirs).
+// Thread-safety: a Device is used by one thread at a time: the engine's background thread, or a
+// caller that runs the engine's work in its place (under the engine's run lock), inside
+// MakeCurrent's scope. A DeviceRuntime's RecordEvent and ReleaseEvent may be called from any
+// thread (callers submit from theirs).
 #pragma once
 
 #include <cstddef>
@@ -47,6 +49,13 @@ class Device {
   virtual std::string Uuid() const = 0;
   // The stream the work below is queued on (a cudaStream_t), for the device collectives.
   virtual void* stream() const = 0;
+  // Makes this device current on the calling thread until the returned scope is released, then
+  // gives the thread back what it had (no current device included). The thread that opened the
+  // device has it current already (null: nothing to undo). A caller that runs device work holds
+  // one around it (EngineImpl::ExecuteOnDevice): the calls below, the communicator's and the
+  // runtime's own then act on this device, and none leaves the caller's thread switched or makes
+  // a context for it on another device.
+  virtual std::shared_ptr<void> MakeCurrent() = 0;
 
   // Device memory and pinned host memory, owned by the caller.
   virtual Status Allocate(size_t bytes, void** out) = 0;
@@ -95,7 +104,7 @@ void SetDeviceRuntimeForTesting(DeviceRuntime* runtime);
 DeviceRuntime* CudaRuntime();
 
 // Memory on a Device that grows on demand, as ScratchBuffer does on the host.
-// Thread-safety: the background thread only.
+// Thread-safety: as the Device's.
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(bool host = false) : host_(host) {}

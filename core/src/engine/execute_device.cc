@@ -34,6 +34,7 @@
 
 #include "common/logging.h"
 #include "engine/engine_impl.h"
+#include "planner/fusion.h"
 
 namespace hvd {
 
@@ -222,6 +223,8 @@ Status EngineImpl::ChooseDevicePath(Comm& c, const Status& opened) {
 }
 
 bool EngineImpl::CallerMayExecute(const Response& r) {
+  // Adding or removing a set makes or destroys its communicators (NCCL's teardown waits).
+  if (r.type == OpType::kProcessSet) return false;
   if (r.device == kCpuDevice) return true;
   if (!device_) return false;  // opened at this rank's first device response
   const ProcessSetState* ps = FindSet(r.process_set);
@@ -234,6 +237,8 @@ bool EngineImpl::CallerMayExecute(const Response& r) {
       (r.op == ReduceOp::kAdasum || PlanHierarchicalDeviceAllreduce(WithKnobs(c.plan, r.knobs)))) {
     return false;
   }
+  // Staged, the host reduces every byte: as with host tensors, a caller runs only small ones.
+  if (c.device_path == Comm::DevicePath::kStaging && ResponseBytes(r) > kSmallWaitBytes) return false;
   return true;
 }
 
@@ -245,6 +250,8 @@ Status EngineImpl::ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>&
     abandon_ = comm_->size > 1;  // the others are already running it
     return opened;
   }
+  // A caller's thread has the device current for the response, and its own back after it.
+  const std::shared_ptr<void> current = device_ ? device_->MakeCurrent() : nullptr;
   for (auto* e : entries) {
     if (e && e->ready_event) {
       Status s = device_->WaitEvent(e->ready_event.get());
