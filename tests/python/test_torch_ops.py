@@ -174,6 +174,51 @@ def test_grouped_allgather():
     assert torch.equal(ys[1], torch.cat([torch.full((q + 1, 2), float(q)) for q in range(n)]))
 
 
+def test_handle_waited_by_two_threads_at_once():
+    # "Waiting again returns the same result", also from two threads at once: the result of a
+    # gather is built from the core's parts once, which the first thread to finish used to
+    # clear under the other (an IndexError, or a grouped result of []).
+    import threading
+
+    r, n = world()
+    want = torch.cat([torch.full((q + 1, 2), float(q)) for q in range(n)])
+    for it in range(40):
+        single = hvd.allgather_async(torch.full((r + 1, 2), float(r)), name="twice.%d" % it)
+        group = hvd.grouped_allgather_async([torch.full((1,), r), torch.full((r + 1, 2), float(r))],
+                                            name="twice.g.%d" % it)
+        got = []
+
+        def wait():
+            try:
+                got.append((hvd.synchronize(single), hvd.synchronize(group)))
+            except Exception as e:  # noqa: BLE001 (reported below)
+                got.append(e)
+
+        threads = [threading.Thread(target=wait) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for g in got:
+            assert not isinstance(g, Exception), "iteration %d: %r" % (it, g)
+            one, pair = g
+            assert torch.equal(one, want)
+            assert len(pair) == 2 and torch.equal(pair[0], torch.arange(n))
+            assert torch.equal(pair[1], want)
+
+
+def test_poll_loop_finishes():
+    # Horovod's `while not hvd.poll(h)`: a pending poll yields the core, so the loop leaves the
+    # engine its time (it used to hold it: milliseconds per tiny allreduce). Values only here;
+    # the time is in README.
+    r, n = world()
+    for it in range(200):
+        h = hvd.allreduce_async(torch.full((3,), float(r)), op=hvd.Sum, name="pollloop.%d" % it)
+        while not hvd.poll(h):
+            pass
+        assert torch.equal(hvd.synchronize(h), torch.full((3,), float(n * (n - 1) // 2)))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(), (4,), (2, 3)], ids=str)
 def test_broadcast(dtype, shape):

@@ -21,6 +21,7 @@ Memory handed to the core stays referenced by the core handle until the operatio
 """
 
 import itertools
+import threading
 
 from hvd import _core
 from hvd._core import HvdError
@@ -49,10 +50,12 @@ class Handle:
     """An operation (or a group of operations) in flight.
 
     ``poll()`` says whether it has finished; ``wait()`` blocks without the GIL, raises the
-    engine's error or returns the result. Waiting again returns the same result.
+    engine's error or returns the result. Waiting again returns the same result, also when
+    several threads wait at once: the first to finish builds it (under the handle's lock, since
+    the core's waits release the GIL), the others take it.
     """
 
-    __slots__ = ("_parts", "_finish", "_state", "_value", "_stream", "__weakref__")
+    __slots__ = ("_parts", "_finish", "_state", "_value", "_stream", "_lock", "__weakref__")
 
     def __init__(self, parts, finish, stream=None):
         self._parts = parts      # list of _core.Handle
@@ -60,6 +63,7 @@ class Handle:
         self._state = 0          # 0 pending, 1 done, 2 failed
         self._value = None       # the result, or the exception
         self._stream = stream    # device tensors: () -> the stream that uses the result
+        self._lock = threading.Lock()
 
     def poll(self):
         if self._state:
@@ -71,9 +75,10 @@ class Handle:
 
     def wait(self):
         if self._state == 0:
+            parts = self._parts  # () once another thread has built the result
             error = None
             done = []
-            for p in self._parts:
+            for p in parts:
                 try:
                     p.wait()
                     done.append(p)
@@ -87,11 +92,14 @@ class Handle:
                 stream = self._stream()
                 for p in done:
                     p.stream_wait(stream)
-            if error is not None:
-                self._state, self._value = 2, error
-            else:
-                self._state, self._value = 1, self._finish(self._parts)
-            self._parts = ()
+            with self._lock:
+                if self._state == 0:
+                    if error is not None:
+                        self._state, self._value = 2, error
+                    else:
+                        self._value = self._finish(parts)
+                        self._state = 1
+                    self._parts = ()
         if self._state == 2:
             raise self._value
         return self._value

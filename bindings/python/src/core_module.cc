@@ -69,7 +69,7 @@ void SweepOrphans() {
   if (orphans.empty()) return;
   std::vector<Orphan> still;
   for (auto& o : orphans) {
-    if (!o.handle->Poll()) still.push_back(std::move(o));
+    if (!o.handle->Finished()) still.push_back(std::move(o));
   }
   orphans.swap(still);
 }
@@ -96,10 +96,16 @@ class PyHandle {
  public:
   PyHandle(hvd::HandlePtr h, py::object keep) : h_(std::move(h)), keep_(std::move(keep)) {}
   ~PyHandle() {
-    if (keep_ && !keep_.is_none() && !h_->Poll()) Orphans().push_back({h_, std::move(keep_)});
+    if (keep_ && !keep_.is_none() && !h_->Finished()) Orphans().push_back({h_, std::move(keep_)});
   }
 
-  bool Poll() const { return h_->Poll(); }
+  // A pending poll yields the core (Handle::Poll) without the GIL, so that the interpreter's
+  // other threads may run meanwhile too.
+  bool Poll() const {
+    if (h_->Finished()) return true;
+    py::gil_scoped_release release;
+    return h_->Poll();
+  }
 
   void Wait() {
     hvd::Status s;

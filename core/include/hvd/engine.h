@@ -46,8 +46,15 @@ class HVD_EXPORT Handle {
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
 
-  // True once the operation has finished, successfully or not.
+  // True once the operation has finished, successfully or not. While it has not, the calling
+  // thread first yields its core once: a loop of polls (`while (!h->Poll())`, Horovod's
+  // `while not hvd.poll(h)`) then leaves the engine's threads, and the other ranks' on its
+  // host, their time. Without the yield such a loop held its core, and each step of the
+  // operation waited for a time slice: 4-byte allreduces at 2 ranks on 2 cores took 7.9 ms
+  // each, 57 µs with it (Wait: 18-41 µs).
   bool Poll() const;
+  // True once finished, without yielding: for a look between other work.
+  bool Finished() const;
   // Blocks until the operation has finished; returns its status. It first polls for up to the
   // engine's spin window (HVD_SPIN_MICROSECONDS), yielding the core, as a short operation
   // usually finishes within microseconds; then it sleeps until woken. While it polls, the

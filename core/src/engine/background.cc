@@ -342,7 +342,7 @@ void HelpProgress(ProgressHelper* p, const Handle& h, std::chrono::microseconds 
   p->waiting.fetch_add(1);
   std::unique_lock<std::mutex> run(p->run, std::defer_lock);
   auto moved_at = Clock::now(), yielded_at = moved_at;
-  while (!h.Poll()) {
+  while (!h.Finished()) {
     const auto now = Clock::now();
     if (now - moved_at >= spin || now >= until) break;
     if (!run.owns_lock() && !run.try_lock()) {

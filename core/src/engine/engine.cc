@@ -501,7 +501,7 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
       if (e.request.type == OpType::kProcessSet) {
         // One at a time on a rank (engine_impl.h, sets_): a removed set's id may go to the next
         // addition only once every rank has executed the removal.
-        if (process_set_call_ && !process_set_call_->Poll()) {
+        if (process_set_call_ && !process_set_call_->Finished()) {
           s = Status::FailedPrecondition(
               "another process set addition or removal is in flight on rank " +
               std::to_string(options_.rank) + "; they run one at a time, in the same order on "

@@ -49,17 +49,25 @@ const Handle::Results& Handle::results() const {
 }
 
 bool Handle::Spin(std::chrono::steady_clock::time_point limit) const {
-  if (Poll()) return true;
+  if (Finished()) return true;
   if (spin_.count() <= 0) return false;
   const auto end = std::min(limit, std::chrono::steady_clock::now() + spin_);
   for (;;) {
-    if (Poll()) return true;
+    if (Finished()) return true;
     if (std::chrono::steady_clock::now() >= end) return false;
     sched_yield();
   }
 }
 
-bool Handle::Poll() const { return (state_.load(std::memory_order_acquire) & kFinished) != 0; }
+bool Handle::Finished() const {
+  return (state_.load(std::memory_order_acquire) & kFinished) != 0;
+}
+
+bool Handle::Poll() const {
+  if (Finished()) return true;
+  sched_yield();
+  return Finished();
+}
 
 // A waiter raises kSleeping with a compare-and-swap from a state without kFinished, and sleeps
 // only while the word is still that state; Complete raises kFinished with one atomic
@@ -79,7 +87,7 @@ bool Handle::Sleep(std::chrono::steady_clock::time_point limit) const {
       continue;
     }
     const auto left = limit - std::chrono::steady_clock::now();
-    if (left <= std::chrono::steady_clock::duration::zero()) return Poll();
+    if (left <= std::chrono::steady_clock::duration::zero()) return Finished();
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
     timespec t;
     t.tv_sec = static_cast<time_t>(ns / 1000000000);
@@ -90,9 +98,9 @@ bool Handle::Sleep(std::chrono::steady_clock::time_point limit) const {
 
 Status Handle::Wait() const {
   // Once finished, status_ is final (Complete sets it before, and never again).
-  if (Poll()) return status_;
+  if (Finished()) return status_;
   if (helper_ != nullptr && helps_) HelpProgress(helper_, *this, spin_, Clock::time_point::max());
-  BlockedScope blocked(Poll() ? nullptr : helper_);
+  BlockedScope blocked(Finished() ? nullptr : helper_);
   if (!Spin(std::chrono::steady_clock::time_point::max())) {
     Sleep(std::chrono::steady_clock::time_point::max());
   }
@@ -101,14 +109,15 @@ Status Handle::Wait() const {
 
 Status Handle::WaitFor(std::chrono::milliseconds timeout) const {
   const auto until = std::chrono::steady_clock::now() + timeout;
-  if (helper_ != nullptr && helps_ && !Poll()) HelpProgress(helper_, *this, spin_, until);
-  BlockedScope blocked(Poll() ? nullptr : helper_);
+  if (helper_ != nullptr && helps_ && !Finished()) HelpProgress(helper_, *this, spin_, until);
+  BlockedScope blocked(Finished() ? nullptr : helper_);
   if (Spin(until) || Sleep(until)) return status_;
+  sched_yield();  // as Poll: a loop of short waits leaves the engine's threads their time
   return Status::Timeout("operation still pending after " + std::to_string(timeout.count()) +
                          " ms");
 }
 
-Status Handle::status() const { return Poll() ? status_ : Status(); }
+Status Handle::status() const { return Finished() ? status_ : Status(); }
 
 void Handle::Complete(Status status) {
   uint32_t s = state_.load(std::memory_order_relaxed);
