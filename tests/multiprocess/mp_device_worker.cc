@@ -82,14 +82,16 @@ class FakeDevice : public hvd::Device {
   // Each opened device has a stream of its own (a token: work runs at once), as a CUDA
   // device handle does, so that a ready event recorded on the wrong stream shows.
   void* stream() const override { return const_cast<char*>(&stream_token_); }
-  std::shared_ptr<void> MakeCurrent() override {
-    if (t_current == ordinal_) return nullptr;
+  hvd::Status MakeCurrent(std::shared_ptr<void>* scope) override {
+    scope->reset();
+    if (t_current == ordinal_) return hvd::Status::OK();
     const int before = t_current;
     t_current = ordinal_;
-    return std::shared_ptr<void>(new int(before), [](void* p) {
+    *scope = std::shared_ptr<void>(new int(before), [](void* p) {
       t_current = *static_cast<int*>(p);
       delete static_cast<int*>(p);
     });
+    return hvd::Status::OK();
   }
   hvd::Status Allocate(size_t bytes, void** out) override {
     HVD_RETURN_IF_ERROR(Current());
@@ -747,6 +749,12 @@ int RunLatency(Env& env, int iters) {
               "opened by the engine on the caller's thread: %d, on another: %d\n",
               e.rank(), g_calls_by_main.load(), calls, g_opens_by_main.load() - 1,
               g_opens_elsewhere.load());
+  // With more ranks than CPUs callers do not run the engine's work (EngineImpl, caller-driven
+  // progress): the counts above then say nothing (ctest skips the test).
+  const unsigned cpus = std::thread::hardware_concurrency();
+  if (cpus < static_cast<unsigned>(e.local_size())) {
+    std::printf("SKIP: %d ranks on %u CPUs: callers run no engine work there\n", e.local_size(), cpus);
+  }
   return 0;
 }
 

@@ -275,7 +275,7 @@ int RunShutdownChecks(hvd::Engine& e, Checker& ck) {
   TensorView v(&x, DataType::kFloat32, {1});
   hvd::HandlePtr h = e.Allreduce("after.shutdown", v, v, ReduceOp::kSum);
   hvd::Status s = WaitDone(h, 10.0);
-  ck.Expect(h->Poll() && !s.ok(), "an allreduce after shutdown fails at once: " + s.ToString());
+  ck.Expect(h->Finished() && !s.ok(), "an allreduce after shutdown fails at once: " + s.ToString());
   ck.Expect(s.code() == StatusCode::kAborted, "... with Aborted: " + s.ToString());
   s = WaitDone(e.Barrier(), 10.0);
   ck.Expect(!s.ok() && s.code() != StatusCode::kTimeout, "a barrier after shutdown fails: " + s.ToString());

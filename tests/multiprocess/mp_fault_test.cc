@@ -52,7 +52,7 @@ int SurviveUntilFailure(Engine& e, const Reporter& out, size_t count) {
   while (s.ok() && finished && Since(t0) < kBound + 5) {
     auto h = e.Allreduce("survive." + std::to_string(steps++), v, v, ReduceOp::kSum);
     s = WaitBounded(h, kBound + 5);
-    finished = h->Poll();
+    finished = h->Finished();
   }
   out.Say("finished", finished ? "yes" : "no: the operation was still pending");
   out.Say("code", hvd::StatusCodeName(s.code()));
@@ -221,7 +221,7 @@ void StopScenario(int size, int victim) {
     auto t0 = std::chrono::steady_clock::now();
     auto h = e->Allreduce("stalled", v, v, ReduceOp::kSum);
     Status s = WaitBounded(h, kBound + 5);
-    out.Say("finished", h->Poll() ? "yes" : "no: the operation was still pending");
+    out.Say("finished", h->Finished() ? "yes" : "no: the operation was still pending");
     out.Say("code", hvd::StatusCodeName(s.code()));
     out.Say("message", s.message());
     out.Say("seconds", std::to_string(Since(t0)));

@@ -207,6 +207,34 @@ def test_handle_waited_by_two_threads_at_once():
             assert torch.equal(pair[1], want)
 
 
+def test_device_result_orders_every_waiters_stream():
+    # A device result waited for again (by another thread, or later): each waiter's current
+    # stream waits for the device work, not only the first waiter's. Fake core parts and
+    # streams: the Python handle's logic alone.
+    from hvd import _ops
+
+    class Part:
+        def __init__(self):
+            self.streams = []
+
+        def wait(self):
+            pass
+
+        def poll(self):
+            return True
+
+        def stream_wait(self, stream):
+            self.streams.append(stream)
+
+    part = Part()
+    current = ["stream-a"]
+    h = _ops.Handle([part], lambda parts: "result", stream=lambda: current[0])
+    assert h.wait() == "result"
+    current[0] = "stream-b"
+    assert h.wait() == "result"
+    assert part.streams == ["stream-a", "stream-b"]
+
+
 def test_poll_loop_finishes():
     # Horovod's `while not hvd.poll(h)`: a pending poll yields the core, so the loop leaves the
     # engine its time (it used to hold it: milliseconds per tiny allreduce). Values only here;

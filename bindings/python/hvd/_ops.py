@@ -75,7 +75,7 @@ class Handle:
 
     def wait(self):
         if self._state == 0:
-            parts = self._parts  # () once another thread has built the result
+            parts = self._parts  # of host results, () once another thread has built one
             error = None
             done = []
             for p in parts:
@@ -94,12 +94,18 @@ class Handle:
                     p.stream_wait(stream)
             with self._lock:
                 if self._state == 0:
-                    if error is not None:
-                        self._state, self._value = 2, error
-                    else:
-                        self._value = self._finish(parts)
-                        self._state = 1
-                    self._parts = ()
+                    # The value before the state: a thread that sees the state reads it.
+                    self._value = error if error is not None else self._finish(parts)
+                    self._state = 2 if error is not None else 1
+                    if self._stream is None:
+                        # Device results keep theirs: each later waiter's stream waits for them.
+                        self._parts = ()
+        elif self._stream is not None:
+            # Waited for before (by another thread, perhaps): this caller's current stream, too,
+            # waits for the device work before it uses the result.
+            stream = self._stream()
+            for p in self._parts:
+                p.stream_wait(stream)
         if self._state == 2:
             raise self._value
         return self._value

@@ -19,7 +19,8 @@
 //     OutputAllocator, so no Python object is touched on the background thread); output()
 //     exposes those bytes as a writable uint8 NumPy array that keeps the Handle alive, from
 //     which the Python layer builds the result tensor without a copy.
-//   - wait() releases the GIL; poll() and the accessors do not block.
+//   - wait() releases the GIL; poll() and the accessors do not block (a pending poll yields
+//     the core once).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -99,13 +100,9 @@ class PyHandle {
     if (keep_ && !keep_.is_none() && !h_->Finished()) Orphans().push_back({h_, std::move(keep_)});
   }
 
-  // A pending poll yields the core (Handle::Poll) without the GIL, so that the interpreter's
-  // other threads may run meanwhile too.
-  bool Poll() const {
-    if (h_->Finished()) return true;
-    py::gil_scoped_release release;
-    return h_->Poll();
-  }
+  // A pending poll yields the core (Handle::Poll) with the GIL held: the engine's threads need
+  // no GIL, while taking it back from a busy Python thread could take milliseconds.
+  bool Poll() const { return h_->Poll(); }
 
   void Wait() {
     hvd::Status s;

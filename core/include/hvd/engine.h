@@ -51,7 +51,7 @@ class HVD_EXPORT Handle {
   // `while not hvd.poll(h)`) then leaves the engine's threads, and the other ranks' on its
   // host, their time. Without the yield such a loop held its core, and each step of the
   // operation waited for a time slice: 4-byte allreduces at 2 ranks on 2 cores took 7.9 ms
-  // each, 57 µs with it (Wait: 18-41 µs).
+  // each, 38-57 µs with it (Wait: 12-41 µs).
   bool Poll() const;
   // True once finished, without yielding: for a look between other work.
   bool Finished() const;
@@ -59,8 +59,8 @@ class HVD_EXPORT Handle {
   // engine's spin window (HVD_SPIN_MICROSECONDS), yielding the core, as a short operation
   // usually finishes within microseconds; then it sleeps until woken. While it polls, the
   // waiting thread runs the engine's work itself when the background thread is idle
-  // (operations of up to 64 KiB, where the host has a core per rank; see
-  // engine/engine_impl.h, caller-driven progress).
+  // (operations of up to 64 KiB and CUDA tensors' operations, where the host has a core per
+  // rank; see engine/engine_impl.h, caller-driven progress).
   Status Wait() const;
   // As Wait, but returns Timeout if it has not finished within `timeout` (it goes on). A
   // collective the waiting thread runs meanwhile is not cut short.

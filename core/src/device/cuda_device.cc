@@ -84,9 +84,11 @@ const DriverContextCalls& DriverContext() {
 // (CudaRuntimeImpl::Open).
 class DeviceScope {
  public:
-  explicit DeviceScope(int ordinal) {
+  // `even_if_current`: also where the thread has no context yet, which CUDA reports as device 0
+  // current (Device::MakeCurrent: such a thread gets none back).
+  explicit DeviceScope(int ordinal, bool even_if_current = false) {
     if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != ordinal) {
+    if (previous_ != ordinal || even_if_current) {
       const DriverContextCalls& d = DriverContext();
       void* context = nullptr;
       no_context_ = d.get != nullptr && d.set != nullptr && d.get(&context) == 0 &&
@@ -141,11 +143,17 @@ class CudaDevice : public Device {
   std::string Uuid() const override { return uuid_; }
   void* stream() const override { return stream_; }
 
-  std::shared_ptr<void> MakeCurrent() override {
+  Status MakeCurrent(std::shared_ptr<void>* scope) override {
+    scope->reset();
     int now = -1;
-    if (cudaGetDevice(&now) == cudaSuccess && now == ordinal_) return nullptr;
-    auto scope = std::make_shared<DeviceScope>(ordinal_);
-    return scope;
+    void* context = nullptr;
+    const DriverContextCalls& d = DriverContext();
+    const bool none = d.get != nullptr && d.get(&context) == 0 && context == nullptr;
+    if (!none && cudaGetDevice(&now) == cudaSuccess && now == ordinal_) return Status::OK();
+    auto s = std::make_shared<DeviceScope>(ordinal_, /*even_if_current=*/true);
+    HVD_RETURN_IF_ERROR(s->status());
+    *scope = std::move(s);
+    return Status::OK();
   }
 
   Status Allocate(size_t bytes, void** out) override {

@@ -49,13 +49,13 @@ class Device {
   virtual std::string Uuid() const = 0;
   // The stream the work below is queued on (a cudaStream_t), for the device collectives.
   virtual void* stream() const = 0;
-  // Makes this device current on the calling thread until the returned scope is released, then
-  // gives the thread back what it had (no current device included). The thread that opened the
-  // device has it current already (null: nothing to undo). A caller that runs device work holds
+  // Makes this device current on the calling thread until `scope` is released, then gives the
+  // thread back what it had (no context included). The thread that opened the device has it
+  // current already (`scope` stays null: nothing to undo). A caller that runs device work holds
   // one around it (EngineImpl::ExecuteOnDevice): the calls below, the communicator's and the
-  // runtime's own then act on this device, and none leaves the caller's thread switched or makes
-  // a context for it on another device.
-  virtual std::shared_ptr<void> MakeCurrent() = 0;
+  // runtime's own then act on this device, and none leaves the caller's thread switched or with
+  // a context it did not have. Fails where the device cannot be made current.
+  virtual Status MakeCurrent(std::shared_ptr<void>* scope) = 0;
 
   // Device memory and pinned host memory, owned by the caller.
   virtual Status Allocate(size_t bytes, void** out) = 0;

@@ -26,12 +26,13 @@
 // caller wants it), and the caller runs the work itself until its handle finishes or nothing
 // moves for its spin window. A small operation then completes on the thread that waits for it,
 // with no hand-off between two threads of a rank (each a wake-up on a shared core). Only the
-// background thread sleeps in io_, fails everything after an abort and shuts down; a caller
-// leaves those to it, and the set-up of device work (opening the device, agreeing on its path,
-// creating communicators: CallerMayExecute), whose CUDA state stays with the thread that makes
-// it. Device collectives themselves are run by callers too: a caller that waits for a CUDA
-// tensor's allreduce launches it on the engine's stream itself (their CUDA calls are per device
-// and stream, not per thread; DeviceScope switches a caller's current device for them and back).
+// background thread sleeps in io_, fails everything after an abort and shuts down. A caller
+// leaves those to it, and also the set-up of device work (opening the device, agreeing on its
+// path, creating or destroying communicators), whose CUDA state stays with the thread that
+// makes it, and the responses whose host work is large (CallerMayExecute). Device collectives
+// themselves are run by callers too: a caller that waits for a CUDA tensor's allreduce launches
+// it on the engine's stream itself, with the device current on its thread for the response
+// (Device::MakeCurrent) and its own given back after.
 //
 // Thread-safety: Enqueue*, Shutdown and the accessors may be called from any thread.
 #pragma once
@@ -740,7 +741,8 @@ class EngineImpl {
   std::mutex join_mu_;  // serialises joining thread_
   std::thread thread_;
   // Caller-driven progress. Submit gives it to the handles of operations of up to
-  // kSmallWaitBytes, and only where the host has a core per rank: there the hand-off it saves
+  // kSmallWaitBytes and of device operations (a launch at any size; CallerMayExecute keeps
+  // the large host work of some back), and only where the host has a core per rank: there the hand-off it saves
   // is a large part of the time. With more ranks than cores, a helping caller and its
   // stepped-aside background thread both take time slices that the peers' threads need
   // (measured: 4 ranks on 2 cores, 4 B-16 KiB, slower in most runs); at 1 MiB (2 ranks) the

@@ -175,13 +175,13 @@ Status EngineImpl::ChooseDevicePath(Comm& c, const Status& opened) {
     all[0] = mine;
   }
   auto world = [&c](int i) { return std::to_string(c.WorldRank(i)); };
-  std::ostringstream failed;
+  std::vector<int> failed;
   std::string joined;  // a rank that joined before it used a device, naming none
   for (int i = 0; i < n; ++i) {
-    if (!all[i].opened) failed << (failed.tellp() > 0 ? ", " : "") << world(i);
+    if (!all[i].opened) failed.push_back(c.WorldRank(i));
     if (!all[i].opened && all[i].joined_without_device && joined.empty()) joined = world(i);
   }
-  if (failed.tellp() > 0) {
+  if (!failed.empty()) {
     std::string why;
     if (!opened.ok()) {
       why = " (here: " + opened.message() + ")";
@@ -189,7 +189,7 @@ Status EngineImpl::ChooseDevicePath(Comm& c, const Status& opened) {
       why = " (rank " + joined + " joined before it used a CUDA device: join(device) names the "
             "device for its zeros, as in Horovod)";
     }
-    return Status::FailedPrecondition("ranks " + failed.str() +
+    return Status::FailedPrecondition("ranks " + RankList(failed) +
                                       " could not open their CUDA device" + why);
   }
   std::string why;
@@ -237,9 +237,15 @@ bool EngineImpl::CallerMayExecute(const Response& r) {
       (r.op == ReduceOp::kAdasum || PlanHierarchicalDeviceAllreduce(WithKnobs(c.plan, r.knobs)))) {
     return false;
   }
-  // Staged, the host reduces every byte: as with host tensors, a caller runs only small ones.
-  if (c.device_path == Comm::DevicePath::kStaging && ResponseBytes(r) > kSmallWaitBytes) return false;
-  return true;
+  // Where the host reduces every byte (staged, 16-bit integers staged beside NCCL, the host
+  // path across hosts of a hierarchical allreduce or Adasum), a caller runs only small
+  // responses, as with host tensors; the device collectives alone are a launch at any size.
+  const bool launch_only =
+      c.device_path == Comm::DevicePath::kCollectives &&
+      (!IsReduction(r.type) || c.device_collectives->Reduces(r.dtype, r.op)) &&
+      !(r.type == OpType::kAllreduce &&
+        (r.op == ReduceOp::kAdasum || PlanHierarchicalDeviceAllreduce(WithKnobs(c.plan, r.knobs))));
+  return launch_only || ResponseBytes(r) <= kSmallWaitBytes;
 }
 
 Status EngineImpl::ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>& entries) {
@@ -251,7 +257,13 @@ Status EngineImpl::ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>&
     return opened;
   }
   // A caller's thread has the device current for the response, and its own back after it.
-  const std::shared_ptr<void> current = device_ ? device_->MakeCurrent() : nullptr;
+  std::shared_ptr<void> current;
+  if (device_) {
+    if (Status s = device_->MakeCurrent(&current); !s.ok()) {
+      abandon_ = comm_->size > 1;
+      return s;
+    }
+  }
   for (auto* e : entries) {
     if (e && e->ready_event) {
       Status s = device_->WaitEvent(e->ready_event.get());

@@ -107,8 +107,7 @@ Status NewWorldComm(const Options& o, MPI_Comm* out) {
   int world_size = 0, world_rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  std::string listed;
-  for (int r : o.mpi_world_ranks) listed += (listed.empty() ? "" : ", ") + std::to_string(r);
+  const std::string listed = RankList(o.mpi_world_ranks);
   for (int r : o.mpi_world_ranks) {
     if (r >= world_size) {
       return Status::InvalidArgument("hvd.init(comm=[" + listed + "]) names rank " +

@@ -52,9 +52,7 @@ bool NameAbsentRanks(StoreClient& store, const Options& o, std::ostringstream& o
     if (!a.ok()) absent.push_back(j);
   }
   if (absent.empty()) return false;
-  os << "; ranks [";
-  for (size_t k = 0; k < absent.size(); ++k) os << (k ? ", " : "") << absent[k];
-  os << "] never reached the rendezvous (not started, or died)";
+  os << "; ranks [" << RankList(absent) << "] never reached the rendezvous (not started, or died)";
   return true;
 }
 
