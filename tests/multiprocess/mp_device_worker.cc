@@ -727,7 +727,8 @@ int RunLatency(Env& env, int iters) {
     for (int i = 0; i < iters + iters / 10; ++i) {
       auto t0 = std::chrono::steady_clock::now();
       hvd::Status s = Done(env, e.Allreduce(name, v, v, ReduceOp::kSum));
-      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      const double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       if (!s.ok()) {
         std::fprintf(stderr, "FAIL %s: %s\n", name, s.ToString().c_str());
         std::exit(1);
@@ -753,7 +754,8 @@ int RunLatency(Env& env, int iters) {
   // progress): the counts above then say nothing (ctest skips the test).
   const unsigned cpus = std::thread::hardware_concurrency();
   if (cpus < static_cast<unsigned>(e.local_size())) {
-    std::printf("SKIP: %d ranks on %u CPUs: callers run no engine work there\n", e.local_size(), cpus);
+    std::printf("SKIP: %d ranks on %u CPUs: callers run no engine work there\n", e.local_size(),
+                cpus);
   }
   return 0;
 }

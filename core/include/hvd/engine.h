@@ -97,8 +97,9 @@ class HVD_EXPORT Handle {
   void Complete(Status status);
 
   // Engine side: what only some operations give back, filled by the thread that runs the
-  // engine's work before Complete(). Apart from the handle and made at the first write (mutable_results()), so
-  // that the handle of an allreduce, the most common by far, stays small.
+  // engine's work before Complete(). Apart from the handle and made at the first write
+  // (mutable_results()), so that the handle of an allreduce, the most common by far, stays
+  // small.
   struct Results {
     std::vector<int64_t> output_shape;
     std::vector<uint8_t> output_bytes;

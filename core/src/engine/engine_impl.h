@@ -742,8 +742,8 @@ class EngineImpl {
   std::thread thread_;
   // Caller-driven progress. Submit gives it to the handles of operations of up to
   // kSmallWaitBytes and of device operations (a launch at any size; CallerMayExecute keeps
-  // the large host work of some back), and only where the host has a core per rank: there the hand-off it saves
-  // is a large part of the time. With more ranks than cores, a helping caller and its
+  // the large host work of some back), and only where the host has a core per rank: there the
+  // hand-off it saves is a large part of the time. With more ranks than cores, a helping caller and its
   // stepped-aside background thread both take time slices that the peers' threads need
   // (measured: 4 ranks on 2 cores, 4 B-16 KiB, slower in most runs); at 1 MiB (2 ranks) the
   // saving is lost in the operation (100-113 against 92-95 µs in three pairs).

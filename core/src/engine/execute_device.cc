@@ -231,20 +231,18 @@ bool EngineImpl::CallerMayExecute(const Response& r) {
   if (ps == nullptr || !ps->comm) return true;  // (Execute reports it)
   const Comm& c = *ps->comm;
   if (c.device_path == Comm::DevicePath::kUnknown) return false;  // agreed at the set's first
-  // The host's communicator, made at the first hierarchical allreduce or Adasum that needs it.
-  if (c.device_path == Comm::DevicePath::kCollectives && !c.local_device_collectives &&
-      r.type == OpType::kAllreduce &&
-      (r.op == ReduceOp::kAdasum || PlanHierarchicalDeviceAllreduce(WithKnobs(c.plan, r.knobs)))) {
-    return false;
-  }
+  const bool collectives = c.device_path == Comm::DevicePath::kCollectives;
+  // Hierarchical allreduce and Adasum: a host part across hosts, and the host's communicator,
+  // made at the first of them that needs it.
+  const bool across_hosts =
+      collectives && r.type == OpType::kAllreduce &&
+      (r.op == ReduceOp::kAdasum || PlanHierarchicalDeviceAllreduce(WithKnobs(c.plan, r.knobs)));
+  if (across_hosts && !c.local_device_collectives) return false;
   // Where the host reduces every byte (staged, 16-bit integers staged beside NCCL, the host
-  // path across hosts of a hierarchical allreduce or Adasum), a caller runs only small
-  // responses, as with host tensors; the device collectives alone are a launch at any size.
-  const bool launch_only =
-      c.device_path == Comm::DevicePath::kCollectives &&
-      (!IsReduction(r.type) || c.device_collectives->Reduces(r.dtype, r.op)) &&
-      !(r.type == OpType::kAllreduce &&
-        (r.op == ReduceOp::kAdasum || PlanHierarchicalDeviceAllreduce(WithKnobs(c.plan, r.knobs))));
+  // part across hosts), a caller runs only small responses, as with host tensors; the device
+  // collectives alone are a launch at any size.
+  const bool launch_only = collectives && !across_hosts &&
+                           (!IsReduction(r.type) || c.device_collectives->Reduces(r.dtype, r.op));
   return launch_only || ResponseBytes(r) <= kSmallWaitBytes;
 }
 

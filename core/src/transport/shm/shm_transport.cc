@@ -1293,7 +1293,8 @@ StatusOr<std::unique_ptr<Transport>> ConnectSharedMemory(std::unique_ptr<TcpTran
   }
   if (!failed.empty()) {
     Unmap(segments);
-    std::string why = "rank(s) " + RankList(failed) + " of this host could not set up shared memory" +
+    std::string why = "rank(s) " + RankList(failed) +
+                      " of this host could not set up shared memory" +
                       (mine_ok.ok() ? "" : " (this rank: " + mine_ok.message() + ")");
     if (options.shm == Options::Toggle::kOn) {
       return Status::FailedPrecondition("HVD_SHM=on: " + why);
