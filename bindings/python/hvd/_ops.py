@@ -85,13 +85,10 @@ class Handle:
                 except HvdError as e:
                     if error is None:
                         error = e
-            if self._stream is not None and done:
-                # Stream-ordered completion: the caller's current stream waits for the device
-                # work (a no-op when the engine already waited for it), also that of the parts
-                # that succeeded beside a failed one, whose memory goes once they are dropped.
-                stream = self._stream()
-                for p in done:
-                    p.stream_wait(stream)
+            # Stream-ordered completion: the caller's current stream waits for the device work
+            # (a no-op when the engine already waited for it), also that of the parts that
+            # succeeded beside a failed one, whose memory goes once they are dropped.
+            self._order_stream(done)
             with self._lock:
                 if self._state == 0:
                     # The value before the state: a thread that sees the state reads it.
@@ -100,15 +97,19 @@ class Handle:
                     if self._stream is None:
                         # Device results keep theirs: each later waiter's stream waits for them.
                         self._parts = ()
-        elif self._stream is not None:
+        else:
             # Waited for before (by another thread, perhaps): this caller's current stream, too,
             # waits for the device work before it uses the result.
-            stream = self._stream()
-            for p in self._parts:
-                p.stream_wait(stream)
+            self._order_stream(self._parts)
         if self._state == 2:
             raise self._value
         return self._value
+
+    def _order_stream(self, parts):
+        if self._stream is not None and parts:
+            stream = self._stream()
+            for p in parts:
+                p.stream_wait(stream)
 
 
 def check_op(op, average=None):

@@ -42,6 +42,12 @@ namespace {
 
 bool IsReduction(OpType t) { return t == OpType::kAllreduce || t == OpType::kReducescatter; }
 
+// Whether the communicator's collectives run `r` (NCCL has no 16-bit integers: those are staged).
+bool OnDeviceCollectives(const Comm& c, const Response& r) {
+  return c.device_path == Comm::DevicePath::kCollectives &&
+         (!IsReduction(r.type) || c.device_collectives->Reduces(r.dtype, r.op));
+}
+
 // What each rank tells the others at its first device response.
 struct DeviceRecord {
   char uuid[40];
@@ -241,8 +247,7 @@ bool EngineImpl::CallerMayExecute(const Response& r) {
   // Where the host reduces every byte (staged, 16-bit integers staged beside NCCL, the host
   // part across hosts), a caller runs only small responses, as with host tensors; the device
   // collectives alone are a launch at any size.
-  const bool launch_only = collectives && !across_hosts &&
-                           (!IsReduction(r.type) || c.device_collectives->Reduces(r.dtype, r.op));
+  const bool launch_only = !across_hosts && OnDeviceCollectives(c, r);
   return launch_only || ResponseBytes(r) <= kSmallWaitBytes;
 }
 
@@ -274,8 +279,7 @@ Status EngineImpl::ExecuteOnDevice(const Response& r, std::vector<TensorEntry*>&
   }
   // Work queued before (async completion) may have failed since.
   if (Status queued = CheckDeviceCollectives(); !queued.ok()) return queued;
-  const bool collectives = comm_->device_path == Comm::DevicePath::kCollectives &&
-                           (!IsReduction(r.type) || comm_->device_collectives->Reduces(r.dtype, r.op));
+  const bool collectives = OnDeviceCollectives(*comm_, r);
   bool host_failed = false;  // the host path's failures already say whether to abandon
   Status s;
   if (comm_->device_path == Comm::DevicePath::kCollectives && r.type == OpType::kAllreduce &&
