@@ -213,6 +213,21 @@ int RunJob(const LaunchOptions& opts) {
   JobEnvironment job = JobOf(opts, addrs, (*server)->port(), secret);
 
   Supervisor supervisor(SupervisorOptionsOf(opts, opts.np), signal_fd);
+  // Read from hvdrun's own store, reached when the first failure comes.
+  auto notes_store = std::make_shared<std::unique_ptr<StoreClient>>();
+  const int store_port = (*server)->port();
+  const std::string store_host = addrs.local_addr;
+  supervisor.SetFailureNotes([=](int rank) -> std::string {
+    const Deadline deadline = Clock::now() + std::chrono::milliseconds(500);
+    if (!*notes_store) {
+      auto store = StoreClient::Connect(store_host, store_port, deadline, secret);
+      if (!store.ok()) return "";
+      *notes_store = std::move(*store);
+    }
+    std::string note;
+    auto found = (*notes_store)->TryGet(FailureNoteKey(rank), &note, deadline);
+    return found.ok() && *found ? note : "";
+  });
   if (opts.verbose) {
     std::cerr << "hvdrun: rendezvous store on " << addrs.store_bind << ":" << job.rendezvous_port
               << "\n";

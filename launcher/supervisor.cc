@@ -221,13 +221,20 @@ void Supervisor::OnRankExit(size_t index, int status) {
            SignalName(WTERMSIG(status)) + ")";
   }
   // In the grace period hvdrun has signalled no rank yet: this signal came from outside.
-  if (!ok && WIFSIGNALED(status) && phase_ == Phase::kGrace && first_failed_ >= 0 &&
-      !first_failed_by_signal_ && Clock::now() < first_failed_at_ + kCauseWindow) {
-    first_failed_ = static_cast<int>(index);
-    first_failed_by_signal_ = true;
-    exit_code_ = code;
-    Say(what + ", just before the failure above: the likely cause");
-    return;
+  if (!ok && phase_ == Phase::kGrace && first_failed_ >= 0) {
+    const bool killed = WIFSIGNALED(status) && !first_failed_by_signal_ &&
+                        Clock::now() < first_failed_at_ + kCauseWindow;
+    // The first failure followed another rank's, and this rank's is its own.
+    const bool own = first_failed_follows_ && NoteOf(r).empty();
+    if (killed || own) {
+      first_failed_ = static_cast<int>(index);
+      first_failed_by_signal_ = WIFSIGNALED(status);
+      first_failed_follows_ = false;
+      exit_code_ = code;
+      Say(what + (killed ? ", just before the failure above: the likely cause"
+                         : ": the likely cause of the failure above, which followed it"));
+      return;
+    }
   }
   // A copy: the events may start ranks, which moves ranks_ (and `r` with it).
   const RankProcess ended = r;
@@ -244,7 +251,9 @@ void Supervisor::OnRankExit(size_t index, int status) {
   first_failed_by_signal_ = WIFSIGNALED(status);
   exit_code_ = code;
   exit_code_set_ = true;
-  Say(what);
+  const std::string note = WIFSIGNALED(status) ? std::string() : NoteOf(r);
+  first_failed_follows_ = !note.empty();
+  Say(note.empty() ? what : what + ", after another rank's failure ended hvd there: " + note);
   NameStoppedRanks();
   phase_ = Phase::kGrace;
   phase_deadline_ = After(options_.grace_seconds);
@@ -271,6 +280,15 @@ void Supervisor::NameStoppedRanks() const {
         " is in state T: SIGSTOP, SIGTSTP or a debugger): it stopped answering the other "
         "ranks, the likely cause of the failure above");
   }
+}
+
+// The rank's failure note, its first line and at most 400 characters.
+std::string Supervisor::NoteOf(const RankProcess& r) const {
+  if (!notes_ || r.label >= 0) return "";
+  std::string note = notes_(r.placement.rank);
+  note = note.substr(0, note.find('\n'));
+  if (note.size() > 400) note = note.substr(0, 397) + "...";
+  return note;
 }
 
 void Supervisor::OnHvdrunSignal(int sig) {

@@ -6,8 +6,12 @@
 //      hvdrun's (128+signal for a signal). The others get grace_seconds to finish and report
 //      their own errors. A rank killed by a signal from outside within kCauseWindow after a
 //      first failure that was a plain error exit takes its place: on a loaded machine the
-//      survivors of a SIGKILL may exit before the killed process is reapable. A local rank
-//      found stopped (SIGSTOP, a debugger) at that moment is named as the likely cause.
+//      survivors of a SIGKILL may exit before the killed process is reapable. So does, when
+//      the first failure left a failure note (another rank's failure ended hvd there:
+//      FailureNotes), a rank that fails in the grace period without one: a rank whose
+//      script raised shuts hvd down, and the others, failing on that, often exit first. A
+//      local rank found stopped (SIGSTOP, a debugger) at that moment is named as the likely
+//      cause.
 //   3. Then SIGTERM to every live rank's process group; after kill_after_seconds, SIGKILL.
 //      A remote rank's "SIGTERM" is the closing of its ssh's stdin (see remote.h); its
 //      "SIGKILL" goes to the local ssh client.
@@ -21,7 +25,9 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "output.h"
@@ -61,6 +67,10 @@ class Supervisor {
   void Add(RankProcess rank);
   // Elastic jobs: exits go to `events` first, and its Tick runs every round (not owned).
   void SetEvents(RankEvents* events) { events_ = events; }
+  // The note a rank left before it failed because another rank's failure ended hvd there
+  // (bootstrap/store.h, FailureNoteKey); empty when it left none.
+  using FailureNotes = std::function<std::string(int rank)>;
+  void SetFailureNotes(FailureNotes notes) { notes_ = std::move(notes); }
   // Stops one rank (SIGTERM to its group; a remote rank's ssh input is closed), as step 3 does
   // for every rank.
   void Stop(pid_t pid);
@@ -81,6 +91,7 @@ class Supervisor {
   void ReapChildren();
   void OnRankExit(size_t index, int status);
   void NameStoppedRanks() const;
+  std::string NoteOf(const RankProcess& r) const;
   void OnHvdrunSignal(int sig);
   void SignalLiveGroups(int sig);
   void CloseInput(RankProcess* r);
@@ -106,6 +117,8 @@ class Supervisor {
   int first_failed_ = -1;  // index into ranks_
   TimePoint first_failed_at_ = TimePoint::max();
   bool first_failed_by_signal_ = false;
+  bool first_failed_follows_ = false;  // it left a failure note: another rank failed first
+  FailureNotes notes_;
   int exit_code_ = 0;
   bool exit_code_set_ = false;
 };

@@ -1,6 +1,6 @@
 # Runs COMMAND (a list) with a time limit and checks its exit code and combined output.
 #
-#   cmake -DCOMMAND="prog;arg;..." [-DEXPECT_NONZERO=ON] [-DEXPECT=regex]
+#   cmake -DCOMMAND="prog;arg;..." [-DEXPECT_NONZERO=ON | -DEXPECT_CODE=n] [-DEXPECT=regex]
 #         [-DEXPECT_COUNT="regex;count"] [-DREJECT=regex] -DTIMEOUT=sec -P expect_output.cmake
 #
 # EXPECT must match the output; EXPECT_COUNT's regex must match exactly `count` times; REJECT
@@ -16,7 +16,11 @@ math(EXPR took "${t1} - ${t0}")
 message("---- output of the command (exit: ${rc}, ${took} s) ----\n${out}----")
 
 set(failed "")
-if(EXPECT_NONZERO)
+if(DEFINED EXPECT_CODE)
+  if(NOT rc STREQUAL "${EXPECT_CODE}")
+    string(APPEND failed "expected exit code ${EXPECT_CODE}, got ${rc}\n")
+  endif()
+elseif(EXPECT_NONZERO)
   if(rc STREQUAL "0")
     string(APPEND failed "expected a non-zero exit code, got 0\n")
   elseif(NOT rc MATCHES "^[0-9]+$")

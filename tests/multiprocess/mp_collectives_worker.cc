@@ -34,6 +34,10 @@
 //                          "PEERLOSS-OK rank r" (or "PEERLOSS-FAIL ...") and exit 0 (or 1).
 //   --peerloss-cached=V   the same with one name every step: the survivors' tensors wait on
 //                          the fast path (in rounds, with HVD_SYMMETRIC_NEGOTIATION=on).
+//   --quit=V              rank V shuts hvd down after a warm-up (as a script that raised does),
+//                          then exits 3 a second later (a slow teardown); the others fail with
+//                          Aborted naming rank V, print "QUIT-OK rank r" and exit 1 at once.
+//                          hvdrun must name rank V as the cause and exit 3.
 #include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
@@ -292,6 +296,39 @@ int RunPeerLoss(int victim, bool cached) {
   return PeerLossVerdict(*e, victim, t0, steps, s, v);
 }
 
+// A rank's own failure whose effects reach hvdrun first (see --quit above).
+int RunQuit(int quitter) {
+  auto e = CreateOrDie();
+  const int r = e->rank();
+  float x[64] = {0};
+  TensorView v(x, DataType::kFloat32, {64});
+  hvd::Status warm = WaitDone(e->Allreduce("quit.warmup", v, v, ReduceOp::kSum));
+  if (!warm.ok()) {
+    std::printf("QUIT-FAIL rank %d: warm-up failed: %s\n", r, warm.ToString().c_str());
+    return 2;
+  }
+  if (r == quitter) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are now waiting
+    (void)e->Shutdown();
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    return 3;
+  }
+  const double timeout = e->options().timeout_seconds;
+  auto t0 = Clock::now();
+  hvd::Status s;
+  for (int step = 0; s.ok() && SecondsSince(t0) < timeout + 20; ++step) {
+    s = WaitDone(e->Allreduce("quit.step" + std::to_string(step), v, v, ReduceOp::kSum),
+                 timeout + 10);
+  }
+  const std::string who = "rank " + std::to_string(quitter) + " called shutdown";
+  if (s.code() == hvd::StatusCode::kAborted && s.message().find(who) != std::string::npos) {
+    std::printf("QUIT-OK rank %d\n", r);
+  } else {
+    std::printf("QUIT-FAIL rank %d: %s\n", r, s.ToString().c_str());
+  }
+  return 1;
+}
+
 }  // namespace
 }  // namespace mp
 
@@ -321,11 +358,12 @@ int main(int argc, char** argv) {
   if (mode.rfind("--peerloss-cached=", 0) == 0) {
     return mp::RunPeerLoss(std::atoi(mode.c_str() + 18), true);
   }
+  if (mode.rfind("--quit=", 0) == 0) return mp::RunQuit(std::atoi(mode.c_str() + 7));
   if (mode.rfind("--soak=", 0) == 0) return mp::RunSoak(std::atol(mode.c_str() + 7));
   if (mode == "--chaos") return mp::RunChaos();
   std::fprintf(stderr,
                "usage: %s [--checks | --process-sets | --process-sets-static | --caller-progress | --steps[=N] | --steps-batched | --waiting-cpu | --memory | --memory-cycling | --soak=N | --chaos | "
-               "--peerloss=RANK | --peerloss-cached=RANK]\n",
+               "--peerloss=RANK | --peerloss-cached=RANK | --quit=RANK]\n",
                argv[0]);
   return 2;
 }

@@ -26,6 +26,10 @@
 
 namespace hvd {
 
+// Where a rank whose job another rank's failure ended says so, for hvdrun to name the rank
+// that failed first rather than the one that exited first: the value is that rank's status.
+inline std::string FailureNoteKey(int rank) { return "hvd/failed/" + std::to_string(rank); }
+
 class StoreClient {
  public:
   virtual ~StoreClient() = default;

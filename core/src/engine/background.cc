@@ -134,7 +134,10 @@ void EngineImpl::Loop() {
                                   ": hvd's background thread stopped on an exception: " +
                                   ExceptionMessage(std::current_exception()));
       HVD_LOG(kError) << s.message();
-      if (abort_.ok()) abort_ = s;  // RunLoop fails everything with it and returns
+      if (abort_.ok()) {
+        abort_ = s;  // RunLoop fails everything with it and returns
+        failing_on_own_ = true;
+      }
     }
   }
   done_ = true;
@@ -327,7 +330,10 @@ int EngineImpl::HelpStep() {
                                 ": hvd's work, run by a waiting caller, stopped on an exception: " +
                                 ExceptionMessage(std::current_exception()));
     HVD_LOG(kError) << s.message();
-    if (abort_.ok()) abort_ = s;
+    if (abort_.ok()) {
+      abort_ = s;
+      failing_on_own_ = true;
+    }
     return -1;
   }
 }
@@ -1397,6 +1403,7 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
     control_[0]->Send(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(status));
   }
   transport_->Abort(status);
+  if (!failing_on_own_) LeaveFailureNote(status);
   std::vector<HandlePtr> handles;  // of every entry, queued or drained
   std::vector<TensorEntry> gone;    // what they hold, let go of outside the lock (allocators,
                                     // device events)
@@ -1442,7 +1449,21 @@ void EngineImpl::FinishShutdown(int requested_by) {
                 ", or its script ending while this rank still runs collectives; if an "
                 "exception, its traceback is in that rank's output");
   done_ = true;  // connection errors from here on are the job ending, not a lost peer
+  if (requested_by == options_.rank) failing_on_own_ = true;
   FailAll(s, /*notify=*/false);
+}
+
+// Before this rank's operations fail (and its program, most likely, exits): a rank whose
+// failure follows another's exits at about the same moment, often first, and hvdrun would name
+// it as the job's failure. Bounded: at worst, hvdrun's store unreachable, half a second.
+void EngineImpl::LeaveFailureNote(const Status& status) {
+  if (!job_store_ || options_.size == 1) return;
+  Status ignored = job_store_->Set(FailureNoteKey(options_.rank), status.ToString(),
+                                   Clock::now() + std::chrono::milliseconds(500));
+  if (!ignored.ok()) {
+    HVD_LOG(kDebug) << "failure note not left: " << ignored.message();
+  }
+  job_store_.reset();  // one note
 }
 
 void EngineImpl::FlushControl(Deadline deadline) {

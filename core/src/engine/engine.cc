@@ -207,6 +207,7 @@ Status EngineImpl::Connect() {
   control_over_tcp_ = job->control_over_tcp;
   topology_ = job->topology;
   layout_note_ = job->layout_note;
+  job_store_ = std::move(job->store);
   // A backend's collectives that wait without the io_context keep the control plane going.
   if (CollectiveOffload* off = transport_->offload()) {
     off->SetWaitPoll([this] { return PollControlPlane(); });

@@ -528,6 +528,7 @@ class EngineImpl {
   void BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload,
                         const std::vector<int>* members = nullptr);
   void FailAll(const Status& status, bool notify = true);
+  void LeaveFailureNote(const Status& status);
   // Background thread: ends entries it owns (drained, or taken from the queue) with `status`:
   // their nodes of in_flight_ are released, and then their handles completed.
   void CompleteEntry(TensorEntry& e, const Status& status);
@@ -723,6 +724,11 @@ class EngineImpl {
   uint64_t shutdown_after_round_ = 0;
   Deadline shutdown_rounds_deadline_ = NoDeadline();
   Status abort_;           // set by a control message or a lost peer
+  // abort_ (or the shutdown) is this rank's own doing: an exception in hvd's work, this rank
+  // abandoning the communicator, its own shutdown. Otherwise another rank's failure ended the
+  // job here, and FailAll leaves a note saying so in hvdrun's store (job_store_).
+  bool failing_on_own_ = false;
+  std::unique_ptr<StoreClient> job_store_;  // background thread; null but under hvdrun
   std::unique_ptr<asio::steady_timer> heartbeat_;
   std::chrono::microseconds spin_{0};  // polling window before sleeping (HVD_SPIN_MICROSECONDS)
   // More ranks on this host than cores: callers' Wait polls only for operations of up to

@@ -186,6 +186,7 @@ void EngineImpl::Abandon(const Status& why) {
   HVD_LOG(kError) << msg;
   if (!abort_.ok()) return;
   abort_ = Status::Aborted(msg);
+  failing_on_own_ = true;
   if (coordinator()) BroadcastControl(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(abort_));
   transport_->Abort(abort_);
 }

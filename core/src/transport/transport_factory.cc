@@ -360,6 +360,9 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
     }
   }
   job.backends = std::move(backends);
+  if (o.bootstrap == Options::Bootstrap::kStore && !(*store)->collective()) {
+    job.store = std::move(*store);
+  }
   return job;
 }
 

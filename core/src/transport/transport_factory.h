@@ -33,6 +33,7 @@
 #include <asio.hpp>
 #include <memory>
 
+#include "bootstrap/store.h"
 #include "hvd/options.h"
 #include "transport/collective_offload.h"
 #include "transport/control.h"
@@ -76,6 +77,10 @@ struct JobConnections {
   // hosts of equal size, each rank is a host of its own and layout_note says why.
   Topology topology;
   std::string layout_note;
+  // hvdrun's store (Bootstrap::kStore), kept for the note a rank leaves when another rank's
+  // failure ends its job (FailureNoteKey); null under mpirun and Slurm, where no launcher
+  // reads it.
+  std::unique_ptr<StoreClient> store;
 };
 
 // How long a rank polls after work, and inside data waits, before it sleeps in the kernel
