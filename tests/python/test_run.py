@@ -5,6 +5,7 @@ These tests start their own jobs, so they run once, in the single-process sessio
 in the sessions under hvdrun every rank would start them again.
 """
 
+import re
 import shutil
 import time
 
@@ -71,6 +72,33 @@ def test_a_failing_rank_raises():
 
     with pytest.raises(RuntimeError, match="processes exited with non-zero status"):
         hvd.run(fail, np=2)
+
+
+def test_the_rank_that_raised_is_named_though_the_others_exit_first(capfd):
+    """Rank 1 raises after shutting hvd down (its teardown slow); rank 0's allreduce fails on
+    that shutdown and it exits first. hvdrun names rank 1 as the cause, from rank 0's note."""
+    def fail_slowly():
+        import time
+        import torch
+        import hvd.torch as h
+        h.init()
+        h.allreduce(torch.ones(4), name="warm")
+        if h.rank() == 1:
+            try:
+                raise RuntimeError("rank 1 fails")
+            finally:
+                h.shutdown()
+                time.sleep(1)
+        for i in range(10000):
+            h.allreduce(torch.ones(4), name="step%d" % i)
+
+    with pytest.raises(RuntimeError, match="hvdrun exited with 1"):
+        hvd.run(fail_slowly, np=2)
+    err = capfd.readouterr().err
+    assert "rank 1 called shutdown" in err, err
+    assert re.search(r"hvdrun: rank 0 \(pid \d+\) exited with code 1, after another rank's "
+                     r"failure ended hvd there: Aborted: hvd has been shut down \(rank 1", err), err
+    assert re.search(r"hvdrun: rank 1 \(pid \d+\) exited with code 1: the likely cause", err), err
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
