@@ -217,16 +217,16 @@ int RunJob(const LaunchOptions& opts) {
   auto notes_store = std::make_shared<std::unique_ptr<StoreClient>>();
   const int store_port = (*server)->port();
   const std::string store_host = addrs.local_addr;
-  supervisor.SetFailureNotes([=](int rank) -> std::string {
+  supervisor.SetFailureNotes([=](int rank, std::string* note) {
     const Deadline deadline = Clock::now() + std::chrono::milliseconds(500);
     if (!*notes_store) {
       auto store = StoreClient::Connect(store_host, store_port, deadline, secret);
-      if (!store.ok()) return "";
+      if (!store.ok()) return false;
       *notes_store = std::move(*store);
     }
-    std::string note;
-    auto found = (*notes_store)->TryGet(FailureNoteKey(rank), &note, deadline);
-    return found.ok() && *found ? note : "";
+    auto found = (*notes_store)->TryGet(FailureNoteKey(rank), note, deadline);
+    if (found.ok() && !*found) note->clear();
+    return found.ok();
   });
   if (opts.verbose) {
     std::cerr << "hvdrun: rendezvous store on " << addrs.store_bind << ":" << job.rendezvous_port

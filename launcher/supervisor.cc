@@ -225,7 +225,8 @@ void Supervisor::OnRankExit(size_t index, int status) {
     const bool killed = WIFSIGNALED(status) && !first_failed_by_signal_ &&
                         Clock::now() < first_failed_at_ + kCauseWindow;
     // The first failure followed another rank's, and this rank's is its own.
-    const bool own = first_failed_follows_ && NoteOf(r).empty();
+    std::string note;
+    const bool own = first_failed_follows_ && NoteOf(r, &note) && note.empty();
     if (killed || own) {
       first_failed_ = static_cast<int>(index);
       first_failed_by_signal_ = WIFSIGNALED(status);
@@ -251,7 +252,8 @@ void Supervisor::OnRankExit(size_t index, int status) {
   first_failed_by_signal_ = WIFSIGNALED(status);
   exit_code_ = code;
   exit_code_set_ = true;
-  const std::string note = WIFSIGNALED(status) ? std::string() : NoteOf(r);
+  std::string note;
+  if (!WIFSIGNALED(status)) NoteOf(r, &note);
   first_failed_follows_ = !note.empty();
   Say(note.empty() ? what : what + ", after another rank's failure ended hvd there: " + note);
   NameStoppedRanks();
@@ -283,12 +285,12 @@ void Supervisor::NameStoppedRanks() const {
 }
 
 // The rank's failure note, its first line and at most 400 characters.
-std::string Supervisor::NoteOf(const RankProcess& r) const {
-  if (!notes_ || r.label >= 0) return "";
-  std::string note = notes_(r.placement.rank);
-  note = note.substr(0, note.find('\n'));
-  if (note.size() > 400) note = note.substr(0, 397) + "...";
-  return note;
+bool Supervisor::NoteOf(const RankProcess& r, std::string* note) const {
+  note->clear();
+  if (!notes_ || r.label >= 0 || !notes_(r.placement.rank, note)) return false;
+  *note = note->substr(0, note->find('\n'));
+  if (note->size() > 400) *note = note->substr(0, 397) + "...";
+  return true;
 }
 
 void Supervisor::OnHvdrunSignal(int sig) {

@@ -67,9 +67,10 @@ class Supervisor {
   void Add(RankProcess rank);
   // Elastic jobs: exits go to `events` first, and its Tick runs every round (not owned).
   void SetEvents(RankEvents* events) { events_ = events; }
-  // The note a rank left before it failed because another rank's failure ended hvd there
-  // (bootstrap/store.h, FailureNoteKey); empty when it left none.
-  using FailureNotes = std::function<std::string(int rank)>;
+  // Sets *note to what a rank left before it failed because another rank's failure ended hvd
+  // there (bootstrap/store.h, FailureNoteKey), empty when it left none; false when the notes
+  // cannot be read.
+  using FailureNotes = std::function<bool(int rank, std::string* note)>;
   void SetFailureNotes(FailureNotes notes) { notes_ = std::move(notes); }
   // Stops one rank (SIGTERM to its group; a remote rank's ssh input is closed), as step 3 does
   // for every rank.
@@ -91,7 +92,7 @@ class Supervisor {
   void ReapChildren();
   void OnRankExit(size_t index, int status);
   void NameStoppedRanks() const;
-  std::string NoteOf(const RankProcess& r) const;
+  bool NoteOf(const RankProcess& r, std::string* note) const;
   void OnHvdrunSignal(int sig);
   void SignalLiveGroups(int sig);
   void CloseInput(RankProcess* r);
