@@ -269,7 +269,23 @@ void CheckAlltoall(hvd::Engine& e, Checker& ck) {
                         what);
     }
   }
-  // Splits that do not add up to the first dimension are refused up front.
+  // Splits that add up to less than the first dimension (as Horovod allows): the rows past
+  // their sum are not sent. Rank r's row k is 100 r + k; one row to each rank, three left.
+  {
+    std::vector<float> rows(static_cast<size_t>(n) + 3);
+    for (size_t k = 0; k < rows.size(); ++k) rows[k] = static_cast<float>(100 * r + k);
+    auto h = e.Alltoall("a2a.short_splits",
+                        TensorView(rows.data(), DataType::kFloat32, {n + 3}),
+                        std::vector<int64_t>(n, 1));
+    if (ck.ExpectOk(WaitDone(h), "alltoall with splits short of the first dimension")) {
+      ck.Expect(h->output_shape() == std::vector<int64_t>{n},
+                "short splits: output shape " + ShapeStr(h->output_shape()));
+      ck.ExpectElements(DataType::kFloat32, h->output_bytes().data(), n,
+                        [&](int64_t j) { return static_cast<double>(100 * j + r); },
+                        "short splits: rank j's row r");
+    }
+  }
+  // Splits that add up to more than the first dimension are refused up front.
   float x[4] = {0, 0, 0, 0};
   std::vector<int64_t> bad(n, 0);
   bad[0] = 5;

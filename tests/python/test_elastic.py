@@ -212,6 +212,71 @@ def test_torch_state_swaps_handlers_and_keeps_none_as_attributes():
     assert state.optimizer is None and state.epoch == 0
 
 
+def test_torch_state_handles_a_learning_rate_scheduler_in_place():
+    """As Horovod's LRSchedulerStateHandler: the scheduler stays the object given (driving the
+    real optimizer), restore rolls its counters back with the optimizer's lr, and sync takes
+    rank 0's."""
+    r, _ = world()
+    model = make_model(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0)
+    state = torch_elastic.TorchState(model=model, optimizer=opt, scheduler=sched,
+                                     plateau=plateau, epoch=0)
+    assert state.scheduler is sched and state.plateau is plateau
+    assert isinstance(state._handlers["scheduler"], torch_elastic.LRSchedulerStateHandler)
+    state.commit()
+    for _ in range(2):
+        opt.step()
+        sched.step()
+    plateau.step(1.0)
+    assert sched.last_epoch == 2 and opt.param_groups[0]["lr"] == pytest.approx(0.025)
+    state.restore()
+    assert state.scheduler is sched and sched.optimizer is opt
+    assert sched.last_epoch == 0 and opt.param_groups[0]["lr"] == pytest.approx(0.1)
+    assert plateau.last_epoch == 0
+    # Sync: every rank takes rank 0's counters (rank r has stepped r times).
+    for _ in range(r):
+        sched.step()
+    state.sync()
+    assert sched.last_epoch == 0 and state.scheduler is sched
+
+
+def test_handler_registry_takes_a_handler_of_ones_own():
+    """Horovod's get_handler_registry / set_handler_registry: a handler for a type of one's
+    own, subclassing StateHandler; save, restore and sync go through it."""
+    from hvd.torch.elastic import state as state_module
+
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+    class CounterHandler(state_module.StateHandler):
+        def save(self):
+            self.saved = self.value.n
+
+        def restore(self):
+            self.value.n = self.saved
+
+        def sync(self):
+            self.value.n = hvd_torch.broadcast_object(self.value.n, root_rank=0)
+
+    registry = state_module.get_handler_registry()
+    state_module.set_handler_registry(registry + [(Counter, CounterHandler)])
+    try:
+        c = Counter()
+        state = torch_elastic.TorchState(counter=c)
+        assert state.counter is c
+        c.n = 5
+        state.commit()
+        c.n = 7
+        state.restore()
+        assert c.n == 5 and state.counter is c
+    finally:
+        state_module.set_handler_registry(registry)
+    assert state_module.get_handler_registry() is registry
+
+
 def shuffled(length, seed, epoch):
     order = list(range(length))
     random.Random(seed + epoch).shuffle(order)

@@ -192,8 +192,11 @@ def test_adasum_allreduce_matches_its_formula():
         return torch.sin(torch.arange(1.0, 12.0, dtype=torch.float64) * (q + 1)) * (q % 3 + 1)
 
     if not _power_of_two(n):
-        with pytest.raises(ValueError, match="power of two"):
+        # Horovod's exception and words, at the call, before anything is submitted.
+        with pytest.raises(NotImplementedError, match="non-power of 2 ranks is not supported"):
             hvd.allreduce(vec(r), op=hvd.Adasum, name="adasum.refused")
+        with pytest.raises(NotImplementedError, match="non-power of 2 ranks"):
+            hvd.grouped_allreduce([vec(r)], op=hvd.Adasum, name="adasum.refused.group")
         hvd.barrier()  # refused at the call: meet before the next test
         return
     got = hvd.allreduce(vec(r), op=hvd.Adasum, name="adasum.f64")
@@ -211,7 +214,8 @@ def test_adasum_allreduce_matches_its_formula():
 
 def test_distributed_optimizer_with_adasum_combines_the_changes():
     """op=hvd.Adasum: each rank's SGD change (-lr * its gradient) is combined by Adasum's
-    formula, tensor by tensor, and added to the parameters as they were."""
+    formula, tensor by tensor, and added to the parameters as they were. As Horovod's Adasum
+    optimizer, it starts the gradients at zero and refuses skip_synchronize."""
     r, n = world()
     if not _power_of_two(n):
         hvd.barrier()
@@ -224,6 +228,11 @@ def test_distributed_optimizer_with_adasum_combines_the_changes():
     w0, b0 = model.weight.detach().clone(), model.bias.detach().clone()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
                                    named_parameters=model.named_parameters(), op=hvd.Adasum)
+    if n > 1:
+        assert torch.equal(model.weight.grad, torch.zeros(2, 3, dtype=torch.float64))
+        with pytest.raises(AssertionError, match="not supported when using Adasum"):
+            with opt.skip_synchronize():
+                pass
 
     def data(q):
         return (torch.arange(12.0, dtype=torch.float64).reshape(4, 3) * (q + 1) % 5,

@@ -316,9 +316,11 @@ def test_broadcast_optimizer_state_created_lazily_on_root_only():
     assert all(torch.equal(gathered[q], flat) for q in range(n))
 
 
-def test_broadcast_optimizer_state_fresh_gives_zero_grads():
-    """As Horovod: a fresh optimizer's parameters that require grad get zero gradients (equal
-    on every rank); one that does not keeps None; the parameters themselves do not move."""
+def test_broadcast_optimizer_state_fresh_takes_horovods_first_step():
+    """As Horovod (Horovod's test_broadcast_state_no_grad): a fresh optimizer's parameters that
+    require grad get zero gradients (equal on every rank), one that does not keeps None, and
+    the optimizer steps once on them to create its state, without communicating: so weight
+    decay shrinks the parameters once, and the momentum buffers hold wd * p."""
     r, n = world()
 
     class NoGrad(torch.nn.Module):
@@ -326,22 +328,45 @@ def test_broadcast_optimizer_state_fresh_gives_zero_grads():
             super().__init__()
             self.a = torch.nn.Parameter(torch.tensor([1, 3], dtype=torch.int32),
                                         requires_grad=False)
-            self.b = torch.nn.Parameter(torch.arange(4, dtype=torch.float32) + r)
+            self.b = torch.nn.Parameter(torch.arange(4, dtype=torch.float64) + r)
 
     model = NoGrad()
-    opt = torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9,
+    lr, wd, mom = 0.001, 1e-2, 0.9
+    opt = torch.optim.SGD(model.parameters(), lr=lr, weight_decay=wd, momentum=mom,
                           nesterov=True)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     assert model.a.grad is None
-    assert torch.equal(model.b.grad, torch.zeros(4))
-    assert torch.equal(model.b.detach(), torch.arange(4, dtype=torch.float32))
-    assert torch.equal(hvd.broadcast(model.b.grad, root_rank=n - 1), torch.zeros(4))
-    # A gradient that exists is left as it is.
+    assert torch.equal(model.b.grad, torch.zeros(4, dtype=torch.float64))
+    b0 = torch.arange(4, dtype=torch.float64)  # rank 0's
+    # SGD on a zero gradient: d = wd * b0, buffer = d, nesterov step d + mom * buffer.
+    assert torch.allclose(opt.state[model.b]["momentum_buffer"], wd * b0, rtol=1e-12, atol=0)
+    assert torch.allclose(model.b.detach(), b0 - lr * (1 + mom) * wd * b0, rtol=1e-12, atol=0)
+    assert torch.equal(hvd.broadcast(model.b.grad, root_rank=n - 1),
+                       torch.zeros(4, dtype=torch.float64))
+    # Once the state exists, gradients and parameters are left as they are.
     model.b.grad.fill_(2.0)
+    b1 = model.b.detach().clone()
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    assert torch.equal(model.b.grad, torch.full((4,), 2.0))
+    assert torch.equal(model.b.grad, torch.full((4,), 2.0, dtype=torch.float64))
+    assert torch.equal(model.b.detach(), b1)
+
+
+def test_broadcast_optimizer_state_fresh_adam_counts_one_step():
+    """A fresh Adam after broadcast_optimizer_state: step 1 and zero moments on every rank, as
+    under Horovod, so the first real step's bias correction is that of step 2."""
+    r, n = world()
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    for p, p0 in zip(model.parameters(), before):
+        assert float(opt.state[p]["step"]) == 1.0
+        assert torch.equal(opt.state[p]["exp_avg"], torch.zeros_like(p))
+        assert torch.equal(opt.state[p]["exp_avg_sq"], torch.zeros_like(p))
+        assert torch.equal(p.detach(), p0)  # no weight decay: the zero step moves nothing
 
 
 def test_broadcast_parameters_forms():

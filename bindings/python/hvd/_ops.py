@@ -163,8 +163,28 @@ def _in_out(A, tensor, inplace):
     return c, ptr, dt, shape, out, A.ptr(out)
 
 
+def _check_adasum(A, op, c, ps):
+    """Horovod refuses Adasum of host tensors over a world whose size is not a power of two at
+    the call, with NotImplementedError and these words (scripts catch it). A process set's size
+    and device tensors (whose hosts must number a power of two) are the engine's to check."""
+    if op != _core.ADASUM or ps != 0:
+        return
+    where = getattr(A, "device", None)
+    if where is not None and where(c) != "cpu":
+        return
+    n = _core.size()
+    if n & (n - 1):
+        raise _AdasumSizeError("Running Adasum with non-power of 2 ranks is not supported yet. "
+                               "(hvd: this world has %d ranks)" % n)
+
+
+class _AdasumSizeError(NotImplementedError, ValueError):
+    """Horovod's NotImplementedError; also the ValueError hvd raised for it before."""
+
+
 def allreduce_async(A, tensor, name, op, prescale, postscale, inplace, ps=0):
     c, ptr, dt, shape, out, out_ptr = _in_out(A, tensor, inplace)
+    _check_adasum(A, op, c, ps)
     h = _core.allreduce(op_name("allreduce", name, ps), ptr, out_ptr, dt, shape, op,
                         float(prescale), float(postscale), (c, out), ps)
     if inplace and c is not tensor:
@@ -178,6 +198,7 @@ def grouped_allreduce_async(A, tensors, name, op, prescale, postscale, inplace, 
         return Handle([], lambda parts: [])
     prepared = [A.prepare(t) for t in tensors]
     _one_device(A, "grouped_allreduce", [p[0] for p in prepared])
+    _check_adasum(A, op, prepared[0][0], ps)
     base = op_name("grouped_allreduce", name, ps)
     names, cs, ptrs, outs, out_ptrs, dts, shapes = [], [], [], [], [], [], []
     for i, (c, ptr, dt, shape) in enumerate(prepared):

@@ -1051,10 +1051,11 @@ HandlePtr Engine::Alltoall(const std::string& name, const TensorView& input,
       sum += s;
       neg |= s < 0;
     }
-    if (neg || sum != rows) {
+    // As in Horovod, rows past the splits' sum are not sent.
+    if (neg || sum > rows) {
       return Failed(Status::InvalidArgument(
-          "alltoall '" + name + "': splits must be non-negative row counts summing to the "
-          "first dimension " + std::to_string(rows) + "; got " + ShapeToString(splits)));
+          "alltoall '" + name + "': splits must be non-negative row counts whose sum is at "
+          "most the first dimension " + std::to_string(rows) + "; got " + ShapeToString(splits)));
     }
     e.request.splits = splits;
   }

@@ -119,9 +119,11 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     state (a pickled broadcast), other ranks create missing tensors with the same shapes and
     drop state the root does not have, then every tensor is broadcast in place.
 
-    As in Horovod, on a rank whose optimizer has no state yet every parameter that requires a
-    gradient and has none gets a zero gradient (Horovod then takes a step to create the state;
-    here the parameters and the optimizer's counters stay as they are).
+    As in Horovod, a rank whose optimizer has no state yet creates it first: every parameter
+    that requires a gradient gets a zero gradient, and the optimizer takes one step on them
+    (a DistributedOptimizer's own step, which does not communicate). So Adam's step count is
+    1 afterwards, momentum buffers exist, and weight decay has acted once on the parameters,
+    as under Horovod.
     """
     _process_set_id(process_set)
     if isinstance(optimizer, torch.optim.LBFGS):
@@ -129,8 +131,14 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     if len(optimizer.state) == 0:
         for group in optimizer.param_groups:
             for p in group["params"]:
-                if p.requires_grad and p.grad is None:
+                if p.requires_grad:
                     p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    if isinstance(optimizer, torch.optim.SparseAdam):
+                        p.grad = p.grad.to_sparse()
+        if type(optimizer).__module__ == "hvd.torch.optimizer":  # a DistributedOptimizer
+            super(type(optimizer), optimizer).step()  # its wrapped class's: no allreduce
+        else:
+            optimizer.step()
     layout = broadcast_object(_state_layout(optimizer) if _core.rank() == root_rank else None,
                               root_rank, name="optimizer_state", process_set=process_set)
     if len(layout["groups"]) != len(optimizer.param_groups):

@@ -30,6 +30,7 @@ from hvd import _core, _ops, _process_set_id, global_process_set
 # `from horovod.torch.mpi_ops import Sum`).
 from hvd import (  # noqa: F401  (re-exported)
     Adasum,
+    HorovodInternalError,
     Average,
     Max,
     Min,
@@ -90,6 +91,11 @@ def _where(t):
     return (t.data_ptr(), t.device.index, torch.cuda.current_stream(t.device).cuda_stream)
 
 
+class _UnsupportedDtypeError(TypeError, ValueError):
+    """A tensor of a dtype hvd does not reduce. Horovod raises ValueError for it; hvd raised
+    TypeError before: both catch it."""
+
+
 class _TorchAdapter:
     @staticmethod
     def prepare(t):
@@ -97,8 +103,8 @@ class _TorchAdapter:
             raise TypeError("hvd.torch expects a torch.Tensor, got %s" % type(t).__name__)
         code = _TO_CORE.get(t.dtype)
         if code is None:
-            raise TypeError("hvd does not support %s tensors; supported dtypes: %s"
-                            % (t.dtype, ", ".join(str(d) for d in _TO_CORE)))
+            raise _UnsupportedDtypeError("hvd does not support %s tensors; supported dtypes: %s"
+                                         % (t.dtype, ", ".join(str(d) for d in _TO_CORE)))
         if not t.is_cpu:
             if not t.is_cuda:
                 raise TypeError("hvd.torch supports CPU and CUDA tensors; got a tensor on %s"

@@ -158,6 +158,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._requires_update.add(p)
                 self._ordered.append(p)
                 self._allreduce_delay[p] = self.backward_passes_per_step
+                if self.op == _core.ADASUM:  # as Horovod's Adasum optimizer: zeros to start
+                    p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
                 # expand_as gives a view whose grad_fn's first input is p's accumulator.
                 grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
                 grad_acc.register_hook(self._make_hook(p))
@@ -320,7 +322,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     @contextlib.contextmanager
     def skip_synchronize(self):
         """Inside this block step() does not synchronize (call synchronize() yourself first,
-        e.g. to clip the averaged gradients)."""
+        e.g. to clip the averaged gradients). Not with op=hvd.Adasum, whose step() combines
+        the ranks' changes: AssertionError, as in Horovod."""
+        if self.op == _core.ADASUM and self._communicates:
+            raise AssertionError("Skipping synchronization is not supported when using Adasum "
+                                 "optimizer.")
         self._should_synchronize = False
         try:
             yield

@@ -161,9 +161,11 @@ class ElasticSampler(torch.utils.data.Sampler):
         return self.num_samples
 
 
-class _Handler:
+class StateHandler:
     """Saves, restores and syncs one attribute of a TorchState whose value is an object updated
-    in place (a model, an optimizer, a sampler)."""
+    in place (a model, an optimizer, a scheduler, a sampler). Horovod's interface: a handler of
+    one's own subclasses this, overrides save, restore and sync, and goes in the registry
+    (set_handler_registry). reset runs after every elastic reset; it does nothing here."""
 
     def __init__(self, value):
         self.value = value
@@ -173,28 +175,49 @@ class _Handler:
         self.value = value
         self.save()
 
-    # Every handled value has a state_dict: a deep copy of it is the commit.
+    def save(self):
+        raise NotImplementedError()
+
+    def restore(self):
+        raise NotImplementedError()
+
+    def sync(self):
+        raise NotImplementedError()
+
+    def reset(self):
+        pass
+
+
+class _StateDictHandler(StateHandler):
+    """A value with a state_dict: a deep copy of it is the commit, load_state_dict restores it
+    in place."""
+
     def save(self):
         self._saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self):
         self.value.load_state_dict(self._saved)
 
-    def reset(self):
-        pass
 
-
-class _ModelHandler(_Handler):
+class ModelStateHandler(_StateDictHandler):
     def sync(self):
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class _OptimizerHandler(_Handler):
+class OptimizerStateHandler(_StateDictHandler):
     def sync(self):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
-class _SamplerHandler(_Handler):
+class LRSchedulerStateHandler(_StateDictHandler):
+    """A learning-rate scheduler: its counters (last_epoch, ...) are committed and restored with
+    the optimizer it drives, and rank 0's are broadcast at sync."""
+
+    def sync(self):
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
+
+
+class SamplerStateHandler(_StateDictHandler):
     def sync(self):
         # Every rank's progress, then rank 0's epoch with it, so all ranks partition alike.
         processed = set().union(*allgather_object(self.value.processed_indices))
@@ -206,19 +229,41 @@ class _SamplerHandler(_Handler):
         self.value.reset()
 
 
-_HANDLERS = (
-    (torch.nn.Module, _ModelHandler),
-    (torch.optim.Optimizer, _OptimizerHandler),
-    (ElasticSampler, _SamplerHandler),
-)
+def _scheduler_types():
+    """Horovod registers torch's _LRScheduler; newer torch derives its schedulers from
+    LRScheduler, and ReduceLROnPlateau from neither in older ones: all of them."""
+    sched = torch.optim.lr_scheduler
+    kinds = [getattr(sched, "LRScheduler", sched._LRScheduler), sched._LRScheduler,
+             sched.ReduceLROnPlateau]
+    return tuple(dict.fromkeys(kinds))
+
+
+_handler_registry = [
+    (torch.nn.Module, ModelStateHandler),
+    (torch.optim.Optimizer, OptimizerStateHandler),
+    (_scheduler_types(), LRSchedulerStateHandler),
+    (ElasticSampler, SamplerStateHandler),
+]
+
+
+def get_handler_registry():
+    """The (type, handler class) pairs TorchState tries in order on each keyword's value."""
+    return _handler_registry
+
+
+def set_handler_registry(registry):
+    """Replaces the registry (for TorchStates made from now on)."""
+    global _handler_registry
+    _handler_registry = registry
 
 
 class TorchState(ObjectState):
     """Horovod's TorchState: ``TorchState(model=m, optimizer=o, sampler=s, epoch=0, ...)``.
 
-    Modules, optimizers and ElasticSamplers (under any keyword) are saved as deep copies of
-    their state_dict, restored with load_state_dict and synced from rank 0 with
-    broadcast_parameters, broadcast_optimizer_state, and the union of every rank's processed
+    Modules, optimizers, learning-rate schedulers and ElasticSamplers (under any keyword; the
+    types in get_handler_registry()) are saved as deep copies of their state_dict, restored in
+    place with load_state_dict and synced from rank 0 with broadcast_parameters,
+    broadcast_optimizer_state, broadcast_object, and the union of every rank's processed
     samples. Other values (None included) are ObjectState attributes. ``state.model = other``
     makes the handler follow the new object (and saves it). Differs from Horovod: ``reset()``
     (run after every elastic reset) repartitions the samplers for the new world, also when
@@ -229,7 +274,7 @@ class TorchState(ObjectState):
         kwargs = dict(model=model, optimizer=optimizer, **kwargs)
         handlers = {}
         for name, value in list(kwargs.items()):
-            for kind, handler in _HANDLERS:
+            for kind, handler in _handler_registry:
                 if isinstance(value, kind):
                     handlers[name] = handler(kwargs.pop(name))
                     break
@@ -261,5 +306,5 @@ class TorchState(ObjectState):
 
     def reset(self):
         for handler in self._handlers.values():
-            handler.reset()
+            getattr(handler, "reset", lambda: None)()  # a handler of one's own may lack it
         super().reset()
