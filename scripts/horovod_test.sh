@@ -6,8 +6,9 @@
 #
 # FILE is copied to a temporary folder with `import horovod.torch as hvd` made `import hvd.torch
 # as hvd` (`horovod.tensorflow`'s too, for the files that test what does not depend on the
-# framework), and distutils' LooseVersion (gone in Python 3.12) read from `packaging`; its `common`
-# helpers come from tests/horovod/common.py. --one-device makes every rank its own host (local
+# framework) and `from horovod.torch.X import ...` made `from hvd.torch.X import ...`, and
+# distutils' LooseVersion (gone in Python 3.12) read from `packaging`; its `common` helpers come
+# from tests/horovod/common.py. --one-device makes every rank its own host (local
 # rank 0), so that on a machine with one GPU all ranks use cuda:0 (hvd then stages their CUDA
 # tensors through host memory). --mpi starts the ranks with `hvdrun --mpi` (mpirun), for the
 # files that need MPI (mpi4py communicators). Environment: PY (the python with torch; default
@@ -25,6 +26,7 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 NAME=$(basename "$FILE")
 sed -e 's/^import horovod\.\(torch\|tensorflow\) as hvd/import hvd.torch as hvd/' \
+    -e 's/^from horovod\.torch\([a-z_.]*\) import/from hvd.torch\1 import/' \
     -e 's/^from distutils\.version import LooseVersion/from packaging.version import Version as LooseVersion/' \
     "$FILE" > "$T/$NAME"
 cp tests/horovod/common.py "$T/"
