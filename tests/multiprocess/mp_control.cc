@@ -1,6 +1,8 @@
 // Barrier, join, many caller threads, the engine's work run by a waiting caller, and training
 // steps on the fast path.
 #include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <sched.h>
 #include <sys/resource.h>
 
@@ -655,8 +657,38 @@ int RunBatchedStepChecks(hvd::Engine& e, Checker& ck) {
   return ck.End();
 }
 
+// Every socket, eventfd and pidfd of the process (hvd's: the worker opens none itself) is
+// close-on-exec, so that a program the rank starts does not keep its connections open after
+// it dies.
+void CheckCloseOnExec(Checker& ck) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  int looked = 0;
+  while (dirent* d = ::readdir(dir)) {
+    const int fd = std::atoi(d->d_name);
+    if (d->d_name[0] == '.' || fd == ::dirfd(dir)) continue;
+    char target[256] = {0};
+    const std::string link = std::string("/proc/self/fd/") + d->d_name;
+    if (::readlink(link.c_str(), target, sizeof(target) - 1) <= 0) continue;
+    const std::string what = target;
+    if (what.rfind("socket:", 0) != 0 && what != "anon_inode:[eventfd]" &&
+        what != "anon_inode:[pidfd]") {
+      continue;
+    }
+    ++looked;
+    const int flags = ::fcntl(fd, F_GETFD);
+    ck.Expect(flags >= 0 && (flags & FD_CLOEXEC) != 0,
+              "descriptor " + std::to_string(fd) + " (" + what + ") is close-on-exec");
+  }
+  ::closedir(dir);
+  ck.Expect(looked > 0 || ck.size() == 1, "found hvd's descriptors to look at");
+}
+
 int RunBarrierAndJoinChecks(hvd::Engine& e, Checker& ck) {
   int failures = 0;
+  ck.Begin("close-on-exec");
+  CheckCloseOnExec(ck);
+  failures += ck.End();
   ck.Begin("barrier");
   CheckBarrier(e, ck);
   failures += ck.End();

@@ -1,7 +1,10 @@
 // Mismatch errors (shape, dtype, reduce op, scale, operation, allgather row shape, broadcast
 // root, duplicate names, one member of a group): each fails with InvalidArgument naming the
 // tensor, and the next operation works. Then shutdown: later operations fail.
+#include <chrono>
+#include <climits>
 #include <thread>
+#include <vector>
 
 #include "mp_checks.h"
 
@@ -254,6 +257,43 @@ void CheckNameReuse(hvd::Engine& e, Checker& ck) {
 
 }  // namespace
 
+// Shapes whose size is over the limit or wraps 64 bits: refused at the call on every op, on
+// this rank alone (the buffer is tiny: nothing may read past it), then the next op works.
+// A wait with a timeout too long for the clock waits for the operation instead of timing out.
+void CheckSizeLimits(hvd::Engine& e, Checker& ck) {
+  float x[64] = {0};
+  const std::vector<std::vector<int64_t>> shapes = {
+      {int64_t{0x4000000000000004}},        // 4 bytes apiece: wraps to 16 bytes
+      {int64_t{0x2000000000000002}},        // wraps to 8 bytes
+      {int64_t{1} << 40, int64_t{1} << 40},  // 2^80 elements
+      {int64_t{1} << 45}};                  // 128 TiB of float32: over the 64 TiB limit
+  int k = 0;
+  for (const auto& shape : shapes) {
+    const std::string name = "size.limit." + std::to_string(k++);
+    TensorView v(x, DataType::kFloat32, shape);
+    for (auto h : {e.Allreduce(name + ".ar", v, v, ReduceOp::kSum), e.Allgather(name + ".ag", v),
+                   e.Broadcast(name + ".bc", v, v, 0), e.Reducescatter(name + ".rs", v)}) {
+      hvd::Status s = WaitDone(h);
+      ck.Expect(s.code() == StatusCode::kInvalidArgument &&
+                    s.message().find("TiB") != std::string::npos,
+                name + " " + hvd::ShapeToString(shape) + " refused: " + s.ToString());
+    }
+  }
+  // Splits whose sum wraps are refused as splits past the first dimension.
+  TensorView rows(x, DataType::kFloat32, {4});
+  std::vector<int64_t> splits(e.size(), 0);
+  splits[0] = INT64_MAX;
+  hvd::Status s = WaitDone(e.Alltoall("size.limit.splits", rows, splits));
+  ck.Expect(s.code() == StatusCode::kInvalidArgument, "alltoall splits of INT64_MAX refused: " +
+                                                          s.ToString());
+  ExpectNextWorks(e, ck, "size.limit");
+  float y[2] = {1, 2};
+  TensorView yv(y, DataType::kFloat32, {2});
+  s = e.Allreduce("size.limit.wait", yv, yv, ReduceOp::kSum)->WaitFor(std::chrono::milliseconds::max());
+  ck.ExpectOk(s, "WaitFor(milliseconds::max()) waits for the operation");
+  ck.Expect(y[1] == 2.0f * e.size(), "the allreduce waited for with no limit is done");
+}
+
 int RunMismatchChecks(hvd::Engine& e, Checker& ck) {
   ck.Begin("mismatch errors");
   if (e.size() > 1) {
@@ -264,6 +304,7 @@ int RunMismatchChecks(hvd::Engine& e, Checker& ck) {
   }
   CheckDuplicateInGroup(e, ck);
   CheckNameReuse(e, ck);
+  CheckSizeLimits(e, ck);
   return ck.End();
 }
 

@@ -355,6 +355,22 @@ std::string EngineImpl::Describe(const Request& r) const {
          std::to_string(options_.rank);
 }
 
+// Whether a shape (no negative dimension) of elements of `element_bytes` holds at most
+// kMaxTensorBytes, computed without overflow: a product that wraps would have the engine copy
+// and reduce a size unrelated to the tensor's.
+bool SizeWithinLimit(const std::vector<int64_t>& shape, size_t element_bytes) {
+  for (int64_t d : shape) {
+    if (d == 0) return true;
+  }
+  uint64_t elements = 1;
+  const uint64_t most = kMaxTensorBytes / std::max<size_t>(element_bytes, 1);
+  for (int64_t d : shape) {
+    if (static_cast<uint64_t>(d) > most / elements) return false;
+    elements *= static_cast<uint64_t>(d);
+  }
+  return true;
+}
+
 Status EngineImpl::ValidateLocked(TensorEntry& e) const {
   Request& r = e.request;
   HVD_RETURN_IF_ERROR(CheckProcessSetLocked(r));
@@ -374,6 +390,12 @@ Status EngineImpl::ValidateLocked(TensorEntry& e) const {
     }
     for (int64_t d : r.shape) {
       if (d < 0) return Status::InvalidArgument(what() + ": negative dimension in " + ShapeToString(r.shape));
+    }
+    if (!SizeWithinLimit(r.shape, DataTypeSize(e.input.dtype))) {
+      return Status::InvalidArgument(what() + ": shape " + ShapeToString(r.shape) + " of " +
+                                     DataTypeName(e.input.dtype) + " is over " +
+                                     std::to_string(kMaxTensorBytes >> 40) +
+                                     " TiB; hvd takes tensors of up to that size");
     }
     return ValidatePlacesLocked(e);
   }
@@ -1046,13 +1068,13 @@ HandlePtr Engine::Alltoall(const std::string& name, const TensorView& input,
   int64_t rows = e.request.shape[0];
   if (!splits.empty()) {  // their number is checked against the set's size at enqueue
     int64_t sum = 0;
-    bool neg = false;
+    bool bad = false;
     for (int64_t s : splits) {
-      sum += s;
-      neg |= s < 0;
+      bad |= s < 0 || s > rows;  // (so that the sum cannot wrap)
+      if (!bad) sum += s;
     }
     // As in Horovod, rows past the splits' sum are not sent.
-    if (neg || sum > rows) {
+    if (bad || sum > rows) {
       return Failed(Status::InvalidArgument(
           "alltoall '" + name + "': splits must be non-negative row counts whose sum is at "
           "most the first dimension " + std::to_string(rows) + "; got " + ShapeToString(splits)));

@@ -108,7 +108,13 @@ Status Handle::Wait() const {
 }
 
 Status Handle::WaitFor(std::chrono::milliseconds timeout) const {
-  const auto until = std::chrono::steady_clock::now() + timeout;
+  // A timeout the clock cannot add (about 292 years in nanoseconds) is no limit: it would wrap
+  // into the past and time out at once.
+  const auto now = std::chrono::steady_clock::now();
+  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::time_point::max() - now);
+  if (timeout >= room) return Wait();
+  const auto until = now + timeout;
   if (helper_ != nullptr && helps_ && !Finished()) HelpProgress(helper_, *this, spin_, until);
   BlockedScope blocked(Finished() ? nullptr : helper_);
   if (Spin(until) || Sleep(until)) return status_;

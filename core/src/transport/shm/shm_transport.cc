@@ -1,5 +1,6 @@
 #include "transport/shm/shm_transport.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -461,14 +462,14 @@ class ShmRouter : public Transport {
         std::all_of(slot_of_.begin(), slot_of_.end(), [](int slot) { return slot >= 0; });
     set_offload(tcp_->offload() ? tcp_->offload() : all_local ? &collectives_ : nullptr);
     // The io_context reads this rank's eventfd, so that a ring wakes a sleeping wait.
-    bell_->fd.assign(::dup(segments_[my_slot_].bell_fd));
+    bell_->fd.assign(::fcntl(segments_[my_slot_].bell_fd, F_DUPFD_CLOEXEC, 0));
     bell_->control = control_;
     ArmBell(bell_);
     // Each peer's process: its exit fails what cannot complete any more.
     for (int p = 0; p < size(); ++p) {
       if (!IsShm(p)) continue;
       auto w = std::make_shared<PidWatch>(io_);
-      w->fd.assign(::dup(segments_[slot_of_[p]].pid_fd));
+      w->fd.assign(::fcntl(segments_[slot_of_[p]].pid_fd, F_DUPFD_CLOEXEC, 0));
       std::weak_ptr<ShmControl> control = control_;
       w->fd.async_wait(asio::posix::stream_descriptor::wait_read,
                        [w, p, control](const asio::error_code& ec) {
