@@ -22,6 +22,13 @@
 // rank's MPI_Finalize does not wait for the others' programs: it exits at once, printing
 //   "[mpi-worker] rank R: left after S s"
 // and mpirun ends the job; the others print "[mpi-worker] rank R: still working" first.
+//
+// --stop-last instead: after one allreduce the last rank stops itself (SIGSTOP) while the others
+// go on allreducing. They fail after HVD_TIMEOUT_SECONDS naming it, and their engine's end
+// leaves MPI unfinalized (MPI_Finalize would wait for the stopped rank forever), so each prints
+//   "[mpi-worker] rank R: ended S s after its failure: STATUS"
+// and exits with status 3; mpirun then ends the job, the stopped rank included.
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -269,6 +276,30 @@ int LeaveEarly(std::unique_ptr<hvd::Engine> e) {
   return 4;
 }
 
+int StopLast(std::unique_ptr<hvd::Engine> e) {
+  int32_t one = 1;
+  TensorView v(&one, DataType::kInt32, {1});
+  ExpectOk(e->Allreduce("stop.warm", v, v, ReduceOp::kSum)->Wait(), "allreduce before the stop");
+  const int rank = e->rank();
+  if (rank == e->size() - 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are waiting
+    raise(SIGSTOP);
+    return 0;
+  }
+  hvd::Status s;
+  for (int i = 0; s.ok() && i < 100000; ++i) {
+    s = e->Allreduce("stop.step" + std::to_string(i), v, v, ReduceOp::kSum)->Wait();
+  }
+  const auto failed = std::chrono::steady_clock::now();
+  e.reset();  // shuts down; MPI is left unfinalized
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - failed).count();
+  std::printf("[mpi-worker] rank %d: ended %.1f s after its failure: %s\n", rank, took,
+              s.ToString().c_str());
+  std::fflush(stdout);
+  return 3;
+}
+
 const char* BootstrapName(hvd::Options::Bootstrap b) {
   switch (b) {
     case hvd::Options::Bootstrap::kStore: return "store";
@@ -282,11 +313,12 @@ const char* BootstrapName(hvd::Options::Bootstrap b) {
 
 int main(int argc, char** argv) {
   std::string want_bootstrap, want_ops;
-  bool abort_in_allgather = false, leave_early = false;
+  bool abort_in_allgather = false, leave_early = false, stop_last = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--abort-in-allgather") abort_in_allgather = true;
     if (a == "--leave-early") leave_early = true;
+    if (a == "--stop-last") stop_last = true;
     if (a.rfind("--expect-bootstrap=", 0) == 0) want_bootstrap = a.substr(19);
     if (a.rfind("--expect-ops=", 0) == 0) want_ops = a.substr(13);
   }
@@ -296,6 +328,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (leave_early) return LeaveEarly(std::move(*created));
+  if (stop_last) return StopLast(std::move(*created));
   hvd::Engine& e = **created;
   if (abort_in_allgather) return AbortInAllgather(e);
   const char* bootstrap = BootstrapName(e.options().bootstrap);

@@ -192,6 +192,7 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
   while (!done_) {
     bool worked = Work(/*by_caller=*/false);
     if (!abort_.ok()) {
+      backends_->JobFailed(abort_);
       FailAll(abort_);
       ReportLeftWorld(abort_);
       break;

@@ -45,6 +45,14 @@ class JobBackendsImpl : public JobBackends {
 #endif
   }
 
+  void JobFailed(const Status& why) override {
+#if HVD_HAVE_MPI
+    if (mpi) mpi->Abandon(why);
+#else
+    (void)why;
+#endif
+  }
+
   // Members are destroyed in reverse order: the collectives before MPI.
   std::unique_ptr<StoreServer> store_server;
 #if HVD_HAVE_MPI

@@ -73,6 +73,9 @@ class MpiContext {
 
   // OK, or the Status of the first failure so far (the communicator is gone).
   const Status& broken() const { return broken_; }
+  // The job failed elsewhere (hvd's own links found a peer lost or silent): broken as if an
+  // MPI call had failed, so that MPI_Finalize is skipped.
+  void Abandon(const Status& why) { Break(why); }
 
   // Turns an MPI return code into a Status naming `what`; a failure breaks the context.
   Status Check(int rc, const std::string& what);
