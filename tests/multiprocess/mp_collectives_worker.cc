@@ -18,6 +18,8 @@
 //                          "CHAOS-ERROR rank r: <status>" last (scripts/chaos.sh kills ranks).
 //   --process-sets        the process-set checks (mp_process_sets.cc); run with
 //                          HVD_DYNAMIC_PROCESS_SETS=1.
+//   --process-sets-differ ranks that give different lists of sets at start: every rank's init
+//                         fails saying so, listing each rank's (nothing waits).
 //   --process-sets-static the engine started with the set {0, size - 1} (Options::process_sets),
 //                         given again in another order, and the world's ranks (both skipped).
 //   --caller-progress     a waiting caller runs the engine's work (mp_control.cc); run with a long
@@ -101,6 +103,32 @@ int RunChecks() {
   std::printf("[mp] rank %d of %d: %s (%d failed checks, %.1f s)\n", e->rank(), e->size(),
               failures ? "FAILED" : "all checks passed", failures, SecondsSince(t0));
   return failures ? 1 : 0;
+}
+
+// Ranks that give different lists of sets at start: rank 0 the set {0, 1}, another rank a
+// second set too, the rest none. Every rank's Create fails with InvalidArgument listing every
+// rank's sets ("SETS-DIFFER-OK rank r"), instead of rank 0 waiting to add a set the others never
+// add.
+int RunSetsDiffer() {
+  auto o = hvd::Options::FromEnvironment();
+  if (!o.ok()) {
+    std::printf("FAIL [init] %s\n", o.status().ToString().c_str());
+    return 2;
+  }
+  const int r = o->rank;
+  if (r == 0) o->process_sets = {{0, 1}};
+  if (r == o->size - 1 && r > 1) o->process_sets = {{0, 1}, {1, r}};
+  auto created = hvd::Engine::Create(*o);
+  const std::string want = "rank 0 [[0, 1]], rank 1 []";
+  if (created.ok() || created.status().code() != hvd::StatusCode::kInvalidArgument ||
+      created.status().message().find("differ across ranks") == std::string::npos ||
+      created.status().message().find(want) == std::string::npos) {
+    std::printf("FAIL rank %d: sets that differ at start gave %s\n", r,
+                created.ok() ? "an engine" : created.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("SETS-DIFFER-OK rank %d: %s\n", r, created.status().message().c_str());
+  return 0;
 }
 
 int RunSetChecks(bool at_start) {
@@ -343,6 +371,7 @@ int main(int argc, char** argv) {
   if (mode == "--waiting-cpu") return mp::RunGroup("waiting cpu", mp::RunWaitingCpuChecks);
   if (mode.rfind("--steps=", 0) == 0) return mp::RunSteps(std::max(1, std::atoi(mode.c_str() + 8)));
   if (mode == "--process-sets-static") return mp::RunSetChecks(true);
+  if (mode == "--process-sets-differ") return mp::RunSetsDiffer();
   if (mode == "--memory") {
     return mp::RunMemory("memory", 20000, 1000, [](int) { return std::string("memory.same.name"); });
   }
