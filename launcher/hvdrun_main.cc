@@ -102,7 +102,14 @@ std::vector<std::string> RemoteHosts(const std::vector<Placement>& placements) {
 bool PlanAddresses(const LaunchOptions& opts, const std::vector<Placement>& placements,
                    Addresses* out) {
   std::vector<std::string> hosts = RemoteHosts(placements);
-  if (hosts.empty()) return true;
+  if (hosts.empty()) {
+    // Not needed on one host, but a name this host lacks is a mistake worth saying.
+    if (!opts.network_interface.empty() && LocalInterfaceAddress(opts.network_interface).empty()) {
+      throw std::runtime_error("no IPv4 address on interface " + opts.network_interface +
+                               " on this host (--network-interface)");
+    }
+    return true;
+  }
   out->multi_host = true;
   auto t0 = std::chrono::steady_clock::now();
   std::vector<HostProbe> probes =

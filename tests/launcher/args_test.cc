@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -139,6 +140,12 @@ TEST(LocalHosts, Recognised) {
   char name[256] = {};
   ASSERT_EQ(0, gethostname(name, sizeof(name) - 1));
   EXPECT_TRUE(IsLocalHost(name));
+  // Host names are case-insensitive.
+  EXPECT_TRUE(IsLocalHost("LOCALHOST"));
+  EXPECT_TRUE(IsLocalHost("LocalHost"));
+  std::string upper(name);
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  EXPECT_TRUE(IsLocalHost(upper));
   EXPECT_FALSE(IsLocalHost("surely-not-this-machine.invalid"));
   // By address, as hostfiles list hosts: every interface's address. Another loopback address
   // is a host of its own (the tests reach "remote" hosts so).

@@ -502,6 +502,17 @@ TEST(Hvdrun, UsageErrorsExit2) {
   }
 }
 
+// An interface this host lacks is an error on one host too (it is needed only across hosts, but
+// its name is a mistake): exit 1 before any rank starts.
+TEST(Hvdrun, MissingNetworkInterfaceIsAnError) {
+  Result r = RunHvdrun({"-np", "2", "--network-interface", "nosuch0", "sh", "-c", "echo started"});
+  EXPECT_EQ(1, r.code) << r.err;
+  EXPECT_TRUE(Contains(r.err, "no IPv4 address on interface nosuch0 on this host")) << r.err;
+  EXPECT_FALSE(Contains(r.out, "started")) << r.out;
+  r = RunHvdrun({"-np", "1", "--network-interface", "lo", "true"});
+  EXPECT_EQ(0, r.code) << r.err;
+}
+
 // 127.0.0.2 is not one of hvdrun's local names, so it is a remote host reached with ssh; on
 // port 9 of the loopback nobody listens. (Real multi-host jobs: tests/launcher/multihost/.)
 TEST(Hvdrun, RemoteHostThatRefusesIsReportedBeforeAnythingStarts) {
