@@ -97,6 +97,11 @@ StatusOr<std::unique_ptr<StoreClient>> MeetingPlace(Options* o, JobBackendsImpl*
 #endif  // without MPI, StartMpi has failed already
 
   }
+  if (o->bootstrap == Options::Bootstrap::kSlurm && o->rank == 0 && o->secret.empty()) {
+    // srun has no launcher to draw one: anyone who reaches rank 0's store port could join.
+    HVD_LOG(kWarning) << "HVD_SECRET is not set: this Slurm job's connections are not "
+                         "authenticated (export HVD_SECRET=$(openssl rand -hex 32) before srun)";
+  }
   if (o->bootstrap == Options::Bootstrap::kSlurm && o->rank == 0) {
     auto server = StoreServer::Start("0.0.0.0", o->rendezvous_port, o->secret,
                                      o->start_timeout_seconds);
