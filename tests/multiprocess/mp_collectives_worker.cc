@@ -105,7 +105,7 @@ int RunChecks() {
   return failures ? 1 : 0;
 }
 
-// Ranks that give different lists of sets at start: rank 0 the set {0, 1}, another rank a
+// Ranks that give different lists of sets at start: rank 0 the set {0}, another rank a
 // second set too, the rest none. Every rank's Create fails with InvalidArgument listing every
 // rank's sets ("SETS-DIFFER-OK rank r"), instead of rank 0 waiting to add a set the others never
 // add.
@@ -116,10 +116,15 @@ int RunSetsDiffer() {
     return 2;
   }
   const int r = o->rank;
-  if (r == 0) o->process_sets = {{0, 1}};
-  if (r == o->size - 1 && r > 1) o->process_sets = {{0, 1}, {1, r}};
+  // Rank 0 gives {0} and the world's ranks (which adds nothing: left out), rank 1 nothing but
+  // the world, and the last rank (at 3 ranks and more) {0} and another set.
+  std::vector<int> world(o->size);
+  for (int q = 0; q < o->size; ++q) world[q] = o->size - 1 - q;
+  if (r == 0) o->process_sets = {{0}, world};
+  if (r == 1) o->process_sets = {world};
+  if (r == o->size - 1 && r > 1) o->process_sets = {{0}, {1, r}};
   auto created = hvd::Engine::Create(*o);
-  const std::string want = "rank 0 [[0, 1]], rank 1 []";
+  const std::string want = "rank 0 [[0]], rank 1 []";
   if (created.ok() || created.status().code() != hvd::StatusCode::kInvalidArgument ||
       created.status().message().find("differ across ranks") == std::string::npos ||
       created.status().message().find(want) == std::string::npos) {

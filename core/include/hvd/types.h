@@ -65,11 +65,12 @@ struct HVD_EXPORT TensorView {
 
 HVD_EXPORT std::string ShapeToString(const std::vector<int64_t>& shape);
 // Product of the dimensions (1 for a scalar's empty shape). Inline: the engine asks it of every
-// tensor several times a step.
+// tensor several times a step. Computed unsigned, so that a shape whose product does not fit
+// (refused by the engine's checks, which may come later) wraps instead of being undefined.
 inline int64_t NumElements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return static_cast<int64_t>(n);
 }
 
 }  // namespace hvd

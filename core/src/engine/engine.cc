@@ -151,17 +151,8 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(const Options& given) {
   impl->thread_ = std::thread([p = impl.get()] { p->Loop(); });
   // As in Horovod, a set given at start whose ranks (in any order) equal the world's or an
   // earlier set's names that set: it adds nothing and takes no id.
-  if (options.size > 1) {
-    Status agreed = impl->AgreeOnInitialSets();
-    if (!agreed.ok()) return agreed.WithContext("rank " + std::to_string(options.rank));
-  }
-  std::vector<std::vector<int>> added(1, std::vector<int>(options.size));
-  for (int r = 0; r < options.size; ++r) added[0][r] = r;
-  for (const auto& given : options.process_sets) {
-    std::vector<int> ranks = given;
-    std::sort(ranks.begin(), ranks.end());
-    if (std::find(added.begin(), added.end(), ranks) != added.end()) continue;
-    added.push_back(ranks);
+  // (Every rank gave the same ones: the job's connection compared them, ConnectJob.)
+  for (const auto& ranks : InitialProcessSets(options)) {
     auto id = impl->AddProcessSet(ranks, /*at_init=*/true);
     if (!id.ok()) return id.status().WithContext("rank " + std::to_string(options.rank) +
                                                  ": adding the process sets given at start");
@@ -717,61 +708,6 @@ HandlePtr EngineImpl::EnqueueProcessSetOp(std::vector<int> ranks, int32_t remove
   return Enqueue(std::move(e));
 }
 
-// The process sets given at start as every rank gave them, in one allgather: ranks that give
-// different lists (another number of sets, other ranks) all fail init saying so, where each
-// would otherwise wait to add a set that some other rank never adds. A rank's block is its
-// length, the number of sets, then each set's size and ranks (sorted).
-Status EngineImpl::AgreeOnInitialSets() {
-  std::vector<int32_t> mine{0, static_cast<int32_t>(options_.process_sets.size())};
-  for (const auto& given : options_.process_sets) {
-    std::vector<int> ranks = given;
-    std::sort(ranks.begin(), ranks.end());
-    mine.push_back(static_cast<int32_t>(ranks.size()));
-    mine.insert(mine.end(), ranks.begin(), ranks.end());
-  }
-  mine[0] = static_cast<int32_t>(mine.size());
-  TensorView v(mine.data(), DataType::kInt32, {static_cast<int64_t>(mine.size())});
-  HandlePtr h = Enqueue(MakeEntry(*this, OpType::kAllgather, "hvd.init.process_sets", v,
-                                  TensorView(), kGlobalProcessSet));
-  HVD_RETURN_IF_ERROR(h->Wait().WithContext("comparing the process sets given at start"));
-  const auto& bytes = h->output_bytes();
-  std::vector<int32_t> all(bytes.size() / sizeof(int32_t));
-  if (!all.empty()) std::memcpy(all.data(), bytes.data(), all.size() * sizeof(int32_t));
-  // Each rank's sets, as text; a block that does not parse is a protocol error.
-  std::vector<std::string> gave;
-  for (size_t at = 0; at < all.size() && gave.size() < static_cast<size_t>(options_.size);) {
-    const size_t len = static_cast<size_t>(std::max(all[at], 2));
-    if (at + len > all.size()) break;
-    std::ostringstream os;
-    os << "[";
-    for (size_t i = at + 2, k = 0; i < at + len; ++k) {
-      const size_t n = static_cast<size_t>(std::max(all[i], 0));
-      os << (k ? ", " : "") << "[";
-      for (size_t j = 0; j < n && i + 1 + j < at + len; ++j) os << (j ? ", " : "") << all[i + 1 + j];
-      os << "]";
-      i += 1 + n;
-    }
-    os << "]";
-    gave.push_back(os.str());
-    at += len;
-  }
-  if (gave.size() != static_cast<size_t>(options_.size)) {
-    return Status::Internal("comparing the process sets given at start: the ranks' lists did "
-                            "not parse");
-  }
-  std::ostringstream differ;
-  bool same = true;
-  for (int r = 0; r < options_.size; ++r) {
-    same = same && gave[r] == gave[0];
-    differ << (r ? ", " : "") << "rank " << r << " " << gave[r];
-  }
-  if (same) return Status::OK();
-  return Status::InvalidArgument(
-      "the process sets given at start (hvd.init(process_sets=...), Options::process_sets) "
-      "differ across ranks; every rank must give the same sets in the same order: " +
-      differ.str());
-}
-
 StatusOr<int32_t> EngineImpl::AddProcessSet(std::vector<int> ranks, bool at_init) {
   if (!at_init && !options_.dynamic_process_sets) {
     return Status::FailedPrecondition(
@@ -1129,8 +1065,9 @@ HandlePtr Engine::Alltoall(const std::string& name, const TensorView& input,
     int64_t sum = 0;
     bool bad = false;
     for (int64_t s : splits) {
-      bad |= s < 0 || s > rows;  // (so that the sum cannot wrap)
-      if (!bad) sum += s;
+      bad |= s < 0 || s > rows - sum;  // (sum <= rows throughout: it cannot wrap)
+      if (bad) break;
+      sum += s;
     }
     // As in Horovod, rows past the splits' sum are not sent.
     if (bad || sum > rows) {

@@ -366,7 +366,6 @@ class EngineImpl {
   // Process sets (collective: every rank calls them in the same order). Add returns the new
   // set's id; `at_init` allows it without HVD_DYNAMIC_PROCESS_SETS.
   StatusOr<int32_t> AddProcessSet(std::vector<int> ranks, bool at_init = false);
-  Status AgreeOnInitialSets();  // engine.cc
   Status RemoveProcessSet(int32_t id);
   // The ranks of a set this rank knows (empty: none with that id).
   std::vector<int> ProcessSetRanks(int32_t id) const;

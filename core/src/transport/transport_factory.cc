@@ -2,8 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "bootstrap/elastic.h"
 #include "bootstrap/store.h"
@@ -258,7 +262,83 @@ Status CheckKnobsAgree(Transport& t, const Options& o, Deadline deadline) {
   return Status::OK();
 }
 
+// The process sets every rank will add at start (InitialProcessSets), compared in two
+// allgathers (their lengths, then the lists): ranks that give different ones (another number
+// of sets, other ranks) all fail here saying so, where each would otherwise wait to add a set
+// that some other rank never adds. A rank's list: the number of sets, then each one's size and
+// ranks.
+Status CheckProcessSetsAgree(Transport& t, const Options& o, Deadline deadline) {
+  std::vector<int64_t> mine;
+  const auto sets = InitialProcessSets(o);
+  mine.push_back(static_cast<int64_t>(sets.size()));
+  for (const auto& s : sets) {
+    mine.push_back(static_cast<int64_t>(s.size()));
+    mine.insert(mine.end(), s.begin(), s.end());
+  }
+  const int n = t.size();
+  int64_t len = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> lens(static_cast<size_t>(n));
+  HVD_RETURN_IF_ERROR(Allgatherv(t, &len, lens.data(), std::vector<size_t>(n, sizeof(len)),
+                                 deadline));
+  std::vector<size_t> bytes(static_cast<size_t>(n));
+  size_t total = 0;
+  for (int r = 0; r < n; ++r) {
+    if (lens[r] < 1 || lens[r] > (int64_t{1} << 24)) {
+      return Status::Internal("comparing the process sets given at start: rank " +
+                              std::to_string(r) + " sent a list of " + std::to_string(lens[r]) +
+                              " numbers");
+    }
+    bytes[r] = static_cast<size_t>(lens[r]) * sizeof(int64_t);
+    total += static_cast<size_t>(lens[r]);
+  }
+  std::vector<int64_t> all(total);
+  HVD_RETURN_IF_ERROR(Allgatherv(t, mine.data(), all.data(), bytes, deadline));
+  // Each rank's list as text, compared with rank 0's.
+  std::vector<std::string> gave;
+  size_t at = 0;
+  for (int r = 0; r < n; ++r) {
+    const size_t end = at + static_cast<size_t>(lens[r]);
+    std::ostringstream os;
+    os << "[";
+    size_t i = at + 1;
+    for (int64_t k = 0; k < all[at] && i < end; ++k) {
+      const size_t m = static_cast<size_t>(std::max<int64_t>(all[i], 0));
+      os << (k ? ", " : "") << "[";
+      for (size_t j = 0; j < m && i + 1 + j < end; ++j) os << (j ? ", " : "") << all[i + 1 + j];
+      os << "]";
+      i += 1 + m;
+    }
+    os << "]";
+    gave.push_back(os.str());
+    at = end;
+  }
+  std::string differ;
+  bool same = true;
+  for (int r = 0; r < n; ++r) {
+    same = same && gave[r] == gave[0];
+    differ += (r ? ", rank " : "rank ") + std::to_string(r) + " " + gave[r];
+  }
+  if (same) return Status::OK();
+  return Status::InvalidArgument(
+      "the process sets given at start (hvd.init(process_sets=...), Options::process_sets) "
+      "differ across ranks; every rank must give the same sets in the same order (sets equal "
+      "to the world or to an earlier one left out): " + differ);
+}
+
 }  // namespace
+
+std::vector<std::vector<int>> InitialProcessSets(const Options& o) {
+  std::vector<std::vector<int>> added(1, std::vector<int>(o.size));
+  for (int r = 0; r < o.size; ++r) added[0][r] = r;
+  for (const auto& given : o.process_sets) {
+    std::vector<int> ranks = given;
+    std::sort(ranks.begin(), ranks.end());
+    if (std::find(added.begin(), added.end(), ranks) != added.end()) continue;
+    added.push_back(ranks);
+  }
+  added.erase(added.begin());
+  return added;
+}
 
 StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options,
                                     Deadline deadline, ControlLink::MessageFn on_message,
@@ -321,6 +401,7 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
   }
   job.topology = std::move(*topology);
   Status agree = CheckKnobsAgree(*tcp, o, deadline);
+  if (agree.ok()) agree = CheckProcessSetsAgree(*tcp, o, deadline);
   if (!agree.ok()) return give_up(agree, tcp->lost_peer());
   // MPI's collectives from here on (HVD_CPU_OPERATIONS=mpi): the exchanges above go over TCP on
   // every rank, so that ranks that differ on it learn so instead of waiting for each other.

@@ -87,6 +87,11 @@ struct JobConnections {
   std::unique_ptr<StoreClient> store;
 };
 
+// The process sets given at start (Options::process_sets) that the engine adds, in order: each
+// sorted; one whose ranks are the world's or an earlier one's is left out, as in Horovod (it
+// names that set and takes no id).
+std::vector<std::vector<int>> InitialProcessSets(const Options& o);
+
 // How long a rank polls after work, and inside data waits, before it sleeps in the kernel
 // (HVD_SPIN_MICROSECONDS; 100 µs by default).
 std::chrono::microseconds SpinWindow(const Options& options);
