@@ -37,7 +37,7 @@
 //   --peerloss-cached=V   the same with one name every step: the survivors' tensors wait on
 //                          the fast path (in rounds, with HVD_SYMMETRIC_NEGOTIATION=on).
 //   --quit=V              rank V shuts hvd down after a warm-up (as a script that raised does),
-//                          then exits 3 a second later (a slow teardown); the others fail with
+//                          then exits 3 once the others have (a slow teardown); they fail with
 //                          Aborted naming rank V, print "QUIT-OK rank r" and exit 1 at once.
 //                          hvdrun must name rank V as the cause and exit 3.
 #include <dirent.h>
@@ -335,7 +335,10 @@ int RunQuit(int quitter) {
   const int r = e->rank();
   float x[64] = {0};
   TensorView v(x, DataType::kFloat32, {64});
-  hvd::Status warm = WaitDone(e->Allreduce("quit.warmup", v, v, ReduceOp::kSum));
+  int64_t pid = ::getpid();
+  auto pids = e->Allgather("quit.pids", TensorView(&pid, DataType::kInt64, {1}));
+  hvd::Status warm = WaitDone(pids);
+  if (warm.ok()) warm = WaitDone(e->Allreduce("quit.warmup", v, v, ReduceOp::kSum));
   if (!warm.ok()) {
     std::printf("QUIT-FAIL rank %d: warm-up failed: %s\n", r, warm.ToString().c_str());
     return 2;
@@ -343,7 +346,16 @@ int RunQuit(int quitter) {
   if (r == quitter) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are now waiting
     (void)e->Shutdown();
-    std::this_thread::sleep_for(std::chrono::seconds(1));
+    // A slow teardown: this rank exits after every other one has (hvdrun reaps them at once),
+    // or after 30 s.
+    std::vector<int64_t> others(e->size());
+    std::memcpy(others.data(), pids->output_bytes().data(), others.size() * sizeof(int64_t));
+    const auto t0 = Clock::now();
+    for (int q = 0; q < e->size() && SecondsSince(t0) < 30; ++q) {
+      while (q != r && ::kill(static_cast<pid_t>(others[q]), 0) == 0 && SecondsSince(t0) < 30) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
     return 3;
   }
   const double timeout = e->options().timeout_seconds;

@@ -283,6 +283,12 @@ def test_alltoall_splits_short_of_the_first_dimension():
     y, received = hvd.alltoall(x, splits=[1] * n, name="a2a.short")
     assert torch.equal(y, torch.tensor([10.0 * q + r for q in range(n)]))
     assert received.tolist() == [1] * n
+    # The gradient of the rows not sent is zero.
+    xg = x.clone().requires_grad_()
+    yg, _ = hvd.alltoall(xg, splits=[1] * n, name="a2a.short.grad")
+    (yg * torch.arange(1.0, n + 1)).sum().backward()
+    # Row j went to rank j, where its weight was r + 1 (r = this rank).
+    assert torch.equal(xg.grad, torch.tensor([float(r + 1)] * n + [0.0, 0.0]))
     with pytest.raises(ValueError, match="at most the first dimension"):
         hvd.alltoall(x, splits=[n + 3] + [0] * (n - 1), name="a2a.long")
     hvd.barrier()  # refused at the call: meet before the next test

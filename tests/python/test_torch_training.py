@@ -353,6 +353,26 @@ def test_broadcast_optimizer_state_fresh_takes_horovods_first_step():
     assert torch.equal(model.b.detach(), b1)
 
 
+def test_broadcast_optimizer_state_fresh_ranks_keep_the_roots_parameters():
+    """The root resumed (its SGD has momentum buffers), the others are fresh: they take no
+    priming step (which, with weight decay, would move their parameters away from the root's),
+    and end with the root's state and parameters."""
+    r, n = world()
+    root = n - 1
+    model = make_model(seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.5)
+    if r == root:  # local work only
+        for p in model.parameters():
+            p.grad = torch.full_like(p, 2.0)
+        opt.step()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=root)
+    hvd.broadcast_optimizer_state(opt, root_rank=root)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    bufs = torch.cat([opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(torch.stack([flat, bufs]).unsqueeze(0))
+    assert all(torch.equal(gathered[q], gathered[root]) for q in range(n))
+
+
 def test_broadcast_optimizer_state_fresh_adam_counts_one_step():
     """A fresh Adam after broadcast_optimizer_state: step 1 and zero moments on every rank, as
     under Horovod, so the first real step's bias correction is that of step 2."""

@@ -1450,19 +1450,27 @@ void EngineImpl::FinishShutdown(int requested_by) {
                 ", or its script ending while this rank still runs collectives; if an "
                 "exception, its traceback is in that rank's output");
   done_ = true;  // connection errors from here on are the job ending, not a lost peer
-  if (requested_by == options_.rank) failing_on_own_ = true;
+  // A rank that asked to shut down too is ending of its own accord (a job's usual end): no note.
+  if (requested_by == options_.rank || shutdown_sent_) failing_on_own_ = true;
   FailAll(s, /*notify=*/false);
 }
 
 // Before this rank's operations fail (and its program, most likely, exits): a rank whose
 // failure follows another's exits at about the same moment, often first, and hvdrun would name
-// it as the job's failure. Bounded: at worst, hvdrun's store unreachable, half a second.
+// it as the job's failure. Called by whichever thread runs the engine's work (it holds the run
+// lock, as FailAll's caller does), once. The connection has been idle since the job started and
+// may have been dropped on the way (a firewall's idle limit): a failed write is tried once more
+// on a new one. Bounded: at worst, hvdrun's store unreachable, about two seconds.
 void EngineImpl::LeaveFailureNote(const Status& status) {
   if (!job_store_ || options_.size == 1) return;
-  Status ignored = job_store_->Set(FailureNoteKey(options_.rank), status.ToString(),
-                                   Clock::now() + std::chrono::milliseconds(500));
-  if (!ignored.ok()) {
-    HVD_LOG(kDebug) << "failure note not left: " << ignored.message();
+  Status s;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    s = job_store_->Set(FailureNoteKey(options_.rank), status.ToString(),
+                        Clock::now() + std::chrono::milliseconds(500));
+    if (s.ok()) break;
+  }
+  if (!s.ok()) {
+    HVD_LOG(kDebug) << "failure note not left: " << s.message();
   }
   job_store_.reset();  // one note
 }

@@ -733,7 +733,8 @@ class EngineImpl {
   // abandoning the communicator, its own shutdown. Otherwise another rank's failure ended the
   // job here, and FailAll leaves a note saying so in hvdrun's store (job_store_).
   bool failing_on_own_ = false;
-  std::unique_ptr<StoreClient> job_store_;  // background thread; null but under hvdrun
+  // The thread that runs the engine's work (run lock held); null but under hvdrun.
+  std::unique_ptr<StoreClient> job_store_;
   std::unique_ptr<asio::steady_timer> heartbeat_;
   std::chrono::microseconds spin_{0};  // polling window before sleeping (HVD_SPIN_MICROSECONDS)
   // More ranks on this host than cores: callers' Wait polls only for operations of up to

@@ -339,6 +339,8 @@ void EngineImpl::Execute(const Response& r) {
     if (!abort_.ok()) s = abort_;  // names this rank, as the others' errors do
   }
   entries.erase(std::remove(entries.begin(), entries.end(), nullptr), entries.end());
+  // A peer lost or silent fails these operations first: the note goes before they complete.
+  if (comm_gone && !failing_on_own_) LeaveFailureNote(s);
   CompleteEntries(entries.data(), entries.size(), s, ps);
   entries.clear();
   ReturnShells();

@@ -111,6 +111,22 @@ def _state_layout(optimizer):
     return {"groups": groups, "state": state}
 
 
+def _take_first_step(optimizer, step=True):
+    """Horovod's way to create a fresh optimizer's state: zero gradients, one step."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    if not step:
+        return
+    if type(optimizer).__module__ == "hvd.torch.optimizer":  # a DistributedOptimizer
+        super(type(optimizer), optimizer).step()  # its wrapped class's: no allreduce
+    else:
+        optimizer.step()
+
+
 def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
     """Makes every rank's optimizer state (options such as lr, momentum buffers, Adam moments
     and steps) equal to root_rank's.
@@ -119,31 +135,32 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     state (a pickled broadcast), other ranks create missing tensors with the same shapes and
     drop state the root does not have, then every tensor is broadcast in place.
 
-    As in Horovod, a rank whose optimizer has no state yet creates it first: every parameter
-    that requires a gradient gets a zero gradient, and the optimizer takes one step on them
-    (a DistributedOptimizer's own step, which does not communicate). So Adam's step count is
-    1 afterwards, momentum buffers exist, and weight decay has acted once on the parameters,
-    as under Horovod.
+    As in Horovod, an optimizer with no state yet creates it first: every parameter that
+    requires a gradient gets a zero gradient, and the optimizer takes one step on them (a
+    DistributedOptimizer's own step, which does not communicate). So Adam's step count is 1
+    afterwards, momentum buffers exist, and weight decay has acted once on the parameters, as
+    under Horovod. Unlike Horovod, the other ranks take that step only where the root took it
+    (its state was empty too), with the root's options: a root with state (a checkpoint it
+    resumed from) gives all of it, and a step elsewhere would only move those ranks'
+    parameters (weight decay) away from the root's.
     """
     _process_set_id(process_set)
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("broadcast_optimizer_state does not support LBFGS")
-    if len(optimizer.state) == 0:
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    if isinstance(optimizer, torch.optim.SparseAdam):
-                        p.grad = p.grad.to_sparse()
-        if type(optimizer).__module__ == "hvd.torch.optimizer":  # a DistributedOptimizer
-            super(type(optimizer), optimizer).step()  # its wrapped class's: no allreduce
-        else:
-            optimizer.step()
-    layout = broadcast_object(_state_layout(optimizer) if _core.rank() == root_rank else None,
+    root = _core.rank() == root_rank
+    primed = False
+    if root and len(optimizer.state) == 0:
+        _take_first_step(optimizer)
+        primed = True
+    layout = broadcast_object(dict(_state_layout(optimizer), primed=primed) if root else None,
                               root_rank, name="optimizer_state", process_set=process_set)
     if len(layout["groups"]) != len(optimizer.param_groups):
         raise ValueError("broadcast_optimizer_state: root has %d param groups, this rank %d"
                          % (len(layout["groups"]), len(optimizer.param_groups)))
+    if not root and len(optimizer.state) == 0:
+        for group, options in zip(optimizer.param_groups, layout["groups"]):
+            group.update(options)
+        _take_first_step(optimizer, step=layout["primed"])
     tensors = []
     index = 0
     for group, options in zip(optimizer.param_groups, layout["groups"]):

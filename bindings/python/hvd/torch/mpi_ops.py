@@ -506,6 +506,7 @@ class HvdAlltoall(torch.autograd.Function):
                                             ps=_process_set_id(process_set)).wait()
         ctx.received = received
         ctx.process_set = process_set
+        ctx.rows = tensor.shape[0] if tensor.dim() > 0 else 0
         received_t = torch.tensor(received, dtype=torch.int32, device=device)
         ctx.mark_non_differentiable(received_t)
         return out, received_t
@@ -513,6 +514,9 @@ class HvdAlltoall(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, _unused):
         grad, _ = alltoall(grad_output, splits=ctx.received, process_set=ctx.process_set)
+        if grad.shape[0] < ctx.rows:  # rows past the splits were not sent: zero gradient
+            pad = grad.new_zeros((ctx.rows - grad.shape[0],) + tuple(grad.shape[1:]))
+            grad = torch.cat([grad, pad])
         return grad, None, None, None, None
 
 

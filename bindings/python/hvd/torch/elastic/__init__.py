@@ -233,9 +233,9 @@ def _scheduler_types():
     """Horovod registers torch's _LRScheduler; newer torch derives its schedulers from
     LRScheduler, and ReduceLROnPlateau from neither in older ones: all of them."""
     sched = torch.optim.lr_scheduler
-    kinds = [getattr(sched, "LRScheduler", sched._LRScheduler), sched._LRScheduler,
-             sched.ReduceLROnPlateau]
-    return tuple(dict.fromkeys(kinds))
+    kinds = [getattr(sched, name, None)
+             for name in ("LRScheduler", "_LRScheduler", "ReduceLROnPlateau")]
+    return tuple(dict.fromkeys(k for k in kinds if k is not None))
 
 
 _handler_registry = [
