@@ -164,13 +164,15 @@ bool IsOwnAddress(std::string host) {
 
 bool IsLocalHost(const std::string& given) {
   // Host names are case-insensitive (LOCALHOST, Node1); addresses have no letters that matter.
-  std::string host = given;
-  for (char& c : host) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  auto lower = [](std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  const std::string host = lower(given);
   if (host == "localhost" || IsOwnAddress(host)) return true;
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return false;
-  std::string own(name);
-  for (char& c : own) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string own = lower(name);
   if (host == own) return true;
   // "node1" matches "node1.cluster.example" and the other way round.
   auto short_name = [](const std::string& s) { return s.substr(0, s.find('.')); };

@@ -350,6 +350,12 @@ std::string EngineImpl::Describe(const Request& r) const {
          std::to_string(options_.rank);
 }
 
+namespace {
+
+// The largest tensor an operation takes: 64 TiB, so that a job's sum of such sizes over its
+// ranks (an allgather's output) still fits in 64 bits.
+constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 46;
+
 // Whether a shape (no negative dimension) of elements of `element_bytes` holds at most
 // kMaxTensorBytes, computed without overflow: a product that wraps would have the engine copy
 // and reduce a size unrelated to the tensor's.
@@ -365,6 +371,8 @@ bool SizeWithinLimit(const std::vector<int64_t>& shape, size_t element_bytes) {
   }
   return true;
 }
+
+}  // namespace
 
 Status EngineImpl::ValidateLocked(TensorEntry& e) const {
   Request& r = e.request;

@@ -338,11 +338,6 @@ struct Rounds {
   Clock::time_point broken_at;
 };
 
-// The largest tensor an operation takes: 64 TiB, so that a job's sum of such sizes over its
-// ranks (an allgather's output) still fits in 64 bits.
-constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 46;
-bool SizeWithinLimit(const std::vector<int64_t>& shape, size_t element_bytes);
-
 class EngineImpl {
  public:
   static StatusOr<std::unique_ptr<EngineImpl>> Create(const Options& options);

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -293,30 +292,26 @@ Status CheckProcessSetsAgree(Transport& t, const Options& o, Deadline deadline) 
   }
   std::vector<int64_t> all(total);
   HVD_RETURN_IF_ERROR(Allgatherv(t, mine.data(), all.data(), bytes, deadline));
-  // Each rank's list as text, compared with rank 0's.
-  std::vector<std::string> gave;
+  // Each rank's list again (a block that does not parse reads as far as it goes), compared with
+  // rank 0's.
+  std::vector<std::vector<std::vector<int64_t>>> gave(static_cast<size_t>(n));
   size_t at = 0;
   for (int r = 0; r < n; ++r) {
     const size_t end = at + static_cast<size_t>(lens[r]);
-    std::ostringstream os;
-    os << "[";
-    size_t i = at + 1;
-    for (int64_t k = 0; k < all[at] && i < end; ++k) {
-      const size_t m = static_cast<size_t>(std::max<int64_t>(all[i], 0));
-      os << (k ? ", " : "") << "[";
-      for (size_t j = 0; j < m && i + 1 + j < end; ++j) os << (j ? ", " : "") << all[i + 1 + j];
-      os << "]";
+    for (size_t i = at + 1; static_cast<int64_t>(gave[r].size()) < all[at] && i < end;) {
+      const size_t m = std::min(static_cast<size_t>(std::max<int64_t>(all[i], 0)), end - i - 1);
+      gave[r].emplace_back(all.begin() + i + 1, all.begin() + i + 1 + m);
       i += 1 + m;
     }
-    os << "]";
-    gave.push_back(os.str());
     at = end;
   }
   std::string differ;
   bool same = true;
   for (int r = 0; r < n; ++r) {
     same = same && gave[r] == gave[0];
-    differ += (r ? ", rank " : "rank ") + std::to_string(r) + " " + gave[r];
+    std::string sets;
+    for (const auto& set : gave[r]) sets += (sets.empty() ? "" : ", ") + ShapeToString(set);
+    differ += (r ? ", rank " : "rank ") + std::to_string(r) + " [" + sets + "]";
   }
   if (same) return Status::OK();
   return Status::InvalidArgument(
