@@ -27,9 +27,12 @@
 // go on allreducing. They fail after HVD_TIMEOUT_SECONDS naming it, and their engine's end
 // leaves MPI unfinalized (MPI_Finalize would wait for the stopped rank forever), so each prints
 //   "[mpi-worker] rank R: ended S s after its failure: STATUS"
-// and exits with status 3; mpirun then ends the job, the stopped rank included.
-#include <csignal>
+// and exits with status 3 once the other has printed too; mpirun then ends the job, the stopped
+// rank included. (Run with 3 ranks: ranks 0 and 1 are the survivors.)
+#include <unistd.h>
+
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -297,6 +300,22 @@ int StopLast(std::unique_ptr<hvd::Engine> e) {
   std::printf("[mpi-worker] rank %d: ended %.1f s after its failure: %s\n", rank, took,
               s.ToString().c_str());
   std::fflush(stdout);
+  // mpirun kills the job at the first non-zero exit: each survivor leaves a file once it has
+  // printed, and exits once the other's is there too (or after 20 s), so both lines come out.
+  // The ranks of this one-host job share their parent (mpirun's daemon): it names the job.
+  auto marker = [](int r) {
+    return "/tmp/hvd-stop-last." + std::to_string(::getppid()) + "." + std::to_string(r);
+  };
+  if (std::FILE* f = std::fopen(marker(rank).c_str(), "w")) std::fclose(f);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (::access(marker(1 - rank).c_str(), F_OK) != 0 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the other saw this one's
+  // Both, since mpirun may kill the other as this one exits.
+  std::remove(marker(rank).c_str());
+  std::remove(marker(1 - rank).c_str());
   return 3;
 }
 
