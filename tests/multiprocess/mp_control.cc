@@ -4,7 +4,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <sched.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -657,37 +660,122 @@ int RunBatchedStepChecks(hvd::Engine& e, Checker& ck) {
   return ck.End();
 }
 
-// Every socket, eventfd and pidfd of the process (hvd's: the worker opens none itself) is
-// close-on-exec, so that a program the rank starts does not keep its connections open after
-// it dies.
-void CheckCloseOnExec(Checker& ck) {
+// The descriptors of the process whose /proc/self/fd link starts with one of `kinds`, with their
+// links (hvd's: the worker opens none itself).
+std::vector<std::pair<int, std::string>> DescriptorsOf(const std::vector<std::string>& kinds) {
+  std::vector<std::pair<int, std::string>> found;
   DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return;
-  int looked = 0;
+  if (dir == nullptr) return found;
   while (dirent* d = ::readdir(dir)) {
     const int fd = std::atoi(d->d_name);
     if (d->d_name[0] == '.' || fd == ::dirfd(dir)) continue;
     char target[256] = {0};
     const std::string link = std::string("/proc/self/fd/") + d->d_name;
     if (::readlink(link.c_str(), target, sizeof(target) - 1) <= 0) continue;
-    const std::string what = target;
-    if (what.rfind("socket:", 0) != 0 && what != "anon_inode:[eventfd]" &&
-        what != "anon_inode:[pidfd]") {
-      continue;
+    for (const std::string& k : kinds) {
+      if (std::string(target).rfind(k, 0) == 0) found.emplace_back(fd, target);
     }
-    ++looked;
+  }
+  ::closedir(dir);
+  return found;
+}
+
+// Every socket, eventfd and pidfd of the process is close-on-exec, so that a program the rank
+// starts does not keep its connections open after it dies.
+void CheckCloseOnExec(Checker& ck) {
+  const auto fds = DescriptorsOf({"socket:", "anon_inode:[eventfd]", "anon_inode:[pidfd]"});
+  for (const auto& [fd, what] : fds) {
     const int flags = ::fcntl(fd, F_GETFD);
     ck.Expect(flags >= 0 && (flags & FD_CLOEXEC) != 0,
               "descriptor " + std::to_string(fd) + " (" + what + ") is close-on-exec");
   }
-  ::closedir(dir);
-  ck.Expect(looked > 0 || ck.size() == 1, "found hvd's descriptors to look at");
+  ck.Expect(!fds.empty() || ck.size() == 1, "found hvd's descriptors to look at");
+}
+
+// A child forked from the rank without exec (a DataLoader worker): its copies of hvd's sockets
+// point at /dev/null, so that a peer sees the rank's end when the rank dies; an operation there,
+// and the wait of one the rank started before the fork, fail at once instead of hanging; and its
+// shutdown leaves the rank's engine running.
+void CheckForkedChild(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  const auto sockets = DescriptorsOf({"socket:"});
+  float one[1] = {1}, got[1] = {0}, child_out[1] = {0}, go[1] = {0};
+  const TensorView in(one, DataType::kFloat32, {1}), out(got, DataType::kFloat32, {1});
+  // Rank 0's stays pending through the fork: the others submit theirs after its child is gone.
+  hvd::HandlePtr pending;
+  if (r == 0) pending = e.Allreduce("fork.pending", in, out, ReduceOp::kSum);
+  int report[2];
+  if (!ck.Expect(::pipe2(report, O_CLOEXEC) == 0, "a pipe for the child's report")) return;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(report[0]);
+    std::string bad;
+    for (const auto& [fd, what] : sockets) {
+      char target[256] = {0};
+      const std::string link = "/proc/self/fd/" + std::to_string(fd);
+      if (::readlink(link.c_str(), target, sizeof(target) - 1) <= 0 ||
+          std::string(target) != "/dev/null") {
+        bad += "descriptor " + std::to_string(fd) + " is " + target + ", not /dev/null; ";
+      }
+    }
+    const hvd::Status s = e.Allreduce("fork.child", in, TensorView(child_out, DataType::kFloat32, {1}),
+                                      ReduceOp::kSum)->Wait();
+    if (s.code() != hvd::StatusCode::kFailedPrecondition ||
+        s.message().find("forked") == std::string::npos) {
+      bad += "an allreduce in the child ended " + s.ToString() + "; ";
+    }
+    if (pending && n > 1) {
+      const hvd::Status w = pending->Wait();
+      if (w.code() != hvd::StatusCode::kFailedPrecondition) {
+        bad += "the wait of an allreduce pending at the fork ended " + w.ToString() + "; ";
+      }
+    }
+    e.Shutdown();  // stops nothing: the engine is the rank's
+    const ssize_t ignored = ::write(report[1], bad.data(), bad.size());
+    (void)ignored;
+    ::_exit(0);
+  }
+  ::close(report[1]);
+  if (!ck.Expect(pid > 0, "fork")) {
+    ::close(report[0]);
+    return;
+  }
+  std::string text;
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  for (char buf[512];;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    pollfd p{report[0], POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
+      ck.Expect(false, "the forked child reported within 30 s");
+      ::kill(pid, SIGKILL);
+      break;
+    }
+    const ssize_t got_bytes = ::read(report[0], buf, sizeof(buf));
+    if (got_bytes <= 0) break;
+    text.append(buf, static_cast<size_t>(got_bytes));
+  }
+  ::close(report[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ck.Expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the forked child exited with 0");
+  ck.Expect(text.empty(), "in the forked child: " + text);
+  // The rank's engine runs on: rank 0's pending allreduce finishes once the others join it.
+  ck.ExpectOk(WaitDone(e.Broadcast("fork.go", TensorView(go, DataType::kFloat32, {1}),
+                                   TensorView(go, DataType::kFloat32, {1}), 0)),
+              "a broadcast after the child exited");
+  if (r != 0) pending = e.Allreduce("fork.pending", in, out, ReduceOp::kSum);
+  ck.ExpectOk(WaitDone(pending), "the allreduce pending at the fork");
+  ck.ExpectElements(DataType::kFloat32, got, 1, [&](int64_t) { return n; },
+                    "the allreduce pending at the fork's value");
 }
 
 int RunBarrierAndJoinChecks(hvd::Engine& e, Checker& ck) {
   int failures = 0;
   ck.Begin("close-on-exec");
   CheckCloseOnExec(ck);
+  failures += ck.End();
+  ck.Begin("a forked child");
+  CheckForkedChild(e, ck);
   failures += ck.End();
   ck.Begin("barrier");
   CheckBarrier(e, ck);

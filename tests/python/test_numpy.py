@@ -86,6 +86,28 @@ def test_errors():
     hvd.barrier()
 
 
+def test_a_forked_child_gets_an_error_and_leaves_the_rank_running():
+    """A child forked without exec (a DataLoader worker, os.fork) has none of hvd's threads: its
+    operations fail at once instead of hanging, and its exit (hvd.shutdown at interpreter exit)
+    leaves the rank's engine running."""
+    r, n = world()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            try:
+                hvd.allreduce(np.ones(3), name="forked.child")
+            except hvd.FailedPreconditionError as e:
+                code = 0 if "forked from rank %d" % r in str(e) else 2
+            hvd.shutdown()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    np.testing.assert_array_equal(hvd.allreduce(np.full(3, float(r)), op=hvd.Sum, name="forked.parent"),
+                                  np.full(3, n * (n - 1) / 2))
+
+
 def test_mpi_enabled_is_false_without_mpi():
     """These sessions run under hvdrun's own controller (tests/mpi runs one under mpirun)."""
     assert mpi_enabled() is False

@@ -125,6 +125,9 @@ class HVD_EXPORT Handle {
   // blocked: the engine sends what it holds for a burst of enqueues at once).
   ProgressHelper* helper_ = nullptr;
   bool helps_ = false;
+  // Engine side: the fork generation it was made in (common/inheritance.h). A child forked
+  // while it was pending cannot see it finish: its wait fails there instead of hanging.
+  uint64_t fork_generation_ = 0;
 
  private:
   const Results& results() const;

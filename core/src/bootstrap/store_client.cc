@@ -16,7 +16,7 @@
 #include "bootstrap/auth.h"
 #include "bootstrap/store.h"
 #include "bootstrap/store_wire.h"
-#include "common/close_on_exec.h"
+#include "common/inheritance.h"
 #include "common/logging.h"
 
 namespace hvd {
@@ -120,7 +120,7 @@ asio::error_code StoreClientImpl::ConnectOnce(Deadline deadline, bool* timed_out
                             });
   }
   *timed_out = !RunUntil(deadline, &done);
-  if (done && !result) CloseOnExec(socket_.native_handle());
+  if (done && !result) KeepFromChildren(socket_.native_handle());
   return result;
 }
 

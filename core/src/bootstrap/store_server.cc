@@ -29,7 +29,7 @@
 #include "bootstrap/auth.h"
 #include "bootstrap/store.h"
 #include "bootstrap/store_wire.h"
-#include "common/close_on_exec.h"
+#include "common/inheritance.h"
 #include "common/logging.h"
 
 namespace hvd {
@@ -276,7 +276,7 @@ Status StoreServerImpl::Listen(const std::string& bind_addr, int port) {
   if (ec) return Status::InvalidArgument("store: bad bind address '" + bind_addr + "': " + ec.message());
   tcp::endpoint ep(addr, static_cast<unsigned short>(port));
   acceptor_.open(ep.protocol(), ec);
-  if (!ec) CloseOnExec(acceptor_.native_handle());
+  if (!ec) KeepFromChildren(acceptor_.native_handle());
   if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
@@ -301,7 +301,7 @@ void StoreServerImpl::Accept() {
     if (ec) {
       HVD_LOG(kWarning) << "store: accept failed: " << ec.message();
     } else {
-      CloseOnExec(socket.native_handle());
+      KeepFromChildren(socket.native_handle());
       asio::error_code opt_ec;
       socket.set_option(tcp::no_delay(true), opt_ec);
       LimitPendingHandshakes();

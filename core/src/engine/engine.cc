@@ -43,8 +43,11 @@ class HandleBlocks {
     static HandleBlocks* blocks = new HandleBlocks();
     return *blocks;
   }
+  // In a child forked from the process (common/inheritance.h) the pool is not used: its lock
+  // may have been held by a thread that the fork left behind. Its blocks came from operator
+  // new, so they may go back there.
   void* Take(size_t bytes) {
-    if (!HVD_POOL_HANDLES) return ::operator new(bytes);
+    if (!HVD_POOL_HANDLES || ForkGeneration() != generation_) return ::operator new(bytes);
     {
       std::lock_guard<SpinLock> l(lock_);
       if (bytes == size_ && !free_.empty()) {
@@ -57,7 +60,7 @@ class HandleBlocks {
     return ::operator new(bytes);
   }
   void Give(void* p, size_t bytes) {
-    if (!HVD_POOL_HANDLES) return ::operator delete(p);
+    if (!HVD_POOL_HANDLES || ForkGeneration() != generation_) return ::operator delete(p);
     {
       std::lock_guard<SpinLock> l(lock_);
       if (bytes == size_ && free_.size() < kMaxBlocks) {
@@ -73,6 +76,7 @@ class HandleBlocks {
   // Held for a pointer's push or pop, and taken twice per tensor (its handle made, then
   // dropped).
   SpinLock lock_;
+  const uint64_t generation_ = (WatchForks(), ForkGeneration());
   size_t size_ = 0;
   std::vector<void*> free_;
 };
@@ -93,7 +97,11 @@ struct HandleAllocator {
 
 }  // namespace
 
-HandlePtr NewHandle() { return std::allocate_shared<Handle>(HandleAllocator<Handle>()); }
+HandlePtr NewHandle() {
+  HandlePtr h = std::allocate_shared<Handle>(HandleAllocator<Handle>());
+  h->fork_generation_ = ForkGeneration();
+  return h;
+}
 
 namespace {
 
@@ -137,7 +145,8 @@ std::string PendingKey(int32_t process_set, const std::string& name) {
 
 // ---------------------------------------------------------------- EngineImpl: set-up
 
-EngineImpl::EngineImpl(const Options& options) : options_(options) {}
+EngineImpl::EngineImpl(const Options& options)
+    : options_(options), fork_generation_((WatchForks(), ForkGeneration())), pid_(::getpid()) {}
 
 StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(const Options& given) {
   HVD_RETURN_IF_ERROR(given.Validate());
@@ -333,6 +342,7 @@ void EngineImpl::Wake() {
 }
 
 Status EngineImpl::Shutdown() {
+  if (InForkedChild()) return Status::OK();  // the rank's engine, not this process's to stop
   {
     std::lock_guard<SpinLock> l(mu_);
     shutdown_requested_ = true;
@@ -488,6 +498,7 @@ Status EngineImpl::CheckProcessSetLocked(Request& r) const {
 }
 
 void EngineImpl::TakeShell(Request* r) {
+  if (InForkedChild()) return;  // the lock may have been held by a thread the fork left behind
   std::lock_guard<ShortMutex> l(shells_mu_);
   if (shells_.empty()) return;
   r->name.swap(shells_.back().name);
@@ -511,6 +522,14 @@ std::vector<HandlePtr> EngineImpl::EnqueueGroup(std::vector<TensorEntry> entries
 // Validates and queues n entries (a group when n > 1), or fails every one of them.
 void EngineImpl::Submit(TensorEntry* entries, size_t n) {
   TensorEntry* const end = entries + n;
+  if (InForkedChild()) {
+    const Status s = ForkedRefusal();
+    for (TensorEntry* p = entries; p != end; ++p) {
+      p->handle->refused_ = true;
+      p->handle->Complete(s);
+    }
+    return;
+  }
   {
     std::lock_guard<SpinLock> l(mu_);
     Status s = SubmitRefusalLocked();
@@ -606,6 +625,14 @@ Status EngineImpl::SubmitRefusalLocked() const {
   return Status::OK();
 }
 
+Status EngineImpl::ForkedRefusal() const {
+  return Status::FailedPrecondition(
+      "this process (pid " + std::to_string(::getpid()) + ") was forked from rank " +
+      std::to_string(options_.rank) + " (pid " + std::to_string(pid_) +
+      ") after hvd was initialized there, and has none of its threads: run hvd's operations in "
+      "the rank's own process (not in a DataLoader worker or a forked pool)");
+}
+
 Status EngineImpl::InFlightAlready(const std::string& described) {
   return Status::InvalidArgument(described + ": a tensor with this name is already in flight "
                                  "on this rank; wait for it before reusing the name");
@@ -633,6 +660,11 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
                                       const TensorView& out, ReduceOp op, double prescale,
                                       double postscale, int32_t process_set) {
   HandlePtr h = NewHandle();
+  if (InForkedChild()) {
+    h->refused_ = true;
+    h->Complete(ForkedRefusal());
+    return h;
+  }
   const bool global = process_set == kGlobalProcessSet;
   const std::string key = global ? std::string() : PendingKey(process_set, name);
   const std::string_view k = global ? std::string_view(name) : std::string_view(key);
@@ -813,7 +845,11 @@ std::vector<int32_t> EngineImpl::ProcessSetIds() const {
 // ---------------------------------------------------------------- Engine (public API)
 
 Engine::Engine(std::unique_ptr<EngineImpl> impl) : impl_(std::move(impl)) {}
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // In a forked child the engine's state is the rank's (its threads, sockets and shared memory
+  // segments live on there): torn down here it would be stopped twice. It is left as it is.
+  if (impl_ && impl_->InForkedChild()) (void)impl_.release();
+}
 
 StatusOr<int64_t> EngineImpl::LatestGeneration() {
   std::lock_guard<std::mutex> l(elastic_mu_);

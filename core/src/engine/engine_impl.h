@@ -37,6 +37,8 @@
 // Thread-safety: Enqueue*, Shutdown and the accessors may be called from any thread.
 #pragma once
 
+#include <sys/types.h>
+
 #include <asio.hpp>
 #include <atomic>
 #include <condition_variable>
@@ -54,6 +56,7 @@
 #include <vector>
 
 #include "bootstrap/store.h"
+#include "common/inheritance.h"
 #include "common/short_mutex.h"
 #include "common/spin_lock.h"
 #include "collectives/collectives.h"
@@ -357,6 +360,11 @@ class EngineImpl {
   Status SubmitRefusalLocked() const;
   // The refusal of an operation (`described`: its Describe()) whose name is in flight already.
   static Status InFlightAlready(const std::string& described);
+  // Whether this is a child forked (without exec) from the process that made the engine: its
+  // copy of the engine has no threads, so operations are refused (ForkedRefusal), and shutdown
+  // and destruction leave it alone (common/inheritance.h).
+  bool InForkedChild() const { return ForkGeneration() != fork_generation_; }
+  Status ForkedRefusal() const;
   Status Shutdown();
   // Process sets (collective: every rank calls them in the same order). Add returns the new
   // set's id; `at_init` allows it without HVD_DYNAMIC_PROCESS_SETS.
@@ -595,6 +603,9 @@ class EngineImpl {
                               void** out);
 
   const Options options_;
+  // The fork generation and process id where the engine was made (InForkedChild).
+  const uint64_t fork_generation_;
+  const pid_t pid_;
 
   // Caller side, guarded by mu_: every caller takes it once per tensor, and every hold is a
   // few field writes, a push or a pass over the live entries without a wait.

@@ -41,6 +41,14 @@ class BlockedScope {
   ProgressHelper* const p_;
 };
 
+// A pending handle seen in a child forked after it was made: the engine's threads that would
+// finish it stayed in the parent.
+Status ForkedWait() {
+  return Status::FailedPrecondition(
+      "this operation was started before this process was forked from the rank; a forked child "
+      "has none of hvd's threads and cannot see it finish: wait for it in the rank's own process");
+}
+
 }  // namespace
 
 const Handle::Results& Handle::results() const {
@@ -99,6 +107,7 @@ bool Handle::Sleep(std::chrono::steady_clock::time_point limit) const {
 Status Handle::Wait() const {
   // Once finished, status_ is final (Complete sets it before, and never again).
   if (Finished()) return status_;
+  if (fork_generation_ != ForkGeneration()) return ForkedWait();
   if (helper_ != nullptr && helps_) HelpProgress(helper_, *this, spin_, Clock::time_point::max());
   BlockedScope blocked(Finished() ? nullptr : helper_);
   if (!Spin(std::chrono::steady_clock::time_point::max())) {
@@ -114,6 +123,7 @@ Status Handle::WaitFor(std::chrono::milliseconds timeout) const {
   const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::time_point::max() - now);
   if (timeout >= room) return Wait();
+  if (!Finished() && fork_generation_ != ForkGeneration()) return ForkedWait();
   const auto until = now + timeout;
   if (helper_ != nullptr && helps_ && !Finished()) HelpProgress(helper_, *this, spin_, until);
   BlockedScope blocked(Finished() ? nullptr : helper_);

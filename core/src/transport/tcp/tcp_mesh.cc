@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "bootstrap/auth.h"
-#include "common/close_on_exec.h"
+#include "common/inheritance.h"
 #include "common/logging.h"
 #include "transport/tcp/mesh_hello.h"
 #include "transport/tcp/tcp_transport.h"
@@ -80,7 +80,7 @@ StatusOr<std::unique_ptr<tcp::socket>> Dial(asio::io_context& io, const tcp::end
     return Status::PeerLost("cannot connect to rank " + std::to_string(peer) + ": " +
                             result.message());
   }
-  CloseOnExec(sock->native_handle());
+  KeepFromChildren(sock->native_handle());
   result = asio::error::would_block;
   sock->async_connect(ep, [&](const asio::error_code& ec) { result = ec; });
   bool finished = RunUntil(io, deadline, [&] { return result != asio::error::would_block; });
@@ -172,7 +172,7 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
     acc_.async_accept(**sock, [this, self = shared_from_this(), sock](const asio::error_code& ec) {
       --pending_;
       if (ec || stopped_) return;
-      CloseOnExec((*sock)->native_handle());
+      KeepFromChildren((*sock)->native_handle());
       auto in = std::make_shared<Incoming>();
       in->sock = std::move(*sock);
       incoming_.push_back(in);
@@ -305,7 +305,7 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
   if (ec) return Status::InvalidArgument("HVD_BIND_ADDR='" + o.bind_addr + "' is not an IP address");
   tcp::acceptor acc(io);
   acc.open(bind.is_v6() ? tcp::v6() : tcp::v4(), ec);
-  if (!ec) CloseOnExec(acc.native_handle());
+  if (!ec) KeepFromChildren(acc.native_handle());
   if (!ec) acc.bind(tcp::endpoint(bind, 0), ec);
   if (!ec) acc.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Status::Internal("cannot listen on " + o.bind_addr + ": " + ec.message());

@@ -1,0 +1,86 @@
+#include "common/inheritance.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+namespace hvd {
+
+namespace {
+
+// A registered descriptor and the file it referred to then: a number closed and reused for
+// another file since is left alone in the child.
+struct Registered {
+  int fd;
+  dev_t dev;
+  ino_t ino;
+};
+
+// Never destroyed: a fork may come at any time, static destruction included.
+std::mutex& RegistryMutex() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+std::vector<Registered>& Registry() {  // guarded by RegistryMutex()
+  static auto* list = new std::vector<Registered>();
+  return *list;
+}
+size_t g_prune_at = 64;  // the registry's size at which closed entries are next dropped
+std::atomic<uint64_t> g_generation{0};
+
+bool Refers(const Registered& r) {
+  struct stat st;
+  return ::fstat(r.fd, &st) == 0 && st.st_dev == r.dev && st.st_ino == r.ino;
+}
+
+void BeforeFork() { RegistryMutex().lock(); }
+void InParent() { RegistryMutex().unlock(); }
+
+// Runs in the child, which has one thread: only async-signal-safe calls (fstat, open, dup3,
+// close) besides the vector's walk.
+void InChild() {
+  g_generation.fetch_add(1, std::memory_order_relaxed);
+  int null = -1;
+  for (const Registered& r : Registry()) {
+    if (!Refers(r)) continue;
+    if (null < 0) null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0 || ::dup3(null, r.fd, O_CLOEXEC) < 0) ::close(r.fd);
+  }
+  if (null >= 0) ::close(null);
+  Registry().clear();  // what is left refers to /dev/null; the child's own sockets come later
+  RegistryMutex().unlock();
+}
+
+}  // namespace
+
+void WatchForks() {
+  static std::once_flag once;
+  std::call_once(once, [] { ::pthread_atfork(BeforeFork, InParent, InChild); });
+}
+
+uint64_t ForkGeneration() { return g_generation.load(std::memory_order_relaxed); }
+
+void KeepFromChildren(int fd) {
+  if (fd < 0) return;
+  const int flags = ::fcntl(fd, F_GETFD);
+  if (flags >= 0 && (flags & FD_CLOEXEC) == 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return;
+  WatchForks();
+  std::lock_guard<std::mutex> l(RegistryMutex());
+  auto& list = Registry();
+  if (list.size() >= g_prune_at) {  // closed since: amortised over the registrations
+    list.erase(std::remove_if(list.begin(), list.end(), [](const Registered& r) { return !Refers(r); }),
+               list.end());
+    g_prune_at = std::max<size_t>(64, 2 * list.size());
+  }
+  list.push_back(Registered{fd, st.st_dev, st.st_ino});
+}
+
+}  // namespace hvd
