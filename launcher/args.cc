@@ -8,6 +8,9 @@
 #include <utility>
 #include <sstream>
 
+// A flag of std::vector type keeps each occurrence whole (hvdrun splits lists itself, with
+// its own errors): cxxopts would split them at commas. argv strings hold no NUL.
+#define CXXOPTS_VECTOR_DELIMITER '\0'
 #include <cxxopts.hpp>
 
 #include "hvd/options.h"
@@ -20,6 +23,9 @@ cxxopts::Options BuildOptions() {
   cxxopts::Options o("hvdrun", "Starts the ranks of an hvd job and supervises them.");
   o.custom_help("[options] COMMAND [ARGS...]");
   auto s = [] { return cxxopts::value<std::string>(); };
+  // A flag whose every occurrence counts (cxxopts keeps only a string flag's last), each
+  // occurrence one string: the caller splits any lists itself.
+  auto v = [] { return cxxopts::value<std::vector<std::string>>(); };
   o.add_options("Job")
       ("n,np", "Number of ranks to start (default: the total slots of -H/--hostfile). "
                "Also accepted as -np.", s(), "N")
@@ -34,8 +40,8 @@ cxxopts::Options BuildOptions() {
       ("ssh-config", "ssh configuration file for the remote hosts (ssh -F FILE)", s(), "FILE")
       ("network-interface", "Interface whose IPv4 address the ranks and the rendezvous store "
                             "listen on and publish, the same name on every host; of a "
-                            "comma-separated list, the first that hvdrun's host has", s(),
-       "IFACE")
+                            "comma-separated list (or the flag given several times), the first "
+                            "that hvdrun's host has", v(), "IFACE")
       ("grace-seconds", "After the first rank fails, seconds the others get to finish "
                         "before SIGTERM (default 3)", s(), "SEC")
       ("kill-after-seconds", "Seconds between SIGTERM and SIGKILL when stopping ranks "
@@ -65,8 +71,9 @@ cxxopts::Options BuildOptions() {
                           "(N zero-padded)", s(), "DIR")
       ("check-build", "Print what this build has and exit (also -cb)")
       ("v,version", "Print hvd's version and exit")
-      ("network-interfaces", "As --network-interface", s(), "LIST")
-      ("disable-cache", "-> HVD_CACHE_CAPACITY=0")
+      ("network-interfaces", "As --network-interface", v(), "LIST")
+      ("disable-cache", "Accepted; hvdrun keeps no cache of its start-up checks (hvd's "
+                        "response cache is --cache-capacity)")
       ("hierarchical-allreduce", "-> HVD_HIERARCHICAL_ALLREDUCE=1")
       ("no-hierarchical-allreduce", "-> HVD_HIERARCHICAL_ALLREDUCE=0")
       ("hierarchical-allgather", "-> HVD_HIERARCHICAL_ALLGATHER=1")
@@ -77,8 +84,9 @@ cxxopts::Options BuildOptions() {
       ("autotune-steps-per-sample", "-> HVD_AUTOTUNE_STEPS_PER_SAMPLE", s(), "N")
       ("autotune-bayes-opt-max-samples", "Accepted; hvd's autotune samples a fixed grid", s(), "N")
       ("autotune-gaussian-process-noise", "Accepted; hvd's autotune samples a fixed grid", s(), "X")
-      ("no-stall-check", "-> HVD_STALL_CHECK_TIME_SECONDS=0")
-      ("stall-check", "The stall check on (the default; undoes --no-stall-check)")
+      ("no-stall-check", "-> HVD_STALL_CHECK_DISABLE=1: no stall warnings or shutdown, "
+                         "whatever their times")
+      ("stall-check", "The stall check on (the default) -> HVD_STALL_CHECK_DISABLE=0")
       ("no-autotune", "Autotune off (the default; undoes --autotune)")
       ("no-timeline-mark-cycles", "Undoes --timeline-mark-cycles")
       ("no-mpi-threads-disable", "Accepted; hvd does not call MPI from several threads")
@@ -410,22 +418,27 @@ void ParseSshFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
     out->ssh_config_file = r["ssh-config"].as<std::string>();
     RequireReadable("--ssh-config", out->ssh_config_file);
   }
+  // Every occurrence of either flag, each a comma-separated list, in the order given: as
+  // horovodrun, where the flag may be given once per interface.
   for (const char* flag : {"network-interface", "network-interfaces"}) {
     if (!r.count(flag)) continue;
-    const std::string list = r[flag].as<std::string>();
-    std::stringstream names(list);
-    for (std::string name; std::getline(names, name, ',');) {
-      // It goes into the remote probe's command line: allow what Linux allows in practice.
-      if (name.empty() || name.size() > 15 ||
-          name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                 "0123456789_.-@") != std::string::npos) {
-        throw LaunchError("bad interface name '" + name + "' in '" + list + "' for --" + flag +
-                          " (expected names such as eth0, comma-separated)");
+    auto lists = r[flag].as<std::vector<std::string>>();
+    if (lists.size() < r.count(flag)) lists.emplace_back();  // an empty one (cxxopts drops it)
+    for (const std::string& list : lists) {
+      std::stringstream names(list);
+      for (std::string name; std::getline(names, name, ',');) {
+        // It goes into the remote probe's command line: allow what Linux allows in practice.
+        if (name.empty() || name.size() > 15 ||
+            name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                   "0123456789_.-@") != std::string::npos) {
+          throw LaunchError("bad interface name '" + name + "' in '" + list + "' for --" + flag +
+                            " (expected names such as eth0, comma-separated)");
+        }
+        out->network_interface += (out->network_interface.empty() ? "" : ",") + name;
       }
-      out->network_interface += (out->network_interface.empty() ? "" : ",") + name;
-    }
-    if (list.empty() || list.back() == ',') {
-      throw LaunchError("bad interface list '" + list + "' for --" + flag);
+      if (list.empty() || list.back() == ',') {
+        throw LaunchError("bad interface list '" + list + "' for --" + flag);
+      }
     }
   }
 }
@@ -497,7 +510,6 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
     out->output_dir = get("output-filename");
     if (out->output_dir.empty()) throw LaunchError("--output-filename needs a directory");
   }
-  if (has("disable-cache")) out->knobs["HVD_CACHE_CAPACITY"] = "0";
   for (const auto& [on, var] : {std::pair<std::string, std::string>{"hierarchical-allreduce",
                                                                      "HVD_HIERARCHICAL_ALLREDUCE"},
                                  {"hierarchical-allgather", "HVD_HIERARCHICAL_ALLGATHER"}}) {
@@ -519,7 +531,9 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
     out->knobs["HVD_AUTOTUNE_STEPS_PER_SAMPLE"] =
         std::to_string(ParseCount("--autotune-steps-per-sample", get("autotune-steps-per-sample")));
   }
-  if (has("no-stall-check")) out->knobs["HVD_STALL_CHECK_TIME_SECONDS"] = "0";
+  // As horovodrun: --no-stall-check exports HVD_STALL_CHECK_DISABLE, which wins over the times.
+  if (has("no-stall-check")) out->knobs["HVD_STALL_CHECK_DISABLE"] = "1";
+  if (has("stall-check")) out->knobs["HVD_STALL_CHECK_DISABLE"] = "0";
   if (has("stall-check-warning-time-seconds")) {
     out->knobs["HVD_STALL_CHECK_TIME_SECONDS"] = Str(ParseSeconds(
         "--stall-check-warning-time-seconds", get("stall-check-warning-time-seconds"), true));
@@ -548,6 +562,8 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
     const char* why;
   } no_effect[] = {
       {"autotune-bayes-opt-max-samples", "hvd's autotune samples a fixed grid of settings"},
+      {"disable-cache", "hvdrun keeps no cache of its start-up checks (hvd's response cache "
+                        "is --cache-capacity)"},
       {"autotune-gaussian-process-noise", "hvd's autotune samples a fixed grid of settings"},
       {"mpi-threads-disable", "hvd does not call MPI from several threads"},
       {"no-mpi-threads-disable", "hvd does not call MPI from several threads"},

@@ -372,7 +372,8 @@ TEST(Args, HorovodrunSpellingsMap) {
   EXPECT_EQ("/tmp/t.json", o.knobs["HVD_TIMELINE"]);
   EXPECT_EQ("1", o.knobs["HVD_TIMELINE_MARK_CYCLES"]);
   EXPECT_EQ("/tmp/out", o.output_dir);
-  EXPECT_EQ("0", o.knobs["HVD_CACHE_CAPACITY"]);
+  // horovodrun's --disable-cache is about its cache of start-up checks, not the response cache.
+  EXPECT_EQ(0u, o.knobs.count("HVD_CACHE_CAPACITY"));
   EXPECT_EQ("1", o.knobs["HVD_HIERARCHICAL_ALLREDUCE"]);
   EXPECT_EQ("0", o.knobs["HVD_HIERARCHICAL_ALLGATHER"]);
   EXPECT_EQ("1", o.knobs["HVD_AUTOTUNE"]);
@@ -384,7 +385,7 @@ TEST(Args, HorovodrunSpellingsMap) {
   EXPECT_EQ("off", o.knobs["HVD_SHM"]);
   EXPECT_EQ("15", o.knobs["HVD_TIMEOUT_SECONDS"]);
   EXPECT_FALSE(o.mpi);
-  ASSERT_EQ(3u, o.warnings.size());  // bayes-opt samples, NCCL streams, timestamps
+  ASSERT_EQ(4u, o.warnings.size());  // bayes-opt samples, disable-cache, NCCL streams, timestamps
   EXPECT_EQ((std::vector<std::string>{"python", "train.py"}), o.command);
 }
 
@@ -430,12 +431,24 @@ TEST(Args, HorovodrunOtherSpellings) {
   EXPECT_EQ("eth0,ib0", Parse({"-np", "1", "--network-interface", "eth0,ib0", "x"})
                             .network_interface);
   EXPECT_THROW(Parse({"-np", "1", "--network-interfaces", "eth0,", "x"}), LaunchError);
+  // Given once per interface, as horovodrun's help shows it: every one, in order.
+  EXPECT_EQ("eth0,eth1,ib0", Parse({"-np", "1", "--network-interface", "eth0",
+                                    "--network-interface", "eth1", "--network-interfaces", "ib0",
+                                    "x"})
+                                 .network_interface);
+  EXPECT_THROW(Parse({"-np", "1", "--network-interface", "lo", "--network-interface", "", "x"}),
+               LaunchError);
   EXPECT_THROW(Parse({"-np", "1", "--network-interfaces", "eth0;ls", "x"}), LaunchError);
   auto off = Parse({"-np", "1", "--no-autotune", "--stall-check", "--no-timeline-mark-cycles",
                     "--log-with-timestamp", "x"});
   EXPECT_EQ("0", off.knobs["HVD_AUTOTUNE"]);
   EXPECT_EQ("0", off.knobs["HVD_TIMELINE_MARK_CYCLES"]);
   EXPECT_EQ(0u, off.knobs.count("HVD_STALL_CHECK_TIME_SECONDS"));
+  EXPECT_EQ("0", off.knobs["HVD_STALL_CHECK_DISABLE"]);
+  // --no-stall-check wins over a warning time, as horovodrun's HOROVOD_STALL_CHECK_DISABLE.
+  auto no_stall = Parse({"-np", "1", "--no-stall-check", "--stall-check-warning-time-seconds", "10",
+                         "x"});
+  EXPECT_EQ("1", no_stall.knobs["HVD_STALL_CHECK_DISABLE"]);
   EXPECT_EQ(1u, off.warnings.size());  // timestamps
   EXPECT_THROW(Parse({"-np", "1", "--autotune", "--no-autotune", "x"}), LaunchError);
   EXPECT_THROW(Parse({"-np", "1", "--stall-check", "--no-stall-check", "x"}), LaunchError);

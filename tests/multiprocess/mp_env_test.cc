@@ -182,6 +182,55 @@ TEST(GoodEnvironment, HvdSpellingWinsOverHorovods) {
   EXPECT_NE(bad.create.find("HVD_TIMEOUT_SECONDS='abc'"), std::string::npos) << bad.create;
 }
 
+// What Options::FromEnvironment makes of `env`: the status, or the stall and switch settings.
+std::string OptionsWith(const Env& env) {
+  ForkedWorld w(1, 30.0);
+  if (!w.Start([env](int, const hvd::Options&, const Reporter& out) {
+        ReplaceEnvironment(env);
+        auto o = hvd::Options::FromEnvironment();
+        if (!o.ok()) {
+          out.Say("options", o.status().ToString());
+          return 0;
+        }
+        out.Say("options", "stall=" + std::to_string(static_cast<int>(o->stall_check_seconds)) +
+                               " shutdown=" +
+                               std::to_string(static_cast<int>(o->stall_shutdown_seconds)) +
+                               " autotune=" + std::to_string(o->autotune) +
+                               " marks=" + std::to_string(o->timeline_mark_cycles));
+        return 0;
+      })) {
+    return "(not started)";
+  }
+  if (!w.WaitAll(60)) return "(did not finish)";
+  const ChildResult& c = w.result(0);
+  return c.values.count("options") ? c.values.at("options") : "(no report) " + Describe(c);
+}
+
+// As Horovod's HOROVOD_STALL_CHECK_DISABLE (hvdrun --no-stall-check): a number above 0 turns
+// the stall check off, warnings and shutdown both, whatever their times say.
+TEST(GoodEnvironment, StallCheckDisable) {
+  EXPECT_EQ(OptionsWith({}), "stall=60 shutdown=0 autotune=0 marks=0");
+  EXPECT_EQ(OptionsWith({{"HOROVOD_STALL_CHECK_DISABLE", "1"},
+                         {"HOROVOD_STALL_CHECK_TIME_SECONDS", "5"},
+                         {"HVD_STALL_SHUTDOWN_TIME_SECONDS", "30"}}),
+            "stall=0 shutdown=0 autotune=0 marks=0");
+  EXPECT_EQ(OptionsWith({{"HVD_STALL_CHECK_DISABLE", "2"}}), "stall=0 shutdown=0 autotune=0 marks=0");
+  EXPECT_EQ(OptionsWith({{"HVD_STALL_CHECK_DISABLE", "0"}, {"HVD_STALL_CHECK_TIME_SECONDS", "5"}}),
+            "stall=5 shutdown=0 autotune=0 marks=0");
+  EXPECT_EQ(OptionsWith({{"HVD_STALL_CHECK_DISABLE", "True"}}), "stall=0 shutdown=0 autotune=0 marks=0");
+  EXPECT_NE(OptionsWith({{"HVD_STALL_CHECK_DISABLE", "sometimes"}}).find("HVD_STALL_CHECK_DISABLE='sometimes'"),
+            std::string::npos);
+}
+
+// Switches take their words in any case, as users write them.
+TEST(GoodEnvironment, SwitchesInAnyCase) {
+  EXPECT_EQ(OptionsWith({{"HOROVOD_AUTOTUNE", "True"}, {"HVD_TIMELINE_MARK_CYCLES", "ON"}}),
+            "stall=60 shutdown=0 autotune=1 marks=1");
+  EXPECT_EQ(OptionsWith({{"HOROVOD_AUTOTUNE", "FALSE"}}), "stall=60 shutdown=0 autotune=0 marks=0");
+  EXPECT_EQ(OptionsWith({{"HVD_SHM", "Auto"}, {"HOROVOD_HIERARCHICAL_ALLREDUCE", "Off"}}),
+            "stall=60 shutdown=0 autotune=0 marks=0");
+}
+
 // The job's world named as MPI ranks or a communicator (hvd.init(comm=...)): a list with a
 // repeated or negative rank, both forms at once, or an elastic job are refused before MPI is
 // touched, saying what was wrong.

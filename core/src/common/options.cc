@@ -68,8 +68,15 @@ Status ParseDouble(const std::string& var, const char* v, double lo, double hi, 
   return Status::OK();
 }
 
+// A switch's value in any case ("True", "ON"), as users write them.
+std::string Lower(const char* v) {
+  std::string t = v;
+  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return t;
+}
+
 Status ParseToggle(const std::string& var, const char* v, Options::Toggle* out) {
-  const std::string t = v;
+  const std::string t = Lower(v);
   if (t == "auto") {
     *out = Options::Toggle::kAuto;
   } else if (t == "1" || t == "on" || t == "true") {
@@ -83,7 +90,7 @@ Status ParseToggle(const std::string& var, const char* v, Options::Toggle* out) 
 }
 
 Status ParseBool(const std::string& var, const char* v, bool* out) {
-  const std::string t = v;
+  const std::string t = Lower(v);
   if (t == "1" || t == "on" || t == "true") {
     *out = true;
   } else if (t == "0" || t == "off" || t == "false" || t.empty()) {
@@ -225,6 +232,22 @@ Status ReadKnobs(Options* o) {
   }
   if (const char* v = Knob("STALL_CHECK_TIME_SECONDS", &var)) {
     HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.0, kMaxSeconds, &o->stall_check_seconds));
+  }
+  if (const char* v = Knob("STALL_CHECK_DISABLE", &var)) {
+    // As Horovod's: a number above 0 turns the stall check off, its warnings and its
+    // shutdown both, whatever their times say (hvdrun --no-stall-check sets it).
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);  // NOLINT(runtime/int): strtol's type
+    bool off = false;
+    if (end != v && *end == '\0') {
+      off = n > 0;
+    } else {
+      HVD_RETURN_IF_ERROR(ParseBool(var, v, &off));
+    }
+    if (off) {
+      o->stall_check_seconds = 0;
+      o->stall_shutdown_seconds = 0;
+    }
   }
   if (const char* v = Knob("CPU_OPERATIONS", &var)) {
     std::string c = v;
