@@ -118,6 +118,53 @@ def test_the_rank_that_raised_is_named_though_the_others_exit_first(tmp_path):
     assert re.search(r"hvdrun: rank 1 \(pid \d+\) exited with code 1: the likely cause", err), err
 
 
+_FAILS_ON_ITS_OWN = """
+import os, sys, time
+import torch
+import hvd.torch as h
+h.init()
+pids = h.allgather_object(os.getpid())
+h.allreduce(torch.ones(4), name="warm")
+marker = sys.argv[1]
+if h.rank() == 1:
+    try:
+        raise RuntimeError("rank 1 fails")
+    finally:
+        h.shutdown()  # ends hvd on rank 0 too, with nothing of rank 0's pending
+        open(marker, "w").close()
+        t0 = time.time()  # a slow teardown: rank 0 exits first
+        while time.time() - t0 < 60:
+            try:
+                os.kill(pids[0], 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.02)
+# Rank 0 then fails in its own code, not in an hvd operation.
+t0 = time.time()
+while not os.path.exists(marker) and time.time() - t0 < 60:
+    time.sleep(0.02)
+time.sleep(1)
+raise RuntimeError("rank 0 fails too, on its own")
+"""
+
+
+def test_a_rank_that_fails_on_its_own_is_not_said_to_follow_another(tmp_path):
+    """A rank's hvd ended by another rank's shutdown leaves a note only once one of its
+    operations fails on that. Rank 0 here raises in its own code after rank 1's shutdown and
+    exits first, and hvdrun does not say that its exit followed from rank 1's failure."""
+    import subprocess
+    import sys
+    from hvd.runner import _hvdrun
+    done = subprocess.run([_hvdrun(), "-np", "2", "--grace-seconds", "30", sys.executable, "-c",
+                           _FAILS_ON_ITS_OWN, str(tmp_path / "rank1_shut_down")],
+                          capture_output=True, text=True, timeout=120)
+    err = done.stderr
+    assert done.returncode == 1, err
+    assert "rank 0 fails too, on its own" in done.stdout + err
+    assert re.search(r"hvdrun: rank 0 \(pid \d+\) exited with code 1", err), err
+    assert "after another rank's failure ended hvd there" not in err, err
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
 def test_a_failing_rank_ends_an_mpirun_job_at_once():
     """As in Horovod's own test: rank 1 fails while rank 0 works on for 120 s without hvd. The

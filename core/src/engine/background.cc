@@ -1404,13 +1404,14 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
     control_[0]->Send(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(status));
   }
   transport_->Abort(status);
-  if (!failing_on_own_) LeaveFailureNote(status);
   std::vector<HandlePtr> handles;  // of every entry, queued or drained
   std::vector<TensorEntry> gone;    // what they hold, let go of outside the lock (allocators,
                                     // device events)
   {
     std::lock_guard<SpinLock> l(mu_);
     if (dead_.ok()) dead_ = status;
+    // With dead_, under the same hold: a caller refused from here on sees the note owed.
+    if (!failing_on_own_) OweFailureNoteLocked(status);
     queue_.clear();
     in_flight_.ForEachLive([&](TensorEntry& e) {
       if (e.handle) handles.push_back(std::move(e.handle));
@@ -1420,6 +1421,7 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
   }
   gone.clear();
   for (auto& kv : sets_) kv.second->node_of_bit.clear();
+  if (!handles.empty()) PayOwedFailureNote();  // before those operations fail
   for (auto& h : handles) h->Complete(status);
   to_execute_.clear();
   FlushControl(Clock::now() + std::chrono::seconds(2));
@@ -1462,6 +1464,9 @@ void EngineImpl::FinishShutdown(int requested_by) {
 // may have been dropped on the way (a firewall's idle limit): a failed write is tried once more
 // on a new one. Bounded: at worst, hvdrun's store unreachable, about two seconds.
 void EngineImpl::LeaveFailureNote(const Status& status) {
+  std::lock_guard<std::mutex> l(note_mu_);
+  if (note_state_.load() == kNoteLeft) return;
+  note_state_.store(kNoteLeft);
   if (!job_store_ || options_.size == 1) return;
   Status s;
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -1473,6 +1478,27 @@ void EngineImpl::LeaveFailureNote(const Status& status) {
     HVD_LOG(kDebug) << "failure note not left: " << s.message();
   }
   job_store_.reset();  // one note
+}
+
+void EngineImpl::OweFailureNoteLocked(const Status& status) {
+  if (note_state_.load() != kNoNote) return;
+  std::lock_guard<std::mutex> l(note_mu_);  // (taken inside mu_ only here, never the reverse)
+  if (note_state_.load() != kNoNote) return;
+  owed_note_ = status;
+  note_state_.store(kNoteOwed);
+}
+
+// Any thread, holding no lock: the owed note, written once; a second caller returns once the
+// first has written it.
+void EngineImpl::PayOwedFailureNote() {
+  if (note_state_.load() != kNoteOwed) return;
+  Status owed;
+  {
+    std::lock_guard<std::mutex> l(note_mu_);
+    if (note_state_.load() != kNoteOwed) return;
+    owed = owed_note_;
+  }
+  LeaveFailureNote(owed);
 }
 
 void EngineImpl::FlushControl(Deadline deadline) {

@@ -531,7 +531,7 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
     return;
   }
   {
-    std::lock_guard<SpinLock> l(mu_);
+    std::unique_lock<SpinLock> l(mu_);
     Status s = SubmitRefusalLocked();
     std::unordered_set<std::string> names;  // of a group (one tensor needs no check)
     for (TensorEntry* p = entries; p != end; ++p) {
@@ -589,6 +589,8 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
         p->handle->refused_ = true;
         p->handle->Complete(s);
       }
+      l.unlock();
+      PayOwedFailureNote();  // before the caller sees the refusal (engine_impl.h)
       return;
     }
     if (n > 1) {
@@ -669,7 +671,7 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
   const std::string key = global ? std::string() : PendingKey(process_set, name);
   const std::string_view k = global ? std::string_view(name) : std::string_view(key);
   {
-    std::lock_guard<SpinLock> l(mu_);
+    std::unique_lock<SpinLock> l(mu_);
     Status s = SubmitRefusalLocked();
     InFlightNode* node = s.ok() ? in_flight_.Acquire(k) : nullptr;
     if (s.ok() && node == nullptr) {
@@ -728,6 +730,8 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
     if (!s.ok()) {
       h->refused_ = true;
       h->Complete(s);
+      l.unlock();
+      PayOwedFailureNote();  // before the caller sees the refusal (engine_impl.h)
       return h;
     }
     SetWaitPolicy(node->value, in.num_elements() * DataTypeSize(in.dtype));

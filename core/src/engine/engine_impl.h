@@ -536,7 +536,14 @@ class EngineImpl {
   void BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload,
                         const std::vector<int>* members = nullptr);
   void FailAll(const Status& status, bool notify = true);
+  // The failure note (job_store_): written at once where operations of this rank fail with
+  // another rank's failure, or owed (under mu_) where none was pending, and then written by the
+  // caller whose next operation is refused, before that refusal reaches it. A rank with nothing
+  // more to do (its script ends, or fails on its own) leaves none: its exit is not that
+  // failure's doing.
   void LeaveFailureNote(const Status& status);
+  void OweFailureNoteLocked(const Status& status);
+  void PayOwedFailureNote();
   // Background thread: ends entries it owns (drained, or taken from the queue) with `status`:
   // their nodes of in_flight_ are released, and then their handles completed.
   void CompleteEntry(TensorEntry& e, const Status& status);
@@ -739,8 +746,12 @@ class EngineImpl {
   // abandoning the communicator, its own shutdown. Otherwise another rank's failure ended the
   // job here, and FailAll leaves a note saying so in hvdrun's store (job_store_).
   bool failing_on_own_ = false;
-  // The thread that runs the engine's work (run lock held); null but under hvdrun.
+  // Null but under hvdrun. Guarded by note_mu_, as note_state_'s changes and owed_note_.
   std::unique_ptr<StoreClient> job_store_;
+  std::mutex note_mu_;
+  enum NoteState : int { kNoNote = 0, kNoteOwed = 1, kNoteLeft = 2 };
+  std::atomic<int> note_state_{kNoNote};  // owed under mu_ as well
+  Status owed_note_;  // written before note_state_ turns kNoteOwed
   std::unique_ptr<asio::steady_timer> heartbeat_;
   std::chrono::microseconds spin_{0};  // polling window before sleeping (HVD_SPIN_MICROSECONDS)
   // More ranks on this host than cores: callers' Wait polls only for operations of up to
