@@ -163,6 +163,10 @@ TEST(GoodEnvironment, NoVariablesIsAWorldOfOne) {
   EXPECT_EQ(o.detail, "rank=0 size=1 allreduce=OK values=1.000000,3.000000");
 }
 
+TEST(BadEnvironment, GlooTimeoutIsNamed) {
+  ExpectRefused({{"HOROVOD_GLOO_TIMEOUT_SECONDS", "soon"}}, "HOROVOD_GLOO_TIMEOUT_SECONDS='soon'");
+}
+
 TEST(BadEnvironment, HorovodAliasIsNamed) {
   Outcome o = CreateWith({{"HOROVOD_TIMEOUT_SECONDS", "abc"}});
   SCOPED_TRACE(o.describe);
@@ -192,7 +196,8 @@ std::string OptionsWith(const Env& env) {
           out.Say("options", o.status().ToString());
           return 0;
         }
-        out.Say("options", "stall=" + std::to_string(static_cast<int>(o->stall_check_seconds)) +
+        out.Say("options", "timeout=" + std::to_string(static_cast<int>(o->timeout_seconds)) +
+                               " stall=" + std::to_string(static_cast<int>(o->stall_check_seconds)) +
                                " shutdown=" +
                                std::to_string(static_cast<int>(o->stall_shutdown_seconds)) +
                                " autotune=" + std::to_string(o->autotune) +
@@ -209,26 +214,34 @@ std::string OptionsWith(const Env& env) {
 // As Horovod's HOROVOD_STALL_CHECK_DISABLE (hvdrun --no-stall-check): a number above 0 turns
 // the stall check off, warnings and shutdown both, whatever their times say.
 TEST(GoodEnvironment, StallCheckDisable) {
-  EXPECT_EQ(OptionsWith({}), "stall=60 shutdown=0 autotune=0 marks=0");
+  EXPECT_EQ(OptionsWith({}), "timeout=30 stall=60 shutdown=0 autotune=0 marks=0");
   EXPECT_EQ(OptionsWith({{"HOROVOD_STALL_CHECK_DISABLE", "1"},
                          {"HOROVOD_STALL_CHECK_TIME_SECONDS", "5"},
                          {"HVD_STALL_SHUTDOWN_TIME_SECONDS", "30"}}),
-            "stall=0 shutdown=0 autotune=0 marks=0");
-  EXPECT_EQ(OptionsWith({{"HVD_STALL_CHECK_DISABLE", "2"}}), "stall=0 shutdown=0 autotune=0 marks=0");
+            "timeout=30 stall=0 shutdown=0 autotune=0 marks=0");
+  EXPECT_EQ(OptionsWith({{"HVD_STALL_CHECK_DISABLE", "2"}}), "timeout=30 stall=0 shutdown=0 autotune=0 marks=0");
   EXPECT_EQ(OptionsWith({{"HVD_STALL_CHECK_DISABLE", "0"}, {"HVD_STALL_CHECK_TIME_SECONDS", "5"}}),
-            "stall=5 shutdown=0 autotune=0 marks=0");
-  EXPECT_EQ(OptionsWith({{"HVD_STALL_CHECK_DISABLE", "True"}}), "stall=0 shutdown=0 autotune=0 marks=0");
+            "timeout=30 stall=5 shutdown=0 autotune=0 marks=0");
+  EXPECT_EQ(OptionsWith({{"HVD_STALL_CHECK_DISABLE", "True"}}), "timeout=30 stall=0 shutdown=0 autotune=0 marks=0");
   EXPECT_NE(OptionsWith({{"HVD_STALL_CHECK_DISABLE", "sometimes"}}).find("HVD_STALL_CHECK_DISABLE='sometimes'"),
             std::string::npos);
+}
+
+// Horovod's Gloo timeout is hvd's one timeout where HVD_/HOROVOD_TIMEOUT_SECONDS is not set.
+TEST(GoodEnvironment, GlooTimeoutSeconds) {
+  EXPECT_EQ(OptionsWith({{"HOROVOD_GLOO_TIMEOUT_SECONDS", "45"}}),
+            "timeout=45 stall=60 shutdown=0 autotune=0 marks=0");
+  EXPECT_EQ(OptionsWith({{"HOROVOD_GLOO_TIMEOUT_SECONDS", "45"}, {"HVD_TIMEOUT_SECONDS", "12"}}),
+            "timeout=12 stall=60 shutdown=0 autotune=0 marks=0");
 }
 
 // Switches take their words in any case, as users write them.
 TEST(GoodEnvironment, SwitchesInAnyCase) {
   EXPECT_EQ(OptionsWith({{"HOROVOD_AUTOTUNE", "True"}, {"HVD_TIMELINE_MARK_CYCLES", "ON"}}),
-            "stall=60 shutdown=0 autotune=1 marks=1");
-  EXPECT_EQ(OptionsWith({{"HOROVOD_AUTOTUNE", "FALSE"}}), "stall=60 shutdown=0 autotune=0 marks=0");
+            "timeout=30 stall=60 shutdown=0 autotune=1 marks=1");
+  EXPECT_EQ(OptionsWith({{"HOROVOD_AUTOTUNE", "FALSE"}}), "timeout=30 stall=60 shutdown=0 autotune=0 marks=0");
   EXPECT_EQ(OptionsWith({{"HVD_SHM", "Auto"}, {"HOROVOD_HIERARCHICAL_ALLREDUCE", "Off"}}),
-            "stall=60 shutdown=0 autotune=0 marks=0");
+            "timeout=30 stall=60 shutdown=0 autotune=0 marks=0");
 }
 
 // The job's world named as MPI ranks or a communicator (hvd.init(comm=...)): a list with a

@@ -219,6 +219,11 @@ Status ReadKnobs(Options* o) {
     // At least a second: heartbeats go out every quarter of it (at most 1 s), and a shorter
     // limit takes an ordinary pause in the scheduler for a lost peer.
     HVD_RETURN_IF_ERROR(ParseDouble(var, v, kMinTimeoutSeconds, kMaxSeconds, &o->timeout_seconds));
+  } else if (const char* g = std::getenv("HOROVOD_GLOO_TIMEOUT_SECONDS")) {
+    // Horovod's timeout of its Gloo controller (horovodrun --gloo-timeout-seconds): hvd's
+    // controller has this one timeout, which takes it where neither spelling above is set.
+    HVD_RETURN_IF_ERROR(ParseDouble("HOROVOD_GLOO_TIMEOUT_SECONDS", g, kMinTimeoutSeconds,
+                                    kMaxSeconds, &o->timeout_seconds));
   }
   if (const char* v = Knob("SPIN_MICROSECONDS", &var)) {
     HVD_RETURN_IF_ERROR(ParseInt(var, v, -1, 1000000, &x));
