@@ -108,6 +108,39 @@ def test_a_forked_child_gets_an_error_and_leaves_the_rank_running():
                                   np.full(3, n * (n - 1) / 2))
 
 
+def test_ctrl_c_interrupts_a_wait_and_the_operation_goes_on():
+    """SIGINT (Ctrl-C) raises KeyboardInterrupt in a wait within about 0.1 s, though the
+    operation waits for a rank that has not submitted it; a later wait takes it up."""
+    import signal
+    import threading
+    import time
+    r, n = world()
+    if n == 1:
+        pytest.skip("needs an operation that waits for another rank")
+    marker = "/tmp/hvd_test_sigint_%s_%%d" % os.environ.get("HVD_RENDEZVOUS_PORT", "0")
+    hvd.barrier()
+    if r == 0:
+        # Rank 0 submits only once every other rank has been interrupted.
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 60 and not all(
+                os.path.exists(marker % q) for q in range(1, n)):
+            time.sleep(0.01)
+        got = hvd.allreduce(np.full(3, 0.0), op=hvd.Sum, name="interrupted")
+    else:
+        handle = hvd.allreduce_async(np.full(3, float(r)), op=hvd.Sum, name="interrupted")
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+        t0 = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            hvd.synchronize(handle)
+        took = time.monotonic() - t0
+        open(marker % r, "w").close()
+        got = hvd.synchronize(handle)
+        os.remove(marker % r)
+        assert took < 10, took
+    np.testing.assert_array_equal(got, np.full(3, n * (n - 1) / 2))
+
+
 def test_mpi_enabled_is_false_without_mpi():
     """These sessions run under hvdrun's own controller (tests/mpi runs one under mpirun)."""
     assert mpi_enabled() is False

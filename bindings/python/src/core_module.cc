@@ -25,6 +25,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -93,6 +94,8 @@ struct DeviceBytes {
 
 // The Python face of one operation. Thread-safety: methods are called with the GIL held;
 // wait() releases it while blocking.
+constexpr std::chrono::milliseconds kSignalSlice{100};
+
 class PyHandle {
  public:
   PyHandle(hvd::HandlePtr h, py::object keep) : h_(std::move(h)), keep_(std::move(keep)) {}
@@ -104,11 +107,19 @@ class PyHandle {
   // no GIL, while taking it back from a busy Python thread could take milliseconds.
   bool Poll() const { return h_->Poll(); }
 
+  // Waits in slices of kSignalSlice, and between slices lets Python run its signal handlers
+  // (on the main thread): Ctrl-C raises KeyboardInterrupt within a slice, as in Python's own
+  // blocking calls, even while the operation waits for a rank that never submits it. The
+  // operation stays in flight; a later wait() takes it up again.
   void Wait() {
     hvd::Status s;
-    {
-      py::gil_scoped_release release;
-      s = h_->Wait();
+    for (;;) {
+      {
+        py::gil_scoped_release release;
+        s = h_->WaitFor(kSignalSlice);
+      }
+      if (h_->Finished()) break;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
     // With stream-ordered completion (a handle with an event) the device work may still run:
     // the tensors it reads and writes (temporaries among them: contiguous copies, compressed
