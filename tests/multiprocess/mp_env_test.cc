@@ -112,6 +112,8 @@ TEST(BadEnvironment, DurationsHaveACeiling) {
 TEST(BadEnvironment, OtherKnobsNotParsable) {
   ExpectRefused({{"HVD_FUSION_THRESHOLD", "-1"}}, "HVD_FUSION_THRESHOLD");
   ExpectRefused({{"HVD_CACHE_CAPACITY", "lots"}}, "HVD_CACHE_CAPACITY");
+  ExpectRefused({{"HVD_CACHE_CAPACITY", "16777216"}},
+                "HVD_CACHE_CAPACITY='16777216': expected an integer in [0, 4194304]");
   ExpectRefused({{"HVD_CYCLE_TIME", "1ms"}}, "HVD_CYCLE_TIME");
   ExpectRefused({{"HVD_STAGING_PIECE_BYTES", "-4096"}},
                 "HVD_STAGING_PIECE_BYTES='-4096': expected");

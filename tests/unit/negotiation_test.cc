@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <random>
 #include <set>
 #include <thread>
@@ -549,6 +550,30 @@ TEST(ResponseCache, FirstEmptyAgreesWithTheSlots) {
     c.Apply({ResponseFor(Allreduce("late" + std::to_string(i), {1}))});
   }
   check(70);  // evictions give bits other requests, never empty them
+}
+
+// A large capacity costs memory only as names come: the slots are made as bits are first
+// taken. The largest capacity HVD_CACHE_CAPACITY allows, 4 Mi, with a few names.
+TEST(ResponseCache, CapacityCostsNothingUntilNamesCome) {
+  auto rss_kib = [] {
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+    }
+    return 0L;
+  };
+  const long before = rss_kib();
+  ResponseCache c(1 << 22, /*keep_history=*/true);
+  std::vector<Response> list;
+  for (int i = 0; i < 100; ++i) list.push_back(ResponseFor(Allreduce("n" + std::to_string(i), {1})));
+  c.Apply(list);
+  EXPECT_TRUE(c.enabled());
+  EXPECT_GE(c.Lookup(Allreduce("n99", {1})), 0);
+  EXPECT_EQ(c.At(100), nullptr);
+  EXPECT_FALSE(c.UnchangedSince(1u << 21, c.epoch()));
+  Request none;
+  EXPECT_FALSE(c.Decode((1u << 22) - 1, c.epoch(), &none));
+  EXPECT_LT(rss_kib() - before, 16 * 1024) << "KiB taken by a cache of 100 names";
 }
 
 TEST(ResponseCache, EncodeRebuildAndDisabled) {

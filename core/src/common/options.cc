@@ -212,7 +212,9 @@ Status ReadKnobs(Options* o) {
     HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.0, kMaxSeconds * 1000, &o->cycle_time_ms));
   }
   if (const char* v = Knob("CACHE_CAPACITY", &var)) {
-    HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, 1 << 24, &x));
+    // Up to 4 Mi names: each costs up to about 200 bytes once taken, and every rank keeps 24
+    // bytes per bit of the capacity from the start.
+    HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, 1 << 22, &x));
     o->cache_capacity = static_cast<int>(x);
   }
   if (const char* v = Knob("TIMEOUT_SECONDS", &var)) {

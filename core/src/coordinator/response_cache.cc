@@ -23,8 +23,7 @@ uint64_t ResponseCache::NewContents() {
 }
 
 ResponseCache::ResponseCache(int capacity, bool keep_history)
-    : slots_(capacity > 0 ? capacity : 0),
-      last_used_(slots_.size(), 0),
+    : capacity_(capacity > 0 ? static_cast<uint32_t>(capacity) : 0),
       contents_(NewContents()),
       keep_history_(keep_history) {}
 
@@ -234,9 +233,11 @@ void ResponseCache::Touch(const Request& req,
   // Insert at the lowest free bit, else evict the least recently used entry. Slots fill in
   // order and are never freed (only replaced), so the lowest free bit is the count in use.
   uint32_t bit = 0;
-  const bool found_free = live_ < slots_.size();
+  const bool found_free = live_ < capacity_;
   if (found_free) {
     bit = live_++;
+    slots_.emplace_back();
+    last_used_.push_back(0);
   } else {
     for (uint32_t b = 1; b < slots_.size(); ++b) {
       if (last_used_[b] < last_used_[bit]) bit = b;
@@ -277,7 +278,7 @@ void ResponseCache::Apply(const std::vector<Response>& list,
 }
 
 void ResponseCache::BoundHistory() {
-  const size_t limit = 1024 + 4 * slots_.size();
+  const size_t limit = 1024 + 4 * static_cast<size_t>(capacity_);
   while (history_.size() > limit) {
     history_floor_ = std::max(history_floor_, history_.front().epoch);
     history_.pop_front();

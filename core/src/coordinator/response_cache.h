@@ -37,7 +37,7 @@ class ResponseCache {
   // Only rank 0 decodes bits from other ranks, so only it keeps the eviction history.
   ResponseCache(int capacity, bool keep_history);
 
-  bool enabled() const { return !slots_.empty(); }
+  bool enabled() const { return capacity_ > 0; }
   uint64_t epoch() const { return epoch_; }
   // The lowest bit set in `bits` that holds no request, or -1. A word at a time, without
   // reading the slots: a bit, once given a request, only ever changes to another (an
@@ -51,7 +51,7 @@ class ResponseCache {
   int Lookup(const Request& r, uint32_t* hint = nullptr) const;
   // The bit that holds `name` now, else -1.
   int SlotOf(const std::string& name) const;
-  // The request a bit holds now, or null if it is empty.
+  // The request a bit holds now, or null if it is empty; valid until the next Apply.
   const Request* At(uint32_t bit) const {
     return bit < slots_.size() && slots_[bit].live ? &slots_[bit].request : nullptr;
   }
@@ -110,16 +110,19 @@ class ResponseCache {
 
   static uint64_t NewContents();
 
+  // The bits given a request so far, [0, live_): made as they are first taken, so that a large
+  // capacity costs memory only as names come (what At gives stays valid until the next Apply).
   std::vector<Slot> slots_;
   // [bit] when it was last used (clock_): apart from the slots, so that marking a step's
   // tensors used touches a few cache lines, not one per slot.
   std::vector<uint64_t> last_used_;
+  const uint32_t capacity_;
   std::unordered_map<std::string, uint32_t> by_name_;
   std::deque<Eviction> history_;
   uint64_t epoch_ = 0;
   uint64_t clock_ = 0;
   uint64_t contents_;
-  uint32_t live_ = 0;  // slots in use; while below capacity, slots_[live_..] are all free
+  uint32_t live_ = 0;  // slots in use (slots_.size()); the bits from live_ on are free
   const bool keep_history_;
   // Evictions older than this were dropped to bound memory (a rank silent for that long);
   // bits from before it cannot be decoded.
