@@ -82,6 +82,9 @@ def test_errors():
     if n > 1:
         with pytest.raises(hvd.HvdError, match="np.mismatch"):
             hvd.allreduce(np.zeros(2 + r), name="np.mismatch")
+        # The message holds the whole name, past a NUL in it.
+        with pytest.raises(hvd.HvdError, match="np\x00mismatch': mismatch across ranks"):
+            hvd.allreduce(np.zeros(2 + r), name="np\x00mismatch")
     np.testing.assert_array_equal(hvd.allreduce(np.ones(1), op=hvd.Sum), np.full(1, float(n)))
     hvd.barrier()
 

@@ -277,7 +277,18 @@ void RegisterErrors(py::module_& m) {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
       int code = static_cast<int>(e.status.code());
-      PyErr_SetString(g_errors[code > 0 && code < kErrorClasses ? code : 6], e.what());
+      // The whole text, a NUL in a tensor's name included (PyErr_SetString would stop there);
+      // bytes that are not UTF-8 are kept as escapes.
+      PyObject* text = PyUnicode_DecodeUTF8(e.text.data(), static_cast<Py_ssize_t>(e.text.size()),
+                                            "backslashreplace");
+      PyObject* cls = g_errors[code > 0 && code < kErrorClasses ? code : 6];
+      if (text == nullptr) {
+        PyErr_Clear();
+        PyErr_SetString(cls, e.what());
+        return;
+      }
+      PyErr_SetObject(cls, text);
+      Py_DECREF(text);
     }
   });
 }
