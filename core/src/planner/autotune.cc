@@ -1,6 +1,10 @@
 #include "planner/autotune.h"
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+
+#include "common/logging.h"
 
 namespace hvd {
 
@@ -24,6 +28,10 @@ Autotuner::Autotuner(Setting start, int warmup_samples, int steps_per_sample,
   totals_.assign(candidates_.size(), 0.0);
   if (!log_path.empty()) {
     log_ = std::fopen(log_path.c_str(), "w");
+    if (!log_) {
+      HVD_LOG(kWarning) << "HVD_AUTOTUNE_LOG: cannot write " << log_path << " ("
+                        << std::strerror(errno) << "); autotune runs without its log";
+    }
     if (log_) {
       std::fprintf(log_, "sample,fusion_threshold_bytes,cycle_time_ms,hierarchical_allreduce,"
                          "small_allreduce_bytes,score_bytes_per_s\n");
