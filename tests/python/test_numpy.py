@@ -79,6 +79,8 @@ def test_errors():
         hvd.allreduce(np.zeros(2, dtype=np.complex64))
     with pytest.raises(ValueError, match="writable"):
         hvd.allreduce_([1.0, 2.0])
+    with pytest.raises(ValueError, match="not valid Unicode text"):
+        hvd.allreduce(np.ones(2), name="bad\udcff")
     if n > 1:
         with pytest.raises(hvd.HvdError, match="np.mismatch"):
             hvd.allreduce(np.zeros(2 + r), name="np.mismatch")

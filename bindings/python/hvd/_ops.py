@@ -43,7 +43,14 @@ def op_name(kind, name, ps=0):
     if name is None:
         counter = _counters.setdefault((kind, ps), itertools.count())
         return "%s.noname.%d" % (kind, next(counter))
-    return "%s.%s" % (kind, name)
+    full = "%s.%s" % (kind, name)
+    if not full.isascii():
+        try:
+            full.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate, from bytes decoded with errors
+            raise ValueError("tensor name %r is not valid Unicode text (%s); names travel to "
+                             "the other ranks as UTF-8" % (name, e.reason)) from None
+    return full
 
 
 class Handle:
