@@ -19,6 +19,7 @@ start_timeline / stop_timeline). Prints TIMELINE-OK on success.
 
 import json
 import os
+import re
 import tempfile
 import time
 
@@ -38,16 +39,26 @@ hvd.allreduce(torch.tensor([1, 2, 3], dtype=torch.float32), name="test_allreduce
 if rank == 0:
     # Horovod's test reads it after 0.1 s; the engine writes within 10 ms of going idle. A
     # loaded machine may not run it for a while, so this waits up to 20 s.
+    # Whole JSON while the job runs: each write ends the array (read between two writes).
     wanted = ("allreduce.test_allreduce", "NEGOTIATE_ALLREDUCE", '"ALLREDUCE"', "CYCLE_START")
     deadline = time.monotonic() + 20
     while True:
         with open(static_path) as f:
             text = f.read()
-        if all(w in text for w in wanted) or time.monotonic() > deadline:
+        try:
+            running = json.loads(text)
+        except ValueError:
+            running = None
+        if (all(w in text for w in wanted) and running is not None) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     for want in wanted:
         assert want in text, (want, text)
+    assert running is not None, "not JSON while the job runs: ..." + text[-300:]
+    # Microseconds in fixed notation, to the nanosecond: never rounded to 6 digits.
+    assert not re.search(r'"(ts|dur)":-?[0-9.]+[eE]', text), text
+    assert all(re.fullmatch(r"-?\d+\.\d{3}", t)
+               for t in re.findall(r'"(?:ts|dur)":(-?[0-9.eE+]+)', text) if t != "0"), text
 hvd.shutdown()
 if rank == 0:
     with open(static_path) as f:

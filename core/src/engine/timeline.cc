@@ -28,6 +28,7 @@ std::string Upper(std::string s) {
 
 constexpr auto kIdleFlush = std::chrono::milliseconds(10);
 constexpr auto kBusyFlush = std::chrono::seconds(1);
+constexpr char kTail[] = "\n]\n";  // the array's end, after every write
 
 }  // namespace
 
@@ -61,12 +62,17 @@ Timeline::Timeline(const std::string& pattern, int rank, bool mark_cycles)
 Timeline::~Timeline() {
   if (!file_) return;
   Flush();
-  std::fputs("\n]\n", file_);
   std::fclose(file_);
 }
 
 double Timeline::Micros(Clock::time_point t) const {
   return std::chrono::duration<double, std::micro>(t - start_).count();
+}
+
+std::string Timeline::Us(double micros) {
+  char text[48];
+  std::snprintf(text, sizeof(text), "%.3f", micros);
+  return text;
 }
 
 void Timeline::Emit(const std::string& event) {
@@ -90,18 +96,23 @@ void Timeline::MarkCycle(Clock::time_point t) {
   // A cycle that began before this file did (it was switched to within the cycle) has no mark.
   if (!file_ || !mark_cycles_ || t < start_) return;
   std::ostringstream os;
-  os << "{\"name\":\"CYCLE_START\",\"ph\":\"i\",\"s\":\"g\",\"pid\":0,\"ts\":" << Micros(t) << "}";
+  os << "{\"name\":\"CYCLE_START\",\"ph\":\"i\",\"s\":\"g\",\"pid\":0,\"ts\":" << Us(Micros(t)) << "}";
   Emit(os.str());
 }
 
 void Timeline::Flush() {
   if (!file_) return;
   flushed_ = Clock::now();
+  if (buffer_.empty() && closed_) return;
+  // Over the closing bracket the last write left.
+  if (closed_) std::fseek(file_, -static_cast<long>(sizeof(kTail) - 1), SEEK_END);
   for (const auto& e : buffer_) {
     std::fputs(first_ ? "" : ",\n", file_);
     std::fputs(e.c_str(), file_);
     first_ = false;
   }
+  std::fputs(kTail, file_);
+  closed_ = true;
   buffer_.clear();
   std::fflush(file_);
 }
@@ -132,12 +143,12 @@ void Timeline::Begin(const std::string& op, const std::vector<std::string>& name
     const double first = Micros(ready.front().second);
     std::ostringstream os;
     os << "{\"name\":\"NEGOTIATE_" << op_ << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << tid
-       << "\",\"ts\":" << first << ",\"dur\":" << Micros(begin_) - first << "}";
+       << "\",\"ts\":" << Us(first) << ",\"dur\":" << Us(Micros(begin_) - first) << "}";
     Emit(os.str());
     for (const auto& [rank, t] : ready) {  // Horovod's ticks: zero-length, named by the rank
       std::ostringstream tick;
       tick << "{\"name\":\"" << rank << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << tid
-           << "\",\"ts\":" << Micros(t) << ",\"dur\":0}";
+           << "\",\"ts\":" << Us(Micros(t)) << ",\"dur\":0}";
       Emit(tick.str());
     }
     negotiating_.erase(it);
@@ -151,7 +162,7 @@ void Timeline::End(const std::string& status) {
   for (const auto& n : names_) {
     std::ostringstream os;
     os << "{\"name\":\"" << op_ << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << JsonEscape(n)
-       << "\",\"ts\":" << Micros(begin_) << ",\"dur\":" << Micros(end) - Micros(begin_)
+       << "\",\"ts\":" << Us(Micros(begin_)) << ",\"dur\":" << Us(Micros(end) - Micros(begin_))
        << ",\"args\":{\"bytes\":" << bytes_ << ",\"fused\":" << names_.size() << ",\"status\":\""
        << JsonEscape(status) << "\"}}";
     Emit(os.str());

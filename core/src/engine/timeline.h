@@ -13,7 +13,10 @@
 // Every rank writes its own file: "%r" in the path is replaced by the rank; a path without
 // "%r" is written by rank 0 only. Events are buffered and written when the engine goes idle
 // (at most every 10 ms), at least every second while it is busy, and when it shuts down, so
-// the hot path stays cheap and a job that hangs or is killed leaves its timeline on disk.
+// the hot path stays cheap and a job that hangs or is killed leaves its timeline on disk. Each
+// write ends the file with the array's closing bracket (the next one writes over it), so the
+// file is whole JSON between writes: also after a SIGTERM or SIGKILL. Timestamps and durations
+// are microseconds since the file began, to the nanosecond, however long the job runs.
 //
 // Thread-safety: not thread-safe; used by one thread at a time, the one running the engine's
 // work (the background thread or a waiting caller; engine/engine_impl.h).
@@ -55,6 +58,8 @@ class Timeline {
 
  private:
   double Micros(Clock::time_point t) const;
+  // A number of microseconds as JSON, in fixed notation with three decimals.
+  static std::string Us(double micros);
   void Emit(const std::string& event);
 
   // A tensor being negotiated: the ranks seen ready, each with its first sighting.
@@ -74,6 +79,7 @@ class Timeline {
   Clock::time_point begin_;
   std::vector<std::string> buffer_;
   bool first_ = true;
+  bool closed_ = false;  // the file ends with kTail (timeline.cc)
 };
 
 }  // namespace hvd
