@@ -418,8 +418,9 @@ void ParseSshFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
     out->ssh_config_file = r["ssh-config"].as<std::string>();
     RequireReadable("--ssh-config", out->ssh_config_file);
   }
-  // Every occurrence of either flag, each a comma-separated list, in the order given: as
-  // horovodrun, where the flag may be given once per interface.
+  // Every occurrence of either flag, each a comma-separated list: as horovodrun, where the flag
+  // may be given once per interface. Each spelling's in the order given, --network-interface's
+  // first (cxxopts keeps no order across two options).
   for (const char* flag : {"network-interface", "network-interfaces"}) {
     if (!r.count(flag)) continue;
     auto lists = r[flag].as<std::vector<std::string>>();

@@ -66,26 +66,32 @@ struct Addresses {
   std::map<std::string, std::string> bind;        // remote host -> HVD_BIND_ADDR there
 };
 
+// The ranks' timeout for a silent peer, as they read it (common/options.cc): the flag's, else
+// HVD_TIMEOUT_SECONDS, HOROVOD_TIMEOUT_SECONDS, Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS; 30 s.
+double RanksTimeoutSeconds(const LaunchOptions& opts) {
+  auto knob = opts.knobs.find("HVD_TIMEOUT_SECONDS");
+  const char* text = knob != opts.knobs.end() ? knob->second.c_str() : nullptr;
+  for (const char* var :
+       {"HVD_TIMEOUT_SECONDS", "HOROVOD_TIMEOUT_SECONDS", "HOROVOD_GLOO_TIMEOUT_SECONDS"}) {
+    if (text == nullptr) text = std::getenv(var);
+  }
+  if (text != nullptr) {
+    char* end = nullptr;
+    const double v = std::strtod(text, &end);
+    if (end != text && *end == '\0' && v > 0 && v <= 1e6) return v;
+  }
+  return 30;
+}
+
 SshOptions SshOptionsOf(const LaunchOptions& opts) {
   SshOptions ssh;
   ssh.port = opts.ssh_port;
   ssh.identity_file = opts.ssh_identity_file;
   ssh.config_file = opts.ssh_config_file;
   ssh.connect_timeout_seconds = opts.start_timeout_seconds;
-  // The ranks' HVD_TIMEOUT_SECONDS (the flag's, else the environment's, as they read it): a
-  // session silent that long has lost its host, as its ranks have lost their peers.
-  ssh.alive_seconds = 30;
-  auto knob = opts.knobs.find("HVD_TIMEOUT_SECONDS");
-  const char* text = knob != opts.knobs.end() ? knob->second.c_str() : nullptr;
-  for (const char* var : {"HVD_TIMEOUT_SECONDS", "HOROVOD_TIMEOUT_SECONDS"}) {
-    if (text == nullptr) text = std::getenv(var);
-  }
-  if (text != nullptr) {
-    char* end = nullptr;
-    const double v = std::strtod(text, &end);
-    // At least 10 s: sshd on a busy host may take a few seconds to answer.
-    if (end != text && *end == '\0' && v > 0 && v <= 1e6) ssh.alive_seconds = std::max(v, 10.0);
-  }
+  // A session silent for the ranks' timeout has lost its host, as its ranks have lost their
+  // peers. At least 10 s: sshd on a busy host may take a few seconds to answer.
+  ssh.alive_seconds = std::max(RanksTimeoutSeconds(opts), 10.0);
   return ssh;
 }
 
@@ -272,16 +278,7 @@ ElasticOptions ElasticOptionsOf(const LaunchOptions& opts) {
   eo.cooldown_min_seconds = opts.cooldown_min_seconds;
   eo.cooldown_max_seconds = opts.cooldown_max_seconds;
   eo.verbose = opts.verbose;
-  double peer_timeout = 30;  // the ranks' HVD_TIMEOUT_SECONDS
-  auto knob = opts.knobs.find("HVD_TIMEOUT_SECONDS");
-  const char* env = std::getenv("HVD_TIMEOUT_SECONDS");
-  if (!env) env = std::getenv("HOROVOD_TIMEOUT_SECONDS");
-  if (knob != opts.knobs.end()) {
-    peer_timeout = std::atof(knob->second.c_str());
-  } else if (env && std::atof(env) > 0) {
-    peer_timeout = std::atof(env);
-  }
-  eo.hang_seconds = peer_timeout + 5;
+  eo.hang_seconds = RanksTimeoutSeconds(opts) + 5;
   return eo;
 }
 

@@ -93,9 +93,14 @@ def test_errors():
 
 def test_a_forked_child_gets_an_error_and_leaves_the_rank_running():
     """A child forked without exec (a DataLoader worker, os.fork) has none of hvd's threads: its
-    operations fail at once instead of hanging, and its exit (hvd.shutdown at interpreter exit)
-    leaves the rank's engine running."""
+    operations, and the wait of one the rank started before the fork, fail at once instead of
+    hanging, and its exit (hvd.shutdown at interpreter exit) leaves the rank's engine running."""
     r, n = world()
+    # Rank 0's stays pending through the fork: the others submit theirs after the barrier
+    # below, which rank 0 reaches once its child is gone.
+    pending = None
+    if r == 0:
+        pending = hvd.allreduce_async(np.full(3, 0.0), op=hvd.Sum, name="forked.pending")
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -104,11 +109,21 @@ def test_a_forked_child_gets_an_error_and_leaves_the_rank_running():
                 hvd.allreduce(np.ones(3), name="forked.child")
             except hvd.FailedPreconditionError as e:
                 code = 0 if "forked from rank %d" % r in str(e) else 2
+            if code == 0 and pending is not None and n > 1:
+                try:
+                    hvd.synchronize(pending)
+                    code = 3
+                except hvd.FailedPreconditionError as e:
+                    code = 0 if "before this process was forked" in str(e) else 4
             hvd.shutdown()
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    hvd.barrier()
+    if r != 0:
+        pending = hvd.allreduce_async(np.full(3, float(r)), op=hvd.Sum, name="forked.pending")
+    np.testing.assert_array_equal(hvd.synchronize(pending), np.full(3, n * (n - 1) / 2))
     np.testing.assert_array_equal(hvd.allreduce(np.full(3, float(r)), op=hvd.Sum, name="forked.parent"),
                                   np.full(3, n * (n - 1) / 2))
 
@@ -123,6 +138,8 @@ def test_ctrl_c_interrupts_a_wait_and_the_operation_goes_on():
     if n == 1:
         pytest.skip("needs an operation that waits for another rank")
     marker = "/tmp/hvd_test_sigint_%s_%%d" % os.environ.get("HVD_RENDEZVOUS_PORT", "0")
+    if r != 0 and os.path.exists(marker % r):
+        os.remove(marker % r)  # left by an earlier run that stopped halfway
     hvd.barrier()
     if r == 0:
         # Rank 0 submits only once every other rank has been interrupted.
@@ -135,8 +152,8 @@ def test_ctrl_c_interrupts_a_wait_and_the_operation_goes_on():
         handle = hvd.allreduce_async(np.full(3, float(r)), op=hvd.Sum, name="interrupted")
         timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
         t0 = time.monotonic()
-        timer.start()
         with pytest.raises(KeyboardInterrupt):
+            timer.start()
             hvd.synchronize(handle)
         took = time.monotonic() - t0
         open(marker % r, "w").close()

@@ -118,7 +118,14 @@ class PyHandle {
         py::gil_scoped_release release;
         s = h_->WaitFor(kSignalSlice);
       }
-      if (h_->Finished()) break;
+      // Finished since (while this thread took the GIL back, say): the final status, not the
+      // slice's Timeout.
+      if (h_->Finished()) {
+        s = h_->status();
+        break;
+      }
+      // Any other answer is final for this process (a child forked while it was pending).
+      if (s.code() != hvd::StatusCode::kTimeout) break;
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
     // With stream-ordered completion (a handle with an event) the device work may still run:

@@ -61,7 +61,12 @@ void InChild() {
 
 void WatchForks() {
   static std::once_flag once;
-  std::call_once(once, [] { ::pthread_atfork(BeforeFork, InParent, InChild); });
+  std::call_once(once, [] {
+    // Made here, not first in a child (where allocating is not async-signal-safe).
+    RegistryMutex();
+    Registry().reserve(64);
+    ::pthread_atfork(BeforeFork, InParent, InChild);
+  });
 }
 
 uint64_t ForkGeneration() { return g_generation.load(std::memory_order_relaxed); }

@@ -9,7 +9,8 @@
 // after the first KeepFromChildren or WatchForks, every registered descriptor that still refers
 // to the socket it was registered for is pointed at /dev/null: the child's reference goes, the
 // rank's stays, and the number stays taken (the child's copy of the engine is never torn down,
-// see below, and closes nothing).
+// see below, and closes nothing). A fork on another thread in the moment between a socket's
+// opening (by Asio) and its KeepFromChildren leaves the child that one socket as it is.
 //
 // Such a child has none of the engine's threads either: an operation there would wait forever,
 // and tearing its copy of the engine down would touch what the rank still uses. ForkGeneration()

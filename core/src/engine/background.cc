@@ -1459,13 +1459,19 @@ void EngineImpl::FinishShutdown(int requested_by) {
 
 // Before this rank's operations fail (and its program, most likely, exits): a rank whose
 // failure follows another's exits at about the same moment, often first, and hvdrun would name
-// it as the job's failure. Called by whichever thread runs the engine's work (it holds the run
-// lock, as FailAll's caller does), once. The connection has been idle since the job started and
-// may have been dropped on the way (a firewall's idle limit): a failed write is tried once more
-// on a new one. Bounded: at worst, hvdrun's store unreachable, about two seconds.
+// it as the job's failure. Called by the thread that runs the engine's work, or by a caller
+// whose operation is refused (PayOwedFailureNote); one note, written under note_mu_, so that a
+// thread that finds it being written waits until it is. The connection has been idle since the
+// job started and may have been dropped on the way (a firewall's idle limit): a failed write is
+// tried once more on a new one. Bounded: at worst, hvdrun's store unreachable, about two
+// seconds.
 void EngineImpl::LeaveFailureNote(const Status& status) {
   std::lock_guard<std::mutex> l(note_mu_);
   if (note_state_.load() == kNoteLeft) return;
+  WriteFailureNoteLocked(status);
+}
+
+void EngineImpl::WriteFailureNoteLocked(const Status& status) {
   note_state_.store(kNoteLeft);
   if (!job_store_ || options_.size == 1) return;
   Status s;
@@ -1488,17 +1494,12 @@ void EngineImpl::OweFailureNoteLocked(const Status& status) {
   note_state_.store(kNoteOwed);
 }
 
-// Any thread, holding no lock: the owed note, written once; a second caller returns once the
-// first has written it.
+// Any thread, holding no lock: the owed note, written once. Past kNoNote it takes note_mu_,
+// which the writer holds for the whole write: a caller returns once the note is in the store.
 void EngineImpl::PayOwedFailureNote() {
-  if (note_state_.load() != kNoteOwed) return;
-  Status owed;
-  {
-    std::lock_guard<std::mutex> l(note_mu_);
-    if (note_state_.load() != kNoteOwed) return;
-    owed = owed_note_;
-  }
-  LeaveFailureNote(owed);
+  if (note_state_.load() == kNoNote) return;
+  std::lock_guard<std::mutex> l(note_mu_);
+  if (note_state_.load() == kNoteOwed) WriteFailureNoteLocked(owed_note_);
 }
 
 void EngineImpl::FlushControl(Deadline deadline) {

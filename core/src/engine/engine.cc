@@ -784,7 +784,10 @@ Status EngineImpl::RemoveProcessSet(int32_t id) {
 }
 
 std::vector<int> EngineImpl::ProcessSetRanks(int32_t id) const {
-  std::lock_guard<SpinLock> l(mu_);
+  // In a forked child (one thread) the sets are read as the fork left them: the lock may have
+  // been held by a thread that stayed in the parent.
+  std::unique_lock<SpinLock> l(mu_, std::defer_lock);
+  if (!InForkedChild()) l.lock();
   auto it = known_sets_.find(id);
   return it == known_sets_.end() ? std::vector<int>() : it->second.ranks;
 }
@@ -801,6 +804,7 @@ Status EngineImpl::StartTimeline(const std::string& path, bool mark_cycles) {
 Status EngineImpl::StopTimeline() { return SwitchTimeline("", false, "stopping a timeline"); }
 
 Status EngineImpl::SwitchTimeline(std::string path, bool mark_cycles, const char* what) {
+  if (InForkedChild()) return ForkedRefusal();
   if (options_.timeline_path.empty()) {
     return Status::FailedPrecondition(std::string(what) +
                                       " needs HOROVOD_TIMELINE=DYNAMIC (or HVD_) or a timeline "
@@ -820,10 +824,15 @@ Status EngineImpl::SwitchTimeline(std::string path, bool mark_cycles, const char
   const Deadline deadline = DeadlineAfterSeconds(options_.timeout_seconds);
   while (timeline_switched_.load() < ticket) {
     {
-      std::lock_guard<SpinLock> l(mu_);
+      std::unique_lock<SpinLock> l(mu_);
       // An engine that has ended (another rank shut the job down) closes its file as it stops:
       // a stop has nothing left to do.
-      if (!dead_.ok()) return stopping ? Status::OK() : dead_.WithContext(what);
+      if (!dead_.ok()) {
+        Status s = stopping ? Status::OK() : dead_.WithContext(what);
+        l.unlock();
+        if (!s.ok()) PayOwedFailureNote();  // before the caller sees the failure
+        return s;
+      }
       if (shutdown_requested_) {
         return stopping ? Status::OK()
                         : Status::Aborted(std::string(what) + ": hvd is shutting down");
@@ -840,7 +849,8 @@ Status EngineImpl::SwitchTimeline(std::string path, bool mark_cycles, const char
 }
 
 std::vector<int32_t> EngineImpl::ProcessSetIds() const {
-  std::lock_guard<SpinLock> l(mu_);
+  std::unique_lock<SpinLock> l(mu_, std::defer_lock);  // as ProcessSetRanks
+  if (!InForkedChild()) l.lock();
   std::vector<int32_t> ids;
   for (const auto& kv : known_sets_) ids.push_back(kv.first);
   return ids;

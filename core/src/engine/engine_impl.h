@@ -542,6 +542,7 @@ class EngineImpl {
   // more to do (its script ends, or fails on its own) leaves none: its exit is not that
   // failure's doing.
   void LeaveFailureNote(const Status& status);
+  void WriteFailureNoteLocked(const Status& status);  // note_mu_ held
   void OweFailureNoteLocked(const Status& status);
   void PayOwedFailureNote();
   // Background thread: ends entries it owns (drained, or taken from the queue) with `status`:

@@ -47,6 +47,7 @@ Timeline::Timeline(const std::string& pattern, int rank, bool mark_cycles)
     return;
   }
   std::fputs("[\n", file_);
+  seekable_ = std::fseek(file_, 0, SEEK_END) == 0;
   // Horovod's first events: the process's name with the wall-clock time the timestamps count
   // from, which tools use to line up the files of several ranks.
   const auto epoch_us = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -62,6 +63,7 @@ Timeline::Timeline(const std::string& pattern, int rank, bool mark_cycles)
 Timeline::~Timeline() {
   if (!file_) return;
   Flush();
+  if (!closed_) std::fputs(kTail, file_);
   std::fclose(file_);
 }
 
@@ -103,16 +105,23 @@ void Timeline::MarkCycle(Clock::time_point t) {
 void Timeline::Flush() {
   if (!file_) return;
   flushed_ = Clock::now();
-  if (buffer_.empty() && closed_) return;
+  if (buffer_.empty() && (closed_ || !seekable_)) return;
   // Over the closing bracket the last write left.
-  if (closed_) std::fseek(file_, -static_cast<long>(sizeof(kTail) - 1), SEEK_END);
+  if (closed_ && std::fseek(file_, -static_cast<long>(sizeof(kTail) - 1), SEEK_END) != 0) {
+    seekable_ = false;  // appended after it from here on: the file is not JSON; said once
+    closed_ = false;
+    HVD_LOG(kWarning) << "HVD_TIMELINE: cannot seek in the file; it ends with ']' only where the "
+                         "engine stops";
+  }
   for (const auto& e : buffer_) {
     std::fputs(first_ ? "" : ",\n", file_);
     std::fputs(e.c_str(), file_);
     first_ = false;
   }
-  std::fputs(kTail, file_);
-  closed_ = true;
+  if (seekable_) {
+    std::fputs(kTail, file_);
+    closed_ = true;
+  }
   buffer_.clear();
   std::fflush(file_);
 }

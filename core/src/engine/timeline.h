@@ -15,7 +15,8 @@
 // (at most every 10 ms), at least every second while it is busy, and when it shuts down, so
 // the hot path stays cheap and a job that hangs or is killed leaves its timeline on disk. Each
 // write ends the file with the array's closing bracket (the next one writes over it), so the
-// file is whole JSON between writes: also after a SIGTERM or SIGKILL. Timestamps and durations
+// file is whole JSON between writes: also after a SIGTERM or SIGKILL (where it can seek: a pipe
+// gets the bracket at the end only). Timestamps and durations
 // are microseconds since the file began, to the nanosecond, however long the job runs.
 //
 // Thread-safety: not thread-safe; used by one thread at a time, the one running the engine's
@@ -80,6 +81,8 @@ class Timeline {
   std::vector<std::string> buffer_;
   bool first_ = true;
   bool closed_ = false;  // the file ends with kTail (timeline.cc)
+  // A file that cannot seek (a pipe, /dev/stdout) gets kTail once, at the end.
+  bool seekable_ = false;
 };
 
 }  // namespace hvd
