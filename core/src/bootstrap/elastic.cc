@@ -52,15 +52,20 @@ StatusOr<int64_t> ParseGeneration(const std::string& text) {
 
 // Step 1: polls until a generation newer than `after` is published.
 StatusOr<int64_t> WaitNewer(StoreClient& store, int64_t after, Deadline deadline) {
+  auto none = [after](const std::string& more) {
+    return Status::Timeout(
+        "no new world from hvdrun within HVD_ELASTIC_TIMEOUT (the last one this worker ran "
+        "was generation " + std::to_string(after) + "); fewer workers than --min-np may be "
+        "left, or hvdrun stopped forming worlds" + more);
+  };
   while (true) {
     auto g = LatestGeneration(store, deadline);
-    if (!g.ok() || *g > after) return g;
-    if (Clock::now() + kPollEvery >= deadline) {
-      return Status::Timeout(
-          "no new world from hvdrun within HVD_ELASTIC_TIMEOUT (the last one this worker ran "
-          "was generation " + std::to_string(after) + "); fewer workers than --min-np may be "
-          "left, or hvdrun stopped forming worlds");
+    // A lookup cut short by the deadline (a slow store) is the same end of the wait.
+    if (!g.ok() && g.status().code() == StatusCode::kTimeout && Clock::now() >= deadline) {
+      return none(" (the last look: " + g.status().message() + ")");
     }
+    if (!g.ok() || *g > after) return g;
+    if (Clock::now() + kPollEvery >= deadline) return none("");
     std::this_thread::sleep_for(kPollEvery);
   }
 }
