@@ -92,10 +92,11 @@ struct DeviceBytes {
   }
 };
 
-// The Python face of one operation. Thread-safety: methods are called with the GIL held;
-// wait() releases it while blocking.
+// How long a wait blocks before it lets Python handle signals (PyHandle::Wait).
 constexpr std::chrono::milliseconds kSignalSlice{100};
 
+// The Python face of one operation. Thread-safety: methods are called with the GIL held;
+// wait() releases it while blocking.
 class PyHandle {
  public:
   PyHandle(hvd::HandlePtr h, py::object keep) : h_(std::move(h)), keep_(std::move(keep)) {}
