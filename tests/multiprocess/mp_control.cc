@@ -725,6 +725,7 @@ void CheckForkedChild(hvd::Engine& e, Checker& ck) {
       bad += "an allreduce in the child ended " + s.ToString() + "; ";
     }
     if (pending && n > 1) {
+      if (!pending->Poll()) bad += "a poll of an allreduce pending at the fork says pending; ";
       const hvd::Status w = pending->Wait();
       if (w.code() != hvd::StatusCode::kFailedPrecondition) {
         bad += "the wait of an allreduce pending at the fork ended " + w.ToString() + "; ";

@@ -110,11 +110,14 @@ def test_a_forked_child_gets_an_error_and_leaves_the_rank_running():
             except hvd.FailedPreconditionError as e:
                 code = 0 if "forked from rank %d" % r in str(e) else 2
             if code == 0 and pending is not None and n > 1:
+                polled = hvd.poll(pending)  # never finishes here: the poll says go and wait
                 try:
                     hvd.synchronize(pending)
                     code = 3
                 except hvd.FailedPreconditionError as e:
                     code = 0 if "before this process was forked" in str(e) else 4
+                if not polled:
+                    code = 5
             hvd.shutdown()
         finally:
             os._exit(code)

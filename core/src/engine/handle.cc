@@ -73,6 +73,7 @@ bool Handle::Finished() const {
 
 bool Handle::Poll() const {
   if (Finished()) return true;
+  if (fork_generation_ != ForkGeneration()) return true;  // never here: Wait says why
   sched_yield();
   return Finished();
 }
