@@ -109,10 +109,10 @@ bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_
 
 int64_t ResponseCache::FirstEmpty(const std::vector<uint64_t>& bits) const {
   for (size_t w = 0; w < bits.size(); ++w) {
-    const size_t first = w * 64;
-    const uint64_t held = first >= live_       ? 0
-                          : live_ - first >= 64 ? ~uint64_t{0}
-                                                : (uint64_t{1} << (live_ - first)) - 1;
+    const size_t first = w * 64, live = slots_.size();
+    const uint64_t held = first >= live       ? 0
+                          : live - first >= 64 ? ~uint64_t{0}
+                                               : (uint64_t{1} << (live - first)) - 1;
     if (const uint64_t empty = bits[w] & ~held) {
       return static_cast<int64_t>(first + __builtin_ctzll(empty));
     }
@@ -233,9 +233,9 @@ void ResponseCache::Touch(const Request& req,
   // Insert at the lowest free bit, else evict the least recently used entry. Slots fill in
   // order and are never freed (only replaced), so the lowest free bit is the count in use.
   uint32_t bit = 0;
-  const bool found_free = live_ < capacity_;
+  const bool found_free = slots_.size() < capacity_;
   if (found_free) {
-    bit = live_++;
+    bit = static_cast<uint32_t>(slots_.size());
     slots_.emplace_back();
     last_used_.push_back(0);
   } else {

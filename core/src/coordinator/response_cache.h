@@ -42,7 +42,7 @@ class ResponseCache {
   // The lowest bit set in `bits` that holds no request, or -1. A word at a time, without
   // reading the slots: a bit, once given a request, only ever changes to another (an
   // eviction), and the free bits are taken lowest first, so the empty ones are those from
-  // live_ on.
+  // slots_.size() on.
   int64_t FirstEmpty(const std::vector<uint64_t>& bits) const;
 
   // The bit of r's name if it is cached with exactly r's request, else -1. With `hint` (bit + 1
@@ -110,7 +110,7 @@ class ResponseCache {
 
   static uint64_t NewContents();
 
-  // The bits given a request so far, [0, live_): made as they are first taken, so that a large
+  // The bits given a request so far, in order: made as they are first taken, so that a large
   // capacity costs memory only as names come (what At gives stays valid until the next Apply).
   std::vector<Slot> slots_;
   // [bit] when it was last used (clock_): apart from the slots, so that marking a step's
@@ -122,7 +122,6 @@ class ResponseCache {
   uint64_t epoch_ = 0;
   uint64_t clock_ = 0;
   uint64_t contents_;
-  uint32_t live_ = 0;  // slots in use (slots_.size()); the bits from live_ on are free
   const bool keep_history_;
   // Evictions older than this were dropped to bound memory (a rank silent for that long);
   // bits from before it cannot be decoded.

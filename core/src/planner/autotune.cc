@@ -31,8 +31,7 @@ Autotuner::Autotuner(Setting start, int warmup_samples, int steps_per_sample,
     if (!log_) {
       HVD_LOG(kWarning) << "HVD_AUTOTUNE_LOG: cannot write " << log_path << " ("
                         << std::strerror(errno) << "); autotune runs without its log";
-    }
-    if (log_) {
+    } else {
       std::fprintf(log_, "sample,fusion_threshold_bytes,cycle_time_ms,hierarchical_allreduce,"
                          "small_allreduce_bytes,score_bytes_per_s\n");
     }
