@@ -176,6 +176,76 @@ void CheckGroupedMismatch(hvd::Engine& e, Checker& ck) {
   }
 }
 
+// Arguments that one rank alone gets wrong (the last; the others' are right): that rank's
+// refusal is negotiated, so every rank fails the operation together with its reason, naming
+// it, instead of the others waiting for a rank that gave up. Nothing is executed; the next
+// operation works. Checks made at the call (splits past the rows, an output that does not fit,
+// a null output) and at enqueue (a root outside the world, splits of the wrong number), on a
+// name the response cache holds too, and in a group.
+void CheckOneSided(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  const bool bad = r == n - 1;
+  const std::string who = "rank " + std::to_string(n - 1);
+  auto expect = [&](const hvd::HandlePtr& h, const std::string& name, const std::string& why) {
+    ExpectInvalid(ck, h, name, why);
+    const std::string m = h->status().message();
+    ck.Expect(m.find(who) != std::string::npos && m.find("fails on every rank") != std::string::npos,
+              name + ": the error names " + who + " and says every rank fails: " + m);
+    ExpectNextWorks(e, ck, name);
+  };
+  float f[8];
+  for (int i = 0; i < 8; ++i) f[i] = static_cast<float>(10 * r + i);
+  TensorView v4(f, DataType::kFloat32, {4});
+  expect(e.Broadcast("one.root", v4, v4, bad ? n : 0), "one.root",
+         "root rank " + std::to_string(n) + " is outside");
+  ck.Expect(f[0] == 10.0f * r && f[3] == 10.0f * r + 3, "one.root: nothing was broadcast");
+
+  TensorView rows(f, DataType::kFloat32, {n});
+  expect(e.Alltoall("one.splits.count", rows, bad ? std::vector<int64_t>(n + 1, 0)
+                                                   : std::vector<int64_t>(n, 1)),
+         "one.splits.count", "splits must be");
+  std::vector<int64_t> past(n, 1);
+  if (bad) past[0] = n + 1;
+  expect(e.Alltoall("one.splits.sum", rows, past), "one.splits.sum", "at most the first dimension");
+
+  float out[8];
+  TensorView out3(out, DataType::kFloat32, {3}), in4(f, DataType::kFloat32, {4});
+  expect(e.Allreduce("one.output", in4, bad ? out3 : TensorView(out, DataType::kFloat32, {4}),
+                     ReduceOp::kSum),
+         "one.output", "does not match input");
+
+  bool flags[4] = {true, false, true, false};
+  TensorView bools(flags, DataType::kBool, {4});
+  expect(e.Reducescatter("one.bool", bools, bad ? ReduceOp::kAverage : ReduceOp::kSum),
+         "one.bool", "average is not defined for bool");
+
+  // A name the response cache holds on every rank, then a null output on one.
+  for (int step = 0; step < 2; ++step) {
+    TensorView w(f, DataType::kFloat32, {2});
+    ck.ExpectOk(WaitDone(e.Allreduce("one.cached", w, w, ReduceOp::kSum)), "one.cached step");
+  }
+  TensorView w(f, DataType::kFloat32, {2});
+  expect(e.Allreduce("one.cached", w, bad ? TensorView(nullptr, DataType::kFloat32, {2}) : w,
+                     ReduceOp::kSum),
+         "one.cached", "output data is null");
+
+  // In a group: the member's reason fails the whole group on every rank.
+  float a[4] = {1, 2, 3, 4}, b[4] = {1, 2, 3, 4}, c[4] = {1, 2, 3, 4}, small[2];
+  TensorView a4(a, DataType::kFloat32, {4}), b4(b, DataType::kFloat32, {4});
+  TensorView c4(c, DataType::kFloat32, {4});
+  TensorView b_out = bad ? TensorView(small, DataType::kFloat32, {2}) : b4;
+  auto hs = e.GroupedAllreduce({"one.group.0", "one.group.1", "one.group.2"}, {a4, b4, c4},
+                               {a4, b_out, c4}, ReduceOp::kSum);
+  ck.Expect(hs.size() == 3, "one.group: a handle per tensor");
+  for (const auto& h : hs) {
+    ExpectInvalid(ck, h, "one.group.1", "does not match input");
+    ck.Expect(h->status().message().find("failed as a whole") != std::string::npos,
+              "one.group: the group fails as a whole: " + h->status().message());
+  }
+  ck.Expect(a[3] == 4 && c[3] == 4, "one.group: no member was reduced");
+  ExpectNextWorks(e, ck, "one.group");
+}
+
 // The fast path (cached tensors agreed by one AND of every rank's bits): a tensor cached on
 // every rank whose shape then changes on one rank fails with the mismatch named, and one that a
 // rank submits more than a second late still completes with the right sum.
@@ -300,6 +370,7 @@ int RunMismatchChecks(hvd::Engine& e, Checker& ck) {
     CheckAcrossRanks(e, ck);
     CheckDuplicateInFlight(e, ck);
     CheckGroupedMismatch(e, ck);
+    CheckOneSided(e, ck);
     CheckCachedTensors(e, ck);
   }
   CheckDuplicateInGroup(e, ck);

@@ -2,6 +2,7 @@
 
 import os
 import re
+import time
 
 import numpy as np
 import pytest
@@ -89,6 +90,22 @@ def test_errors():
             hvd.allreduce(np.zeros(2 + r), name="np\x00mismatch")
     np.testing.assert_array_equal(hvd.allreduce(np.ones(1), op=hvd.Sum), np.full(1, float(n)))
     hvd.barrier()
+
+
+def test_an_argument_one_rank_gets_wrong_fails_on_every_rank_at_once():
+    # The last rank alone passes a root outside the world, then splits of the wrong number:
+    # every rank raises with that rank's reason, well before the stall time, and goes on.
+    r, n = world()
+    bad = r == n - 1
+    started = time.monotonic()
+    with pytest.raises(hvd.InvalidArgumentError,
+                       match=r"root rank %d is outside .*fails on every rank" % n):
+        hvd.broadcast(np.arange(4.0), root_rank=n if bad else 0, name="np.one.root")
+    with pytest.raises(hvd.InvalidArgumentError, match=r"on rank %d: splits must be" % (n - 1)):
+        hvd.alltoall(np.arange(float(n)), splits=[0] * (n + 1) if bad else [1] * n,
+                     name="np.one.splits")
+    assert time.monotonic() - started < 10
+    np.testing.assert_array_equal(hvd.allreduce(np.ones(1), op=hvd.Sum), np.full(1, float(n)))
 
 
 def test_a_forked_child_gets_an_error_and_leaves_the_rank_running():

@@ -50,6 +50,8 @@ TEST(Messages, RequestListRoundTrip) {
   b.group = "g";
   b.group_size = 2;
   b.prescale = 0.5;
+  b.error = "alltoall 'b' on rank 1: splits must be 2 row counts";
+  b.error_code = StatusCode::kFailedPrecondition;
   l.requests.push_back(b);
   l.cache_epoch = 77;
   l.cached_bits = {0x5, 1ull << 63};
@@ -59,6 +61,9 @@ TEST(Messages, RequestListRoundTrip) {
   ASSERT_EQ(out.requests.size(), 2u);
   EXPECT_TRUE(SameRequest(out.requests[0], l.requests[0]));
   EXPECT_TRUE(SameRequest(out.requests[1], l.requests[1]));
+  EXPECT_EQ(out.requests[1].error, b.error);
+  EXPECT_EQ(out.requests[1].error_code, StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(out.requests[0].error.empty());
   EXPECT_EQ(out.cache_epoch, 77u);
   EXPECT_EQ(out.cached_bits, l.cached_bits);
 }
@@ -222,6 +227,46 @@ TEST(Coordinator, BroadcastRootMismatch) {
   auto rs = c.ComputeResponses();
   ASSERT_EQ(rs.size(), 1u);
   EXPECT_NE(rs[0].error.find("root rank 0 vs 1"), std::string::npos) << rs[0].error;
+}
+
+Response ResponseFor(const Request& q) {
+  Response r;
+  r.type = q.type;
+  r.names = {q.name};
+  r.shapes = {q.shape};
+  r.dtype = q.dtype;
+  r.op = q.op;
+  return r;
+}
+
+// A rank that refused its own arguments (Request::error) fails the tensor on every rank with
+// its reason and code, before any comparison of the other fields; where several refused, the
+// first one's reason names them all. A refusal is never looked up in the response cache.
+TEST(Coordinator, RefusedArgumentsFailEveryRankWithTheReason) {
+  Coordinator c(4, 0, 0);
+  for (int r = 0; r < 4; ++r) {
+    Request q = Allreduce("b", {3});
+    q.type = OpType::kBroadcast;
+    q.root = r == 2 ? 9 : 0;
+    if (r >= 2) {
+      q.error = "broadcast 'b' on rank " + std::to_string(r) + ": root rank 9 is outside [0, 4)";
+      q.error_code = r == 2 ? StatusCode::kFailedPrecondition : StatusCode::kInvalidArgument;
+    }
+    c.AddRequests(r, {q});
+  }
+  auto rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].type, OpType::kError);
+  EXPECT_EQ(rs[0].names, std::vector<std::string>{"b"});
+  EXPECT_EQ(rs[0].error_code, StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rs[0].error, "broadcast 'b' on rank 2: root rank 9 is outside [0, 4) (ranks [2, 3] "
+                         "refused it); the operation fails on every rank");
+  ResponseCache cache(8, false);
+  Request q = Allreduce("b", {3});
+  cache.Apply({ResponseFor(q)});
+  ASSERT_EQ(cache.Lookup(q), 0);
+  q.error = "allreduce 'b' on rank 1: output data is null";
+  EXPECT_EQ(cache.Lookup(q), -1);  // the refusal goes to the coordinator
 }
 
 TEST(Coordinator, AllgatherSizesPerRank) {
@@ -481,16 +526,6 @@ TEST(Fusion, RespectsThresholdAndCompatibility) {
   EXPECT_EQ(out[2].names, std::vector<std::string>{"d"});
   EXPECT_EQ(FuseResponses(in, 0).size(), 4u);
   EXPECT_EQ(FuseResponses(in, 1 << 20).size(), 2u);
-}
-
-Response ResponseFor(const Request& q) {
-  Response r;
-  r.type = q.type;
-  r.names = {q.name};
-  r.shapes = {q.shape};
-  r.dtype = q.dtype;
-  r.op = q.op;
-  return r;
 }
 
 TEST(ResponseCache, InsertLookupEvictAndHistory) {

@@ -68,8 +68,11 @@ class HVD_EXPORT Handle {
   Status WaitFor(std::chrono::milliseconds timeout) const;
   // The final status; OK while pending.
   Status status() const;
-  // True when the engine refused the operation as it was submitted (bad arguments, a name
-  // already in flight, after shutdown or a failure): the handle failed before any negotiation.
+  // True when the engine refused the operation as it was submitted (no name, a process set
+  // this rank is not in, a name already in flight, after shutdown or a failure): the handle
+  // failed before any negotiation. Wrong arguments (a root outside the set, splits that do not
+  // fit, an output that does not match) are negotiated instead, so that every rank fails the
+  // operation together with this rank's reason: their handles fail without refused().
   bool refused() const { return refused_; }
 
   // After success of allgather, alltoall and reducescatter: the result's shape and, unless an

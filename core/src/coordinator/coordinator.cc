@@ -296,6 +296,25 @@ std::string Coordinator::Validate(const std::string& name, const Entry& e) const
 
 Response Coordinator::BuildResponse(const std::string& name, Entry& e) {
   Response resp;
+  // A rank that refused its own arguments (Request::error): every rank fails with its reason,
+  // which names it, before any comparison (its fields may be anything).
+  std::vector<int> refusing;
+  for (int r = 0; r < size_; ++r) {
+    if (e.per_rank[r] && !e.per_rank[r]->error.empty()) refusing.push_back(r);
+  }
+  if (!refusing.empty()) {
+    const Request& q = *e.per_rank[refusing[0]];
+    resp.type = OpType::kError;
+    resp.names = {name};
+    resp.error_code = q.error_code;
+    resp.error = q.error;
+    if (refusing.size() > 1) {
+      resp.error += " (ranks [" + RankList(World(refusing)) + "] refused it)";
+    }
+    resp.error += "; the operation fails on every rank" +
+                  (set_id_ == 0 ? std::string() : " of process set " + std::to_string(set_id_));
+    return resp;
+  }
   std::string err = Validate(name, e);
   if (!err.empty()) {
     resp.type = OpType::kError;

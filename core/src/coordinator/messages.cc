@@ -99,16 +99,20 @@ void Put(Writer& w, const Request& r) {
   w.Vec(r.splits);
   w.Str(r.group);
   w.Put<int32_t>(r.group_size);
+  w.Str(r.error);
+  w.Put<uint8_t>(static_cast<uint8_t>(r.error_code));
 }
 
 bool Get(Reader& rd, Request* r) {
-  uint8_t type, dtype, op;
+  uint8_t type, dtype, op, code;
   bool ok = rd.Enum(&type, static_cast<uint8_t>(OpType::kError)) && rd.Str(&r->name) &&
             rd.Enum(&dtype, kNumDataTypes) && rd.Enum(&op, kNumReduceOps) && rd.Get(&r->root) &&
             rd.Get(&r->device) && rd.Get(&r->prescale) && rd.Get(&r->postscale) &&
             rd.Vec(&r->shape) && rd.Vec(&r->splits) && rd.Str(&r->group) &&
-            rd.Get(&r->group_size);
+            rd.Get(&r->group_size) && rd.Str(&r->error) &&
+            rd.Enum(&code, static_cast<uint8_t>(StatusCode::kResourceExhausted) + 1);
   if (!ok) return false;
+  r->error_code = static_cast<StatusCode>(code);
   r->type = static_cast<OpType>(type);
   r->dtype = static_cast<DataType>(dtype);
   r->op = static_cast<ReduceOp>(op);

@@ -42,6 +42,12 @@ struct Request {
   std::vector<int64_t> splits;   // alltoall: rows sent to each rank
   std::string group;             // grouped ops: the group's key ("" = not grouped)
   int32_t group_size = 0;
+  // Not empty: the rank refused the operation's arguments (a root outside the set, splits of
+  // the wrong number, an output that does not fit), and says why. The request is negotiated
+  // all the same so that every rank fails it together (the coordinator answers kError with
+  // this), instead of the others waiting for a rank that gave up alone.
+  std::string error;
+  StatusCode error_code = StatusCode::kInvalidArgument;
   // The process set (0: every rank). Not on the wire: a RequestList is for one set.
   int32_t process_set = 0;
 };

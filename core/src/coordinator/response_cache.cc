@@ -28,6 +28,7 @@ ResponseCache::ResponseCache(int capacity, bool keep_history)
       keep_history_(keep_history) {}
 
 int ResponseCache::Lookup(const Request& r, uint32_t* hint) const {
+  if (!r.error.empty()) return -1;  // a refusal goes to the coordinator, whatever is cached
   if (hint != nullptr) {
     // A name holds one bit at a time: a bit that holds exactly r is r's.
     const uint32_t b = *hint - 1;

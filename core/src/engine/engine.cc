@@ -384,13 +384,35 @@ bool SizeWithinLimit(const std::vector<int64_t>& shape, size_t element_bytes) {
 
 }  // namespace
 
+Status EngineImpl::RefusalLocked(const Request& r) const {
+  const int32_t id = r.process_set;
+  if (r.type != OpType::kBarrier && r.type != OpType::kJoin && r.type != OpType::kProcessSet &&
+      r.name.empty()) {
+    return Status::InvalidArgument(Describe(r) + ": the name is empty");
+  }
+  if (id == kGlobalProcessSet) return Status::OK();  // always there, with every rank
+  if (r.type == OpType::kJoin) {
+    return Status::InvalidArgument(Describe(r) + ": join is of the global process set only");
+  }
+  auto it = known_sets_.find(id);
+  if (it == known_sets_.end()) {
+    return Status::InvalidArgument(Describe(r) + ": process set " + std::to_string(id) +
+                                   " does not exist (it was removed, or never added)");
+  }
+  const std::vector<int>& ranks = it->second.ranks;
+  if (!std::binary_search(ranks.begin(), ranks.end(), options_.rank)) {
+    return Status::InvalidArgument(Describe(r) + ": this rank is not a member of process set " +
+                                   std::to_string(id) + " (ranks [" + RankList(ranks) + "])");
+  }
+  return Status::OK();
+}
+
 Status EngineImpl::ValidateLocked(TensorEntry& e) const {
   Request& r = e.request;
   HVD_RETURN_IF_ERROR(CheckProcessSetLocked(r));
   // Built only for an error: this runs for every tensor a caller hands in.
   auto what = [&] { return Describe(r); };
   if (r.type != OpType::kBarrier && r.type != OpType::kJoin && r.type != OpType::kProcessSet) {
-    if (r.name.empty()) return Status::InvalidArgument(what() + ": the name is empty");
     if (e.input.device != kCpuDevice) {
       if (e.input.device < 0) {
         return Status::InvalidArgument(what() + ": device " + std::to_string(e.input.device) +
@@ -428,34 +450,24 @@ Status EngineImpl::ValidatePlacesLocked(const TensorEntry& e) const {
   return Status::OK();
 }
 
-// The operation's process set exists here and has this rank; its root and splits fit the set,
-// and the root is turned into the set's rank.
+// The root and splits fit the operation's process set (which RefusalLocked found here, with
+// this rank), and the root is turned into the set's rank.
 Status EngineImpl::CheckProcessSetLocked(Request& r) const {
   auto what = [&] { return Describe(r); };
   const int32_t id = r.process_set;
-  // The common case, for every gradient: the global set always exists and has this rank, and
-  // of the checks below only Adasum's applies to an allreduce.
+  // The common case, for every gradient: of the checks below only Adasum's applies to an
+  // allreduce.
   if (id == kGlobalProcessSet && r.type == OpType::kAllreduce && r.op != ReduceOp::kAdasum) {
     return Status::OK();
   }
-  if (r.type == OpType::kJoin && id != kGlobalProcessSet) {
-    return Status::InvalidArgument(what() + ": join is of the global process set only");
-  }
   auto it = known_sets_.find(id);
-  if (it == known_sets_.end()) {
-    return Status::InvalidArgument(what() + ": process set " + std::to_string(id) +
-                                   " does not exist (it was removed, or never added)");
-  }
+  if (it == known_sets_.end()) return RefusalLocked(r);
   const std::vector<int>& ranks = it->second.ranks;
   const int n = static_cast<int>(ranks.size());
   auto place = [&ranks](int world) {
     auto p = std::lower_bound(ranks.begin(), ranks.end(), world);
     return p != ranks.end() && *p == world ? static_cast<int>(p - ranks.begin()) : -1;
   };
-  if (place(options_.rank) < 0) {
-    return Status::InvalidArgument(what() + ": this rank is not a member of process set " +
-                                   std::to_string(id) + " (ranks [" + RankList(ranks) + "])");
-  }
   // Built only for an error, as `what`: this runs for every tensor a caller hands in.
   auto in_set = [id] {
     return id == kGlobalProcessSet ? std::string("the world size")
@@ -519,7 +531,19 @@ std::vector<HandlePtr> EngineImpl::EnqueueGroup(std::vector<TensorEntry> entries
   return handles;
 }
 
-// Validates and queues n entries (a group when n > 1), or fails every one of them.
+namespace {
+
+// The rank refuses an operation's arguments: it goes to the coordinator all the same, saying
+// why, and fails on every rank together (Request::error).
+void RefuseArguments(Request& r, const Status& why) {
+  r.error = why.message();
+  r.error_code = why.code();
+}
+
+}  // namespace
+
+// Refuses n entries (a group when n > 1) on this rank, or queues them; an entry whose arguments
+// are wrong is queued with its refusal, which every rank hears of (RefuseArguments).
 void EngineImpl::Submit(TensorEntry* entries, size_t n) {
   TensorEntry* const end = entries + n;
   if (InForkedChild()) {
@@ -556,14 +580,18 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
         process_set_call_ = e.handle;
         e.request.name = "process_set." + std::to_string(process_set_ops_++);
       }
-      s = ValidateLocked(e);
+      s = RefusalLocked(e.request);
+      if (s.ok() && e.request.error.empty()) {
+        const Status bad = ValidateLocked(e);
+        if (!bad.ok()) RefuseArguments(e.request, bad);
+      }
       if (s.ok() && e.input.device != kCpuDevice && e.request.type == OpType::kJoin) {
         if (GetDeviceRuntime() == nullptr) {
           s = Status::FailedPrecondition(Describe(e.request) + ": device " +
                                          std::to_string(e.input.device) +
                                          " needs a build with CUDA; this build has CPU only");
         }
-      } else if (s.ok() && e.input.device != kCpuDevice) {
+      } else if (s.ok() && e.input.device != kCpuDevice && e.request.error.empty()) {
         s = RecordReady(e);
       }
       if (s.ok() && n > 1 && !names.insert(e.request.name).second) {
@@ -670,6 +698,7 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
   const bool global = process_set == kGlobalProcessSet;
   const std::string key = global ? std::string() : PendingKey(process_set, name);
   const std::string_view k = global ? std::string_view(name) : std::string_view(key);
+  Status bad;  // what is wrong with the arguments: every rank hears of it (Request::error)
   {
     std::unique_lock<SpinLock> l(mu_);
     Status s = SubmitRefusalLocked();
@@ -683,7 +712,7 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
       Request& r = e.request;
       // The name is the node's. Where every other field is as before, where the response
       // cache had the request stays known (TensorEntry::hint_contents).
-      const bool same = e.hint_contents != 0 && r.type == OpType::kAllreduce &&
+      const bool same = e.hint_contents != 0 && r.error.empty() && r.type == OpType::kAllreduce &&
                         r.dtype == in.dtype && r.op == op && r.root == -1 &&
                         r.device == in.device && r.prescale == prescale &&
                         r.postscale == postscale && r.splits.empty() && r.group.empty() &&
@@ -705,6 +734,7 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
         r.group.clear();
         r.group_size = 0;
         r.process_set = process_set;
+        r.error.clear();
       }
       // (Where it is the same, every field already holds what it would be set to, the name
       // included: it is the node's key, or the set's key's.)
@@ -716,10 +746,13 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
       e.keeps_storage = true;
       // The same request of the global set passed every check of the request itself when it
       // was last submitted (a cached request was validated): only the places are new.
-      s = same && process_set == kGlobalProcessSet && op != ReduceOp::kAdasum
-              ? ValidatePlacesLocked(e)
-              : ValidateLocked(e);
-      if (!s.ok()) {
+      if (!same || process_set != kGlobalProcessSet) s = RefusalLocked(r);
+      if (s.ok()) {
+        bad = same && process_set == kGlobalProcessSet && op != ReduceOp::kAdasum
+                  ? ValidatePlacesLocked(e)
+                  : ValidateLocked(e);
+      }
+      if (!s.ok() || !bad.ok()) {
         // Taken before the checks (which read the entry): freed again, and swept by the
         // background thread at its next drain, so that refusals under ever new names do not
         // pile up nodes.
@@ -734,8 +767,20 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
       PayOwedFailureNote();  // before the caller sees the refusal (engine_impl.h)
       return h;
     }
-    SetWaitPolicy(node->value, in.num_elements() * DataTypeSize(in.dtype));
-    queue_.push_back(node);
+    if (bad.ok()) {
+      SetWaitPolicy(node->value, in.num_elements() * DataTypeSize(in.dtype));
+      queue_.push_back(node);
+    }
+  }
+  if (!bad.ok()) {  // negotiated as any other operation, carrying the refusal
+    TensorEntry e = MakeEntry(*this, OpType::kAllreduce, name, in, out, process_set);
+    e.request.op = op;
+    e.request.prescale = prescale;
+    e.request.postscale = postscale;
+    e.handle = h;
+    RefuseArguments(e.request, bad);
+    Submit(&e, 1);
+    return h;
   }
   Wake();
   return h;
@@ -1006,25 +1051,30 @@ Status Engine::StopTimeline() { return impl_->StopTimeline(); }
 
 namespace {
 
-Status CheckAllreduceArgs(const std::string& name, const TensorView& in, const TensorView& out,
-                          ReduceOp op) {
+// An entry whose arguments this rank refuses for `problem` (none where it is empty): queued all
+// the same, saying why, so that every rank fails it together (EngineImpl::Submit).
+void RefuseArguments(const EngineImpl& impl, TensorEntry& e, const std::string& problem) {
+  if (!problem.empty()) {
+    RefuseArguments(e.request, Status::InvalidArgument(impl.Describe(e.request) + ": " + problem));
+  }
+}
+
+// What is wrong with an allreduce's arguments ("": nothing), for RefuseArguments.
+std::string AllreduceArgsProblem(const TensorView& in, const TensorView& out, ReduceOp op) {
   if (in.dtype != out.dtype || in.num_elements() != out.num_elements()) {
-    return Status::InvalidArgument("allreduce '" + name + "': output " + DataTypeName(out.dtype) +
-                                   out.ShapeString() + " does not match input " +
-                                   DataTypeName(in.dtype) + in.ShapeString());
+    return std::string("output ") + DataTypeName(out.dtype) + out.ShapeString() +
+           " does not match input " + DataTypeName(in.dtype) + in.ShapeString();
   }
-  if (out.data == nullptr && out.num_elements() > 0) {
-    return Status::InvalidArgument("allreduce '" + name + "': output data is null");
-  }
+  if (out.data == nullptr && out.num_elements() > 0) return "output data is null";
   if (in.dtype == DataType::kBool && op == ReduceOp::kAverage) {
-    return Status::InvalidArgument("allreduce '" + name + "': average is not defined for bool");
+    return "average is not defined for bool";
   }
   if (op == ReduceOp::kAdasum && in.dtype != DataType::kFloat16 &&
       in.dtype != DataType::kFloat32 && in.dtype != DataType::kFloat64) {
-    return Status::InvalidArgument("allreduce '" + name + "': Adasum reduces float16, float32 "
-                                   "and float64 tensors, not " + DataTypeName(in.dtype));
+    return std::string("Adasum reduces float16, float32 and float64 tensors, not ") +
+           DataTypeName(in.dtype);
   }
-  return Status::OK();
+  return "";
 }
 
 }  // namespace
@@ -1032,15 +1082,15 @@ Status CheckAllreduceArgs(const std::string& name, const TensorView& in, const T
 HandlePtr Engine::Allreduce(const std::string& name, const TensorView& input,
                             const TensorView& output, ReduceOp op, double prescale,
                             double postscale, int32_t process_set) {
-  Status s = CheckAllreduceArgs(name, input, output, op);
-  if (!s.ok()) return Failed(s);
-  if (input.device == kCpuDevice) {
+  std::string problem = AllreduceArgsProblem(input, output, op);
+  if (input.device == kCpuDevice && problem.empty()) {
     return impl_->SubmitAllreduce(name, input, output, op, prescale, postscale, process_set);
   }
   TensorEntry e = MakeEntry(*impl_, OpType::kAllreduce, name, input, output, process_set);
   e.request.op = op;
   e.request.prescale = prescale;
   e.request.postscale = postscale;
+  RefuseArguments(*impl_, e, problem);
   return impl_->Enqueue(std::move(e));
 }
 
@@ -1056,17 +1106,12 @@ std::vector<HandlePtr> Engine::GroupedAllreduce(const std::vector<std::string>& 
   }
   std::vector<TensorEntry> entries;
   for (size_t i = 0; i < names.size(); ++i) {
-    Status s = CheckAllreduceArgs(names[i], inputs[i], outputs[i], op);
-    if (!s.ok()) {
-      std::vector<HandlePtr> hs(names.size());
-      for (auto& h : hs) h = Failed(s);
-      return hs;
-    }
     TensorEntry e =
         MakeEntry(*impl_, OpType::kAllreduce, names[i], inputs[i], outputs[i], process_set);
     e.request.op = op;
     e.request.prescale = prescale;
     e.request.postscale = postscale;
+    RefuseArguments(*impl_, e, AllreduceArgsProblem(inputs[i], outputs[i], op));
     entries.push_back(std::move(e));
   }
   return impl_->EnqueueGroup(std::move(entries));
@@ -1098,16 +1143,15 @@ std::vector<HandlePtr> Engine::GroupedAllgather(const std::vector<std::string>& 
 
 HandlePtr Engine::Broadcast(const std::string& name, const TensorView& input,
                             const TensorView& output, int root, int32_t process_set) {
-  if (input.dtype != output.dtype || input.num_elements() != output.num_elements()) {
-    return Failed(Status::InvalidArgument("broadcast '" + name + "': output " +
-                                          output.ShapeString() + " does not match input " +
-                                          input.ShapeString()));
-  }
-  if (output.data == nullptr && output.num_elements() > 0) {
-    return Failed(Status::InvalidArgument("broadcast '" + name + "': output data is null"));
-  }
   TensorEntry e = MakeEntry(*impl_, OpType::kBroadcast, name, input, output, process_set);
   e.request.root = root;
+  if (input.dtype != output.dtype || input.num_elements() != output.num_elements()) {
+    RefuseArguments(*impl_, e, std::string("output ") + DataTypeName(output.dtype) +
+                                   output.ShapeString() + " does not match input " +
+                                   DataTypeName(input.dtype) + input.ShapeString());
+  } else if (output.data == nullptr && output.num_elements() > 0) {
+    RefuseArguments(*impl_, e, "output data is null");
+  }
   return impl_->Enqueue(std::move(e));
 }
 
@@ -1115,8 +1159,10 @@ HandlePtr Engine::Alltoall(const std::string& name, const TensorView& input,
                            const std::vector<int64_t>& splits, OutputAllocator allocator,
                            int32_t process_set) {
   TensorEntry e = MakeEntry(*impl_, OpType::kAlltoall, name, input, TensorView(), process_set);
+  e.allocator = std::move(allocator);
   if (e.request.shape.empty()) {
-    return Failed(Status::InvalidArgument("alltoall '" + name + "': input must have at least one dimension"));
+    RefuseArguments(*impl_, e, "input must have at least one dimension");
+    return impl_->Enqueue(std::move(e));
   }
   int64_t rows = e.request.shape[0];
   if (!splits.empty()) {  // their number is checked against the set's size at enqueue
@@ -1129,29 +1175,26 @@ HandlePtr Engine::Alltoall(const std::string& name, const TensorView& input,
     }
     // As in Horovod, rows past the splits' sum are not sent.
     if (bad || sum > rows) {
-      return Failed(Status::InvalidArgument(
-          "alltoall '" + name + "': splits must be non-negative row counts whose sum is at "
-          "most the first dimension " + std::to_string(rows) + "; got " + ShapeToString(splits)));
+      RefuseArguments(*impl_, e, "splits must be non-negative row counts whose sum is at most "
+                                 "the first dimension " + std::to_string(rows) + "; got " +
+                                 ShapeToString(splits));
+    } else {
+      e.request.splits = splits;
     }
-    e.request.splits = splits;
   }
-  e.allocator = std::move(allocator);
   return impl_->Enqueue(std::move(e));
 }
 
 namespace {
 
-Status CheckReducescatterArgs(const std::string& name, const TensorView& input, ReduceOp op) {
-  if (input.shape.empty()) {
-    return Status::InvalidArgument("reducescatter '" + name + "': input must have at least one dimension");
-  }
+// What is wrong with a reducescatter's arguments ("": nothing), for RefuseArguments.
+std::string ReducescatterArgsProblem(const TensorView& input, ReduceOp op) {
+  if (input.shape.empty()) return "input must have at least one dimension";
   if (input.dtype == DataType::kBool && op == ReduceOp::kAverage) {
-    return Status::InvalidArgument("reducescatter '" + name + "': average is not defined for bool");
+    return "average is not defined for bool";
   }
-  if (op == ReduceOp::kAdasum) {
-    return Status::InvalidArgument("reducescatter '" + name + "': Adasum is for allreduce only");
-  }
-  return Status::OK();
+  if (op == ReduceOp::kAdasum) return "Adasum is for allreduce only";
+  return "";
 }
 
 }  // namespace
@@ -1159,13 +1202,12 @@ Status CheckReducescatterArgs(const std::string& name, const TensorView& input, 
 HandlePtr Engine::Reducescatter(const std::string& name, const TensorView& input, ReduceOp op,
                                 double prescale, double postscale, OutputAllocator allocator,
                                 int32_t process_set) {
-  Status s = CheckReducescatterArgs(name, input, op);
-  if (!s.ok()) return Failed(s);
   TensorEntry e = MakeEntry(*impl_, OpType::kReducescatter, name, input, TensorView(), process_set);
   e.request.op = op;
   e.request.prescale = prescale;
   e.request.postscale = postscale;
   e.allocator = std::move(allocator);
+  RefuseArguments(*impl_, e, ReducescatterArgsProblem(input, op));
   return impl_->Enqueue(std::move(e));
 }
 
@@ -1180,17 +1222,12 @@ std::vector<HandlePtr> Engine::GroupedReducescatter(const std::vector<std::strin
   }
   std::vector<TensorEntry> entries;
   for (size_t i = 0; i < names.size(); ++i) {
-    Status s = CheckReducescatterArgs(names[i], inputs[i], op);
-    if (!s.ok()) {
-      std::vector<HandlePtr> hs(names.size());
-      for (auto& h : hs) h = Failed(s);
-      return hs;
-    }
     TensorEntry e = MakeEntry(*impl_, OpType::kReducescatter, names[i], inputs[i], TensorView(),
                               process_set);
     e.request.op = op;
     e.request.prescale = prescale;
     e.request.postscale = postscale;
+    RefuseArguments(*impl_, e, ReducescatterArgsProblem(inputs[i], op));
     entries.push_back(std::move(e));
   }
   return impl_->EnqueueGroup(std::move(entries));

@@ -343,6 +343,7 @@ struct Rounds {
 
 class EngineImpl {
  public:
+  std::string Describe(const Request& r) const;  // "allreduce 'x' on rank 3", for errors
   static StatusOr<std::unique_ptr<EngineImpl>> Create(const Options& options);
   ~EngineImpl();
 
@@ -430,13 +431,17 @@ class EngineImpl {
   Status ExecuteProcessSet(const Response& r, std::vector<TensorEntry*>& entries);
 
   // Caller side.
-  // Need mu_ (they read in_flight_ and known_sets_); they may rewrite the request's root.
+  // Need mu_ (they read in_flight_ and known_sets_).
+  // What this rank refuses alone, at the call: an operation it cannot negotiate (no name, a
+  // process set that it is not a member of or that does not exist).
+  Status RefusalLocked(const Request& r) const;
+  // What is wrong with the arguments (the caller sends it as Request::error, and every rank
+  // fails the operation); may rewrite the request's root.
   Status ValidateLocked(TensorEntry& e) const;
   // Of those, the checks of the entry's input and output places alone (ValidateLocked ends
   // with them): a request that passed the rest before needs only these.
   Status ValidatePlacesLocked(const TensorEntry& e) const;
   Status CheckProcessSetLocked(Request& r) const;
-  std::string Describe(const Request& r) const;  // "allreduce 'x' on rank 3", for errors
 
   // Background thread (background.cc).
   void Loop();  // the background thread
