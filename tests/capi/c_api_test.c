@@ -118,7 +118,8 @@ int main(void) {
     hvd_handle_free(h);
   }
   /* Misuse is refused at hvd_wait, saying what was wrong, and crashes nothing (every rank makes
-   * the same calls; none reaches the other ranks). */
+   * the same calls). What the C layer cannot turn into a tensor (a dtype, op or shape that is not
+   * one) fails at once; a null output is the engine's to refuse, on every rank together. */
   {
     float x[4] = {1, 2, 3, 4};
     int64_t four = 4;
@@ -143,8 +144,8 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
       err = NULL;
-      CHECK(hvd_poll(bad[i].h) == 1, "refused call %zu is finished", i);
       int code = hvd_wait(bad[i].h, 30000, &err);
+      CHECK(hvd_poll(bad[i].h) == 1, "refused call %zu is finished", i);
       CHECK(code == HVD_INVALID_ARGUMENT, "refused call %zu gave code %d", i, code);
       CHECK(strstr(hvd_error_message(err), bad[i].says) != NULL, "refused call %zu says '%s'", i,
             hvd_error_message(err));
