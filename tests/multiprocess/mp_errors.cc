@@ -228,6 +228,32 @@ void CheckOneSided(hvd::Engine& e, Checker& ck) {
   expect(e.Allreduce("one.cached", w, bad ? TensorView(nullptr, DataType::kFloat32, {2}) : w,
                      ReduceOp::kSum),
          "one.cached", "output data is null");
+  // The same with a null input, which the request built in its name's node finds.
+  for (int step = 0; step < 2; ++step) {
+    ck.ExpectOk(WaitDone(e.Allreduce("one.cached", w, w, ReduceOp::kSum)), "one.cached again");
+  }
+  TensorView null_in(nullptr, DataType::kFloat32, {2});
+  expect(e.Allreduce("one.cached", bad ? null_in : w, w, ReduceOp::kSum), "one.cached",
+         "input data is null");
+
+  // Two ranks refuse for different reasons: every rank gets the first one's, each refusing
+  // rank its own too.
+  if (n > 2) {
+    const bool first = r == 0, second = r == n - 1;
+    TensorView in2(f, DataType::kFloat32, {2});
+    auto h = e.Allreduce("one.two", first ? null_in : in2,
+                         second ? TensorView(out, DataType::kFloat32, {1}) : in2, ReduceOp::kSum);
+    hvd::Status st = WaitDone(h);
+    const std::string m = st.message();
+    ck.Expect(st.code() == StatusCode::kInvalidArgument &&
+                  m.find("on rank 0: input data is null") != std::string::npos &&
+                  m.find("ranks [0, " + std::to_string(n - 1) + "] refused it") != std::string::npos,
+              "one.two: every rank gets rank 0's reason and both ranks: " + m);
+    ck.Expect(!second || m.find("this rank refused it too: allreduce 'one.two' on rank " +
+                                std::to_string(n - 1) + ": output") != std::string::npos,
+              "one.two: the second refusing rank gets its own reason too: " + m);
+    ExpectNextWorks(e, ck, "one.two");
+  }
 
   // In a group: the member's reason fails the whole group on every rank.
   float a[4] = {1, 2, 3, 4}, b[4] = {1, 2, 3, 4}, c[4] = {1, 2, 3, 4}, small[2];
@@ -327,8 +353,9 @@ void CheckNameReuse(hvd::Engine& e, Checker& ck) {
 
 }  // namespace
 
-// Shapes whose size is over the limit or wraps 64 bits: refused at the call on every op, on
-// this rank alone (the buffer is tiny: nothing may read past it), then the next op works.
+// Shapes whose size is over the limit or wraps 64 bits: refused on every op, by every rank
+// (negotiated as a refusal: the buffer is tiny, nothing may read past it), then the next op
+// works.
 // A wait with a timeout too long for the clock waits for the operation instead of timing out.
 void CheckSizeLimits(hvd::Engine& e, Checker& ck) {
   float x[64] = {0};

@@ -141,6 +141,27 @@ void CheckMovement(hvd::Engine& e, Checker& ck, const Set& s) {
       ck.ExpectElements(t, buf.data(), 5, [&](int64_t i) { return Pattern(t, root, i, 2); }, what);
     }
   }
+  if (n > 1) {
+    // The set's last member alone names a root outside the set (a rank of the world that is
+    // not a member, else one past the world): every member fails together with its reason.
+    int outside = e.size();
+    for (int w = 0; w < e.size(); ++w) {
+      if (std::find(s.ranks.begin(), s.ranks.end(), w) == s.ranks.end()) outside = w;
+    }
+    const int last = s.ranks[n - 1];
+    Buffer buf(t, 5);
+    TensorView v(buf.data(), t, {5});
+    hvd::Status st =
+        WaitDone(e.Broadcast("ps.bcast.one", v, v, me == last ? outside : s.ranks[0], s.id));
+    const std::string m = st.message();
+    ck.Expect(st.code() == hvd::StatusCode::kInvalidArgument &&
+                  m.find("on rank " + std::to_string(last) + ": root rank " +
+                         std::to_string(outside)) != std::string::npos &&
+                  m.find("fails on every rank of process set " + std::to_string(s.id)) !=
+                      std::string::npos,
+              tag + "a root outside the set on rank " + std::to_string(last) +
+                  " alone fails every member: got " + st.ToString());
+  }
   {
     std::vector<int64_t> splits;
     int64_t rows = 0;

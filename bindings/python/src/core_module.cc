@@ -213,8 +213,9 @@ hvd::TensorView View(py::handle where, int dtype, std::vector<int64_t> shape) {
 }
 
 
-// An operation the engine refused as it was submitted raises at the call, as Horovod's do
-// (a ValueError for bad arguments or a name already in flight).
+// An operation the engine refused as it was submitted (a name already in flight, a process set
+// this rank is not in) raises at the call, as Horovod's do. Wrong arguments are negotiated, so
+// that every rank fails together (Handle::refused): an async call raises at its wait.
 PyHandle* Wrap(hvd::HandlePtr h, py::object keep) {
   if (h->refused()) throw StatusError(h->status());
   return new PyHandle(std::move(h), std::move(keep));

@@ -362,6 +362,15 @@ std::string EngineImpl::Describe(const Request& r) const {
 
 namespace {
 
+// A list of splits for an error message: a caller's may be long; its head says enough.
+std::string SplitsToString(const std::vector<int64_t>& splits) {
+  constexpr size_t kShown = 8;
+  if (splits.size() <= kShown) return ShapeToString(splits);
+  std::string head = ShapeToString(std::vector<int64_t>(splits.begin(), splits.begin() + kShown));
+  head.pop_back();  // its "]"
+  return head + ", ... (" + std::to_string(splits.size()) + " in all)]";
+}
+
 // The largest tensor an operation takes: 64 TiB, so that a job's sum of such sizes over its
 // ranks (an allgather's output) still fits in 64 bits.
 constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 46;
@@ -503,7 +512,7 @@ Status EngineImpl::CheckProcessSetLocked(Request& r) const {
     } else if (static_cast<int>(r.splits.size()) != n) {
       return Status::InvalidArgument(what() + ": splits must be " + std::to_string(n) +
                                      " row counts (" + in_set() + "); got " +
-                                     ShapeToString(r.splits));
+                                     SplitsToString(r.splits));
     }
   }
   return Status::OK();
@@ -538,6 +547,7 @@ namespace {
 void RefuseArguments(Request& r, const Status& why) {
   r.error = why.message();
   r.error_code = why.code();
+  r.splits.clear();  // the coordinator reads none of a refusal's fields: it need not carry them
 }
 
 }  // namespace
@@ -1177,7 +1187,7 @@ HandlePtr Engine::Alltoall(const std::string& name, const TensorView& input,
     if (bad || sum > rows) {
       RefuseArguments(*impl_, e, "splits must be non-negative row counts whose sum is at most "
                                  "the first dimension " + std::to_string(rows) + "; got " +
-                                 ShapeToString(splits));
+                                 SplitsToString(splits));
     } else {
       e.request.splits = splits;
     }

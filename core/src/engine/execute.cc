@@ -338,6 +338,19 @@ void EngineImpl::Execute(const Response& r) {
     Abandon(s);
     if (!abort_.ok()) s = abort_;  // names this rank, as the others' errors do
   }
+  if (r.type == OpType::kError) {
+    // An entry this rank refused (Request::error) whose reason the response does not carry
+    // (another rank's came first, or the tensor was abandoned): its own reason goes with it.
+    for (TensorEntry*& e : entries) {
+      if (e == nullptr || e->request.error.empty() ||
+          s.message().find(e->request.error) != std::string::npos) {
+        continue;
+      }
+      Status own(s.code(), s.message() + "; this rank refused it too: " + e->request.error);
+      CompleteEntries(&e, 1, own, ps);
+      e = nullptr;
+    }
+  }
   entries.erase(std::remove(entries.begin(), entries.end(), nullptr), entries.end());
   // A peer lost or silent fails these operations first: the note goes before they complete.
   if (comm_gone && !failing_on_own_) LeaveFailureNote(s);
