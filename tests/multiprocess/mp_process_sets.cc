@@ -495,6 +495,14 @@ void CheckErrors(hvd::Engine& e, Checker& ck) {
     auto bad = e.AddProcessSet({0, n});
     ck.Expect(!bad.ok() && bad.status().code() == hvd::StatusCode::kInvalidArgument,
               "a rank out of range: got " + bad.status().ToString());
+    // The last rank alone passes a rank out of range: every rank's call fails with its reason.
+    auto one = e.AddProcessSet(me == n - 1 ? std::vector<int>{0, n} : std::vector<int>{0, n - 1});
+    ck.Expect(!one.ok() && one.status().code() == hvd::StatusCode::kInvalidArgument &&
+                  one.status().message().find("process set rank " + std::to_string(n) +
+                                              " is outside [0, " + std::to_string(n) +
+                                              ") (on rank " + std::to_string(n - 1) + ")") !=
+                      std::string::npos,
+              "a rank out of range on the last rank alone: got " + one.status().ToString());
   }
   // A root outside the set: negotiated with the refusal, it fails on every member together.
   if (n > 1 && me == 0) {

@@ -798,12 +798,17 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
 
 // ---------------------------------------------------------------- EngineImpl: process sets
 
-HandlePtr EngineImpl::EnqueueProcessSetOp(std::vector<int> ranks, int32_t remove) {
+HandlePtr EngineImpl::EnqueueProcessSetOp(std::vector<int> ranks, int32_t remove,
+                                          const std::string& problem) {
   TensorEntry e = MakeEntry(*this, OpType::kProcessSet, "", TensorView(), TensorView(),
                             kGlobalProcessSet);
   e.request.shape.clear();
   e.request.root = remove;
   e.request.splits.assign(ranks.begin(), ranks.end());
+  if (!problem.empty()) {  // negotiated all the same: every rank's call fails with it
+    RefuseArguments(e.request, Status::InvalidArgument(problem + " (on rank " +
+                                                       std::to_string(options_.rank) + ")"));
+  }
   return Enqueue(std::move(e));
 }
 
@@ -814,17 +819,18 @@ StatusOr<int32_t> EngineImpl::AddProcessSet(std::vector<int> ranks, bool at_init
         "(HOROVOD_DYNAMIC_PROCESS_SETS); or pass the sets to init");
   }
   std::sort(ranks.begin(), ranks.end());
-  if (ranks.empty()) return Status::InvalidArgument("a process set needs at least one rank");
-  for (size_t i = 0; i < ranks.size(); ++i) {
+  // A list that one rank alone gets wrong fails the call on every rank (RefuseArguments).
+  std::string problem;
+  if (ranks.empty()) problem = "a process set needs at least one rank";
+  for (size_t i = 0; i < ranks.size() && problem.empty(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= options_.size) {
-      return Status::InvalidArgument("process set rank " + std::to_string(ranks[i]) +
-                                     " is outside [0, " + std::to_string(options_.size) + ")");
-    }
-    if (i > 0 && ranks[i] == ranks[i - 1]) {
-      return Status::InvalidArgument("process set has rank " + std::to_string(ranks[i]) + " twice");
+      problem = "process set rank " + std::to_string(ranks[i]) + " is outside [0, " +
+                std::to_string(options_.size) + ")";
+    } else if (i > 0 && ranks[i] == ranks[i - 1]) {
+      problem = "process set has rank " + std::to_string(ranks[i]) + " twice";
     }
   }
-  HandlePtr h = EnqueueProcessSetOp(std::move(ranks), 0);
+  HandlePtr h = EnqueueProcessSetOp(std::move(ranks), 0, problem);
   HVD_RETURN_IF_ERROR(h->Wait());
   return h->process_set_id();
 }
@@ -834,8 +840,9 @@ Status EngineImpl::RemoveProcessSet(int32_t id) {
     return Status::FailedPrecondition(
         "removing a process set needs HVD_DYNAMIC_PROCESS_SETS=1 (HOROVOD_DYNAMIC_PROCESS_SETS)");
   }
-  if (id == kGlobalProcessSet) return Status::InvalidArgument("the global process set cannot be removed");
-  return EnqueueProcessSetOp({}, id)->Wait();
+  return EnqueueProcessSetOp(
+             {}, id, id == kGlobalProcessSet ? "the global process set cannot be removed" : "")
+      ->Wait();
 }
 
 std::vector<int> EngineImpl::ProcessSetRanks(int32_t id) const {

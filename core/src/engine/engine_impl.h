@@ -421,7 +421,9 @@ class EngineImpl {
   StatusOr<bool> SymmetricNegotiation(bool all_linked, bool links_in_memory, unsigned cores,
                                       Deadline deadline);
   void Wake();
-  HandlePtr EnqueueProcessSetOp(std::vector<int> ranks, int32_t remove);
+  // `problem` (not empty): this rank refuses the call's arguments, and every rank's call fails.
+  HandlePtr EnqueueProcessSetOp(std::vector<int> ranks, int32_t remove,
+                                const std::string& problem);
 
   // Process sets (background.cc).
   ProcessSetState& World() { return *sets_.at(0); }
