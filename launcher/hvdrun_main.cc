@@ -230,7 +230,7 @@ int RunJob(const LaunchOptions& opts) {
   auto notes_store = std::make_shared<std::unique_ptr<StoreClient>>();
   const int store_port = (*server)->port();
   const std::string store_host = addrs.local_addr;
-  supervisor.SetFailureNotes([=](int rank, std::string* note) {
+  supervisor.SetFailureNotes([=](int rank, std::string* note, bool* started) {
     const Deadline deadline = Clock::now() + std::chrono::milliseconds(500);
     if (!*notes_store) {
       auto store = StoreClient::Connect(store_host, store_port, deadline, secret);
@@ -239,7 +239,11 @@ int RunJob(const LaunchOptions& opts) {
     }
     auto found = (*notes_store)->TryGet(FailureNoteKey(rank), note, deadline);
     if (found.ok() && !*found) note->clear();
-    return found.ok();
+    if (!found.ok()) return false;
+    std::string addr;
+    auto joined = (*notes_store)->TryGet(RankAddressKey(rank), &addr, deadline);
+    *started = joined.ok() && *joined;
+    return true;
   });
   if (opts.verbose) {
     std::cerr << "hvdrun: rendezvous store on " << addrs.store_bind << ":" << job.rendezvous_port

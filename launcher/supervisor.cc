@@ -222,7 +222,7 @@ void Supervisor::OnRankExit(size_t index, int status) {
   }
   // In the grace period hvdrun has signalled no rank yet: this signal came from outside.
   if (!ok && phase_ == Phase::kGrace && first_failed_ >= 0) {
-    const bool killed = WIFSIGNALED(status) && !first_failed_by_signal_ &&
+    const bool killed = WIFSIGNALED(status) && !first_failed_by_signal_ && !first_failed_own_ &&
                         Clock::now() < first_failed_at_ + kCauseWindow;
     // The first failure followed another rank's, and this rank's is its own.
     std::string note;
@@ -253,8 +253,10 @@ void Supervisor::OnRankExit(size_t index, int status) {
   exit_code_ = code;
   exit_code_set_ = true;
   std::string note;
-  if (!WIFSIGNALED(status)) NoteOf(r, &note);
+  bool started = false;
+  if (!WIFSIGNALED(status)) NoteOf(r, &note, &started);
   first_failed_follows_ = !note.empty();
+  first_failed_own_ = note.empty() && started;
   Say(note.empty() ? what : what + ", after another rank's failure ended hvd there: " + note);
   NameStoppedRanks();
   phase_ = Phase::kGrace;
@@ -285,9 +287,12 @@ void Supervisor::NameStoppedRanks() const {
 }
 
 // The rank's failure note, its first line and at most 400 characters.
-bool Supervisor::NoteOf(const RankProcess& r, std::string* note) const {
+bool Supervisor::NoteOf(const RankProcess& r, std::string* note, bool* started) const {
   note->clear();
-  if (!notes_ || r.label >= 0 || !notes_(r.placement.rank, note)) return false;
+  bool joined = false;
+  if (started != nullptr) *started = false;
+  if (!notes_ || r.label >= 0 || !notes_(r.placement.rank, note, &joined)) return false;
+  if (started != nullptr) *started = joined;
   *note = note->substr(0, note->find('\n'));
   if (note->size() > 400) *note = note->substr(0, 397) + "...";
   return true;

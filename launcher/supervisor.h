@@ -68,9 +68,10 @@ class Supervisor {
   // Elastic jobs: exits go to `events` first, and its Tick runs every round (not owned).
   void SetEvents(RankEvents* events) { events_ = events; }
   // Sets *note to what a rank left before it failed because another rank's failure ended hvd
-  // there (bootstrap/store.h, FailureNoteKey), empty when it left none; false when the notes
-  // cannot be read.
-  using FailureNotes = std::function<bool(int rank, std::string* note)>;
+  // there (bootstrap/store.h, FailureNoteKey), empty when it left none, and *started to whether
+  // its hvd had joined the job (its address is in the store); false when the store cannot be
+  // read.
+  using FailureNotes = std::function<bool(int rank, std::string* note, bool* started)>;
   void SetFailureNotes(FailureNotes notes) { notes_ = std::move(notes); }
   // Stops one rank (SIGTERM to its group; a remote rank's ssh input is closed), as step 3 does
   // for every rank.
@@ -92,7 +93,7 @@ class Supervisor {
   void ReapChildren();
   void OnRankExit(size_t index, int status);
   void NameStoppedRanks() const;
-  bool NoteOf(const RankProcess& r, std::string* note) const;
+  bool NoteOf(const RankProcess& r, std::string* note, bool* started = nullptr) const;
   void OnHvdrunSignal(int sig);
   void SignalLiveGroups(int sig);
   void CloseInput(RankProcess* r);
@@ -119,6 +120,9 @@ class Supervisor {
   TimePoint first_failed_at_ = TimePoint::max();
   bool first_failed_by_signal_ = false;
   bool first_failed_follows_ = false;  // it left a failure note: another rank failed first
+  // Its hvd had joined the job and it left no note: its failure was its own, which a signal
+  // death just after does not take over (the signal is more likely its consequence).
+  bool first_failed_own_ = false;
   FailureNotes notes_;
   int exit_code_ = 0;
   bool exit_code_set_ = false;

@@ -165,6 +165,47 @@ def test_a_rank_that_fails_on_its_own_is_not_said_to_follow_another(tmp_path):
     assert "after another rank's failure ended hvd there" not in err, err
 
 
+_OWN_FAILURE_THEN_A_SIGNAL = """
+import os, signal, sys, time
+import torch
+import hvd.torch as h
+h.init()
+pids = h.allgather_object(os.getpid())
+h.allreduce(torch.ones(4), name="warm")
+if h.rank() == 0:
+    raise ValueError("rank 0's own bug")
+def gone(pid):  # exited and reaped, or a zombie hvdrun is about to reap
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+t0 = time.time()
+while not gone(pids[0]) and time.time() - t0 < 60:
+    time.sleep(0.01)
+time.sleep(0.1)
+os.kill(os.getpid(), signal.SIGKILL)  # well inside hvdrun's 1 s window after rank 0's exit
+"""
+
+
+def test_a_signal_just_after_a_rank_failed_on_its_own_does_not_take_the_blame():
+    """Rank 0, whose hvd had joined the job, fails in its own code and leaves no note; rank 1 is
+    killed by a signal a moment later. The signal death is not named the likely cause (it is
+    more likely a consequence): hvdrun names rank 0 and exits with its code."""
+    import subprocess
+    import sys
+    from hvd.runner import _hvdrun
+    done = subprocess.run([_hvdrun(), "-np", "2", "--grace-seconds", "30", sys.executable, "-c",
+                           _OWN_FAILURE_THEN_A_SIGNAL], capture_output=True, text=True,
+                          timeout=120)
+    err = done.stderr
+    assert done.returncode == 1, err
+    assert "ValueError: rank 0's own bug" in err, err
+    assert "AttributeError" not in err and "[1]<stderr>:Traceback" not in err, err
+    assert re.search(r"hvdrun: rank 0 \(pid \d+\) exited with code 1", err), err
+    assert "likely cause" not in err, err
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
 def test_a_failing_rank_ends_an_mpirun_job_at_once():
     """As in Horovod's own test: rank 1 fails while rank 0 works on for 120 s without hvd. The

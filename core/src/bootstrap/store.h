@@ -29,6 +29,9 @@ namespace hvd {
 // Where a rank whose job another rank's failure ended says so, for hvdrun to name the rank
 // that failed first rather than the one that exited first: the value is that rank's status.
 inline std::string FailureNoteKey(int rank) { return "hvd/failed/" + std::to_string(rank); }
+// Where a rank publishes the address its peers connect to, as its hvd joins the job (hvdrun
+// reads it too: a rank whose address is there had started hvd).
+inline std::string RankAddressKey(int rank) { return "hvd/addr/" + std::to_string(rank); }
 
 class StoreClient {
  public:

@@ -49,7 +49,7 @@ bool NameAbsentRanks(StoreClient& store, const Options& o, std::ostringstream& o
   std::vector<int> absent;
   for (int j = 0; j < o.size; ++j) {
     if (j == o.rank) continue;
-    auto a = store.Get("hvd/addr/" + std::to_string(j), Clock::now() + std::chrono::milliseconds(200));
+    auto a = store.Get(RankAddressKey(j), Clock::now() + std::chrono::milliseconds(200));
     if (!a.ok()) absent.push_back(j);
   }
   if (absent.empty()) return false;
@@ -108,7 +108,7 @@ StatusOr<std::unique_ptr<tcp::socket>> DialRank(asio::io_context& io, StoreClien
   Status last;
   Clock::time_point next_check = Clock::now();
   while (true) {
-    auto a = store.Get("hvd/addr/" + std::to_string(j), deadline);
+    auto a = store.Get(RankAddressKey(j), deadline);
     if (!a.ok()) return a.status().WithContext("rendezvous with rank " + std::to_string(j));
     auto ep = ParseAddr(*a, j);
     if (!ep.ok()) return ep.status();
@@ -311,7 +311,7 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
   if (ec) return Status::Internal("cannot listen on " + o.bind_addr + ": " + ec.message());
   std::ostringstream addr;
   addr << acc.local_endpoint().address().to_string() << ":" << acc.local_endpoint().port();
-  HVD_RETURN_IF_ERROR(store.Set("hvd/addr/" + std::to_string(o.rank), addr.str(), deadline));
+  HVD_RETURN_IF_ERROR(store.Set(RankAddressKey(o.rank), addr.str(), deadline));
 
   auto acceptor_ptr =
       std::make_shared<Acceptor>(io, acc, *mesh, o.rank, o.size, worker_links, o.secret, deadline);
