@@ -467,6 +467,54 @@ def test_bad_root_rank_is_invalid_argument():
         hvd.broadcast(torch.zeros(1), root_rank=n)
 
 
+def test_what_one_rank_alone_cannot_pass_fails_on_every_rank():
+    """Arguments the binding refuses on the last rank alone (splits that are not int32, a tensor
+    of a dtype hvd lacks, an object that cannot be pickled, a scale factor given as text, a root
+    that is not an integer): that rank raises at once, and every other rank's operation fails
+    with its reason, naming it, instead of waiting for it; the next operation works."""
+    import threading
+    import time
+    r, n = world()
+    bad = r == n - 1
+    who = "on rank %d" % (n - 1)
+    started = time.monotonic()
+
+    def expect(call, local_error, text):
+        with pytest.raises(local_error if bad else hvd.InvalidArgumentError) as got:
+            call()
+        if not bad:
+            assert who in str(got.value) and text in str(got.value), got.value
+        assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="one.next").item() == n
+
+    expect(lambda: hvd.alltoall(torch.ones(n, 2), splits=torch.ones(n, dtype=torch.int64 if bad
+                                                                     else torch.int32),
+                                name="one.splits"),
+           ValueError, "int32")
+    expect(lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64 if bad else torch.float32),
+                                 name="one.dtype"),
+           TypeError, "complex64")
+    expect(lambda: hvd.grouped_allreduce([torch.ones(2), torch.ones(2, dtype=torch.complex64 if bad
+                                                                     else torch.float32)],
+                                         name="one.group"),
+           TypeError, "complex64")
+    expect(lambda: hvd.broadcast_object(threading.Lock() if bad else None, root_rank=n - 1),
+           TypeError, "pickle")
+    expect(lambda: hvd.allreduce(torch.ones(2), prescale_factor="2" if bad else 2.0,
+                                 name="one.factor"),
+           TypeError, "prescale_factor must be a number")
+    expect(lambda: hvd.broadcast(torch.ones(2), root_rank=0.5 if bad else 0, name="one.root"),
+           TypeError, "root_rank must be an integer")
+    assert time.monotonic() - started < 30
+
+
+def test_a_scale_factor_that_is_not_finite_is_refused():
+    for factor in (float("nan"), float("inf")):
+        with pytest.raises(hvd.InvalidArgumentError, match="must be finite numbers"):
+            hvd.allreduce(torch.ones(3), prescale_factor=factor, name="nonfinite")
+        with pytest.raises(hvd.InvalidArgumentError, match="must be finite numbers"):
+            hvd.reducescatter(torch.ones(4), postscale_factor=factor, name="nonfinite.rs")
+
+
 def test_barrier():
     for _ in range(3):
         hvd.barrier()

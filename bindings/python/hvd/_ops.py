@@ -21,6 +21,7 @@ Memory handed to the core stays referenced by the core handle until the operatio
 """
 
 import itertools
+import operator
 import threading
 
 from hvd import _core
@@ -51,6 +52,46 @@ def op_name(kind, name, ps=0):
             raise ValueError("tensor name %r is not valid Unicode text (%s); names travel to "
                              "the other ranks as UTF-8" % (name, e.reason)) from None
     return full
+
+
+def refuse(kind, name, ps, error, members=None):
+    """This rank refused an operation's argument (`error`, which the caller raises next): the
+    operation goes to the other ranks as a refusal under the name it would have had, so that
+    theirs fails with this rank's reason instead of waiting for this one (as the engine does
+    with the arguments it refuses). `members`: a group's size; each member's name is refused."""
+    try:
+        base = op_name(kind, name, ps)
+    except ValueError:
+        return  # the name itself was refused: no other rank can have it
+    names = [base] if members is None else ["%s.%d" % (base, i) for i in range(members)]
+    kind_name = next(c.__name__ for c in type(error).__mro__ if not c.__name__.startswith("_"))
+    why = "%s: %s" % (kind_name, error)
+    for n in names:
+        try:
+            _core.refuse(n, why, ps)
+        except Exception:  # refused here at once (not initialized, shut down, a name in flight)
+            return
+
+
+def refusing(kind, name, ps, members=None):
+    """A context in which an argument error (TypeError, ValueError, or hvd's own) is refused
+    on every rank (refuse) before it is raised here."""
+    return _Refusing(kind, name, ps, members)
+
+
+class _Refusing:
+    __slots__ = ("_args",)
+
+    def __init__(self, *args):
+        self._args = args
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if error is not None and isinstance(error, (TypeError, ValueError, _core.HvdError)):
+            refuse(*self._args[:3], error, self._args[3])
+        return False
 
 
 class Handle:
@@ -163,7 +204,7 @@ def _one_device(A, kind, cs):
 
 def _in_out(A, tensor, inplace):
     """The contiguous input and where the result goes: the input itself, or a new buffer."""
-    c, ptr, dt, shape = A.prepare(tensor)
+    c, ptr, dt, shape = A.prepare(tensor)  # (a caller refuses what it raises: refusing)
     if inplace:
         return c, ptr, dt, shape, c, ptr
     out = A.empty_like(c)
@@ -189,8 +230,42 @@ class _AdasumSizeError(NotImplementedError, ValueError):
     """Horovod's NotImplementedError; also the ValueError hvd raised for it before."""
 
 
+def _rank_number(x):
+    """A root rank: an integer (Python's, NumPy's, a 0-d integer tensor), as Horovod's binding
+    takes; not a float or text."""
+    try:
+        if isinstance(x, bool):
+            raise TypeError
+        return operator.index(x)
+    except TypeError:
+        raise TypeError("root_rank must be an integer, got %r (a %s)"
+                        % (x, type(x).__name__)) from None
+
+
+def _count(s):
+    """An alltoall split: an integer row count (Horovod's rule: anything else is a
+    ValueError)."""
+    try:
+        if isinstance(s, bool) or getattr(getattr(s, "dtype", None), "kind", "") == "b":
+            raise TypeError
+        return operator.index(s)
+    except TypeError:
+        raise ValueError("alltoall splits must be integers, got %r (a %s)"
+                         % (s, type(s).__name__)) from None
+
+
+def factor(x, what):
+    """A scale factor: a real number (Horovod's binding takes no text for one)."""
+    if isinstance(x, (str, bytes)):
+        raise TypeError("%s must be a number, got %r" % (what, x))
+    return float(x)
+
+
 def allreduce_async(A, tensor, name, op, prescale, postscale, inplace, ps=0):
-    c, ptr, dt, shape, out, out_ptr = _in_out(A, tensor, inplace)
+    with refusing("allreduce", name, ps):
+        c, ptr, dt, shape, out, out_ptr = _in_out(A, tensor, inplace)
+        prescale = factor(prescale, "prescale_factor")
+        postscale = factor(postscale, "postscale_factor")
     _check_adasum(A, op, c, ps)
     h = _core.allreduce(op_name("allreduce", name, ps), ptr, out_ptr, dt, shape, op,
                         float(prescale), float(postscale), (c, out), ps)
@@ -203,8 +278,11 @@ def grouped_allreduce_async(A, tensors, name, op, prescale, postscale, inplace, 
     tensors = list(tensors)
     if not tensors:
         return Handle([], lambda parts: [])
-    prepared = [A.prepare(t) for t in tensors]
-    _one_device(A, "grouped_allreduce", [p[0] for p in prepared])
+    with refusing("grouped_allreduce", name, ps, len(tensors)):
+        prepared = [A.prepare(t) for t in tensors]
+        _one_device(A, "grouped_allreduce", [p[0] for p in prepared])
+        prescale = factor(prescale, "prescale_factor")
+        postscale = factor(postscale, "postscale_factor")
     _check_adasum(A, op, prepared[0][0], ps)
     base = op_name("grouped_allreduce", name, ps)
     names, cs, ptrs, outs, out_ptrs, dts, shapes = [], [], [], [], [], [], []
@@ -229,7 +307,8 @@ def grouped_allreduce_async(A, tensors, name, op, prescale, postscale, inplace, 
 
 
 def allgather_async(A, tensor, name, ps=0):
-    c, ptr, dt, shape = A.prepare(tensor)
+    with refusing("allgather", name, ps):
+        c, ptr, dt, shape = A.prepare(tensor)
     h = _core.allgather(op_name("allgather", name, ps), ptr, dt, shape, c, ps)
     return Handle([h], lambda parts: A.from_output(parts[0], c), _stream(A, c))
 
@@ -241,9 +320,10 @@ def _grouped_with_outputs(A, tensors, name, kind, submit, ps):
     tensors = list(tensors)
     if not tensors:
         return Handle([], lambda parts: [])
-    prepared = [A.prepare(t) for t in tensors]
-    cs = [p[0] for p in prepared]
-    _one_device(A, kind, cs)
+    with refusing(kind, name, ps, len(tensors)):
+        prepared = [A.prepare(t) for t in tensors]
+        cs = [p[0] for p in prepared]
+        _one_device(A, kind, cs)
     base = op_name(kind, name, ps)
     names = ["%s.%d" % (base, i) for i in range(len(tensors))]
     parts = submit(names, [p[1] for p in prepared], [p[2] for p in prepared],
@@ -260,8 +340,10 @@ def grouped_allgather_async(A, tensors, name, ps=0):
 
 def broadcast_async(A, tensor, root_rank, name, inplace, ps=0):
     """root_rank is a world rank, as in Horovod, also in a process set."""
-    c, ptr, dt, shape, out, out_ptr = _in_out(A, tensor, inplace)
-    h = _core.broadcast(op_name("broadcast", name, ps), ptr, out_ptr, dt, shape, int(root_rank),
+    with refusing("broadcast", name, ps):
+        c, ptr, dt, shape, out, out_ptr = _in_out(A, tensor, inplace)
+        root = _rank_number(root_rank)
+    h = _core.broadcast(op_name("broadcast", name, ps), ptr, out_ptr, dt, shape, root,
                         (c, out), ps)
     if inplace and c is not tensor:
         return Handle([h], lambda parts: A.copy_(tensor, c), _stream(A, c))
@@ -270,24 +352,33 @@ def broadcast_async(A, tensor, root_rank, name, inplace, ps=0):
 
 def alltoall_async(A, tensor, splits, name, ps=0):
     """Result: (output, received_splits as a list of ints)."""
-    c, ptr, dt, shape = A.prepare(tensor)
-    splits = [] if splits is None else [int(s) for s in splits]
+    with refusing("alltoall", name, ps):
+        c, ptr, dt, shape = A.prepare(tensor)
+        splits = [] if splits is None else [_count(s) for s in splits]
     h = _core.alltoall(op_name("alltoall", name, ps), ptr, dt, shape, splits, c, ps)
     return Handle([h], lambda parts: (A.from_output(parts[0], c), parts[0].received_splits),
                   _stream(A, c))
 
 
 def reducescatter_async(A, tensor, name, op, prescale, postscale, ps=0):
-    c, ptr, dt, shape = A.prepare(tensor)
+    with refusing("reducescatter", name, ps):
+        c, ptr, dt, shape = A.prepare(tensor)
+        prescale = factor(prescale, "prescale_factor")
+        postscale = factor(postscale, "postscale_factor")
     h = _core.reducescatter(op_name("reducescatter", name, ps), ptr, dt, shape, op,
-                            float(prescale), float(postscale), c, ps)
+                            prescale, postscale, c, ps)
     return Handle([h], lambda parts: A.from_output(parts[0], c), _stream(A, c))
 
 
 def grouped_reducescatter_async(A, tensors, name, op, prescale, postscale, ps=0):
+    tensors = list(tensors)
+    with refusing("grouped_reducescatter", name, ps, len(tensors)):
+        prescale = factor(prescale, "prescale_factor")
+        postscale = factor(postscale, "postscale_factor")
+
     def submit(names, ptrs, dtypes, shapes, keep):
-        return _core.grouped_reducescatter(names, ptrs, dtypes, shapes, op, float(prescale),
-                                           float(postscale), keep, ps)
+        return _core.grouped_reducescatter(names, ptrs, dtypes, shapes, op, prescale, postscale,
+                                           keep, ps)
     return _grouped_with_outputs(A, tensors, name, "grouped_reducescatter", submit, ps)
 
 

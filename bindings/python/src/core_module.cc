@@ -490,6 +490,12 @@ void BindGathers(py::module_& m) {
         },
         ref);
   m.def("barrier", [](int32_t ps) { return Wrap(Eng().Barrier(ps), py::none()); }, ref);
+  // The bindings' own refusals of an operation's arguments, sent so that every rank fails it.
+  m.def("refuse",
+        [](const std::string& name, const std::string& why, int32_t ps) {
+          return Wrap(Eng().Refuse(name, why, ps), py::none());
+        },
+        ref);
   m.def("join", [](int device) { return Wrap(Eng().Join(device), py::none()); },
         py::arg("device") = -1, ref);
 }

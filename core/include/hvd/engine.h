@@ -278,6 +278,12 @@ class HVD_EXPORT Engine {
                                               double prescale = 1.0, double postscale = 1.0,
                                               int32_t process_set = kGlobalProcessSet);
   HandlePtr Barrier(int32_t process_set = kGlobalProcessSet);
+  // Stands for an operation that this rank's caller refused before it reached the engine (a
+  // binding that could not take an argument): negotiated under `name` as that operation would
+  // have been, so that every rank's operation of that name fails with `why` (naming this rank)
+  // instead of the others waiting for this one. The handle fails with it too.
+  HandlePtr Refuse(const std::string& name, const std::string& why,
+                   int32_t process_set = kGlobalProcessSet);
   // This rank has no more data: it takes part in the others' allreduces with zeros until every
   // rank has joined. The handle's join_last_rank() is the last rank that joined. Join is of the
   // global set only, as in Horovod. `device`, as Horovod's: the CUDA device whose zeros this

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cassert>
+#include <cmath>
 #include <cstdio>
+#include <sstream>
 #include <thread>
 
 #include "bootstrap/elastic.h"
@@ -434,6 +436,12 @@ Status EngineImpl::ValidateLocked(TensorEntry& e) const {
     }
     for (int64_t d : r.shape) {
       if (d < 0) return Status::InvalidArgument(what() + ": negative dimension in " + ShapeToString(r.shape));
+    }
+    if (!std::isfinite(r.prescale) || !std::isfinite(r.postscale)) {
+      std::ostringstream os;
+      os << what() << ": the scale factors must be finite numbers; got prescale " << r.prescale
+         << " and postscale " << r.postscale;
+      return Status::InvalidArgument(os.str());
     }
     if (!SizeWithinLimit(r.shape, DataTypeSize(e.input.dtype))) {
       return Status::InvalidArgument(what() + ": shape " + ShapeToString(r.shape) + " of " +
@@ -1248,6 +1256,15 @@ std::vector<HandlePtr> Engine::GroupedReducescatter(const std::vector<std::strin
     entries.push_back(std::move(e));
   }
   return impl_->EnqueueGroup(std::move(entries));
+}
+
+HandlePtr Engine::Refuse(const std::string& name, const std::string& why, int32_t process_set) {
+  TensorEntry e = MakeEntry(*impl_, OpType::kAllreduce, name, TensorView(), TensorView(),
+                            process_set);
+  e.request.shape.clear();
+  RefuseArguments(e.request, Status::InvalidArgument("'" + name + "' on rank " +
+                                                     std::to_string(rank()) + ": " + why));
+  return impl_->Enqueue(std::move(e));
 }
 
 HandlePtr Engine::Barrier(int32_t process_set) {

@@ -57,12 +57,22 @@ def _object_op_name(name, process_set):
     return name if name is not None else _ops.op_name("object", None, _process_set_id(process_set))
 
 
+def _payload(obj, kind, first_op, process_set):
+    """obj pickled into a uint8 tensor; an object that cannot be pickled fails the object op's
+    first collective (`kind` named `first_op`) on every rank too, not here alone."""
+    try:
+        return torch.from_numpy(np.frombuffer(_dumps(obj), dtype=np.uint8).copy())
+    except Exception as e:
+        _ops.refuse(kind, first_op, _process_set_id(process_set), e)
+        raise
+
+
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Returns root_rank's obj (cloudpickled) on every rank of process_set (root_rank is a world
     rank)."""
     name = _object_op_name(name, process_set)
     if _core.rank() == root_rank:
-        payload = torch.from_numpy(np.frombuffer(_dumps(obj), dtype=np.uint8).copy())
+        payload = _payload(obj, "broadcast", "bo.%s.size" % name, process_set)
         length = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
@@ -78,7 +88,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Returns the list of every rank's obj (cloudpickled) in process_set, in rank order."""
     name = _object_op_name(name, process_set)
-    payload = torch.from_numpy(np.frombuffer(_dumps(obj), dtype=np.uint8).copy())
+    payload = _payload(obj, "allgather", "ao.%s.size" % name, process_set)
     sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
                       name="ao.%s.size" % name, process_set=process_set).tolist()
     data = allgather(payload, name="ao.%s.data" % name, process_set=process_set).numpy()

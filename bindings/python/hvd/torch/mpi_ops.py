@@ -487,7 +487,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """synchronize() returns (output, received_splits as an int32 tensor, on the device of
     the splits given)."""
     device = _splits_device(splits)
-    h = _ops.alltoall_async(_A, tensor, _splits_list(splits), name,
+    with _ops.refusing("alltoall", name, _process_set_id(process_set)):
+        splits_list = _splits_list(splits)
+    h = _ops.alltoall_async(_A, tensor, splits_list, name,
                             ps=_process_set_id(process_set))
     finish = h._finish
 
@@ -526,8 +528,9 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     Returns the received rows in rank order; when splits is given, also the received splits
     (an int32 tensor), as horovod.torch does.
     """
-    _process_set_id(process_set)
-    split_list = _splits_list(splits)
+    ps = _process_set_id(process_set)
+    with _ops.refusing("alltoall", name, ps):
+        split_list = _splits_list(splits)
     out, received = HvdAlltoall.apply(tensor, split_list, name, process_set,
                                       _splits_device(splits))
     return out if splits is None else (out, received)
