@@ -507,6 +507,12 @@ def test_what_one_rank_alone_cannot_pass_fails_on_every_rank():
     assert time.monotonic() - started < 30
 
 
+def test_synchronize_and_poll_say_what_they_take():
+    for call in (hvd.synchronize, hvd.poll):
+        with pytest.raises(TypeError, match="takes the handle an \\*_async call returned"):
+            call(12345)
+
+
 def test_a_scale_factor_that_is_not_finite_is_refused():
     for factor in (float("nan"), float("inf")):
         with pytest.raises(hvd.InvalidArgumentError, match="must be finite numbers"):

@@ -94,6 +94,14 @@ class _Refusing:
         return False
 
 
+def handle_of(handle, call):
+    """`handle` if it is one an *_async call returned, else a TypeError saying so."""
+    if not (hasattr(handle, "wait") and hasattr(handle, "poll")):  # Handle, SparseHandle
+        raise TypeError("%s takes the handle an *_async call returned, got %r (a %s)"
+                        % (call, handle, type(handle).__name__))
+    return handle
+
+
 class Handle:
     """An operation (or a group of operations) in flight.
 

@@ -108,12 +108,12 @@ def _writable(a):
 
 
 def poll(handle):
-    return handle.poll()
+    return _ops.handle_of(handle, "poll").poll()
 
 
 def synchronize(handle):
     """Waits for an async operation and returns its result (raises HvdError on failure)."""
-    return handle.wait()
+    return _ops.handle_of(handle, "synchronize").wait()
 
 
 def allreduce_async(array, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,

@@ -191,12 +191,12 @@ def _needs_grad(t):
 
 def poll(handle):
     """True once the async operation behind handle has finished."""
-    return handle.poll()
+    return _ops.handle_of(handle, "poll").poll()
 
 
 def synchronize(handle):
     """Waits for an async operation and returns its output; raises HvdError on failure."""
-    return handle.wait()
+    return _ops.handle_of(handle, "synchronize").wait()
 
 
 # ---------------------------------------------------------------- allreduce
