@@ -226,11 +226,13 @@ void Supervisor::OnRankExit(size_t index, int status) {
                         Clock::now() < first_failed_at_ + kCauseWindow;
     // The first failure followed another rank's, and this rank's is its own.
     std::string note;
-    const bool own = first_failed_follows_ && NoteOf(r, &note) && note.empty();
+    bool started = false;
+    const bool own = first_failed_follows_ && NoteOf(r, &note, &started) && note.empty();
     if (killed || own) {
       first_failed_ = static_cast<int>(index);
       first_failed_by_signal_ = WIFSIGNALED(status);
       first_failed_follows_ = false;
+      first_failed_own_ = !killed && started;
       exit_code_ = code;
       Say(what + (killed ? ", just before the failure above: the likely cause"
                          : ": the likely cause of the failure above, which followed it"));

@@ -470,8 +470,9 @@ def test_bad_root_rank_is_invalid_argument():
 def test_what_one_rank_alone_cannot_pass_fails_on_every_rank():
     """Arguments the binding refuses on the last rank alone (splits that are not int32, a tensor
     of a dtype hvd lacks, an object that cannot be pickled, a scale factor given as text, a root
-    that is not an integer): that rank raises at once, and every other rank's operation fails
-    with its reason, naming it, instead of waiting for it; the next operation works."""
+    that is not an integer): that rank raises, and every other rank's operation fails with its
+    reason, naming it, instead of waiting for it; the same name then works again (a group's
+    too)."""
     import threading
     import time
     r, n = world()
@@ -479,12 +480,14 @@ def test_what_one_rank_alone_cannot_pass_fails_on_every_rank():
     who = "on rank %d" % (n - 1)
     started = time.monotonic()
 
-    def expect(call, local_error, text):
+    def expect(call, local_error, text, again=None):
         with pytest.raises(local_error if bad else hvd.InvalidArgumentError) as got:
             call()
         if not bad:
             assert who in str(got.value) and text in str(got.value), got.value
         assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="one.next").item() == n
+        if again is not None:
+            again()
 
     expect(lambda: hvd.alltoall(torch.ones(n, 2), splits=torch.ones(n, dtype=torch.int64 if bad
                                                                      else torch.int32),
@@ -492,11 +495,16 @@ def test_what_one_rank_alone_cannot_pass_fails_on_every_rank():
            ValueError, "int32")
     expect(lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64 if bad else torch.float32),
                                  name="one.dtype"),
-           TypeError, "complex64")
+           TypeError, "complex64",
+           again=lambda: torch.testing.assert_close(
+               hvd.allreduce(torch.ones(2), op=hvd.Sum, name="one.dtype"), torch.full((2,), n * 1.0)))
     expect(lambda: hvd.grouped_allreduce([torch.ones(2), torch.ones(2, dtype=torch.complex64 if bad
                                                                      else torch.float32)],
                                          name="one.group"),
-           TypeError, "complex64")
+           TypeError, "complex64",
+           again=lambda: [torch.testing.assert_close(t, torch.full((2,), n * 1.0)) for t in
+                          hvd.grouped_allreduce([torch.ones(2), torch.ones(2)], op=hvd.Sum,
+                                                name="one.group")])
     expect(lambda: hvd.broadcast_object(threading.Lock() if bad else None, root_rank=n - 1),
            TypeError, "pickle")
     expect(lambda: hvd.allreduce(torch.ones(2), prescale_factor="2" if bad else 2.0,

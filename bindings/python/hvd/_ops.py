@@ -56,9 +56,12 @@ def op_name(kind, name, ps=0):
 
 def refuse(kind, name, ps, error, members=None):
     """This rank refused an operation's argument (`error`, which the caller raises next): the
-    operation goes to the other ranks as a refusal under the name it would have had, so that
-    theirs fails with this rank's reason instead of waiting for this one (as the engine does
-    with the arguments it refuses). `members`: a group's size; each member's name is refused."""
+    operation goes to the other ranks as a refusal under the name it would have had (a group of
+    `members` when given), so that theirs fails with this rank's reason instead of waiting for
+    this one, as the engine does with the arguments it refuses. Returns once every rank has
+    submitted it, as the operation would have, so that its name is free again here."""
+    if members == 0:
+        return  # an empty group: the others submit nothing, nor take a number
     try:
         base = op_name(kind, name, ps)
     except ValueError:
@@ -66,11 +69,15 @@ def refuse(kind, name, ps, error, members=None):
     names = [base] if members is None else ["%s.%d" % (base, i) for i in range(members)]
     kind_name = next(c.__name__ for c in type(error).__mro__ if not c.__name__.startswith("_"))
     why = "%s: %s" % (kind_name, error)
-    for n in names:
+    try:
+        handles = _core.refuse(kind.replace("grouped_", ""), names, why, ps)
+    except Exception:  # refused here at once (not initialized, shut down, a name in flight)
+        return
+    for h in handles:
         try:
-            _core.refuse(n, why, ps)
-        except Exception:  # refused here at once (not initialized, shut down, a name in flight)
-            return
+            h.wait()
+        except HvdError:
+            pass  # the refusal itself, as the other ranks get it
 
 
 def refusing(kind, name, ps, members=None):
@@ -264,16 +271,21 @@ def _count(s):
 
 def factor(x, what):
     """A scale factor: a real number (Horovod's binding takes no text for one)."""
+    if x.__class__ is float:
+        return x
     if isinstance(x, (str, bytes)):
         raise TypeError("%s must be a number, got %r" % (what, x))
     return float(x)
 
 
 def allreduce_async(A, tensor, name, op, prescale, postscale, inplace, ps=0):
-    with refusing("allreduce", name, ps):
+    try:  # (not `refusing`: this is every gradient's path, and a try costs nothing)
         c, ptr, dt, shape, out, out_ptr = _in_out(A, tensor, inplace)
         prescale = factor(prescale, "prescale_factor")
         postscale = factor(postscale, "postscale_factor")
+    except (TypeError, ValueError, HvdError) as e:
+        refuse("allreduce", name, ps, e)
+        raise
     _check_adasum(A, op, c, ps)
     h = _core.allreduce(op_name("allreduce", name, ps), ptr, out_ptr, dt, shape, op,
                         float(prescale), float(postscale), (c, out), ps)

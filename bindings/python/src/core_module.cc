@@ -492,10 +492,14 @@ void BindGathers(py::module_& m) {
   m.def("barrier", [](int32_t ps) { return Wrap(Eng().Barrier(ps), py::none()); }, ref);
   // The bindings' own refusals of an operation's arguments, sent so that every rank fails it.
   m.def("refuse",
-        [](const std::string& name, const std::string& why, int32_t ps) {
-          return Wrap(Eng().Refuse(name, why, ps), py::none());
-        },
-        ref);
+        [](const std::string& op, const std::vector<std::string>& names, const std::string& why,
+           int32_t ps) {
+          py::list result;
+          for (auto& h : Eng().Refuse(op, names, why, ps)) {
+            result.append(py::cast(Wrap(h, py::none()), py::return_value_policy::take_ownership));
+          }
+          return result;
+        });
   m.def("join", [](int device) { return Wrap(Eng().Join(device), py::none()); },
         py::arg("device") = -1, ref);
 }

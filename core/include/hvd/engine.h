@@ -279,11 +279,15 @@ class HVD_EXPORT Engine {
                                               int32_t process_set = kGlobalProcessSet);
   HandlePtr Barrier(int32_t process_set = kGlobalProcessSet);
   // Stands for an operation that this rank's caller refused before it reached the engine (a
-  // binding that could not take an argument): negotiated under `name` as that operation would
-  // have been, so that every rank's operation of that name fails with `why` (naming this rank)
-  // instead of the others waiting for this one. The handle fails with it too.
-  HandlePtr Refuse(const std::string& name, const std::string& why,
-                   int32_t process_set = kGlobalProcessSet);
+  // binding that could not take an argument): negotiated under `names` (a group when there are
+  // several, as GroupedAllreduce would make it) as that operation would have been, so that every
+  // rank's operation fails with `why` (naming this rank) instead of the others waiting for this
+  // one. `op` is the operation's kind ("allreduce", "allgather", "broadcast", "alltoall",
+  // "reducescatter"). Each handle fails with it too, once every rank has submitted it; until
+  // then the names are in flight here.
+  std::vector<HandlePtr> Refuse(const std::string& op, const std::vector<std::string>& names,
+                                const std::string& why,
+                                int32_t process_set = kGlobalProcessSet);
   // This rank has no more data: it takes part in the others' allreduces with zeros until every
   // rank has joined. The handle's join_last_rank() is the last rank that joined. Join is of the
   // global set only, as in Horovod. `device`, as Horovod's: the CUDA device whose zeros this

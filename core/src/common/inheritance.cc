@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <vector>
@@ -31,7 +30,6 @@ std::vector<Registered>& Registry() {  // guarded by RegistryMutex()
   static auto* list = new std::vector<Registered>();
   return *list;
 }
-size_t g_prune_at = 64;  // the registry's size at which closed entries are next dropped
 std::atomic<uint64_t> g_generation{0};
 
 bool Refers(const Registered& r) {
@@ -80,10 +78,15 @@ void KeepFromChildren(int fd) {
   WatchForks();
   std::lock_guard<std::mutex> l(RegistryMutex());
   auto& list = Registry();
-  if (list.size() >= g_prune_at) {  // closed since: amortised over the registrations
-    list.erase(std::remove_if(list.begin(), list.end(), [](const Registered& r) { return !Refers(r); }),
-               list.end());
-    g_prune_at = std::max<size_t>(64, 2 * list.size());
+  // One entry per number: a number registered before was closed since (it is this file's now),
+  // so its entry is this one's. Entries are not checked here against the files they name: a
+  // number another thread may be closing or reusing at this moment is not this thread's to
+  // look at (the child checks each, alone). The list holds at most the numbers ever in use.
+  for (Registered& r : list) {
+    if (r.fd == fd) {
+      r = Registered{fd, st.st_dev, st.st_ino};
+      return;
+    }
   }
   list.push_back(Registered{fd, st.st_dev, st.st_ino});
 }

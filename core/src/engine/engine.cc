@@ -1258,13 +1258,25 @@ std::vector<HandlePtr> Engine::GroupedReducescatter(const std::vector<std::strin
   return impl_->EnqueueGroup(std::move(entries));
 }
 
-HandlePtr Engine::Refuse(const std::string& name, const std::string& why, int32_t process_set) {
-  TensorEntry e = MakeEntry(*impl_, OpType::kAllreduce, name, TensorView(), TensorView(),
-                            process_set);
-  e.request.shape.clear();
-  RefuseArguments(e.request, Status::InvalidArgument("'" + name + "' on rank " +
-                                                     std::to_string(rank()) + ": " + why));
-  return impl_->Enqueue(std::move(e));
+std::vector<HandlePtr> Engine::Refuse(const std::string& op,
+                                      const std::vector<std::string>& names,
+                                      const std::string& why, int32_t process_set) {
+  if (names.empty()) return {};
+  // The kind decides how the coordinator treats it while ranks have joined, as the others'.
+  OpType type = OpType::kAllreduce;
+  for (OpType t : {OpType::kAllgather, OpType::kBroadcast, OpType::kAlltoall,
+                   OpType::kReducescatter}) {
+    if (op == OpTypeName(t)) type = t;
+  }
+  std::vector<TensorEntry> entries;
+  for (const std::string& name : names) {
+    TensorEntry e = MakeEntry(*impl_, type, name, TensorView(), TensorView(), process_set);
+    e.request.shape.clear();
+    RefuseArguments(e.request, Status::InvalidArgument("'" + name + "' on rank " +
+                                                       std::to_string(rank()) + ": " + why));
+    entries.push_back(std::move(e));
+  }
+  return impl_->EnqueueGroup(std::move(entries));
 }
 
 HandlePtr Engine::Barrier(int32_t process_set) {
