@@ -515,6 +515,26 @@ def test_what_one_rank_alone_cannot_pass_fails_on_every_rank():
     assert time.monotonic() - started < 30
 
 
+def test_a_refusal_while_a_rank_has_joined_fails_at_once_and_frees_its_name():
+    """Rank 0 has joined; the last rank refuses a broadcast's root (a float), the others'
+    broadcasts are refused while a rank has joined. The refusal is typed as a broadcast, so it
+    too fails at once instead of waiting for ranks whose broadcast already failed: the refusing
+    rank raises its own error, and the name is free for the next try."""
+    r, n = world()
+    if n < 2:
+        return
+    if r == 0:
+        hvd.join()
+        return
+    bad = r == n - 1
+    with pytest.raises(TypeError if bad else hvd.HvdError):
+        hvd.broadcast(torch.ones(2), root_rank=0.5 if bad else 1, name="joined.root")
+    with pytest.raises(hvd.HvdError) as again:
+        hvd.broadcast(torch.ones(2), root_rank=1, name="joined.root")
+    assert "in flight" not in str(again.value) and "Join" in str(again.value), again.value
+    hvd.join()
+
+
 def test_synchronize_and_poll_say_what_they_take():
     for call in (hvd.synchronize, hvd.poll):
         with pytest.raises(TypeError, match="takes the handle an \\*_async call returned"):
