@@ -257,7 +257,7 @@ def _rank_number(x):
                         % (x, type(x).__name__)) from None
 
 
-def _count(s):
+def split_count(s):
     """An alltoall split: an integer row count (Horovod's rule: anything else is a
     ValueError)."""
     try:
@@ -374,7 +374,7 @@ def alltoall_async(A, tensor, splits, name, ps=0):
     """Result: (output, received_splits as a list of ints)."""
     with refusing("alltoall", name, ps):
         c, ptr, dt, shape = A.prepare(tensor)
-        splits = [] if splits is None else [_count(s) for s in splits]
+        splits = [] if splits is None else [split_count(s) for s in splits]
     h = _core.alltoall(op_name("alltoall", name, ps), ptr, dt, shape, splits, c, ps)
     return Handle([h], lambda parts: (A.from_output(parts[0], c), parts[0].received_splits),
                   _stream(A, c))

@@ -359,6 +359,15 @@ Response Coordinator::BuildResponse(const std::string& name, Entry& e) {
   return resp;
 }
 
+std::string Coordinator::RefusalOf(const Entry& e) const {
+  for (int r = 0; r < size_; ++r) {
+    if (e.per_rank[r] && !e.per_rank[r]->error.empty()) {
+      return "; rank " + std::to_string(World(r)) + " refused it: " + e.per_rank[r]->error;
+    }
+  }
+  return "";
+}
+
 Response Coordinator::BuildJoinResponse() {
   Response resp;
   resp.type = OpType::kJoin;
@@ -414,12 +423,7 @@ void Coordinator::AbandonStalled(Clock::time_point now) {
        << stall_shutdown_seconds_ << " s (HVD_STALL_SHUTDOWN_TIME_SECONDS): ranks ["
        << RankList(World(missing)) << "] never submitted it; it was ready on ranks ["
        << RankList(World(ready)) << "]";
-    for (int r : ready) {  // a rank that refused its arguments says why (Request::error)
-      if (!e.per_rank[r]->error.empty()) {
-        os << "; rank " << World(r) << " refused it: " << e.per_rank[r]->error;
-        break;
-      }
-    }
+    os << RefusalOf(e);
     resp.error = os.str();
     HVD_LOG(kError) << resp.error;
     const Request held = first;  // outlives the entry
@@ -452,17 +456,10 @@ int Coordinator::CheckStalls(Clock::time_point now) {
       }
     }
     ++stalled;
-    std::string refused;  // a rank that refused its arguments (Request::error) says why
-    for (int r : ready) {
-      if (!e.per_rank[r]->error.empty()) {
-        refused = "; rank " + std::to_string(World(r)) + " refused it: " + e.per_rank[r]->error;
-        break;
-      }
-    }
     HVD_LOG(kWarning) << "stall: '" << name << "'" << Where() << " has waited "
                       << std::chrono::duration_cast<std::chrono::seconds>(now - e.first_seen).count()
                       << " s; ready on ranks [" << RankList(World(ready))
-                      << "], missing on ranks [" << RankList(World(missing)) << "]" << refused;
+                      << "], missing on ranks [" << RankList(World(missing)) << "]" << RefusalOf(e);
   }
   for (const auto& [key, g] : groups_) {
     if (now - g.since < std::chrono::duration<double>(stall_seconds_)) continue;

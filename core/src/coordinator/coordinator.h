@@ -81,6 +81,9 @@ class Coordinator {
   // Fails every member of group `key` held back or still pending, with `cause`'s reason.
   void FailGroup(const std::string& key, const Response& cause);
   std::string Validate(const std::string& name, const Entry& e) const;
+  // "; rank R refused it: <why>" for the first rank that sent the tensor as a refusal
+  // (Request::error), "" if none did: for the messages of a tensor still waiting.
+  std::string RefusalOf(const Entry& e) const;
   Response BuildJoinResponse();
   // Holds r (ready or an error) until every member of its group is; then releases the group.
   void ReleaseGroup(const Request& first, Response r);

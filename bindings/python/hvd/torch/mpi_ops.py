@@ -20,7 +20,6 @@ grouped_reducescatter are differentiable (torch.autograd.Function), with horovod
 The async and in-place variants are not differentiable.
 """
 
-import operator
 import warnings
 
 import torch
@@ -465,17 +464,7 @@ def _splits_list(splits):
         if splits.dtype != torch.int32:
             raise ValueError("alltoall splits must be an int32 tensor, got %s" % splits.dtype)
         return [int(s) for s in splits.tolist()]
-    splits = list(splits)
-    out = []
-    for s in splits:
-        try:
-            if isinstance(s, bool) or getattr(getattr(s, "dtype", None), "kind", "") == "b":
-                raise TypeError  # Python's or NumPy's booleans are no counts
-            out.append(operator.index(s))
-        except TypeError:
-            raise ValueError("alltoall splits must be integers, got %r (a %s)"
-                             % (s, type(s).__name__)) from None
-    return out
+    return [_ops.split_count(s) for s in splits]
 
 
 def _splits_device(splits):
