@@ -14,7 +14,8 @@
 # files that need MPI (mpi4py communicators). Environment: PY (the python with torch; default
 # /usr/bin/python3 where it exists), BUILD_DIR (build), LIMIT (seconds, 600), DESELECT (test names to leave out,
 # space-separated: a test that fails on some ranks only leaves the others waiting in their next
-# collective until HVD_STALL_SHUTDOWN_TIME_SECONDS, set here to 40).
+# collective until HVD_STALL_SHUTDOWN_TIME_SECONDS, set here to 40, shuts hvd down and fails the
+# rest of the file).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { echo "usage: $0 FILE NP [--one-device | --mpi]" >&2; exit 2; }

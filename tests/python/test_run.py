@@ -206,6 +206,37 @@ def test_a_signal_just_after_a_rank_failed_on_its_own_does_not_take_the_blame():
     assert "likely cause" not in err, err
 
 
+def test_a_stall_past_the_shutdown_time_fails_every_rank_and_pairs_no_steps():
+    """Rank 1 comes to step 0's allreduce after HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; both ranks
+    catch errors and go on to step 1 under the same name, as Horovod's test_stall.py does. As in
+    Horovod, the stall shuts hvd down on every rank: each rank's two steps fail, naming the late
+    rank. (When only the waiting rank failed, rank 1's step 0 was reduced with rank 0's step 1.)"""
+    def steps():
+        import os
+        import time
+        os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"] = "1"
+        os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = "2"
+        import torch
+        import hvd.torch as h
+        h.init()
+        rank, got = h.rank(), []
+        for step in range(2):
+            if rank == 1 and step == 0:
+                time.sleep(8)
+            try:
+                v = h.allreduce(torch.tensor([100.0 * step + rank]), name="grad.w", op=h.Sum)
+                got.append(("sum", float(v)))
+            except h.HvdError as e:
+                got.append((type(e).__name__, str(e)))
+        h.shutdown()
+        return got
+
+    for got in hvd.run(steps, np=2):
+        assert [kind for kind, _ in got] == ["HvdTimeoutError"] * 2, got
+        for _, why in got:
+            assert "'allreduce.grad.w'" in why and "ranks [1], which never submitted it" in why, why
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
 def test_a_failing_rank_ends_an_mpirun_job_at_once():
     """As in Horovod's own test: rank 1 fails while rank 0 works on for 120 s without hvd. The

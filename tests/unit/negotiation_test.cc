@@ -424,7 +424,11 @@ TEST(Coordinator, GroupsOfDifferentSizesFailWholeAtOnce) {
   }
 }
 
-TEST(Coordinator, GroupFailsWholeWhenAMemberIsAbandoned) {
+// Past the stall shutdown time a name some ranks never announced shuts the job down, as
+// Horovod's stall shutdown does (the engine fails every rank with the reason): failing it on the
+// ranks that announced it alone would let the late ranks' announcement pair with the next
+// step's. A group member that stalls does the same.
+TEST(Coordinator, GroupMemberStalledPastTheShutdownTimeShutsTheJobDown) {
   Coordinator c(2, 0, /*stall_seconds=*/0, /*stall_shutdown_seconds=*/0.001);
   c.AddRequests(0, {Grouped("x", {1}, 2), Grouped("y", {1}, 2)});
   c.AddRequests(1, {Grouped("x", {1}, 2)});  // y never comes from rank 1
@@ -432,30 +436,56 @@ TEST(Coordinator, GroupFailsWholeWhenAMemberIsAbandoned) {
   EXPECT_FALSE(c.idle());  // x is held back with its group
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
   c.CheckStalls(Clock::now());
-  auto rs = c.ComputeResponses();
-  ASSERT_EQ(rs.size(), 2u);
-  for (const auto& r : rs) {
-    EXPECT_EQ(r.type, OpType::kError);
-    EXPECT_EQ(r.error_code, StatusCode::kTimeout);
-    EXPECT_NE(r.error.find("'y'"), std::string::npos) << r.error;
-    EXPECT_NE(r.error.find("ranks [1] never submitted"), std::string::npos) << r.error;
-  }
-  EXPECT_TRUE(c.idle());
+  const std::string& why = c.stall_shutdown();
+  EXPECT_NE(why.find("'y'"), std::string::npos) << why;
+  EXPECT_NE(why.find("ranks [1], which never submitted it"), std::string::npos) << why;
+  EXPECT_NE(why.find("ready on ranks [0]"), std::string::npos) << why;
+  EXPECT_TRUE(c.ComputeResponses().empty());  // nothing fails alone
 }
 
-TEST(Coordinator, StalledNameIsAbandonedAfterTheShutdownTime) {
+TEST(Coordinator, StalledNameShutsTheJobDownAfterTheShutdownTime) {
   Coordinator c(3, 0, /*stall_seconds=*/0, /*stall_shutdown_seconds=*/0.001);
   c.AddRequests(0, {Allreduce("late", {2})});
   c.AddRequests(2, {Allreduce("late", {2})});
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // checks run once a second
   c.CheckStalls(Clock::now());
-  auto rs = c.ComputeResponses();
-  ASSERT_EQ(rs.size(), 1u);
-  EXPECT_EQ(rs[0].type, OpType::kError);
-  EXPECT_EQ(rs[0].error_code, StatusCode::kTimeout);
-  EXPECT_NE(rs[0].error.find("'late'"), std::string::npos) << rs[0].error;
-  EXPECT_NE(rs[0].error.find("ranks [1] never submitted"), std::string::npos) << rs[0].error;
-  EXPECT_TRUE(c.idle());
+  EXPECT_EQ(c.stall_shutdown(), "");  // checks run once a second
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  c.CheckStalls(Clock::now());
+  const std::string why = c.stall_shutdown();
+  EXPECT_NE(why.find("allreduce 'late'"), std::string::npos) << why;
+  EXPECT_NE(why.find("ranks [1], which never submitted it"), std::string::npos) << why;
+  EXPECT_NE(why.find("ready on ranks [0, 2]"), std::string::npos) << why;
+  EXPECT_TRUE(c.ComputeResponses().empty());
+  // The reason stays the first one.
+  c.AddRequests(0, {Allreduce("later", {2})});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  c.CheckStalls(Clock::now());
+  EXPECT_EQ(c.stall_shutdown(), why);
+}
+
+// A name's stall clock starts at its earliest announcement: a cached tensor's bit waited on the
+// fast path before it came to the table.
+TEST(Coordinator, StallClockStartsAtTheEarliestAnnouncement) {
+  Coordinator c(2, 0, /*stall_seconds=*/0, /*stall_shutdown_seconds=*/2.5);
+  c.AddRequests(0, {Allreduce("cached", {2})}, Clock::now() - std::chrono::seconds(3));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  c.CheckStalls(Clock::now());
+  EXPECT_NE(c.stall_shutdown().find("'cached' waited 4 s"), std::string::npos)
+      << c.stall_shutdown();
+}
+
+// As Horovod: a shutdown time below the stall check time shuts nothing down.
+TEST(Coordinator, ShutdownTimeBelowTheCheckTimeIsOff) {
+  EXPECT_EQ(StallShutdownSeconds(10, 3), 0);
+  EXPECT_EQ(StallShutdownSeconds(2, 5), 5);
+  EXPECT_EQ(StallShutdownSeconds(5, 5), 5);
+  EXPECT_EQ(StallShutdownSeconds(0, 3), 3);
+  EXPECT_EQ(StallShutdownSeconds(60, 0), 0);
+  Coordinator c(2, 0, /*stall_seconds=*/30, /*stall_shutdown_seconds=*/0.001);
+  c.AddRequests(0, {Allreduce("late", {2})});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  c.CheckStalls(Clock::now());
+  EXPECT_EQ(c.stall_shutdown(), "");
 }
 
 // Device tensors: host against device memory is a mismatch; different GPUs on different ranks

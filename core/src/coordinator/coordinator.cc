@@ -74,12 +74,18 @@ std::string DescribeDiff(const Request& a, const Request& b, bool first_dim_may_
 
 }  // namespace
 
+double StallShutdownSeconds(double stall_check_seconds, double stall_shutdown_seconds) {
+  return stall_check_seconds > 0 && stall_shutdown_seconds < stall_check_seconds
+             ? 0
+             : stall_shutdown_seconds;
+}
+
 Coordinator::Coordinator(int size, size_t fusion_threshold_bytes, double stall_seconds,
                          double stall_shutdown_seconds)
     : size_(size),
       fusion_threshold_(fusion_threshold_bytes),
       stall_seconds_(stall_seconds),
-      stall_shutdown_seconds_(stall_shutdown_seconds),
+      stall_shutdown_seconds_(StallShutdownSeconds(stall_seconds, stall_shutdown_seconds)),
       last_shutdown_check_(Clock::now()),
       joined_(size, false),
       last_stall_check_(Clock::now()) {}
@@ -99,13 +105,13 @@ std::string Coordinator::Where() const {
   return set_id_ == 0 ? "" : " in process set " + std::to_string(set_id_);
 }
 
-void Coordinator::AddRequests(int rank, std::vector<Request> requests) {
-  for (auto& r : requests) Add(rank, std::move(r));
+void Coordinator::AddRequests(int rank, std::vector<Request> requests, Clock::time_point since) {
+  for (auto& r : requests) Add(rank, std::move(r), since);
   // A rank's members of a group come in one batch: those of a failed group are all in by now.
   failed_groups_.clear();
 }
 
-void Coordinator::Add(int rank, Request r) {
+void Coordinator::Add(int rank, Request r, Clock::time_point since) {
   if (r.type == OpType::kJoin) {
     if (!joined_[rank]) {
       joined_[rank] = true;
@@ -137,6 +143,7 @@ void Coordinator::Add(int rank, Request r) {
     it->second.order = arrival_order_.insert(arrival_order_.end(), name);
   }
   Entry& e = it->second;
+  if (since != Clock::time_point() && since < e.first_seen) e.first_seen = since;
   if (e.per_rank[rank].has_value()) {
     // The rank itself refuses duplicates in flight; a second copy here is a protocol error.
     HVD_LOG(kError) << "rank " << World(rank) << " announced '" << name << "' twice" << Where();
@@ -394,12 +401,14 @@ std::vector<std::string> Coordinator::PendingNames() const {
   return std::vector<std::string>(arrival_order_.begin(), arrival_order_.end());
 }
 
-void Coordinator::AbandonStalled(Clock::time_point now) {
-  if (stall_shutdown_seconds_ <= 0 || now - last_shutdown_check_ < std::chrono::seconds(1)) return;
+void Coordinator::CheckStallShutdown(Clock::time_point now) {
+  if (stall_shutdown_seconds_ <= 0 || !stall_shutdown_.empty() ||
+      now - last_shutdown_check_ < std::chrono::seconds(1)) {
+    return;
+  }
   last_shutdown_check_ = now;
   const auto limit = std::chrono::duration<double>(stall_shutdown_seconds_);
-  const std::vector<std::string> names(arrival_order_.begin(), arrival_order_.end());
-  for (const auto& name : names) {
+  for (const auto& name : arrival_order_) {  // the oldest first
     const Entry& e = table_.at(name);
     if (now - e.first_seen < limit) continue;
     std::vector<int> missing, ready;
@@ -412,33 +421,24 @@ void Coordinator::AbandonStalled(Clock::time_point now) {
         missing.push_back(r);
       }
     }
-    const Request& first = **std::find_if(e.per_rank.begin(), e.per_rank.end(),
-                                          [](const auto& o) { return o.has_value(); });
-    Response resp;
-    resp.type = OpType::kError;
-    resp.names = {name};
-    resp.error_code = StatusCode::kTimeout;
     std::ostringstream os;
-    os << OpTypeName(type) << " '" << name << "'" << Where() << " abandoned after "
-       << stall_shutdown_seconds_ << " s (HVD_STALL_SHUTDOWN_TIME_SECONDS): ranks ["
-       << RankList(World(missing)) << "] never submitted it; it was ready on ranks ["
-       << RankList(World(ready)) << "]";
-    os << RefusalOf(e);
-    resp.error = os.str();
-    HVD_LOG(kError) << resp.error;
-    const Request held = first;  // outlives the entry
-    arrival_order_.erase(e.order);
-    table_.erase(name);
-    if (held.group_size > 1) {
-      ReleaseGroup(held, std::move(resp));
-    } else {
-      PushReady(std::move(resp));
-    }
+    os << "hvd shut down: " << OpTypeName(type) << " '" << name << "'" << Where()
+       << " waited " << std::chrono::duration_cast<std::chrono::seconds>(now - e.first_seen).count()
+       << " s, past HVD_STALL_SHUTDOWN_TIME_SECONDS (" << stall_shutdown_seconds_
+       << " s), for ranks [" << RankList(World(missing))
+       << "], which never submitted it; it was ready on ranks [" << RankList(World(ready)) << "]"
+       << RefusalOf(e)
+       << ". As Horovod does, every rank's operations fail from now on (ranks out of step would "
+          "pair one step's tensor with another's)";
+    stall_shutdown_ = os.str();
+    HVD_LOG(kError) << stall_shutdown_;
+    return;
   }
 }
 
 int Coordinator::CheckStalls(Clock::time_point now) {
-  AbandonStalled(now);
+  CheckStallShutdown(now);
+  if (!stall_shutdown_.empty()) return 0;  // said once, as the job's error
   if (stall_seconds_ <= 0 || now - last_stall_check_ < std::chrono::duration<double>(stall_seconds_)) {
     return 0;
   }

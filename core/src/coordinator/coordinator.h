@@ -19,8 +19,10 @@
 //      list; every rank executes it in that order.
 //   6. CheckStalls() logs names that some ranks have announced and others have not, longer
 //      than the stall time, with the missing ranks, and groups held back that long with the
-//      members they wait for; past the stall shutdown time (if set) it fails such a name on
-//      the ranks that announced it (an error response, code Timeout), and with it its group.
+//      members they wait for. Past the stall shutdown time (if set) such a name shuts the job
+//      down, as Horovod's stall shutdown does (stall_shutdown(): the engine fails every rank's
+//      operations with it). Failing the name on the ranks that announced it alone would leave
+//      the others out of step: their late announcement would pair with the next step's.
 //
 // Thread-safety: not thread-safe; used only by rank 0's background thread.
 #pragma once
@@ -38,6 +40,10 @@
 
 namespace hvd {
 
+// The stall shutdown time in force, as Horovod reads its two knobs: none (0) where it is below
+// the stall check time (a check time of 0, no warnings, leaves it as it is).
+double StallShutdownSeconds(double stall_check_seconds, double stall_shutdown_seconds);
+
 class Coordinator {
  public:
   Coordinator(int size, size_t fusion_threshold_bytes, double stall_seconds,
@@ -50,12 +56,18 @@ class Coordinator {
   // The threshold ComputeResponses fuses up to from now on (autotune changes it).
   void set_fusion_threshold(size_t bytes) { fusion_threshold_ = bytes; }
 
-  // `rank` counts in the process set.
-  void AddRequests(int rank, std::vector<Request> requests);
+  // `rank` counts in the process set. `since`: when the rank announced them, where that was
+  // before now (a cached tensor's bit, moved here when another rank was late); the stall clock
+  // of a name starts at its earliest announcement.
+  void AddRequests(int rank, std::vector<Request> requests,
+                   Clock::time_point since = Clock::time_point());
   // The responses that became ready since the last call, fused, in execution order.
   std::vector<Response> ComputeResponses();
   // Logs stalled names (at most once per stall period). Returns the number stalled.
   int CheckStalls(Clock::time_point now);
+  // Once a name has waited past the stall shutdown time: why the job shuts down (the name,
+  // the ranks missing and those ready); "" before.
+  const std::string& stall_shutdown() const { return stall_shutdown_; }
   bool idle() const { return table_.empty() && ready_.empty() && groups_.empty(); }
   // Whether some rank has announced `name` and it is not ready yet.
   bool Has(const std::string& name) const { return table_.count(name) > 0; }
@@ -75,7 +87,7 @@ class Coordinator {
     std::list<std::string>::iterator order;  // its place in arrival_order_
   };
 
-  void Add(int rank, Request r);
+  void Add(int rank, Request r, Clock::time_point since);
   void MarkReadyIfComplete(const std::string& name);
   Response BuildResponse(const std::string& name, Entry& e);
   // Fails every member of group `key` held back or still pending, with `cause`'s reason.
@@ -99,7 +111,8 @@ class Coordinator {
   const double stall_seconds_;
   const double stall_shutdown_seconds_;
   Clock::time_point last_shutdown_check_;
-  void AbandonStalled(Clock::time_point now);
+  std::string stall_shutdown_;
+  void CheckStallShutdown(Clock::time_point now);
   std::unordered_map<std::string, Entry> table_;
   // Names in order of first announcement; a list, so that a name leaves it in O(1) however
   // many are pending (a first step of many thousand tensors).

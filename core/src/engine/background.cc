@@ -799,6 +799,7 @@ void EngineImpl::AddFull(ProcessSetState& ps, int rank, std::vector<Request> req
 
 void EngineImpl::DemoteBit(ProcessSetState& ps, uint32_t bit, const Request* as) {
   if (bit >= ps.bit_since.size() || ps.bit_since[bit] == Clock::time_point()) return;
+  const Clock::time_point since = ps.bit_since[bit];  // the stall clock goes on from there
   ps.bit_since[bit] = Clock::time_point();
   Request r;
   if (as) {
@@ -812,7 +813,7 @@ void EngineImpl::DemoteBit(ProcessSetState& ps, uint32_t bit, const Request* as)
     uint64_t& word = ps.ready_bits[q][bit / 64];
     if (!(word & mask)) continue;
     word &= ~mask;
-    ps.coordinator->AddRequests(static_cast<int>(q), {r});
+    ps.coordinator->AddRequests(static_cast<int>(q), {r}, since);
   }
 }
 
@@ -997,7 +998,7 @@ void EngineImpl::StepCoordinators(const std::function<bool(const ProcessSetState
   // Stepping the global set may add a set: iterators of a std::map stay valid.
   for (auto& kv : sets_) {
     ProcessSetState& ps = *kv.second;
-    if (ps.coordinator && which(ps)) sent = CoordinatorStep(ps, now) || sent;
+    if (ps.coordinator && which(ps) && abort_.ok()) sent = CoordinatorStep(ps, now) || sent;
   }
   if (sent) CountNegotiation(now);
 }
@@ -1033,6 +1034,15 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
   const size_t threshold = FusionThreshold();
   coordinator.set_fusion_threshold(threshold);
   coordinator.CheckStalls(now);
+  if (!coordinator.stall_shutdown().empty() && abort_.ok()) {
+    // Every rank fails, as for a lost peer (RunLoop): the coordinator's Timeout names the
+    // ranks that never submitted the tensor. Each rank leaves its failure note (none of them
+    // failed on its own: the missing ranks are the cause).
+    abort_ = Status::Timeout(coordinator.stall_shutdown());
+    BroadcastControl(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(abort_));
+    transport_->Abort(abort_);
+    return false;
+  }
   DemoteLateBits(ps, now);
   std::vector<Response> ready;
   if (!coordinator.has_ready() || coordinator.ready_since() + CycleWindow() <= now) {

@@ -263,6 +263,14 @@ Status EngineImpl::Connect() {
     rounds_->arrived.resize(options_.size);
     rounds_->early_arrived.resize(options_.size);
   }
+  if (options_.rank == 0 && StallShutdownSeconds(options_.stall_check_seconds,
+                                                 options_.stall_shutdown_seconds) == 0 &&
+      options_.stall_shutdown_seconds > 0) {
+    HVD_LOG(kWarning) << "HVD_STALL_SHUTDOWN_TIME_SECONDS (" << options_.stall_shutdown_seconds
+                      << ") is less than HVD_STALL_CHECK_TIME_SECONDS ("
+                      << options_.stall_check_seconds << "): a stall will not shut hvd down, "
+                      << "as in Horovod";
+  }
   if (options_.size == 1) return Status::OK();
   StartHeartbeat();
   return Status::OK();
