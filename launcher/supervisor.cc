@@ -160,6 +160,12 @@ void Supervisor::PollOnce() {
   if (fds[0].revents != 0) HandleSignals();
 }
 
+bool Supervisor::KeepStarting() {
+  pollfd p{signal_fd_, POLLIN, 0};  // (SIGCHLD comes this way too)
+  if (::poll(&p, 1, 0) > 0) HandleSignals();
+  return phase_ == Phase::kRunning && !exit_code_set_;
+}
+
 void Supervisor::HandleSignals() {
   signalfd_siginfo info;
   while (::read(signal_fd_, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
