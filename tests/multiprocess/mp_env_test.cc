@@ -95,6 +95,15 @@ TEST(BadEnvironment, SizeWithAddressButNoPort) {
 
 TEST(BadEnvironment, TimeoutNotANumber) { ExpectRefused({{"HVD_TIMEOUT_SECONDS", "abc"}}, "HVD_TIMEOUT_SECONDS"); }
 
+// Numbers are decimal and taken as written: no hexadecimal (strtod reads "0x10" as 16), no
+// leading blanks.
+TEST(BadEnvironment, NumbersAsWritten) {
+  ExpectRefused({{"HVD_TIMEOUT_SECONDS", "0x10"}},
+                "HVD_TIMEOUT_SECONDS='0x10': expected a number from 1 to 1e+06");
+  ExpectRefused({{"HVD_TIMEOUT_SECONDS", " 5"}}, "HVD_TIMEOUT_SECONDS=' 5'");
+  ExpectRefused({{"HVD_CACHE_CAPACITY", " 64"}}, "HVD_CACHE_CAPACITY=' 64'");
+}
+
 // A duration no deadline could hold (nanoseconds in 64 bits) is refused, not wrapped around
 // into an instant timeout.
 TEST(BadEnvironment, DurationsHaveACeiling) {

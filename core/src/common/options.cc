@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -46,7 +47,9 @@ Status ParseInt(const std::string& var, const char* v, long lo, long hi, long* o
   char* end = nullptr;
   errno = 0;
   long x = std::strtol(v, &end, 10);
-  if (errno || end == v || *end != '\0' || x < lo || x > hi) {
+  // (strtol would skip leading blanks: the value is taken as written or refused.)
+  if (errno || end == v || *end != '\0' || std::isspace(static_cast<unsigned char>(*v)) ||
+      x < lo || x > hi) {
     std::string expected = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
     return BadValue(var, v, expected.c_str());
   }
@@ -59,7 +62,11 @@ Status ParseDouble(const std::string& var, const char* v, double lo, double hi, 
   char* end = nullptr;
   errno = 0;
   double x = std::strtod(v, &end);
-  if (errno || end == v || *end != '\0' || !(x >= lo) || !(x <= hi)) {
+  // Decimal only, as written: strtod would also skip leading blanks and read hexadecimal
+  // ("0x10" seconds).
+  const bool plain = !std::isspace(static_cast<unsigned char>(*v)) &&
+                     std::strpbrk(v, "xX") == nullptr;
+  if (errno || end == v || *end != '\0' || !plain || !(x >= lo) || !(x <= hi)) {
     std::ostringstream expected;
     expected << "a number from " << lo << " to " << hi;
     return BadValue(var, v, expected.str().c_str());

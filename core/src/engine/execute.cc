@@ -331,8 +331,13 @@ void EngineImpl::Execute(const Response& r) {
                    (s.code() == StatusCode::kPeerLost || s.code() == StatusCode::kTimeout);
   if (comm_gone) s = AwaitRootCause(s);
   if (!s.ok() && r.type != OpType::kError) {
-    s = s.WithContext(std::string(OpTypeName(r.type)) + " '" + r.names[0] + "'" +
-                      (r.names.size() > 1 ? " (fused with " + std::to_string(r.names.size() - 1) + " more)" : ""));
+    // (Not twice: the root cause another rank relayed may already name this operation.)
+    const std::string op = std::string(OpTypeName(r.type)) + " '" + r.names[0] + "'";
+    if (s.message().find(op) == std::string::npos) {
+      s = s.WithContext(op + (r.names.size() > 1
+                                  ? " (fused with " + std::to_string(r.names.size() - 1) + " more)"
+                                  : ""));
+    }
   }
   if (abandon_ && !comm_gone) {
     Abandon(s);
