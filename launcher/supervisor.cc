@@ -28,6 +28,7 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kDrainAfterExit = std::chrono::seconds(2);
 constexpr auto kCauseWindow = std::chrono::seconds(1);
 constexpr auto kGiveUpAfterKill = std::chrono::seconds(5);
+constexpr auto kStoppedAtEndWait = std::chrono::seconds(5);  // NoteStoppedAtEnd
 
 Clock::time_point After(double seconds) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -37,6 +38,16 @@ Clock::time_point After(double seconds) {
 std::string SignalName(int sig) {
   const char* abbrev = sigabbrev_np(sig);
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+// Whether process `pid` is stopped (state T or t in /proc/<pid>/stat).
+bool ProcessStopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
+  return stat[paren + 2] == 'T' || stat[paren + 2] == 't';
 }
 
 // The processes of process group `pgid` that are stopped (state T: SIGSTOP, SIGTSTP; t: a
@@ -122,6 +133,7 @@ int Supervisor::Run() {
       break;
     }
     PollOnce();
+    NoteStoppedAtEnd();
     AdvancePhase();
     if (events_ != nullptr && phase_ == Phase::kRunning) events_->Tick();
   }
@@ -158,6 +170,35 @@ void Supervisor::PollOnce() {
     }
   }
   if (fds[0].revents != 0) HandleSignals();
+}
+
+void Supervisor::NoteStoppedAtEnd() {
+  if (stopped_noted_ || phase_ != Phase::kRunning || events_ != nullptr) return;
+  const TimePoint now = Clock::now();
+  if (now < next_stopped_check_) return;
+  next_stopped_check_ = now + std::chrono::seconds(1);
+  std::vector<const RankProcess*> left;
+  for (const auto& r : ranks_) {
+    if (!r.running) continue;
+    if (r.remote || !ProcessStopped(r.pid)) {  // (the first that runs ends the look)
+      stopped_since_ = TimePoint::max();
+      return;
+    }
+    left.push_back(&r);
+  }
+  if (left.empty() || left.size() == ranks_.size()) {  // (a whole job stopped: its terminal's)
+    stopped_since_ = TimePoint::max();
+    return;
+  }
+  if (stopped_since_ == TimePoint::max()) stopped_since_ = now;
+  if (now - stopped_since_ < kStoppedAtEndWait) return;
+  stopped_noted_ = true;
+  for (const RankProcess* r : left) {
+    Say("rank " + std::to_string(r->placement.rank) + " (pid " + std::to_string(r->pid) +
+        ") is stopped (state T: SIGSTOP, SIGTSTP or a debugger) and every other rank has "
+        "exited: hvdrun waits for it to go on and exit (SIGCONT to it, or SIGTERM to hvdrun, "
+        "ends the wait)");
+  }
 }
 
 bool Supervisor::KeepStarting() {

@@ -96,6 +96,9 @@ class Supervisor {
   void ReapChildren();
   void OnRankExit(size_t index, int status);
   void NameStoppedRanks() const;
+  // Every rank still running is stopped (state T), the others have exited with success: the
+  // job would wait for them without a word. Said once, after 5 s of it.
+  void NoteStoppedAtEnd();
   bool NoteOf(const RankProcess& r, std::string* note, bool* started = nullptr) const;
   void OnHvdrunSignal(int sig);
   void SignalLiveGroups(int sig);
@@ -129,6 +132,9 @@ class Supervisor {
   FailureNotes notes_;
   int exit_code_ = 0;
   bool exit_code_set_ = false;
+  TimePoint next_stopped_check_ = TimePoint::min();
+  TimePoint stopped_since_ = TimePoint::max();
+  bool stopped_noted_ = false;
 };
 
 }  // namespace launcher

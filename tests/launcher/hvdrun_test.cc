@@ -77,6 +77,14 @@ class Job {
   }
   pid_t pid() const { return pid_; }
 
+  // What hvdrun has written so far (hvdrun still running).
+  Result Peek() const {
+    Result r;
+    r.out = ReadFile(out_);
+    r.err = ReadFile(err_);
+    return r;
+  }
+
   // Waits at most `timeout` seconds for hvdrun to exit.
   Result Wait(double timeout = 30) {
     Result r;
@@ -474,6 +482,27 @@ TEST(Hvdrun, RankFailingWhileRanksStartStopsStartingThem) {
   EXPECT_EQ(3, r.code) << r.err.substr(0, 2000);
   EXPECT_TRUE(Contains(r.err, "rank 0 (pid")) << r.err.substr(0, 2000);
   EXPECT_LT(StartedRanks(r.err), 1000u);
+}
+
+// Rank 1 stops itself while rank 0 ends with success: hvdrun waits for it (a debugger may hold
+// it), and says so instead of waiting without a word; SIGTERM to hvdrun still ends the job.
+TEST(Hvdrun, RankStoppedAfterTheOthersExitedIsNamed) {
+  Job job({"-np", "2", "sh", "-c", "[ \"$HVD_RANK\" = 1 ] && kill -STOP $$; exit 0"});
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  Result r;
+  while (Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    r = job.Peek();
+    if (Contains(r.err, "is stopped")) break;
+  }
+  EXPECT_TRUE(Contains(r.err, "rank 1 (pid ")) << r.err;
+  EXPECT_TRUE(Contains(r.err, "is stopped (state T: SIGSTOP, SIGTSTP or a debugger) and every "
+                              "other rank has exited"))
+      << r.err;
+  EXPECT_FALSE(Contains(r.err, "rank 0 (pid")) << r.err;
+  ASSERT_EQ(0, ::kill(job.pid(), SIGTERM));
+  r = job.Wait(30);
+  EXPECT_EQ(128 + SIGTERM, r.code) << r.err;
 }
 
 TEST(Hvdrun, SigintExits130) {
