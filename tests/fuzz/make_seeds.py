@@ -44,9 +44,9 @@ write("store", "bad_op", store_req(b"X", b"k"))
 nonce = bytes(range(16))
 mac = bytes(32)
 write("handshake", "store", b"\x00A" + b"store" + nonce + mac)
-hello = struct.pack("<IiBi", 0x31445648, 1, 0, 0)
+hello = struct.pack("<IiBii", 0x31445648, 1, 0, 0, 4)
 write("handshake", "hello_data", b"\x01R" + hello + nonce + mac)
-hello = struct.pack("<IiBi", 0x31445648, 3, 1, 0)
+hello = struct.pack("<IiBii", 0x31445648, 3, 1, 0, 4)
 write("handshake", "hello_control", b"\x01C" + hello + nonce + mac)
 
 

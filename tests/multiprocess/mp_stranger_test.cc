@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -54,12 +56,13 @@ std::vector<int> Harass(const std::string& addr) {
   if (wrong >= 0) {
     hvd::auth::Nonce ns{}, nc = hvd::auth::RandomNonce();
     if (::recv(wrong, ns.data(), ns.size(), MSG_WAITALL) == static_cast<ssize_t>(ns.size())) {
-      std::string hello(13, '\0');
+      std::string hello(17, '\0');  // transport/tcp/mesh_hello.h
       uint32_t magic = 0x31445648;
-      int32_t rank = 1, target = 0;
+      int32_t rank = 1, target = 0, world = 3;
       std::memcpy(&hello[0], &magic, 4);
       std::memcpy(&hello[4], &rank, 4);
       std::memcpy(&hello[9], &target, 4);
+      std::memcpy(&hello[13], &world, 4);
       auto mac = hvd::auth::Proof("not-the-secret", "hvd client", ns, nc, hello);
       std::string msg = hello + std::string(reinterpret_cast<char*>(nc.data()), nc.size()) +
                         std::string(reinterpret_cast<char*>(mac.data()), mac.size());
@@ -134,6 +137,96 @@ TEST(Strangers, JobFormsAndComputesDespiteThem) {
         << "rank " << r << " ended with status " << status;
   }
   for (int fd : sockets) ::close(fd);
+}
+
+// Processes of one job that do not form one world: a rank started with another HVD_SIZE, or two
+// processes given the same rank (a launcher of one's own, or an environment overridden on one
+// host). The rank they connect to names them at once, and the others hear it from there,
+// instead of a start timeout that blames a rank that never came or "died".
+struct Identity {
+  int rank, size;
+};
+
+// Starts one process per identity and returns what each one's engine creation said ("ok" or the
+// status), in order.
+std::vector<std::string> StartWith(const std::vector<Identity>& ids) {
+  mp::StoreProcess server(kSecret);
+  EXPECT_TRUE(server.ok());
+  const int port = server.port();
+  EXPECT_EQ(mp::ThreadCount(), 1);
+  char dir_template[] = "/tmp/mp_identity.XXXXXX";
+  const std::string dir = ::mkdtemp(dir_template);
+  std::vector<pid_t> pids;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    pid_t p = fork();
+    if (p == 0) {
+      alarm(60);
+      hvd::Options o;
+      o.rank = ids[i].rank;
+      o.size = ids[i].size;
+      o.local_rank = ids[i].rank;
+      o.local_size = ids[i].size;
+      o.rendezvous_addr = "127.0.0.1";
+      o.rendezvous_port = port;
+      o.secret = kSecret;
+      o.timeout_seconds = 10;
+      o.start_timeout_seconds = 30;
+      auto e = hvd::Engine::Create(o);
+      const std::string said = e.ok() ? "ok" : e.status().ToString();
+      FILE* f = std::fopen((dir + "/" + std::to_string(i)).c_str(), "w");
+      if (f) {
+        std::fputs(said.c_str(), f);
+        std::fclose(f);
+      }
+      _exit(0);
+    }
+    pids.push_back(p);
+  }
+  std::vector<std::string> said;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    int status = 0;
+    waitpid(pids[i], &status, 0);
+    std::string text;
+    if (FILE* f = std::fopen((dir + "/" + std::to_string(i)).c_str(), "r")) {
+      char buf[4096];
+      size_t n = std::fread(buf, 1, sizeof(buf), f);
+      text.assign(buf, n);
+      std::fclose(f);
+    }
+    said.push_back(text);
+  }
+  std::system(("rm -rf '" + dir + "'").c_str());
+  return said;
+}
+
+TEST(Identities, AWorldSizeThatDiffersOnOneRankIsNamed) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto said = StartWith({{0, 3}, {1, 3}, {2, 4}});
+  ASSERT_EQ(said.size(), 3u);
+  EXPECT_NE(said[0].find("rank 2 was started in a world of 4 ranks and rank 0 (this one) in a "
+                         "world of 3 (HVD_SIZE differs between ranks)"),
+            std::string::npos)
+      << said[0];
+  for (const auto& s : said) {
+    EXPECT_NE(s.find("HVD_SIZE differs between ranks"), std::string::npos) << s;
+  }
+  // At once, not at the 30 s start timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST(Identities, ARankGivenToTwoProcessesIsNamed) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto said = StartWith({{0, 3}, {1, 3}, {1, 3}});
+  ASSERT_EQ(said.size(), 3u);
+  EXPECT_NE(said[0].find("two processes claim rank 1 (each connected to rank 0): every process "
+                         "needs its own HVD_RANK"),
+            std::string::npos)
+      << said[0];
+  for (const auto& s : said) {
+    EXPECT_NE(s, "ok");
+    EXPECT_NE(s.find("two processes claim rank 1"), std::string::npos) << s;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <poll.h>
 
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -112,7 +113,7 @@ StatusOr<std::unique_ptr<tcp::socket>> DialRank(asio::io_context& io, StoreClien
     if (!a.ok()) return a.status().WithContext("rendezvous with rank " + std::to_string(j));
     auto ep = ParseAddr(*a, j);
     if (!ep.ok()) return ep.status();
-    auto s = Dial(io, *ep, Hello{kHelloMagic, o.rank, kind, j}, j, o.secret, deadline);
+    auto s = Dial(io, *ep, Hello{kHelloMagic, o.rank, kind, j, o.size}, j, o.secret, deadline);
     if (s.ok() || Clock::now() + std::chrono::milliseconds(50) >= deadline) return s;
     // Rank j may have given up forming the job (its listener is closed): pass its reason on
     // instead of retrying until the deadline. Checked at most twice a second.
@@ -159,6 +160,8 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
   // A higher rank whose data connection said it makes links between workers where this rank
   // does not, or the reverse (-1: none).
   int knob_mismatch() const { return knob_mismatch_; }
+  // Ranks that do not form one world: another world size, or a rank claimed twice (none: empty).
+  const std::optional<std::string>& mismatch() const { return mismatch_; }
 
  private:
   struct Incoming {
@@ -204,12 +207,28 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
   }
 
   void Place(const Hello& h, std::unique_ptr<tcp::socket> sock) {
+    if (h.size != size_) {  // (authenticated: a process of this job, started with another size)
+      if (!mismatch_) mismatch_ = "rank " + std::to_string(h.rank) + " was started in a world of " +
+                                  std::to_string(h.size) + " ranks and rank " +
+                                  std::to_string(rank_) + " (this one) in a world of " +
+                                  std::to_string(size_) + " (HVD_SIZE differs between ranks)";
+      asio::error_code ignored;
+      sock->close(ignored);
+      return;
+    }
     bool ok = CheckHello(h, rank_, size_, worker_links_).ok();
     if (ok && IsData(h.kind) && (h.kind == kKindDataWorkerLinks) != worker_links_ &&
         knob_mismatch_ < 0) {
       knob_mismatch_ = h.rank;
     }
     auto& slot = !ok ? sock : (IsData(h.kind) ? mesh_.data[h.rank] : mesh_.control[h.rank]);
+    if (ok && slot && !mismatch_) {
+      // A rank dials each lower rank once per kind: a second authenticated hello is another
+      // process of this job that was given the same rank.
+      mismatch_ = "two processes claim rank " + std::to_string(h.rank) +
+                  " (each connected to rank " + std::to_string(rank_) +
+                  "): every process needs its own HVD_RANK";
+    }
     if (!ok || slot) {
       std::ostringstream os;
       os << "an unexpected hello (magic " << std::hex << h.magic << std::dec << ", rank "
@@ -233,6 +252,7 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
   const Deadline deadline_;
   std::vector<std::weak_ptr<Incoming>> incoming_;
   int expected_ = 0, got_ = 0, pending_ = 0, knob_mismatch_ = -1;
+  std::optional<std::string> mismatch_;
   bool stopped_ = false;
   // A stranger may open any number of connections while the job forms.
   LimitedWarning dropped_{"dropped a connection"};
@@ -343,7 +363,9 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
   int gone = -1;
   Clock::time_point next_check = Clock::now();
   bool all = RunUntil(io, deadline, [&] {
-    if (acceptor.remaining() == 0 || acceptor.knob_mismatch() >= 0) return true;
+    if (acceptor.remaining() == 0 || acceptor.knob_mismatch() >= 0 || acceptor.mismatch()) {
+      return true;
+    }
     if (Clock::now() < next_check) return false;
     next_check = Clock::now() + std::chrono::milliseconds(100);
     for (int j = 0; j < o.size && gone < 0; ++j) {
@@ -355,6 +377,12 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
   acceptor.Stop();
   acc.close(ec);
   RunUntil(io, Clock::now() + std::chrono::seconds(2), [&] { return acceptor.pending() == 0; });
+  if (acceptor.mismatch()) {
+    return Status::FailedPrecondition(*acceptor.mismatch() +
+                                      "; every rank of a job must be started with the same "
+                                      "HVD_SIZE and a rank of its own (hvdrun, mpirun and Slurm "
+                                      "do both)");
+  }
   if (acceptor.knob_mismatch() >= 0) {
     const std::string j = std::to_string(acceptor.knob_mismatch()), me = std::to_string(o.rank);
     return Status::FailedPrecondition(
