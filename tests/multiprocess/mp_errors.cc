@@ -214,6 +214,13 @@ void CheckOneSided(hvd::Engine& e, Checker& ck) {
                      ReduceOp::kSum),
          "one.output", "does not match input");
 
+  // A data type or reduce op that is none of hvd's (a cast of a wrong number) on one rank: the
+  // request still travels (it was taken for a garbled list and a lost peer).
+  TensorView odd(f, bad ? static_cast<DataType>(77) : DataType::kFloat32, {4});
+  expect(e.Allgather("one.dtype", odd), "one.dtype", "data type 77 is none of hvd's");
+  expect(e.Allreduce("one.op", v4, v4, bad ? static_cast<ReduceOp>(42) : ReduceOp::kSum),
+         "one.op", "reduce op 42 is none of hvd's");
+
   bool flags[4] = {true, false, true, false};
   TensorView bools(flags, DataType::kBool, {4});
   expect(e.Reducescatter("one.bool", bools, bad ? ReduceOp::kAverage : ReduceOp::kSum),

@@ -432,6 +432,17 @@ Status EngineImpl::ValidateLocked(TensorEntry& e) const {
   // Built only for an error: this runs for every tensor a caller hands in.
   auto what = [&] { return Describe(r); };
   if (r.type != OpType::kBarrier && r.type != OpType::kJoin && r.type != OpType::kProcessSet) {
+    if (static_cast<int>(e.input.dtype) >= kNumDataTypes) {
+      return Status::InvalidArgument(what() + ": data type " +
+                                     std::to_string(static_cast<int>(e.input.dtype)) +
+                                     " is none of hvd's (hvd::DataType, hvd/types.h)");
+    }
+    if ((r.type == OpType::kAllreduce || r.type == OpType::kReducescatter) &&
+        static_cast<int>(r.op) >= kNumReduceOps) {
+      return Status::InvalidArgument(what() + ": reduce op " +
+                                     std::to_string(static_cast<int>(r.op)) +
+                                     " is none of hvd's (hvd::ReduceOp, hvd/types.h)");
+    }
     if (e.input.device != kCpuDevice) {
       if (e.input.device < 0) {
         return Status::InvalidArgument(what() + ": device " + std::to_string(e.input.device) +
@@ -564,6 +575,10 @@ void RefuseArguments(Request& r, const Status& why) {
   r.error = why.message();
   r.error_code = why.code();
   r.splits.clear();  // the coordinator reads none of a refusal's fields: it need not carry them
+  // A data type or reduce op out of range (a cast of a wrong number) could not travel: the
+  // other ranks' decoders would take the list for garbage, and the sender for a lost peer.
+  if (static_cast<int>(r.dtype) >= kNumDataTypes) r.dtype = DataType::kUInt8;
+  if (static_cast<int>(r.op) >= kNumReduceOps) r.op = ReduceOp::kSum;
 }
 
 }  // namespace
