@@ -27,3 +27,14 @@ run("run under hvdrun" ${CMAKE_COMMAND} -E env "LD_LIBRARY_PATH=${WORK}/prefix/l
 if(NOT last_out MATCHES "ok, ranks=2")
   message(FATAL_ERROR "unexpected output under hvdrun: ${last_out}")
 endif()
+# The C API's consumer, without LD_LIBRARY_PATH: the installed libhvd_c finds libhvd itself.
+run("run the C consumer" ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
+    "${WORK}/build/hvd_c_consumer")
+if(NOT last_out MATCHES "hvd_c_consumer: ok, ranks=1")
+  message(FATAL_ERROR "unexpected output of the C consumer: ${last_out}")
+endif()
+run("run the C consumer under hvdrun" ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
+    "${WORK}/prefix/bin/hvdrun" --no-prefix -np 2 "${WORK}/build/hvd_c_consumer")
+if(NOT last_out MATCHES "hvd_c_consumer: ok, ranks=2")
+  message(FATAL_ERROR "unexpected output of the C consumer under hvdrun: ${last_out}")
+endif()

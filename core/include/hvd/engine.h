@@ -64,7 +64,9 @@ class HVD_EXPORT Handle {
   // rank; see engine/engine_impl.h, caller-driven progress).
   Status Wait() const;
   // As Wait, but returns Timeout if it has not finished within `timeout` (it goes on). A
-  // collective the waiting thread runs meanwhile is not cut short.
+  // collective the waiting thread runs meanwhile is not cut short. An operation that finished
+  // failing with Timeout (a peer silent for HVD_TIMEOUT_SECONDS) gives Timeout too: Finished()
+  // tells the two apart.
   Status WaitFor(std::chrono::milliseconds timeout) const;
   // The final status; OK while pending.
   Status status() const;
