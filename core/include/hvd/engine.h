@@ -32,8 +32,10 @@ namespace hvd {
 // reducescatter) is known: on the engine's background thread, or on a thread that waits for an
 // operation and runs the engine's work meanwhile (for a CUDA tensor with the device current),
 // while the engine's work is held up. It must not wait for another operation. Returns memory
-// for that many elements of the operation's dtype, owned by the caller, or nullptr to fail the
-// operation.
+// for that many elements of the operation's dtype, owned by the caller, or nullptr (or an
+// exception) to fail the operation with ResourceExhausted: on every rank where the output is
+// 1 MiB or more (the ranks agree on it before any byte moves), on this rank alone under that
+// (it receives into the engine's memory meanwhile, and the others' operation completes).
 using OutputAllocator = std::function<void*(const std::vector<int64_t>& shape)>;
 
 class ProgressHelper;  // engine/engine_impl.h

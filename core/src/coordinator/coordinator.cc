@@ -294,7 +294,7 @@ std::string Coordinator::Validate(const std::string& name, const Entry& e) const
     return std::string(OpTypeName(a.type)) + " '" + name + "': " + what +
            " is not supported with Join at this time" +
            (a.type == OpType::kAllgather
-                ? ". Specify sparse_to_dense=True if using DistributedOptimizer"
+                ? ". Specify sparse_as_dense=True if using DistributedOptimizer"
                 : "") +
            " (ranks " + RankList(joined) + " have joined)";
   }

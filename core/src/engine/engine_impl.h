@@ -583,6 +583,13 @@ class EngineImpl {
   Status ExecuteAlltoall(const Response& r, TensorEntry* e);
   Status ExecuteReducescatter(const Response& r, TensorEntry* e);
   void* AllocateOutput(TensorEntry* e, const std::vector<int64_t>& shape, size_t bytes);
+  // An output this rank could not allocate (`*local` failed) that the ranks do not agree on
+  // (need.output under kAgreeBytes, execute.cc): it receives into a stand-in of the engine's
+  // instead (*out), so that the others' collective completes, and the failure moves to
+  // *alone, for this rank's operation alone. False (nothing changed) where none is needed or
+  // none can be had.
+  bool StandInForOutput(const MemoryNeeds& need, size_t bytes, Status* local, Status* alone,
+                        void** out);
   Deadline CollectiveDeadline() const;
 
   // Device tensors (execute_device.cc).
@@ -712,6 +719,7 @@ class EngineImpl {
   std::unique_ptr<Timeline> timeline_;
   ScratchBuffer scratch_;
   ScratchBuffer fusion_;
+  std::vector<uint8_t> stand_in_;  // StandInForOutput
   // Device tensors (execute_device.cc): this rank's device, opened at its first device
   // response; the device fusion buffer, the pinned host staging buffer and the share buffer of
   // hierarchical allreduce. Declared before sets_, whose NCCL communicators go first.

@@ -18,6 +18,9 @@
 //   4. A failure that was not agreed on (a small allocation, one only this rank needed, an
 //      exception inside a collective) leaves the others in the collective without this rank:
 //      the communicator is abandoned and every rank fails fast naming this one (Abandon).
+//      Except a small output (allgather, alltoall, reducescatter) that the caller's allocator
+//      did not give: the rank receives into a stand-in of its own, and the operation fails on
+//      this rank alone once the collective is over (StandInForOutput).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -159,7 +162,22 @@ Status EngineImpl::AgreeOnMemory(const MemoryNeeds& need, const Status& local, s
   }
   os << "; no data was exchanged and the engine goes on";
   if (!local.ok()) os << " (here: " << local.message() << ")";
-  return Status::ResourceExhausted("out of memory: " + os.str());
+  return Status::ResourceExhausted("no memory for the operation: " + os.str());
+}
+
+bool EngineImpl::StandInForOutput(const MemoryNeeds& need, size_t bytes, Status* local,
+                                  Status* alone, void** out) {
+  if (local->ok() || comm_->size == 1 || need.output >= kAgreeBytes) return false;
+  try {
+    if (stand_in_.size() < bytes) stand_in_.resize(bytes);
+  } catch (...) {
+    return false;
+  }
+  *out = stand_in_.data();
+  *alone = Status(local->code(), local->message() + " (on this rank only: the other ranks' "
+                                                    "operation completed)");
+  *local = Status::OK();
+  return true;
 }
 
 // Step 1 for the buffers the engine keeps (fusion, scratch), then step 2. `fusion` is what this
@@ -532,19 +550,24 @@ Status EngineImpl::ExecuteAllgather(const Response& r, TensorEntry* e) {
   if (hierarchical) need.scratch = HierarchicalAllgatherScratchBytes(c.hosts, bytes);
   void* got = nullptr;
   Status local;
+  Status alone;
   if (e) {
     local = TryAllocate(total, "the allgather output",
                         [&] { return AllocateOutput(e, l.shape, total); }, &got);
+    StandInForOutput(need, total, &local, &alone, &got);
   }
   // A joined rank receives into the fusion buffer.
   HVD_RETURN_IF_ERROR(Reserve(need, e ? 0 : total, e ? nullptr : &got, local, total));
   auto* out = static_cast<uint8_t*>(got);
+  Status s;
   if (hierarchical) {
-    return HierarchicalAllgatherv(*c.local, *c.cross, c.hosts, e ? e->input.data : out,
-                                  out, bytes, scratch_, CollectiveDeadline());
+    s = HierarchicalAllgatherv(*c.local, *c.cross, c.hosts, e ? e->input.data : out, out, bytes,
+                               scratch_, CollectiveDeadline());
+  } else {
+    if (e && bytes[c.rank]) std::memcpy(out + offset, e->input.data, bytes[c.rank]);
+    s = Allgatherv(*c.t, out + offset, out, bytes, CollectiveDeadline());
   }
-  if (e && bytes[c.rank]) std::memcpy(out + offset, e->input.data, bytes[c.rank]);
-  return Allgatherv(*c.t, out + offset, out, bytes, CollectiveDeadline());
+  return s.ok() ? alone : s;
 }
 
 Status EngineImpl::ExecuteBroadcast(const Response& r, TensorEntry* e) {
@@ -577,8 +600,11 @@ Status EngineImpl::ExecuteAlltoall(const Response& r, TensorEntry* e) {
   void* out = nullptr;
   Status local = TryAllocate(total, "the alltoall output",
                              [&] { return AllocateOutput(e, l.shape, total); }, &out);
+  Status alone;
+  StandInForOutput(need, total, &local, &alone, &out);
   HVD_RETURN_IF_ERROR(Reserve(need, 0, nullptr, local, total));
-  return Alltoallv(*comm_->t, e->input.data, l.send, out, l.recv, CollectiveDeadline());
+  Status s = Alltoallv(*comm_->t, e->input.data, l.send, out, l.recv, CollectiveDeadline());
+  return s.ok() ? alone : s;
 }
 
 Status EngineImpl::ExecuteReducescatter(const Response& r, TensorEntry* e) {
@@ -597,6 +623,8 @@ Status EngineImpl::ExecuteReducescatter(const Response& r, TensorEntry* e) {
   void* out = nullptr;
   Status local = TryAllocate(out_count * esize, "the reducescatter output",
                              [&] { return AllocateOutput(e, l.shape, out_count * esize); }, &out);
+  Status alone;
+  StandInForOutput(need, out_count * esize, &local, &alone, &out);
   void* copy = nullptr;
   HVD_RETURN_IF_ERROR(Reserve(need, copy_bytes, &copy, local, out_count * esize));
   if (copy_bytes > 0) {
@@ -610,7 +638,7 @@ Status EngineImpl::ExecuteReducescatter(const Response& r, TensorEntry* e) {
   double post = r.postscale;
   if (r.op == ReduceOp::kAverage) post /= n;
   Scale(out, out_count, r.dtype, post);
-  return Status::OK();
+  return alone;
 }
 
 }  // namespace hvd
