@@ -1455,13 +1455,15 @@ void EngineImpl::FinishShutdown(int requested_by) {
   // Another rank's shutdown: what ends its operations on this one. As Horovod says, the usual
   // cause is an exception on that rank, or its script ending while this one still runs
   // collectives.
+  // This rank asked too (shutdown_sent_): the job's usual end, whichever rank came first.
   const std::string who = "rank " + std::to_string(requested_by);
   Status s = Status::Aborted(
-      requested_by == options_.rank
-          ? "hvd has been shut down (" + who + " called shutdown)"
+      requested_by == options_.rank || shutdown_sent_
+          ? "hvd has been shut down (rank " + std::to_string(options_.rank) +
+                ", this one, called shutdown)"
           : "hvd has been shut down (" + who + " called shutdown): an exception on " + who +
-                ", or its script ending while this rank still runs collectives; if an "
-                "exception, its traceback is in that rank's output");
+                ", or its program ending while this rank still runs collectives; if an "
+                "exception, its traceback or error is in that rank's output");
   done_ = true;  // connection errors from here on are the job ending, not a lost peer
   // A rank that asked to shut down too is ending of its own accord (a job's usual end): no note.
   if (requested_by == options_.rank || shutdown_sent_) failing_on_own_ = true;
