@@ -8,6 +8,10 @@
 // Argument: --expect-bootstrap=store|mpi|slurm and --expect-ops=tcp|mpi fail the run when the
 // engine chose differently.
 //
+// --stop-in-allgather instead: as --stop-last, but the last rank stops inside an allgather (in
+// its output allocator) while the others wait in the collective: "[mpi-worker] rank R: the
+// allgather failed after S s: STATUS", exit status 3 as above.
+//
 // --refused-output instead: the last rank's output allocator of an allgather throws, a second
 // after the other ranks are in the allgather's collective (MPI's, with
 // HVD_CPU_OPERATIONS=mpi). The last rank receives into a stand-in of its engine and fails alone;
@@ -278,6 +282,8 @@ int LeaveEarly(std::unique_ptr<hvd::Engine> e) {
   return 4;
 }
 
+int ExitAfterTheOtherSurvivor(int rank);
+
 int StopLast(std::unique_ptr<hvd::Engine> e) {
   int32_t one = 1;
   TensorView v(&one, DataType::kInt32, {1});
@@ -299,9 +305,40 @@ int StopLast(std::unique_ptr<hvd::Engine> e) {
   std::printf("[mpi-worker] rank %d: ended %.1f s after its failure: %s\n", rank, took,
               s.ToString().c_str());
   std::fflush(stdout);
-  // mpirun kills the job at the first non-zero exit: each survivor leaves a file once it has
-  // printed, and exits once the other's is there too (or after 20 s), so both lines come out.
-  // The ranks of this one-host job share their parent (mpirun's daemon): it names the job.
+  return ExitAfterTheOtherSurvivor(rank);
+}
+
+// Rank 2 stops (SIGSTOP) inside an allgather, in its output allocator, a moment after ranks 0
+// and 1 are in the collective (MPI's with HVD_CPU_OPERATIONS=mpi). Rank 0 finds it silent after
+// HVD_TIMEOUT_SECONDS and aborts; the abort must end the survivors' waits inside MPI's
+// collective (polled between MPI_Test calls), which MPI alone would never end.
+int StopInAllgather(std::unique_ptr<hvd::Engine> e) {
+  const int rank = e->rank(), last = e->size() - 1;
+  std::vector<float> in(4, 1.0f), out;
+  hvd::OutputAllocator alloc = [&](const std::vector<int64_t>& shape) -> void* {
+    if (rank == last) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are waiting
+      raise(SIGSTOP);
+    }
+    out.assign(static_cast<size_t>(shape[0]) * 4, 0.0f);
+    return out.data();
+  };
+  const auto start = std::chrono::steady_clock::now();
+  hvd::Status s =
+      e->Allgather("stop.ag", TensorView(in.data(), DataType::kFloat32, {1, 4}), alloc)->Wait();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  e.reset();  // shuts down; MPI is left unfinalized
+  std::printf("[mpi-worker] rank %d: the allgather %s after %.1f s: %s\n", rank,
+              s.ok() ? "succeeded" : "failed", took, s.ToString().c_str());
+  std::fflush(stdout);
+  return ExitAfterTheOtherSurvivor(rank);
+}
+
+// mpirun kills the job at the first non-zero exit: each survivor (rank 0 or 1) leaves a file
+// once it has printed, and exits with 3 once the other's is there too (or after 20 s), so both
+// lines come out. The ranks of this one-host job share their parent (mpirun's daemon): it
+// names the job.
+int ExitAfterTheOtherSurvivor(int rank) {
   auto marker = [](int r) {
     return "/tmp/hvd-stop-last." + std::to_string(::getppid()) + "." + std::to_string(r);
   };
@@ -331,12 +368,13 @@ const char* BootstrapName(hvd::Options::Bootstrap b) {
 
 int main(int argc, char** argv) {
   std::string want_bootstrap, want_ops;
-  bool refused_output = false, leave_early = false, stop_last = false;
+  bool refused_output = false, leave_early = false, stop_last = false, stop_in_allgather = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--refused-output") refused_output = true;
     if (a == "--leave-early") leave_early = true;
     if (a == "--stop-last") stop_last = true;
+    if (a == "--stop-in-allgather") stop_in_allgather = true;
     if (a.rfind("--expect-bootstrap=", 0) == 0) want_bootstrap = a.substr(19);
     if (a.rfind("--expect-ops=", 0) == 0) want_ops = a.substr(13);
   }
@@ -347,6 +385,7 @@ int main(int argc, char** argv) {
   }
   if (leave_early) return LeaveEarly(std::move(*created));
   if (stop_last) return StopLast(std::move(*created));
+  if (stop_in_allgather) return StopInAllgather(std::move(*created));
   hvd::Engine& e = **created;
   if (refused_output) return RefusedOutput(e);
   const char* bootstrap = BootstrapName(e.options().bootstrap);
