@@ -250,8 +250,8 @@ int RunJob(const LaunchOptions& opts) {
               << "\n";
   }
   for (const Placement& p : placements) {
-    // A signal to hvdrun, or a rank that failed, ends the job while it is still starting: the
-    // rest of a large -np is not started first.
+    // A signal to hvdrun ends the job while it is still starting: the rest of a large -np is
+    // not started first.
     if (!supervisor.KeepStarting()) break;
     try {
       RankProcess r = StartRank(opts, p, command, job, addrs);

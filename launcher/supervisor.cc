@@ -202,9 +202,18 @@ void Supervisor::NoteStoppedAtEnd() {
 }
 
 bool Supervisor::KeepStarting() {
-  pollfd p{signal_fd_, POLLIN, 0};  // (SIGCHLD comes this way too)
-  if (::poll(&p, 1, 0) > 0) HandleSignals();
-  return phase_ == Phase::kRunning && !exit_code_set_;
+  // A signal other than SIGCHLD waiting for the signalfd (every handled signal is blocked). A
+  // rank's exit is left for Run, as before: the ranks after it are started all the same, so
+  // that a job whose rank fails at once still has every rank to stop and report.
+  sigset_t pending;
+  sigemptyset(&pending);
+  if (::sigpending(&pending) != 0) return true;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig == SIGCHLD || sigismember(&pending, sig) != 1) continue;
+    HandleSignals();
+    return false;
+  }
+  return true;
 }
 
 void Supervisor::HandleSignals() {

@@ -80,8 +80,8 @@ class Supervisor {
   void Kill(pid_t pid);
   // Stops the ranks started so far (a later rank could not be started) with `exit_code`.
   void Abort(int exit_code);
-  // Between two ranks' starts: acts on a signal to hvdrun and on ranks' exits so far, without
-  // waiting. False once the job is ending (a signal, a rank that failed): start no more.
+  // Between two ranks' starts: acts on a signal to hvdrun (SIGTERM, SIGINT, ...) without
+  // waiting. False once one came: start no more, Run stops the ranks started.
   bool KeepStarting();
   // Runs until every rank has exited; returns hvdrun's exit code.
   int Run();

@@ -458,9 +458,9 @@ TEST(Hvdrun, SigtermStopsEveryProcess) {
   for (pid_t pid : background) EXPECT_FALSE(Alive(pid)) << pid;
 }
 
-// A job of many ranks takes a while to start: a signal to hvdrun, or a rank that fails, in that
-// time ends the job there, instead of once every rank has been started (rank 0 acts at once, so
-// hvdrun has started a few of the 1000 ranks by then, not all).
+// A job of many ranks takes a while to start: a signal to hvdrun in that time ends the job
+// there, instead of once every rank has been started (rank 0 signals at once, so hvdrun has
+// started a few of the 1000 ranks by then, not all).
 size_t StartedRanks(const std::string& err) {
   size_t n = 0;
   for (const auto& line : Lines(err)) n += Contains(line, "hvdrun: started rank ") ? 1 : 0;
@@ -476,16 +476,6 @@ TEST(Hvdrun, SignalWhileRanksStartStopsStartingThem) {
   EXPECT_LT(StartedRanks(r.err), 1000u);
 }
 
-TEST(Hvdrun, RankFailingWhileRanksStartStopsStartingThem) {
-  Job job({"--verbose", "-np", "1000", "sh", "-c", "[ \"$HVD_RANK\" = 0 ] && exit 3; exec sleep 60"});
-  Result r = job.Wait(60);
-  EXPECT_EQ(3, r.code) << r.err.substr(0, 2000);
-  EXPECT_TRUE(Contains(r.err, "rank 0 (pid")) << r.err.substr(0, 2000);
-  EXPECT_LT(StartedRanks(r.err), 1000u);
-}
-
-// Rank 1 stops itself while rank 0 ends with success: hvdrun waits for it (a debugger may hold
-// it), and says so instead of waiting without a word; SIGTERM to hvdrun still ends the job.
 TEST(Hvdrun, RankStoppedAfterTheOthersExitedIsNamed) {
   Job job({"-np", "2", "sh", "-c", "[ \"$HVD_RANK\" = 1 ] && kill -STOP $$; exit 0"});
   const auto deadline = Clock::now() + std::chrono::seconds(30);
