@@ -139,10 +139,14 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
  public:
   // Connections are accepted until `deadline` (the job's start deadline), and each has until
   // then to authenticate.
+  // `name_identities`: a hello of another world size, or a second one for a rank, fails
+  // formation naming it (mismatch()). Not in an elastic job: there a worker of an earlier world
+  // (of another size, or the rank's earlier process) may reach a later world's listener on a
+  // reused port, and is only dropped, as any stale hello.
   Acceptor(asio::io_context& io, tcp::acceptor& acc, TcpMesh& mesh, int rank, int size,
-           bool worker_links, std::string secret, Deadline deadline)
+           bool worker_links, std::string secret, Deadline deadline, bool name_identities)
       : io_(io), acc_(acc), mesh_(mesh), rank_(rank), size_(size), worker_links_(worker_links),
-        secret_(std::move(secret)), deadline_(deadline) {}
+        name_identities_(name_identities), secret_(std::move(secret)), deadline_(deadline) {}
 
   void Start() { AcceptNext(); }
   int remaining() const { return expected_ - got_; }
@@ -208,10 +212,12 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
 
   void Place(const Hello& h, std::unique_ptr<tcp::socket> sock) {
     if (h.size != size_) {  // (authenticated: a process of this job, started with another size)
-      if (!mismatch_) mismatch_ = "rank " + std::to_string(h.rank) + " was started in a world of " +
-                                  std::to_string(h.size) + " ranks and rank " +
-                                  std::to_string(rank_) + " (this one) in a world of " +
-                                  std::to_string(size_) + " (HVD_SIZE differs between ranks)";
+      if (!mismatch_ && name_identities_) {
+        mismatch_ = "rank " + std::to_string(h.rank) + " was started in a world of " +
+                    std::to_string(h.size) + " ranks and rank " + std::to_string(rank_) +
+                    " in a world of " + std::to_string(size_) + " (HVD_SIZE differs between ranks)";
+      }
+      dropped_.Note("a hello from a world of " + std::to_string(h.size) + " ranks");
       asio::error_code ignored;
       sock->close(ignored);
       return;
@@ -222,7 +228,7 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
       knob_mismatch_ = h.rank;
     }
     auto& slot = !ok ? sock : (IsData(h.kind) ? mesh_.data[h.rank] : mesh_.control[h.rank]);
-    if (ok && slot && !mismatch_) {
+    if (ok && slot && !mismatch_ && name_identities_) {
       // A rank dials each lower rank once per kind: a second authenticated hello is another
       // process of this job that was given the same rank.
       mismatch_ = "two processes claim rank " + std::to_string(h.rank) +
@@ -248,6 +254,7 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
   TcpMesh& mesh_;
   const int rank_, size_;
   const bool worker_links_;
+  const bool name_identities_;
   const std::string secret_;
   const Deadline deadline_;
   std::vector<std::weak_ptr<Incoming>> incoming_;
@@ -334,7 +341,8 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
   HVD_RETURN_IF_ERROR(store.Set(RankAddressKey(o.rank), addr.str(), deadline));
 
   auto acceptor_ptr =
-      std::make_shared<Acceptor>(io, acc, *mesh, o.rank, o.size, worker_links, o.secret, deadline);
+      std::make_shared<Acceptor>(io, acc, *mesh, o.rank, o.size, worker_links, o.secret, deadline,
+                                 /*name_identities=*/!o.elastic);
   Acceptor& acceptor = *acceptor_ptr;
   acceptor.set_expected((o.size - 1 - o.rank) * (control_from_higher ? 2 : 1));
   acceptor.Start();
