@@ -193,12 +193,16 @@ void Supervisor::NoteStoppedAtEnd() {
   if (stopped_since_ == TimePoint::max()) stopped_since_ = now;
   if (now - stopped_since_ < kStoppedAtEndWait) return;
   stopped_noted_ = true;
-  for (const RankProcess* r : left) {
-    Say("rank " + std::to_string(r->placement.rank) + " (pid " + std::to_string(r->pid) +
-        ") is stopped (state T: SIGSTOP, SIGTSTP or a debugger) and every other rank has "
-        "exited: hvdrun waits for it to go on and exit (SIGCONT to it, or SIGTERM to hvdrun, "
-        "ends the wait)");
+  std::string who;
+  for (size_t i = 0; i < left.size(); ++i) {
+    who += std::string(i == 0 ? "" : i + 1 == left.size() ? " and " : ", ") + "rank " +
+           std::to_string(left[i]->placement.rank) + " (pid " + std::to_string(left[i]->pid) + ")";
   }
+  const bool one = left.size() == 1;
+  Say(who + (one ? " is" : " are") + " stopped (state T: SIGSTOP, SIGTSTP or a debugger) and " +
+      "every other rank has exited: hvdrun waits for " + (one ? "it" : "them") +
+      " to go on and exit (SIGCONT to " + (one ? "it" : "them") +
+      ", or SIGTERM to hvdrun, ends the wait)");
 }
 
 bool Supervisor::KeepStarting() {

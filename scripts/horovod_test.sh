@@ -36,7 +36,10 @@ CLASS=$(sed -n 's/^class \([A-Za-z0-9_]*\)(.*TestCase.*/\1/p' "$T/$NAME" | head 
 for t in ${DESELECT:-}; do args+=(--deselect "$NAME::${CLASS:-TorchTests}::$t"); done
 export PYTHONPATH="$PWD/$B/python:$T" PYTHONUNBUFFERED=1
 export HVD_STALL_CHECK_TIME_SECONDS=${HVD_STALL_CHECK_TIME_SECONDS:-20}
-export HVD_STALL_SHUTDOWN_TIME_SECONDS=${HVD_STALL_SHUTDOWN_TIME_SECONDS:-40}
+# (At least the check time: a shorter shutdown time is off, as in Horovod.)
+CHECK=${HVD_STALL_CHECK_TIME_SECONDS%%.*}
+CHECK=${CHECK:-0}
+export HVD_STALL_SHUTDOWN_TIME_SECONDS=${HVD_STALL_SHUTDOWN_TIME_SECONDS:-$(( CHECK * 2 > 40 ? CHECK * 2 : 40 ))}
 run=("$PY" -m pytest -q -p no:cacheprovider -rfE "$NAME" "${args[@]}")
 HVDRUN="$PWD/$B/bin/hvdrun"
 cd "$T" || exit 1

@@ -79,8 +79,8 @@ HVD_C_EXPORT hvd_handle* hvd_join(hvd_engine* e);
 HVD_C_EXPORT int hvd_poll(const hvd_handle* h);
 /* Blocks until finished; returns the status code and sets *err on failure. timeout_ms < 0
  * waits without limit. HVD_TIMEOUT: still pending when timeout_ms passed (hvd_poll gives 0:
- * wait again), or finished, failed because a peer was silent for HVD_TIMEOUT_SECONDS (hvd_poll
- * gives 1). */
+ * wait again), or finished, failed because a peer was silent for HVD_TIMEOUT_SECONDS or a stall
+ * shutdown (hvd_poll gives 1). */
 HVD_C_EXPORT int hvd_wait(const hvd_handle* h, int64_t timeout_ms, hvd_error** err);
 /* After a successful allgather: the result and its shape (ndim entries written to shape, at
  * most max_ndim); returns the number of dimensions. */

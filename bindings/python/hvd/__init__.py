@@ -11,10 +11,12 @@ Errors from the engine raise :class:`HvdError` (a ``RuntimeError``, also exporte
   wrong, for example a shape, dtype or root that differs across ranks, a call before
   ``hvd.init()``, or (from ``init``) a knob that differs across ranks. After an operation's,
   the next operation works. Both are also ``ValueError``s, as Horovod raises.
-* ``PeerLostError``, ``HvdTimeoutError``: a rank died or stopped answering. The communicator
-  is gone; every later operation fails too.
+* ``PeerLostError``, ``HvdTimeoutError``: a rank died or stopped answering, or (Timeout) a tensor
+  waited past ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` for ranks that never submitted it. The
+  communicator is gone; every later operation fails too.
 * ``ResourceExhaustedError``: a rank could not allocate the memory an operation needs. The
-  operation fails on every rank, naming the rank; the next operation works.
+  operation fails on every rank, naming the rank (on that rank alone for a CPU output under
+  1 MiB); the next operation works.
 * ``AbortedError``: the engine was shut down. ``InternalError``: a bug or a failed system call.
 
 Elastic training (``hvd.elastic``: State, ObjectState, run) retries after these errors; its

@@ -33,9 +33,11 @@ namespace hvd {
 // operation and runs the engine's work meanwhile (for a CUDA tensor with the device current),
 // while the engine's work is held up. It must not wait for another operation. Returns memory
 // for that many elements of the operation's dtype, owned by the caller, or nullptr (or an
-// exception) to fail the operation with ResourceExhausted: on every rank where the output is
-// 1 MiB or more (the ranks agree on it before any byte moves), on this rank alone under that
-// (it receives into the engine's memory meanwhile, and the others' operation completes).
+// exception) to fail the operation with ResourceExhausted. For host tensors: on every rank
+// where some rank's output is 1 MiB or more (the ranks agree on it before any byte moves), on
+// this rank alone under that (it receives into the engine's memory meanwhile, and the
+// operation completes on the ranks that had their output). For CUDA tensors a refused output
+// ends the communicator on every rank.
 using OutputAllocator = std::function<void*(const std::vector<int64_t>& shape)>;
 
 class ProgressHelper;  // engine/engine_impl.h
@@ -67,8 +69,8 @@ class HVD_EXPORT Handle {
   Status Wait() const;
   // As Wait, but returns Timeout if it has not finished within `timeout` (it goes on). A
   // collective the waiting thread runs meanwhile is not cut short. An operation that finished
-  // failing with Timeout (a peer silent for HVD_TIMEOUT_SECONDS) gives Timeout too: Finished()
-  // tells the two apart.
+  // failing with Timeout (a peer silent for HVD_TIMEOUT_SECONDS, a stall shutdown) gives
+  // Timeout too: Finished() tells the two apart.
   Status WaitFor(std::chrono::milliseconds timeout) const;
   // The final status; OK while pending.
   Status status() const;

@@ -14,16 +14,19 @@ namespace hvd {
 
 // Which errors are recoverable:
 //   kInvalidArgument, kFailedPrecondition  the call or its tensor was wrong; the engine goes on.
-//   kTimeout                               a wait with a deadline ran out; for Handle::Wait the
+//   kTimeout                               a wait with a deadline ran out; for Handle::WaitFor the
 //                                          operation is still pending, inside a collective the
-//                                          communicator is gone (a peer stopped answering).
+//                                          communicator is gone (a peer stopped answering); also
+//                                          the stall shutdown (HVD_STALL_SHUTDOWN_TIME_SECONDS),
+//                                          which ends the engine on every rank.
 //   kPeerLost                              a rank died or its connection broke: the communicator
 //                                          is gone, every pending and later operation fails.
 //   kAborted                               the engine was shut down or aborted.
 //   kInternal                              a bug or a failed system call.
 //   kResourceExhausted                     a rank could not allocate the memory an operation
-//                                          needs; that operation fails on every rank, the
-//                                          engine goes on.
+//                                          needs; that operation fails on every rank (on that
+//                                          rank alone for a host output under 1 MiB that its
+//                                          OutputAllocator did not give), the engine goes on.
 enum class StatusCode {
   kOk = 0,
   kInvalidArgument,

@@ -74,10 +74,10 @@ class AsidePin {
 }  // namespace
 
 // kAbort's payload (coordinator/messages.h): the cause's code in one byte, then its message. A
-// receiver fails with Timeout where the cause was one (a stopped or hung peer), so that every
-// survivor of a freeze reports the same code, and with PeerLost otherwise: for it the
-// communicator is gone, whatever ended it elsewhere. A payload that starts with a printable
-// byte is all message.
+// receiver fails with Timeout where the cause was one (a stopped or hung peer, a stall
+// shutdown), so that every survivor of a freeze reports the same code, and with PeerLost
+// otherwise: for it the communicator is gone, whatever ended it elsewhere. A payload that starts
+// with a printable byte is all message.
 std::shared_ptr<const std::vector<uint8_t>> AbortPayload(const Status& cause) {
   std::vector<uint8_t> p;
   p.reserve(1 + cause.message().size());

@@ -174,8 +174,9 @@ bool EngineImpl::StandInForOutput(const MemoryNeeds& need, size_t bytes, Status*
     return false;
   }
   *out = stand_in_.data();
-  *alone = Status(local->code(), local->message() + " (on this rank only: the other ranks' "
-                                                    "operation completed)");
+  *alone = Status(local->code(), local->message() + " (on this rank only: the operation "
+                                                    "completed on the ranks that had their "
+                                                    "output)");
   *local = Status::OK();
   return true;
 }
