@@ -40,34 +40,40 @@ std::string SignalName(int sig) {
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
-// Whether process `pid` is stopped (state T or t in /proc/<pid>/stat).
-bool ProcessStopped(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+// Process `pid`'s state and process group, from /proc/<pid>/stat: "pid (comm) state ppid pgrp
+// ...". False when it is gone (or unreadable).
+bool ReadStat(const std::string& pid, char* state, long* pgrp) {
+  std::ifstream in("/proc/" + pid + "/stat");
   std::string stat;
   std::getline(in, stat);
   const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
-  return stat[paren + 2] == 'T' || stat[paren + 2] == 't';
+  if (paren == std::string::npos) return false;
+  std::istringstream rest(stat.substr(paren + 1));
+  long ppid = 0;
+  return static_cast<bool>(rest >> *state >> ppid >> *pgrp);
 }
 
-// The processes of process group `pgid` that are stopped (state T: SIGSTOP, SIGTSTP; t: a
-// debugger), read from /proc/<pid>/stat: "pid (comm) state ppid pgrp ...".
+// State T: SIGSTOP, SIGTSTP; t: a debugger.
+bool Stopped(char state) { return state == 'T' || state == 't'; }
+
+// Whether process `pid` is stopped.
+bool ProcessStopped(pid_t pid) {
+  char state = 0;
+  long pgrp = 0;
+  return ReadStat(std::to_string(pid), &state, &pgrp) && Stopped(state);
+}
+
+// The processes of process group `pgid` that are stopped.
 std::vector<pid_t> StoppedInGroup(pid_t pgid) {
   std::vector<pid_t> stopped;
   DIR* proc = ::opendir("/proc");
   if (proc == nullptr) return stopped;
   while (dirent* d = ::readdir(proc)) {
     if (d->d_name[0] < '1' || d->d_name[0] > '9') continue;
-    std::ifstream in(std::string("/proc/") + d->d_name + "/stat");
-    std::string stat;
-    std::getline(in, stat);
-    const size_t paren = stat.rfind(')');
-    if (paren == std::string::npos) continue;
-    std::istringstream rest(stat.substr(paren + 1));
     char state = 0;
-    long ppid = 0, pgrp = 0;
-    if (!(rest >> state >> ppid >> pgrp) || pgrp != pgid) continue;
-    if (state == 'T' || state == 't') stopped.push_back(static_cast<pid_t>(std::atol(d->d_name)));
+    long pgrp = 0;
+    if (!ReadStat(d->d_name, &state, &pgrp) || pgrp != pgid) continue;
+    if (Stopped(state)) stopped.push_back(static_cast<pid_t>(std::atol(d->d_name)));
   }
   ::closedir(proc);
   return stopped;

@@ -366,6 +366,17 @@ Response Coordinator::BuildResponse(const std::string& name, Entry& e) {
   return resp;
 }
 
+void Coordinator::ReadyAndMissing(const Entry& e, std::vector<int>* ready,
+                                  std::vector<int>* missing) const {
+  for (int r = 0; r < size_; ++r) {
+    if (e.per_rank[r]) {
+      ready->push_back(r);
+    } else if (!joined_[r]) {
+      missing->push_back(r);
+    }
+  }
+}
+
 std::string Coordinator::RefusalOf(const Entry& e) const {
   for (int r = 0; r < size_; ++r) {
     if (e.per_rank[r] && !e.per_rank[r]->error.empty()) {
@@ -412,15 +423,8 @@ void Coordinator::CheckStallShutdown(Clock::time_point now) {
     const Entry& e = table_.at(name);
     if (now - e.first_seen < limit) continue;
     std::vector<int> missing, ready;
-    OpType type = OpType::kAllreduce;
-    for (int r = 0; r < size_; ++r) {
-      if (e.per_rank[r]) {
-        ready.push_back(r);
-        type = e.per_rank[r]->type;
-      } else if (!joined_[r]) {
-        missing.push_back(r);
-      }
-    }
+    ReadyAndMissing(e, &ready, &missing);
+    const OpType type = ready.empty() ? OpType::kAllreduce : e.per_rank[ready.back()]->type;
     std::ostringstream os;
     os << "hvd shut down: " << OpTypeName(type) << " '" << name << "'" << Where()
        << " waited " << std::chrono::duration_cast<std::chrono::seconds>(now - e.first_seen).count()
@@ -448,13 +452,7 @@ int Coordinator::CheckStalls(Clock::time_point now) {
     const Entry& e = table_.at(name);
     if (now - e.first_seen < std::chrono::duration<double>(stall_seconds_)) continue;
     std::vector<int> missing, ready;
-    for (int r = 0; r < size_; ++r) {
-      if (e.per_rank[r]) {
-        ready.push_back(r);
-      } else if (!joined_[r]) {
-        missing.push_back(r);
-      }
-    }
+    ReadyAndMissing(e, &ready, &missing);
     ++stalled;
     HVD_LOG(kWarning) << "stall: '" << name << "'" << Where() << " has waited "
                       << std::chrono::duration_cast<std::chrono::seconds>(now - e.first_seen).count()

@@ -96,6 +96,8 @@ class Coordinator {
   // "; rank R refused it: <why>" for the first rank that sent the tensor as a refusal
   // (Request::error), "" if none did: for the messages of a tensor still waiting.
   std::string RefusalOf(const Entry& e) const;
+  // The ranks that announced e's name, and those that have not and have not joined.
+  void ReadyAndMissing(const Entry& e, std::vector<int>* ready, std::vector<int>* missing) const;
   Response BuildJoinResponse();
   // Holds r (ready or an error) until every member of its group is; then releases the group.
   void ReleaseGroup(const Request& first, Response r);
