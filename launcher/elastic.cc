@@ -343,8 +343,13 @@ std::vector<int> ElasticDriver::Order(const std::vector<int>& keep,
   return world;
 }
 
+// A host that cannot be reached (its ssh check fails) is blacklisted, as a host whose worker
+// failed, and the world is formed again without it; the workers already started for this world
+// join that one. Any other failure to start a worker ends the job.
 bool ElasticDriver::StartWorkers(const std::vector<int>& added, const std::vector<int>& world) {
+  std::string unreachable;
   for (int w : added) {
+    if (!Usable(workers_[w].host)) continue;  // blacklisted by an earlier worker of this loop
     Placement p;  // its place in the new world: only a first guess, the store has the truth
     p.rank = static_cast<int>(std::find(world.begin(), world.end(), w) - world.begin());
     p.size = static_cast<int>(world.size());
@@ -354,12 +359,19 @@ bool ElasticDriver::StartWorkers(const std::vector<int>& added, const std::vecto
       workers_[w].pid = r.pid;
       workers_[w].alive = true;
       supervisor_->Add(r);
+    } catch (const HostUnreachable& e) {
+      Say("cannot start worker " + workers_[w].id + ": " + e.what() +
+          "; forming a new world without its host");
+      Blacklist(workers_[w].host);
+      if (unreachable.empty()) unreachable = workers_[w].host;
     } catch (const std::exception& e) {
       Fail("cannot start worker " + workers_[w].id + ": " + e.what());
       return false;
     }
   }
-  return true;
+  if (unreachable.empty()) return true;
+  Reform("host " + unreachable + " is unreachable", /*again=*/true);
+  return false;
 }
 
 bool ElasticDriver::Publish(const std::vector<int>& world) {

@@ -19,6 +19,12 @@ class LaunchError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A host hvdrun cannot reach (its ssh check failed): an elastic job goes on without it.
+class HostUnreachable : public LaunchError {
+ public:
+  using LaunchError::LaunchError;
+};
+
 struct HostSlots {
   std::string host;
   int slots = 1;

@@ -304,7 +304,7 @@ RankProcess StartWorker(const LaunchOptions& opts, const Placement& p, const std
     std::vector<HostProbe> probe = ProbeHosts({p.host}, SshOptionsOf(opts),
                                               opts.network_interface, opts.start_timeout_seconds);
     if (!probe[0].ok) {
-      throw std::runtime_error("host " + p.host + " failed the ssh check: " + probe[0].error);
+      throw HostUnreachable("host " + p.host + " failed the ssh check: " + probe[0].error);
     }
     addrs->multi_host = true;
     addrs->rendezvous[p.host] = addrs->local_addr;

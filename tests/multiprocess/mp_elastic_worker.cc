@@ -8,7 +8,8 @@
 // its first world; --step-ms sleeps after each step. The worker started as number
 // --hang-worker reaches the rendezvous only --hang-ms after its start (a start that hangs, a
 // host cut off while the first world forms; default: never, it sleeps until hvdrun kills it).
-// Rank 0 prints ELASTIC-NATIVE-OK with the final world size.
+// Rank 0 prints ELASTIC-NATIVE-WORLD once each world has formed and synced, and ELASTIC-NATIVE-OK
+// with the final world size.
 #include <signal.h>
 #include <unistd.h>
 
@@ -66,6 +67,11 @@ int main(int argc, char** argv) {
     hvd::Status failed;
     bool hosts_updated = false;
     if (sync) failed = Sync(*e, &state);
+    if (sync && failed.ok() && e->rank() == 0) {
+      std::printf("ELASTIC-NATIVE-WORLD generation %lld size %d\n",
+                  static_cast<long long>(e->elastic_generation()), e->size());
+      std::fflush(stdout);
+    }
     while (failed.ok() && state.step < steps) {
       if (number == die_worker && resets == 0 && state.step == die_at) ::kill(::getpid(), SIGKILL);
       double one = 1.0, sum = 0;

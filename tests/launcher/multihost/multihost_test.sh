@@ -34,12 +34,13 @@
 #                host 2 is killed; host 2 is blacklisted and the job ends on host 1's 2 ranks
 #   elastic_add  a discovery script that lists host 1, then host 2 as well: the job grows from
 #                2 to 4 ranks over ssh
+#   elastic_unreachable  -np 4 --min-np 2 with 2 slots on a host nobody answers on: that host
+#                is blacklisted when its ssh check fails and the job ends on host 1's 2 ranks
 #   elastic_partition  host 2 cut off mid-job (HVD_TIMEOUT_SECONDS=3): host 1's ranks give up on
 #                it; hvdrun finds host 2's ranks gone once their ssh sessions give up (about 3 s)
 #                or kills them once they have not left their world 3 + 5 s later, blacklists
-#                host 2, and the job ends on host 1's 2 ranks (the same when
-#                the cut comes while world 1 still forms: host 1's ranks give it up after
-#                --start-timeout)
+#                host 2, and the job ends on host 1's 2 ranks (the cut comes once world 1
+#                has formed)
 # After every job no process but sshd's listener is left in the host namespaces (after a
 # partition: no process of hvd's; sshd's own sessions wait for the link to come back).
 # Exit 0: pass; 77: skipped (no namespaces here); anything else: fail.
@@ -415,6 +416,17 @@ case_elastic_kill() {
   no_leftovers
 }
 
+# wait_world G: until rank 0 of mp_elastic_worker says world G formed (at most 60 s).
+wait_world() {
+  local i
+  for i in $(seq 1 600); do
+    has "$OUT" "ELASTIC-NATIVE-WORLD generation $1 " && return 0
+    kill -0 "$JOB" 2>/dev/null || break
+    sleep 0.1
+  done
+  has "$OUT" "ELASTIC-NATIVE-WORLD generation $1 " || fail "world $1 did not form within 60 s"
+}
+
 case_elastic_add() {
   echo "$H1:2" > "$NETNS_DIR/hosts"
   printf '#!/bin/sh\ncat "%s"\n' "$NETNS_DIR/hosts" > "$NETNS_DIR/discover.sh"
@@ -422,7 +434,9 @@ case_elastic_add() {
   start_job "${SSH_FLAGS[@]}" --network-interface eth0 -np 2 \
     --host-discovery-script "$NETNS_DIR/discover.sh" \
     "$(dirname "$WORKER")/mp_elastic_worker" --steps 400 --step-ms 20
-  sleep 2
+  # Host 2 comes once world 1 runs (before that, a loaded machine would start the first
+  # workers in world 2 directly, with no reset to test).
+  wait_world 1
   echo "$H2:2" >> "$NETNS_DIR/hosts"
   wait_job 90
   [ "$RC" = 0 ] || fail "hvdrun exited $RC"
@@ -436,7 +450,8 @@ case_elastic_add() {
 case_elastic_partition() {
   start_job "${SSH_FLAGS[@]}" --network-interface eth0 --timeout 3 -np 4 --min-np 2 \
     -H "$H1:2,$H2:2" "$(dirname "$WORKER")/mp_elastic_worker" --steps 800 --step-ms 20
-  sleep 3
+  wait_world 1
+  sleep 1
   netns_cut 2
   wait_job 120
   [ "$RC" = 0 ] || fail "hvdrun exited $RC"
@@ -445,10 +460,26 @@ case_elastic_partition() {
   has "$ERR" "has not left world 1 8 s after|host $H2 .*ssh failed or lost the connection" ||
     fail "hvdrun did not find the cut-off ranks"
   has "$ERR" "host $H2 is blacklisted" || fail "host 2 was not blacklisted"
-  # resets 0: on a loaded machine the cut can come while world 1 still forms (it never does)
-  has "$OUT" "ELASTIC-NATIVE-OK size 2 generation 2 resets [01]" || fail "no world of 2 finished"
+  has "$OUT" "ELASTIC-NATIVE-OK size 2 generation 2 resets 1" || fail "no world of 2 finished"
   [ "$FAILED" = 0 ] || show
   netns_heal 2
+  no_leftovers
+}
+
+case_elastic_unreachable() {
+  # Slots on a host nobody answers on: its ssh check fails as the first world starts; the host
+  # is blacklisted and the job runs on host 1's 2 ranks (--min-np 2) instead of stopping.
+  start_job "${SSH_FLAGS[@]}" --network-interface eth0 --start-timeout 3 -np 4 --min-np 2 \
+    -H "$H1:2,10.233.0.99:2" "$(dirname "$WORKER")/mp_elastic_worker" --steps 40
+  wait_job 90
+  [ "$RC" = 0 ] || fail "hvdrun exited $RC"
+  has "$ERR" "cannot start worker 10.233.0.99:0#2: host 10.233.0.99 failed the ssh check" ||
+    fail "the unreachable host was not named"
+  has "$ERR" "host 10.233.0.99 is blacklisted" || fail "the unreachable host was not blacklisted"
+  ! has "$ERR" "10.233.0.99:1#3" || fail "a second worker was tried on the blacklisted host"
+  has "$OUT" "ELASTIC-NATIVE-OK size 2 generation 2 resets 0" || fail "no world of 2 finished"
+  ! has "$OUT" "FAIL " || fail "a worker failed its checks"
+  [ "$FAILED" = 0 ] || show
   no_leftovers
 }
 
