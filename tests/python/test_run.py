@@ -50,6 +50,32 @@ def test_a_large_argument_goes_through_a_file():
     assert results == [(262144, 255, 255)] * 2
 
 
+def test_a_large_result_comes_back_whole():
+    """Results of a few MiB from every rank at once (a model's weights, say): their lines
+    interleave in the job's output, and each rank's comes back byte for byte."""
+    def blob():
+        import os
+        import random
+        rank = int(os.environ["HVD_RANK"])
+        return random.Random(rank).randbytes(3_000_000 + rank)
+
+    import random
+    results = hvd.run(blob, num_proc=3)
+    assert [len(r) for r in results] == [3_000_000, 3_000_001, 3_000_002]
+    for rank, r in enumerate(results):
+        assert r == random.Random(rank).randbytes(3_000_000 + rank), rank
+
+
+def test_num_proc_and_the_deprecated_np():
+    def size():
+        import os
+        return int(os.environ["HVD_SIZE"])
+
+    assert hvd.run(size, num_proc=2) == [2, 2]
+    with pytest.warns(DeprecationWarning, match="np is deprecated"):
+        assert hvd.run(size, np=3) == [3, 3, 3]
+
+
 def test_the_ranks_output_passes_through_and_the_result_lines_do_not(capfd):
     def talk():
         import os
@@ -258,8 +284,26 @@ def test_a_failing_rank_ends_an_mpirun_job_at_once():
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+@pytest.mark.parametrize("init", [False, True])
+def test_under_mpirun_each_rank_returns_its_own_result(init):
+    """A function that never initializes hvd, or shuts it down before it returns, still gives
+    one result per rank (its rank from mpirun's environment)."""
+    def whoami(init):
+        import os
+        if init:
+            import hvd.torch as h
+            h.init()
+            h.shutdown()
+        return int(os.environ["OMPI_COMM_WORLD_RANK"])
+
+    assert hvd.run(whoami, args=(init,), num_proc=3, use_mpi=True) == [0, 1, 2]
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="callable"):
         hvd.run(42, np=2)
     with pytest.raises(ValueError, match="use_gloo and use_mpi"):
-        hvd.run(lambda: 0, np=2, use_gloo=True, use_mpi=True)
+        hvd.run(lambda: 0, num_proc=2, use_gloo=True, use_mpi=True)
+    with pytest.raises(ValueError, match="hosts or hostfile"):
+        hvd.run(lambda: 0, num_proc=2, hosts="localhost:2", hostfile="/dev/null")

@@ -1,12 +1,12 @@
 """A rank of hvd.run (hvd/runner.py): runs the pickled function from HVD_RUN_TASK and prints
-its result as one marked line for hvd.run to take out of the output."""
+its result as marked lines for hvd.run to take out of the output."""
 
 import base64
 import os
 import pickle
 import sys
 
-from hvd.runner import RESULT_MARK, TASK_VAR, _pickler
+from hvd.runner import RESULT_MARK, RESULT_PIECE, TASK_VAR, _pickler
 
 
 def _rank():
@@ -17,7 +17,10 @@ def _rank():
             return hvd.rank()
     except Exception:  # shut down, or never initialized: the launcher's number stands
         pass
-    return int(os.environ.get("HVD_RANK", os.environ.get("HOROVOD_RANK", "0")))
+    for var in ("HVD_RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
 
 
 def main():
@@ -34,9 +37,14 @@ def main():
     func, args, kwargs = pickle.loads(task)
     result = func(*args, **kwargs)
     data = base64.b64encode(_pickler().dumps(result)).decode("ascii")
+    rank = _rank()
+    count = max(1, -(-len(data) // RESULT_PIECE))
     sys.stdout.flush()
-    sys.stdout.write("%s%d %s\n" % (RESULT_MARK, _rank(), data))
-    sys.stdout.flush()
+    for i in range(count):
+        piece = data[i * RESULT_PIECE:(i + 1) * RESULT_PIECE]
+        # One write per line: never torn, whatever else this process writes meanwhile.
+        os.write(sys.stdout.fileno(),
+                 ("%s%d %d %d %s\n" % (RESULT_MARK, rank, i, count, piece)).encode("ascii"))
     return 0
 
 

@@ -3,8 +3,8 @@ that hvdrun starts, and returns what each rank's call returned, in rank order.
 
 The function and its arguments travel to the ranks pickled (with cloudpickle, so a function
 defined in a script or a lambda travels by value; Debian's python3-cloudpickle) in the
-environment; each rank imports hvd._run_task, calls the function and prints its result as one
-marked line of its output, which this process takes out of the stream it passes on.
+environment; each rank imports hvd._run_task, calls the function and prints its result as
+marked lines of its output, which this process takes out of the stream it passes on.
 
 Thread-safety: each call runs its own hvdrun; calls from several threads do not share state.
 """
@@ -17,8 +17,11 @@ import shutil
 import subprocess
 import sys
 
-# A rank's result line: the marker, then "<rank> <base64 of the pickled result>".
+# A rank's result lines: the marker, then "<rank> <index> <count> <piece>", the pieces of the
+# base64 of the pickled result in lines short enough that no launcher splits them (hvdrun passes
+# on a line of up to 1 MiB whole, and a write of up to PIPE_BUF is never torn).
 RESULT_MARK = "\x1fhvd.run result "
+RESULT_PIECE = 3072
 TASK_VAR = "HVD_RUN_TASK"
 # What hvdrun (or mpirun) puts before a rank's line: "[3]<stdout>:", "[1,3]<stdout>:".
 _RANK_PREFIX = re.compile(r"(\[[0-9,]+\]<stdout>: ?)?")
@@ -47,6 +50,20 @@ def _hvdrun():
             return os.path.abspath(c)
     raise RuntimeError("hvd.run: no hvdrun found (set HVDRUN to its path, or install hvd with "
                        "pip so that hvdrun is on PATH)")
+
+
+def _take_piece(pieces, text):
+    """Files one result line, "<rank> <index> <count> <base64 piece>", under its rank."""
+    try:
+        rank, index, count, data = text.split(" ", 3)
+        rank, index, count = int(rank), int(index), int(count)
+    except ValueError:
+        raise RuntimeError("hvd.run: a rank's result line is garbled: %r" % text[:80]) from None
+    have = pieces.setdefault(rank, (count, {}))
+    if have[0] != count or index in have[1] or not 0 <= index < count:
+        raise RuntimeError("hvd.run: rank %d sent its result twice (two processes with rank %d?)"
+                           % (rank, rank))
+    have[1][index] = data
 
 
 def _flags(np, min_np, max_np, slots, reset_limit, cooldown_range, hosts, hostfile,
@@ -89,16 +106,32 @@ def _flags(np, min_np, max_np, slots, reset_limit, cooldown_range, hosts, hostfi
     return f
 
 
-def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
-        reset_limit=None, cooldown_range=None, hosts=None, hostfile=None, start_timeout=None,
-        ssh_port=None, ssh_identity_file=None, disable_cache=None, output_filename=None,
-        verbose=None, use_gloo=None, use_mpi=None, mpi_args=None, network_interface=None,
-        executable=None):
-    """Runs func(*args, **kwargs) on np ranks started by hvdrun (on hosts / hostfile, as
+def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=None,
+        slots=None, reset_limit=None, cooldown_range=None, hosts=None, hostfile=None,
+        start_timeout=None, ssh_port=None, ssh_identity_file=None, disable_cache=None,
+        output_filename=None, verbose=None, use_gloo=None, use_mpi=None, mpi_args=None,
+        network_interface=None, executable=None, np=None, min_np=None, max_np=None):
+    """Runs func(*args, **kwargs) on num_proc ranks started by hvdrun (on hosts / hostfile, as
     ``hvdrun -H``) and returns the list of their results, in rank order. The arguments are
-    horovod.run's; min_np / max_np make the job elastic. use_gloo selects hvd's own controller
+    horovod.run's; min_num_proc / max_num_proc make the job elastic (np, min_np and max_np are
+    their older spellings, deprecated as in Horovod). use_gloo selects hvd's own controller
     (the default), use_mpi mpirun. executable: the Python the ranks run (this one by default).
     Raises RuntimeError when the job fails or a rank returns nothing."""
+    import warnings
+    if np is not None:
+        if num_proc == 1:  # as Horovod: np counts unless num_proc was given
+            num_proc = np
+        warnings.warn("np is deprecated, use num_proc instead", DeprecationWarning)
+    if min_np is not None:
+        if min_num_proc is None:
+            min_num_proc = min_np
+        warnings.warn("min_np is deprecated, use min_num_proc instead", DeprecationWarning)
+    if max_np is not None:
+        if max_num_proc is None:
+            max_num_proc = max_np
+        warnings.warn("max_np is deprecated, use max_num_proc instead", DeprecationWarning)
+    if hosts is not None and hostfile is not None:
+        raise ValueError("hvd.run: give hosts or hostfile, not both")
     if use_gloo and use_mpi:
         raise ValueError("hvd.run: use_gloo and use_mpi exclude each other")
     if not callable(func):
@@ -122,12 +155,12 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
         with os.fdopen(fd, "wb") as f:
             f.write(task)
         env[TASK_VAR] = "@" + task_file
-    cmd = [_hvdrun()] + _flags(np, min_np, max_np, slots, reset_limit, cooldown_range, hosts,
+    cmd = [_hvdrun()] + _flags(num_proc, min_num_proc, max_num_proc, slots, reset_limit, cooldown_range, hosts,
                                hostfile, start_timeout, ssh_port, ssh_identity_file,
                                disable_cache, output_filename, verbose, use_mpi, mpi_args,
                                network_interface)
     cmd += [executable or sys.executable, "-m", "hvd._run_task"]
-    results = {}
+    pieces = {}  # rank -> (count, {index: base64 text})
     try:
         with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True,
                               errors="replace") as job:
@@ -138,8 +171,7 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
                     continue
                 if not _RANK_PREFIX.fullmatch(line[:at]):  # the rank's last line had no end
                     sys.stdout.write(line[:at] + "\n")
-                rank, _, data = line[at + len(RESULT_MARK):].strip().partition(" ")
-                results[int(rank)] = pickle.loads(base64.b64decode(data))
+                _take_piece(pieces, line[at + len(RESULT_MARK):].strip())
             sys.stdout.flush()
             rc = job.wait()
     finally:
@@ -151,8 +183,14 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
                 "one or more processes exited with non-zero status")
         raise RuntimeError("hvd.run: %s (hvdrun exited with %d); the ranks' output above says "
                            "why" % (what, rc))
-    if not results:
+    if not pieces:
         raise RuntimeError("hvd.run: the job ended without a result from any rank")
+    results = {}
+    for rank, (count, got) in pieces.items():
+        if len(got) != count:
+            raise RuntimeError("hvd.run: the result of rank %d came incomplete (%d of %d pieces)"
+                               % (rank, len(got), count))
+        results[rank] = pickle.loads(base64.b64decode("".join(got[i] for i in range(count))))
     size = max(results) + 1
     missing = [r for r in range(size) if r not in results]
     if missing:
