@@ -29,6 +29,15 @@ std::vector<std::string> MpirunCommand(const LaunchOptions& opts,
   if (opts.prefix_output) cmd.push_back("--tag-output");
   if (opts.prefix_timestamp) cmd.push_back("--timestamp-output");
   if (!opts.output_dir.empty()) cmd.insert(cmd.end(), {"--output-filename", opts.output_dir});
+  // As horovodrun: no binding of a rank to one core (its compute threads and hvd's background
+  // thread would share it), unless the words for mpirun say how to bind or map.
+  bool binding = false;
+  for (const std::string& w : opts.mpi_args) {
+    for (const char* flag : {"-bind-to", "--bind-to", "-map-by", "--map-by", "-rf", "--rankfile"}) {
+      if (w == flag) binding = true;
+    }
+  }
+  if (!binding) cmd.insert(cmd.end(), {"-bind-to", "none", "-map-by", "slot"});
   cmd.insert(cmd.end(), opts.mpi_args.begin(), opts.mpi_args.end());
   std::string rsh;
   if (opts.ssh_port) rsh += "-p " + std::to_string(opts.ssh_port);
@@ -44,16 +53,26 @@ std::vector<std::string> MpirunCommand(const LaunchOptions& opts,
     cmd.insert(cmd.end(), {"-x", name + "=" + value});
     exported.insert(name);
   }
+  // The whole environment goes to every rank, by name (values stay off the command line), as
+  // horovodrun passes it: ranks on other hosts would otherwise lack PATH, PYTHONPATH, the
+  // user's variables. Left out: what would contradict mpirun's or the host's own.
+  auto starts = [](const std::string& name, const char* prefix) {
+    return name.rfind(prefix, 0) == 0;
+  };
   for (const std::string& name : environ_names) {
-    bool ours = name.rfind("HVD_", 0) == 0 || name.rfind("HOROVOD_", 0) == 0;
+    bool ours = starts(name, "HVD_") || starts(name, "HOROVOD_");
     // Identity and rendezvous variables would contradict mpirun's; HVD_MPIRUN is hvdrun's own.
     // (under either prefix: hvdrun gives its ranks both).
-    const std::string bare = ours ? name.substr(name.rfind("HOROVOD_", 0) == 0 ? 8 : 4) : "";
+    const std::string bare = ours ? name.substr(starts(name, "HOROVOD_") ? 8 : 4) : "";
     bool identity = bare == "RANK" || bare == "SIZE" || bare == "LOCAL_RANK" ||
                     bare == "LOCAL_SIZE" || bare == "CROSS_RANK" || bare == "CROSS_SIZE";
     bool contract = identity || name == "HVD_RENDEZVOUS_ADDR" ||
                     name == "HVD_RENDEZVOUS_PORT" || name == "HVD_MPIRUN";
-    if (ours && !contract && !exported.count(name)) cmd.insert(cmd.end(), {"-x", name});
+    bool host_own = name == "_" || name == "OLDPWD" || name == "HOSTNAME" ||
+                    starts(name, "BASH_FUNC_") || starts(name, "OMPI_") || starts(name, "PMIX_") ||
+                    starts(name, "PMI_") || starts(name, "SSH_") ||
+                    name.find("CUDA_VISIBLE_DEVICES") != std::string::npos;
+    if (!contract && !host_own && !exported.count(name)) cmd.insert(cmd.end(), {"-x", name});
   }
   cmd.insert(cmd.end(), opts.command.begin(), opts.command.end());
   return cmd;

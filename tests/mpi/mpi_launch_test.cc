@@ -60,7 +60,8 @@ TEST(MpirunCommand, ForwardsKnobsButNotTheContract) {
   EXPECT_TRUE(Has(c, {"-x", "HVD_CPU_OPERATIONS"}));
   EXPECT_TRUE(Has(c, {"-x", "HOROVOD_CYCLE_TIME"}));
   EXPECT_TRUE(Has(c, {"-x", "HVD_SECRET"}));  // by name: the value never reaches a command line
-  EXPECT_FALSE(Has(c, {"-x", "PATH"}));
+  EXPECT_TRUE(Has(c, {"-x", "PATH"}));        // as horovodrun: the whole environment
+  EXPECT_TRUE(Has(c, {"-x", "X"}));
   EXPECT_FALSE(Has(c, {"-x", "HVD_RANK"}));
   EXPECT_FALSE(Has(c, {"-x", "HVD_SIZE"}));
   EXPECT_FALSE(Has(c, {"-x", "HVD_RENDEZVOUS_ADDR"}));
@@ -70,6 +71,25 @@ TEST(MpirunCommand, ForwardsKnobsButNotTheContract) {
   EXPECT_FALSE(Has(c, {"-x", "HOROVOD_CROSS_RANK"}));
   EXPECT_FALSE(Has(c, {"-x", "_"}));
   EXPECT_FALSE(Has(c, {"-x", "HVD_TIMEOUT_SECONDS"}));  // the flag's value wins
+}
+
+TEST(MpirunCommand, LeavesOutWhatIsTheHostsOrMpirunsOwn) {
+  Words env = {"OLDPWD", "HOSTNAME", "BASH_FUNC_f%%", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
+               "PMI_RANK", "SSH_CONNECTION", "CUDA_VISIBLE_DEVICES", "PYTHONPATH"};
+  Words c = MpirunCommand(TwoHosts(), env, false);
+  for (const std::string& name : env) {
+    EXPECT_EQ(Has(c, {"-x", name}), name == "PYTHONPATH") << name;
+  }
+}
+
+TEST(MpirunCommand, NoBindingUnlessTheUserBinds) {
+  Words c = MpirunCommand(TwoHosts(), {}, false);
+  EXPECT_TRUE(Has(c, {"-bind-to", "none", "-map-by", "slot"}));
+  LaunchOptions o = TwoHosts();
+  o.mpi_args = {"-bind-to", "core", "-map-by", "socket"};  // --binding-args "-bind-to core ..."
+  c = MpirunCommand(o, {}, false);
+  EXPECT_FALSE(Has(c, {"-bind-to", "none"}));
+  EXPECT_TRUE(Has(c, {"-bind-to", "core", "-map-by", "socket"}));
 }
 
 TEST(MpirunCommand, DefaultHostIsLocal) {
