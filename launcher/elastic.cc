@@ -246,7 +246,10 @@ bool ElasticDriver::Start() {
           (options_.discovery_script.empty() ? "" : " after --elastic-timeout"));
       return false;
     }
+    // A signal ends the wait (up to --elastic-timeout, 600 s by default) at once.
+    if (!supervisor_->KeepStarting()) return false;
     usleep(static_cast<useconds_t>(options_.discovery_interval_seconds * 1e6));
+    if (!supervisor_->KeepStarting()) return false;
     Discover(false);
     if (failed_) return false;
   }

@@ -214,7 +214,8 @@ int RunJob(const LaunchOptions& opts) {
   LogLevel parsed;
   if (level != opts.knobs.end() && ParseLogLevel(level->second, &parsed)) SetLogLevel(parsed);
 
-  int signal_fd = SetUpSignals();  // before the store's thread starts: it inherits the mask
+  // Before the store's thread starts: it inherits the mask.
+  int signal_fd = SetUpSignals(opts.kill_after_seconds);
   const std::string secret = RandomSecret();  // proves every connection of the job
   // A rank has the whole start timeout to authenticate: on a loaded machine it may be slow.
   auto server = StoreServer::Start(addrs.store_bind, 0, secret, opts.start_timeout_seconds);
@@ -338,7 +339,7 @@ int RunElasticJob(const LaunchOptions& opts) {
     }
     addrs.store_bind = addrs.local_addr;
   }
-  int signal_fd = SetUpSignals();
+  int signal_fd = SetUpSignals(opts.kill_after_seconds);
   const std::string secret = RandomSecret();
   auto server = StoreServer::Start(addrs.store_bind, 0, secret, opts.start_timeout_seconds);
   if (!server.ok()) {

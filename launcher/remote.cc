@@ -264,6 +264,7 @@ std::vector<HostProbe> ProbeHosts(const std::vector<std::string>& hosts, const S
       ::killpg(p.proc.pid, SIGKILL);
       ::waitpid(p.proc.pid, nullptr, 0);  // SIGKILL: returns at once
     }
+    ForgetGroupIfGone(p.proc.pid);
     for (int fd : {p.proc.out_fd, p.proc.err_fd}) {
       if (fd >= 0) ::close(fd);
     }

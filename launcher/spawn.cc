@@ -6,11 +6,17 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <set>
 #include <stdexcept>
 
@@ -29,6 +35,100 @@ sigset_t HandledSignals() {
   sigemptyset(&set);
   for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
   return set;
+}
+
+// The watchdog (StartWatchdog): hvdrun writes +pgid for each rank's process group it starts and
+// -pgid for one it found empty; the pipe's end of file means hvdrun is gone.
+int g_watch_fd = -1;
+constexpr int kMaxWatched = 1 << 16;
+pid_t g_watched[kMaxWatched];  // the watchdog's own copy holds its list
+
+void SayFromWatchdog(const char* a, long n, const char* b) {
+  char buf[256];
+  int len = std::snprintf(buf, sizeof(buf), "%s%ld%s", a, n, b);
+  if (len > 0) {
+    ssize_t ignored = ::write(STDERR_FILENO, buf, std::min<size_t>(len, sizeof(buf) - 1));
+    (void)ignored;
+  }
+}
+
+// Runs in the forked watchdog, which allocates nothing and runs no destructor of hvdrun's.
+[[noreturn]] void RunWatchdog(int fd, pid_t hvdrun, double kill_after_seconds) {
+  int n = 0;
+  while (true) {
+    int32_t v = 0;
+    ssize_t got = ::read(fd, &v, sizeof(v));  // writes of 4 bytes are never split
+    if (got < 0 && errno == EINTR) continue;
+    if (got != static_cast<ssize_t>(sizeof(v))) break;  // end of file: hvdrun is gone
+    if (v > 0 && n < kMaxWatched) g_watched[n++] = v;
+    if (v < 0) {
+      for (int i = 0; i < n; ++i) {
+        if (g_watched[i] == -v) {
+          g_watched[i] = g_watched[--n];
+          break;
+        }
+      }
+    }
+  }
+  int alive = 0;
+  for (int i = 0; i < n; ++i) {
+    if (::killpg(g_watched[i], 0) == 0) g_watched[alive++] = g_watched[i];
+  }
+  if (alive == 0) ::_exit(0);
+  SayFromWatchdog("hvdrun: hvdrun (pid ", hvdrun, ") is gone; stopping the processes its ranks left");
+  SayFromWatchdog(" (", alive, " process group(s))\n");
+  for (int i = 0; i < alive; ++i) {
+    ::killpg(g_watched[i], SIGTERM);
+    ::killpg(g_watched[i], SIGCONT);
+  }
+  for (int waited_ms = 0; waited_ms < kill_after_seconds * 1000; waited_ms += 50) {
+    bool any = false;
+    for (int i = 0; i < alive; ++i) any = any || ::killpg(g_watched[i], 0) == 0;
+    if (!any) ::_exit(0);
+    struct timespec t = {0, 50 * 1000 * 1000};
+    ::nanosleep(&t, nullptr);
+  }
+  for (int i = 0; i < alive; ++i) ::killpg(g_watched[i], SIGKILL);
+  ::_exit(0);
+}
+
+// Should hvdrun be SIGKILLed, its ranks go with it (PR_SET_PDEATHSIG), but not what they started:
+// a rank run through a shell or a wrapper script leaves the program it started running. A
+// watchdog process, forked here, outlives hvdrun, and then stops every process group of a rank:
+// SIGTERM, and SIGKILL after kill_after_seconds (as hvdrun stops them).
+void StartWatchdog(double kill_after_seconds) {
+  if (g_watch_fd >= 0) return;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return;  // no watchdog: PR_SET_PDEATHSIG still holds
+  const pid_t hvdrun = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return;
+  }
+  if (pid == 0) {
+    // Signals stay blocked (SetUpSignals): a Ctrl-C for hvdrun's group leaves it be. It keeps
+    // stderr, for its one message, and the pipe's read end; stdin and stdout are /dev/null (a
+    // reader of hvdrun's output sees its end when hvdrun ends), every other descriptor closes.
+    ::dup2(fds[0], 3);
+    ::syscall(SYS_close_range, 4U, ~0U, 0U);
+    int null = ::open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      ::dup2(null, STDIN_FILENO);
+      ::dup2(null, STDOUT_FILENO);
+      if (null > 3) ::close(null);
+    }
+    RunWatchdog(3, hvdrun, kill_after_seconds);
+  }
+  ::close(fds[0]);
+  g_watch_fd = fds[1];
+}
+
+void TellWatchdog(int32_t v) {
+  if (g_watch_fd < 0) return;
+  while (::write(g_watch_fd, &v, sizeof(v)) < 0 && errno == EINTR) {
+  }
 }
 
 // Runs in the child between fork and exec: async-signal-safe calls only.
@@ -169,12 +269,13 @@ std::string ResolveProgram(const std::string& program) {
   throw LaunchError("command not found: " + program);
 }
 
-int SetUpSignals() {
+int SetUpSignals(double kill_after_seconds) {
   sigset_t set = HandledSignals();
   if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) Fail("sigprocmask");
   ::signal(SIGPIPE, SIG_IGN);
   // Children of ranks that exit are re-parented to hvdrun, so hvdrun can reap them.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  StartWatchdog(kill_after_seconds);
   int fd = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
   if (fd < 0) Fail("signalfd");
   return fd;
@@ -196,6 +297,7 @@ RankProcess SpawnRank(const Placement& p, const std::vector<std::string>& comman
     ExecChild(stdin_fd, out[1], err[1], report[1], parent, argv[0], argv.data(), envp.data());
   }
   ::setpgid(pid, pid);  // also here, so the group exists before we might signal it
+  TellWatchdog(pid);
   ::close(out[1]);
   ::close(err[1]);
   ::close(report[1]);
@@ -216,6 +318,12 @@ RankProcess SpawnRank(const Placement& p, const std::vector<std::string>& comman
   r.err_fd = err[0];
   r.running = true;
   return r;
+}
+
+bool ForgetGroupIfGone(pid_t pgid) {
+  if (::killpg(pgid, 0) == 0 || errno != ESRCH) return false;
+  TellWatchdog(-pgid);
+  return true;
 }
 
 }  // namespace launcher

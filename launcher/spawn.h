@@ -35,6 +35,7 @@ struct RankProcess {
   bool running = false;
   int wait_status = 0;  // from waitpid, valid once !running
   int label = -1;       // the [N] of its output lines; -1: placement.rank
+  bool group_gone = false;  // !running, and no process is left in its group
 };
 
 // 32 random bytes from /dev/urandom as 64 hex digits. Throws std::runtime_error.
@@ -51,9 +52,15 @@ std::vector<std::string> RankEnvironment(const Placement& p, const JobEnvironmen
 std::string ResolveProgram(const std::string& program);
 
 // Blocks SIGCHLD, SIGINT, SIGTERM and SIGHUP (call before any thread starts, so every thread
-// inherits the mask), ignores SIGPIPE, makes hvdrun the subreaper of the ranks' children, and
-// returns a signalfd for the blocked signals. Throws std::runtime_error.
-int SetUpSignals();
+// inherits the mask), ignores SIGPIPE, makes hvdrun the subreaper of the ranks' children, starts
+// the watchdog that stops the ranks' process groups should hvdrun be killed (SIGTERM, SIGKILL
+// kill_after_seconds later), and returns a signalfd for the blocked signals. Throws
+// std::runtime_error.
+int SetUpSignals(double kill_after_seconds);
+
+// Once process group `pgid` (a rank's, started by SpawnRank) has no process left, the watchdog
+// forgets it (its number may be reused); returns whether it was gone.
+bool ForgetGroupIfGone(pid_t pgid);
 
 // Forks and execs `command` (command[0] already resolved) as one rank. The child gets its own
 // process group, stdin from `stdin_fd` (not owned; -1: /dev/null), default signal handling,

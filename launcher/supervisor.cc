@@ -254,6 +254,9 @@ void Supervisor::ReapChildren() {
     }
     // Other pids are orphans of ranks re-parented to hvdrun (the subreaper): just reaped.
   }
+  for (RankProcess& r : ranks_) {
+    if (!r.running && !r.group_gone) r.group_gone = ForgetGroupIfGone(r.pid);
+  }
   std::stable_partition(ended.begin(), ended.end(),
                         [](const std::pair<size_t, int>& e) { return WIFSIGNALED(e.second); });
   for (const auto& e : ended) OnRankExit(e.first, e.second);

@@ -2,6 +2,7 @@
 // environment contract, output prefixes, exit codes, failure and signal handling, usage errors.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -518,6 +519,44 @@ TEST(Hvdrun, RanksDieWithAKilledHvdrun) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   for (pid_t pid : ranks) EXPECT_FALSE(Alive(pid)) << pid;
+}
+
+// A rank run through a shell that does not exec its program (a wrapper script): SIGKILL to
+// hvdrun ends the shell (PR_SET_PDEATHSIG) and, through hvdrun's watchdog, the program too.
+TEST(Hvdrun, WhatRanksStartedDiesWithAKilledHvdrun) {
+  TempDir dir;
+  Job job({"-np", "2", "sh", "-c",
+           "sleep 60 & echo $! > " + dir.path() + "/bg.$HVD_RANK; wait"});
+  std::vector<pid_t> background = WaitForPidFiles(dir.path(), "bg", 2);
+  ASSERT_EQ(2u, background.size());
+  ASSERT_EQ(0, ::kill(job.pid(), SIGKILL));
+  job.Wait(10);
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < deadline && (Alive(background[0]) || Alive(background[1]))) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (pid_t pid : background) EXPECT_FALSE(Alive(pid)) << pid;
+  Result r = job.Peek();
+  EXPECT_TRUE(Contains(r.err, "is gone; stopping the processes its ranks left (2 process group"))
+      << r.err;
+}
+
+// An elastic job waits for enough slots up to --elastic-timeout (600 s): a signal ends the
+// wait at once.
+TEST(Hvdrun, SignalWhileAnElasticJobWaitsForSlotsEndsIt) {
+  TempDir dir;
+  const std::string script = dir.path() + "/discover.sh";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\necho localhost:1\n";
+  }
+  ASSERT_EQ(0, ::chmod(script.c_str(), 0755));
+  Job job({"-np", "2", "--min-np", "2", "--host-discovery-script", script, "true"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_EQ(0, ::kill(job.pid(), SIGTERM));
+  Result r = job.Wait(10);
+  EXPECT_EQ(128 + SIGTERM, r.code) << r.err;
+  EXPECT_TRUE(Contains(r.err, "received SIGTERM")) << r.err;
 }
 
 TEST(Hvdrun, LeftoverBackgroundProcessesAreStoppedOnSuccess) {
