@@ -50,7 +50,7 @@ static std::string TimeStamp() {
   return std::string(text, n);
 }
 
-void LinePump::Emit(const char* data, size_t len, bool end) {
+void LinePump::Emit(const char* data, size_t len, char end) {
   // The rank's prefix and the time at the start of a line only: a line longer than kMaxLine
   // goes out in pieces, with nothing added between them.
   // `stamp`: the time, where asked; `head`: it and the rank's prefix (a space between the time
@@ -64,8 +64,8 @@ void LinePump::Emit(const char* data, size_t len, bool end) {
   line.reserve(head.size() + len + 1);
   line += head;
   line.append(data, len);
-  if (end) line.push_back('\n');
-  mid_line_ = !end;
+  if (end != 0) line.push_back(end);
+  mid_line_ = end == 0;
   WriteAll(out_fd_, line);
   if (file_fd_ >= 0) {  // the file: the time and a space, never the rank's prefix
     WriteAll(file_fd_, (stamp.empty() ? "" : stamp + " ") + line.substr(head.size()));
@@ -82,14 +82,23 @@ bool LinePump::Pump(int in_fd) {
     partial_.append(buf, static_cast<size_t>(n));
     size_t start = 0;
     while (true) {
-      size_t nl = partial_.find('\n', start);
-      if (nl == std::string::npos) break;
-      Emit(partial_.data() + start, nl - start, /*end=*/true);
-      start = nl + 1;
+      size_t at = partial_.find_first_of("\r\n", start);
+      if (at == std::string::npos) break;
+      const char end = partial_[at];
+      if (end == '\n' && at == start && after_cr_) {
+        // The '\n' of a "\r\n": its line went out with the '\r'.
+        WriteAll(out_fd_, "\n");
+        if (file_fd_ >= 0) WriteAll(file_fd_, "\n");
+      } else {
+        Emit(partial_.data() + start, at - start, end);
+      }
+      after_cr_ = end == '\r';
+      start = at + 1;
     }
     partial_.erase(0, start);
     if (partial_.size() >= kMaxLine) {  // part of a longer line: out now, unbroken
-      Emit(partial_.data(), partial_.size(), /*end=*/false);
+      Emit(partial_.data(), partial_.size(), /*end=*/0);
+      after_cr_ = false;
       partial_.clear();
     }
   }
@@ -98,7 +107,8 @@ bool LinePump::Pump(int in_fd) {
 
 void LinePump::Flush() {
   if (partial_.empty() && !mid_line_) return;
-  Emit(partial_.data(), partial_.size(), /*end=*/true);
+  Emit(partial_.data(), partial_.size(), '\n');
+  after_cr_ = false;
   partial_.clear();
 }
 

@@ -3,7 +3,9 @@
 // writes it, where asked), and, with --output-filename, the lines without the rank's prefix to
 // a file as well. Each line of up to kMaxLine bytes goes out in one write, so lines of
 // different ranks never interleave inside it; a longer one goes out in pieces as it comes,
-// whole (nothing is inserted into it), and may interleave with other ranks' lines.
+// whole (nothing is inserted into it), and may interleave with other ranks' lines. As in
+// horovodrun, a carriage return ends a line too (a progress bar redrawn in place goes out as
+// it is drawn, each redraw with the prefix), kept as it is: "\r\n" stays one line end.
 //
 // Thread-safety: one thread (hvdrun's supervisor loop).
 #pragma once
@@ -31,14 +33,15 @@ class LinePump {
   void Flush();
 
  private:
-  // `end`: the line ends here (a newline follows).
-  void Emit(const char* data, size_t len, bool end);
+  // `end`: what ends the line here ('\n' or '\r'); 0: it goes on.
+  void Emit(const char* data, size_t len, char end);
 
   std::string prefix_;
   int out_fd_;
   int file_fd_;
   bool timestamp_;
   bool mid_line_ = false;  // the last Emit ended inside a line
+  bool after_cr_ = false;  // the last thing out was a line ended by '\r'
   std::string partial_;
 };
 

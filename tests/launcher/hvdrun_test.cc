@@ -240,6 +240,25 @@ TEST(Hvdrun, PrefixesBothStreamsAndFlushesPartialLines) {
   EXPECT_FALSE(Contains(r.err, "<stdout>"));
 }
 
+// As horovodrun: '\r' ends a line too (a progress bar goes out as it is redrawn, not at the
+// next newline), and "\r\n" is one line end.
+TEST(Hvdrun, CarriageReturnsEndLines) {
+  Result r = RunHvdrun({"-np", "1", "sh", "-c", "printf 'a\\rb\\rc\\nx\\r\\ny\\n'"});
+  EXPECT_EQ(0, r.code) << r.err;
+  EXPECT_EQ("[0]<stdout>:a\r[0]<stdout>:b\r[0]<stdout>:c\n[0]<stdout>:x\r\n[0]<stdout>:y\n", r.out);
+}
+
+TEST(Hvdrun, AProgressBarShowsAsItIsDrawn) {
+  Job job({"-np", "1", "sh", "-c", "printf '\\r10%%'; printf '\\r20%%'; sleep 30"});
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  Result r;
+  while (Clock::now() < deadline && !Contains(r.out, "10%\r")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    r = job.Peek();
+  }
+  EXPECT_EQ("[0]<stdout>:\r[0]<stdout>:10%\r", r.out);
+}
+
 TEST(Hvdrun, NoPrefix) {
   Result r = RunHvdrun({"-np", "2", "--no-prefix", "sh", "-c", "echo plain"});
   ASSERT_EQ(0, r.code);
