@@ -484,6 +484,9 @@ void ElasticDriver::CheckHung(TimePoint now) {
   if (!stayed.empty() && now - first_left_ < Seconds(options_.hang_seconds)) return;
   if (stayed.empty()) {
     first_left_ = TimePoint::max();
+    // Fewer than --min-np: the workers that left wait for the world Tick forms once hosts
+    // come, or the job fails at --elastic-timeout; their leaving is no failed world.
+    if (waiting_since_ != TimePoint::max()) return;
     if (formed_ > retried_formed_) {
       retried_formed_ = formed_;
       retries_ = 0;

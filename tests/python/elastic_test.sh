@@ -9,6 +9,8 @@
 #     add         2 ranks; the discovery script gains a host mid-run; the job grows to 3 ranks
 #     below-min   2 ranks, --min-np 2; one dies; hvdrun fails the job after --elastic-timeout,
 #                 saying why
+#     below-min-waits  2 ranks, --min-np 2; one dies; its host comes back from its cool-down
+#                 before --elastic-timeout, and the job finishes in a new world of 2
 #     blacklist   a host whose ranks die again and again is blacklisted each time, with a
 #                 cool-down that doubles; the job still finishes
 #     reset-limit --reset-limit 1: the first death gives a new world, the second ends the job,
@@ -109,6 +111,21 @@ case "$CASE" in
     grep -q "only 1 worker(s) left, fewer than --min-np 2, for 3 s (--elastic-timeout)" \
       "$DIR/a.log" || fail "hvdrun did not say why the job ended"
     [ $(($(date +%s) - start)) -lt 60 ] || fail "the job took too long to fail"
+    ;;
+  below-min-waits)
+    # The dead worker's host comes back from its cool-down after 8 s: the job, below --min-np
+    # meanwhile, waits for it (up to --elastic-timeout 60) and finishes in a world of 2. It
+    # failed after about 4 s before, taking the survivor's leaving of the broken world for
+    # worlds that never formed.
+    run "$DIR/a.log" -np 2 --min-np 2 --elastic-timeout 60 --blacklist-cooldown-range 8 8 \
+      -H 127.0.0.1:1,localhost:1 "$PY" "$JOB" --epochs 3 --die-worker 1 --die-at-step 4 \
+      || fail "the elastic job failed"
+    grep -q "fewer than --min-np 2; waiting up to 60 s (--elastic-timeout) for hosts" \
+      "$DIR/a.log" || fail "hvdrun did not wait for hosts"
+    grep -q "host localhost is back from its cool-down" "$DIR/a.log" \
+      || fail "the host did not come back"
+    grep -q "ELASTIC-DONE size 2 .* lost 0 " "$DIR/a.log" \
+      || fail "the job did not finish in a world of 2"
     ;;
   blacklist)
     run "$DIR/a.log" -np 2 --min-np 1 -H 127.0.0.1:1,localhost:1 \
