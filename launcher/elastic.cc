@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 #include "bootstrap/elastic.h"
@@ -75,61 +76,114 @@ std::vector<HostSlots> ParseDiscoveredHosts(const std::string& text, int slots_p
   return hosts;
 }
 
-std::string RunDiscoveryScript(const std::string& script, double timeout_seconds) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) throw LaunchError("pipe: " + std::string(strerror(errno)));
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
+DiscoveryRun::DiscoveryRun(const std::string& script, double timeout_seconds)
+    : script_(script), timeout_seconds_(timeout_seconds) {
+  int out[2], status[2];
+  if (::pipe2(out, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw LaunchError("pipe: " + std::string(strerror(errno)));
+  }
+  if (::pipe2(status, O_CLOEXEC | O_NONBLOCK) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    throw LaunchError("pipe: " + std::string(strerror(errno)));
+  }
+  pid_ = ::fork();
+  if (pid_ < 0) {
+    for (int fd : {out[0], out[1], status[0], status[1]}) ::close(fd);
     throw LaunchError("fork: " + std::string(strerror(errno)));
   }
-  if (pid == 0) {
+  if (pid_ == 0) {
     ::setpgid(0, 0);
     sigset_t all;
     sigemptyset(&all);
     ::sigprocmask(SIG_SETMASK, &all, nullptr);
-    ::dup2(fds[1], STDOUT_FILENO);
-    ::execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(status[1], 3);
+    // The script runs in a shell of its own; this one writes its exit status to fd 3 (128 + N
+    // for a script killed by signal N), which the script does not get.
+    ::execl("/bin/sh", "sh", "-c", "sh -c \"$1\" 3>&-; echo $? >&3", "sh", script.c_str(),
+            static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  ::close(fds[1]);
-  std::string out;
-  const auto deadline = Clock::now() + Seconds(timeout_seconds);
-  bool timed_out = false;
-  char buf[4096];
-  while (true) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) {
-      timed_out = true;
-      break;
+  ::setpgid(pid_, pid_);
+  ::close(out[1]);
+  ::close(status[1]);
+  out_fd_ = out[0];
+  status_fd_ = status[0];
+  deadline_ = Clock::now() + Seconds(timeout_seconds);
+}
+
+DiscoveryRun::~DiscoveryRun() {
+  // The group is still the script's while its shell holds the status pipe open.
+  if (status_fd_ >= 0) ::killpg(pid_, SIGKILL);
+  for (int fd : {out_fd_, status_fd_}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+bool DiscoveryRun::Poll(int wait_ms) {
+  const auto until = Clock::now() + std::chrono::milliseconds(wait_ms);
+  while (out_fd_ >= 0 || status_fd_ >= 0) {
+    pollfd p[2] = {{out_fd_, POLLIN, 0}, {status_fd_, POLLIN, 0}};
+    const auto now = Clock::now();
+    if (now >= deadline_) {
+      timed_out_ = true;
+      ::killpg(pid_, SIGKILL);  // the status pipe is open: the group is still the script's
+      for (int* fd : {&out_fd_, &status_fd_}) {
+        if (*fd >= 0) ::close(*fd);
+        *fd = -1;
+      }
+      return true;
     }
-    pollfd p{fds[0], POLLIN, 0};
-    int ready = ::poll(&p, 1, static_cast<int>(left.count()));
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::min(until, deadline_) - now);
+    int ready = ::poll(p, 2, static_cast<int>(std::max<int64_t>(0, left.count())));
     if (ready < 0 && errno != EINTR) break;
-    if (ready <= 0) continue;  // the deadline is checked above
-    ssize_t n = ::read(fds[0], buf, sizeof(buf));
-    if (n > 0) out.append(buf, static_cast<size_t>(n));
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) break;
-    if (out.size() > (1u << 20)) break;
+    if (ready <= 0) {
+      if (Clock::now() >= until) return false;
+      continue;
+    }
+    char buf[4096];
+    for (int i = 0; i < 2; ++i) {
+      int* fd = i == 0 ? &out_fd_ : &status_fd_;
+      std::string* into = i == 0 ? &out_ : &status_;
+      if (*fd < 0 || p[i].revents == 0) continue;
+      ssize_t n = ::read(*fd, buf, sizeof(buf));
+      if (n > 0 && into->size() < (1u << 20)) into->append(buf, static_cast<size_t>(n));
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        ::close(*fd);
+        *fd = -1;
+      }
+    }
   }
-  ::close(fds[0]);
-  if (timed_out) ::killpg(pid, SIGKILL);
-  int status = 0;
-  // Bounded: the script's group was killed if it outlived the deadline.
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (timed_out) {
+  if (out_fd_ >= 0) ::close(out_fd_);
+  if (status_fd_ >= 0) ::close(status_fd_);
+  out_fd_ = status_fd_ = -1;
+  return true;
+}
+
+std::string DiscoveryRun::Result() const {
+  if (timed_out_) {
     throw LaunchError("the host discovery script did not finish within " +
-                      std::to_string(static_cast<int>(timeout_seconds)) + " s");
+                      std::to_string(static_cast<int>(timeout_seconds_)) + " s");
   }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    throw LaunchError("the host discovery script '" + script + "' failed (" +
-                      (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
-                                         : "killed by signal " + std::to_string(WTERMSIG(status))) +
+  const std::string code = Trim(status_.substr(0, status_.find('\n')));
+  if (code != "0") {
+    int n = code.empty() ? -1 : std::atoi(code.c_str());
+    throw LaunchError("the host discovery script '" + script_ + "' failed (" +
+                      (n > 128 ? "killed by signal " + std::to_string(n - 128)
+                               : n >= 0 ? "exit code " + std::to_string(n)
+                                        : std::string("no exit status")) +
                       ")");
   }
-  return out;
+  return out_;
+}
+
+std::string RunDiscoveryScript(const std::string& script, double timeout_seconds) {
+  DiscoveryRun run(script, timeout_seconds);
+  while (!run.Poll(1000)) {
+  }
+  return run.Result();
 }
 
 std::string WorldText(const std::vector<std::pair<std::string, std::string>>& ids_and_hosts) {
@@ -163,12 +217,52 @@ bool ElasticDriver::Discover(bool first) {
     return true;
   }
   next_discovery_ = Clock::now() + Seconds(options_.discovery_interval_seconds);
+  std::string output;
+  try {
+    output = RunDiscoveryScript(options_.discovery_script,
+                                std::min(10.0, options_.elastic_timeout_seconds));
+  } catch (const LaunchError& e) {
+    if (first) {
+      Fail(e.what());
+    } else {
+      Say(std::string(e.what()) + "; keeping the last host list");
+    }
+    return false;
+  }
+  return TakeHosts(output, first);
+}
+
+// Tick's discovery: starts a run when one is due, and takes its hosts once it is over, without
+// waiting for it. Returns whether the host list changed.
+bool ElasticDriver::PollDiscovery() {
+  if (!discovery_) {
+    if (Clock::now() < next_discovery_) return false;
+    try {
+      discovery_ = std::make_unique<DiscoveryRun>(options_.discovery_script,
+                                                  std::min(10.0, options_.elastic_timeout_seconds));
+    } catch (const LaunchError& e) {
+      Say(std::string(e.what()) + "; keeping the last host list");
+      next_discovery_ = Clock::now() + Seconds(options_.discovery_interval_seconds);
+      return false;
+    }
+  }
+  if (!discovery_->Poll(0)) return false;
+  std::unique_ptr<DiscoveryRun> run = std::move(discovery_);
+  next_discovery_ = Clock::now() + Seconds(options_.discovery_interval_seconds);
+  std::string output;
+  try {
+    output = run->Result();
+  } catch (const LaunchError& e) {
+    Say(std::string(e.what()) + "; keeping the last host list");
+    return false;
+  }
+  return TakeHosts(output, /*first=*/false);
+}
+
+bool ElasticDriver::TakeHosts(const std::string& output, bool first) {
   std::vector<HostSlots> found;
   try {
-    found = ParseDiscoveredHosts(
-        RunDiscoveryScript(options_.discovery_script,
-                           std::min(10.0, options_.elastic_timeout_seconds)),
-        options_.slots_per_host);
+    found = ParseDiscoveredHosts(output, options_.slots_per_host);
   } catch (const LaunchError& e) {
     if (first) {
       Fail(e.what());
@@ -525,7 +619,7 @@ void ElasticDriver::Tick() {
       changed = true;
     }
   }
-  if (!options_.discovery_script.empty() && now >= next_discovery_ && Discover(false)) {
+  if (!options_.discovery_script.empty() && PollDiscovery()) {
     changed = true;
     for (Worker& w : workers_) {
       if (w.alive && !w.retired && SlotsOf(w.host) <= w.slot) {

@@ -67,6 +67,32 @@ struct ElasticOptions {
 // '#' comments are skipped. Throws LaunchError naming the line.
 std::vector<HostSlots> ParseDiscoveredHosts(const std::string& text, int slots_per_host);
 
+// One run of the discovery script, under /bin/sh in a process group of its own, watched
+// without blocking: hvdrun's loop goes on (ranks' output, deaths, signals) while a slow script
+// runs, as Horovod's discovery thread lets it. The script's own process is reaped by whoever
+// reaps hvdrun's children (the supervisor): its exit status comes through a pipe of its own.
+class DiscoveryRun {
+ public:
+  DiscoveryRun(const std::string& script, double timeout_seconds);  // throws LaunchError
+  ~DiscoveryRun();  // kills the script's group if it still runs
+  DiscoveryRun(const DiscoveryRun&) = delete;
+  DiscoveryRun& operator=(const DiscoveryRun&) = delete;
+
+  // Reads what is there, waiting at most `wait_ms`. True once the run is over: Result() then
+  // returns the output, or throws LaunchError (its exit status, or "did not finish").
+  bool Poll(int wait_ms);
+  std::string Result() const;
+
+ private:
+  std::string script_;
+  double timeout_seconds_;
+  pid_t pid_ = -1;
+  int out_fd_ = -1, status_fd_ = -1;  // -1 once at their end
+  std::string out_, status_;
+  std::chrono::steady_clock::time_point deadline_;
+  bool timed_out_ = false;
+};
+
 // Runs `script` with /bin/sh, waiting at most `timeout_seconds`. Returns its output, or throws
 // LaunchError with its exit status or "timed out" (the script is killed then).
 std::string RunDiscoveryScript(const std::string& script, double timeout_seconds);
@@ -108,6 +134,8 @@ class ElasticDriver : public RankEvents {
   };
 
   bool Discover(bool first);
+  bool TakeHosts(const std::string& output, bool first);
+  bool PollDiscovery();
   bool Usable(const std::string& host) const;
   int SlotsOf(const std::string& host) const;
   std::vector<std::pair<std::string, int>> FreeSlots() const;
@@ -128,6 +156,7 @@ class ElasticDriver : public RankEvents {
   Supervisor* supervisor_;  // not owned; outlives the driver
   std::unique_ptr<StoreClient> store_;
   StartFn start_;
+  std::unique_ptr<DiscoveryRun> discovery_;  // the script's run in progress (Tick)
   std::vector<HostSlots> hosts_;  // usable hosts before the blacklist, in discovery order
   std::map<std::string, Blacklisted> blacklist_;
   std::vector<Worker> workers_;   // every worker ever started, by label

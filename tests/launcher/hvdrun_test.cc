@@ -578,6 +578,27 @@ TEST(Hvdrun, SignalWhileAnElasticJobWaitsForSlotsEndsIt) {
   EXPECT_TRUE(Contains(r.err, "received SIGTERM")) << r.err;
 }
 
+// The discovery script runs beside hvdrun's loop, not in it: while a call hangs (a slow cloud
+// API), a signal still ends the job at once (it waited for the script's 10 s limit before).
+TEST(Hvdrun, AHangingDiscoveryScriptDoesNotHoldTheJob) {
+  TempDir dir;
+  const std::string script = dir.path() + "/discover.sh";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\n[ -e " << dir.path() << "/called ] && exec sleep 30\ntouch " << dir.path()
+      << "/called\necho localhost:2\n";
+  }
+  ASSERT_EQ(0, ::chmod(script.c_str(), 0755));
+  Job job({"-np", "2", "--min-np", "2", "--host-discovery-script", script, "sleep", "60"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // the second call hangs now
+  const auto signalled = Clock::now();
+  ASSERT_EQ(0, ::kill(job.pid(), SIGTERM));
+  Result r = job.Wait(30);
+  const double took = std::chrono::duration<double>(Clock::now() - signalled).count();
+  EXPECT_EQ(128 + SIGTERM, r.code) << r.err;
+  EXPECT_LT(took, 5.0) << r.err;
+}
+
 TEST(Hvdrun, LeftoverBackgroundProcessesAreStoppedOnSuccess) {
   TempDir dir;
   Result r = RunHvdrun({"-np", "2", "sh", "-c",
