@@ -115,8 +115,9 @@ cxxopts::Options BuildOptions() {
       ("slots-per-host", "Elastic: slots of a discovered host printed without ':slots' "
                          "(default 1)", s(), "N")
       ("elastic-timeout", "Elastic: seconds to wait for --min-np slots before the job fails "
-                          "(default 600, or HOROVOD_ELASTIC_TIMEOUT)", s(), "SEC")
-      ("reset-limit", "Elastic: most new worlds the job forms after the first", s(), "N")
+                          "(default 600, or HVD_ELASTIC_TIMEOUT / HOROVOD_ELASTIC_TIMEOUT)", s(), "SEC")
+      ("reset-limit", "Elastic: most new worlds the job forms after the first (0: none; "
+                      "default: no bound)", s(), "N")
       ("blacklist-cooldown-range", "Elastic: 'MIN MAX' seconds a failing host stays "
                                    "blacklisted, doubling per failure (default: for good)", s(),
        "RANGE")
@@ -374,13 +375,20 @@ void ParseElasticFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
     if (out->discovery_script.empty()) throw LaunchError("--host-discovery-script needs a file");
   }
   if (has("slots-per-host")) out->slots_per_host = ParseCount("--slots-per-host", get("slots-per-host"));
-  if (const char* v = std::getenv("HOROVOD_ELASTIC_TIMEOUT")) {
-    out->elastic_timeout_seconds = ParseSeconds("HOROVOD_ELASTIC_TIMEOUT", v, false);
+  // HVD_ELASTIC_TIMEOUT, else HOROVOD_ELASTIC_TIMEOUT, as every knob's two spellings.
+  for (const char* name : {"HOROVOD_ELASTIC_TIMEOUT", "HVD_ELASTIC_TIMEOUT"}) {
+    if (const char* v = std::getenv(name)) {
+      out->elastic_timeout_seconds = ParseSeconds(name, v, false);
+    }
   }
   if (has("elastic-timeout")) {
     out->elastic_timeout_seconds = ParseSeconds("--elastic-timeout", get("elastic-timeout"), false);
   }
-  if (has("reset-limit")) out->reset_limit = ParseCount("--reset-limit", get("reset-limit"));
+  if (has("reset-limit")) {
+    // As Horovod's: 0 lets the job form no world after its first.
+    const std::string v = get("reset-limit");
+    out->reset_limit = v == "0" ? 0 : ParseCount("--reset-limit (0 or more)", v);
+  }
   if (has("blacklist-cooldown-range")) {
     std::vector<std::string> w = Words("--blacklist-cooldown-range", get("blacklist-cooldown-range"));
     if (w.size() == 1 && w[0].find(',') != std::string::npos) {

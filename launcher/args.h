@@ -46,7 +46,7 @@ struct LaunchOptions {
   std::string discovery_script;        // --host-discovery-script
   int slots_per_host = 1;              // --slots-per-host
   double elastic_timeout_seconds = 600;  // --elastic-timeout (HOROVOD_ELASTIC_TIMEOUT)
-  int reset_limit = 0;                 // --reset-limit; 0: no bound
+  int reset_limit = -1;                // --reset-limit; -1: no bound
   double cooldown_min_seconds = 0;     // --blacklist-cooldown-range MIN MAX; 0: for good
   double cooldown_max_seconds = 0;
 };

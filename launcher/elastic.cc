@@ -393,7 +393,7 @@ void ElasticDriver::Reform(const std::string& why, bool again) {
     return;
   }
   waiting_since_ = TimePoint::max();
-  if (generation_ > 0 && options_.reset_limit > 0 && ++resets_ > options_.reset_limit) {
+  if (generation_ > 0 && options_.reset_limit >= 0 && ++resets_ > options_.reset_limit) {
     Fail("a new world is needed (" + why + ") but --reset-limit " +
          std::to_string(options_.reset_limit) + " is reached");
     return;

@@ -53,7 +53,7 @@ struct ElasticOptions {
   std::string discovery_script;       // --host-discovery-script
   int slots_per_host = 1;             // for discovered hosts printed without ":slots"
   double elastic_timeout_seconds = 600;
-  int reset_limit = 0;                // 0: no bound
+  int reset_limit = -1;               // -1: no bound
   double cooldown_min_seconds = 0;    // 0: a failing host stays blacklisted
   double cooldown_max_seconds = 0;
   double discovery_interval_seconds = 1.0;

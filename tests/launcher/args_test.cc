@@ -494,12 +494,30 @@ TEST(Args, ElasticFlags) {
   EXPECT_DOUBLE_EQ(2, c.cooldown_max_seconds);
   const char* plain[] = {"hvdrun", "-np", "2", "x"};
   EXPECT_FALSE(ParseArgs(4, plain).elastic);
+  // --reset-limit 0, as Horovod's: no world after the first; without the flag, no bound.
+  const char* no_reset[] = {"hvdrun", "-np", "2", "--min-np", "1", "--reset-limit", "0", "x"};
+  EXPECT_EQ(0, ParseArgs(8, no_reset).reset_limit);
+  EXPECT_EQ(-1, m.reset_limit);
+}
+
+TEST(Args, ElasticTimeoutFromEitherSpelling) {
+  const char* argv[] = {"hvdrun", "-np", "2", "--min-np", "1", "x"};
+  ::setenv("HOROVOD_ELASTIC_TIMEOUT", "7", 1);
+  EXPECT_DOUBLE_EQ(7, ParseArgs(6, argv).elastic_timeout_seconds);
+  ::setenv("HVD_ELASTIC_TIMEOUT", "5", 1);  // hvd's spelling wins, as every knob's
+  EXPECT_DOUBLE_EQ(5, ParseArgs(6, argv).elastic_timeout_seconds);
+  ::unsetenv("HOROVOD_ELASTIC_TIMEOUT");
+  EXPECT_DOUBLE_EQ(5, ParseArgs(6, argv).elastic_timeout_seconds);
+  ::unsetenv("HVD_ELASTIC_TIMEOUT");
+  EXPECT_DOUBLE_EQ(600, ParseArgs(6, argv).elastic_timeout_seconds);
 }
 
 TEST(Args, ElasticFlagErrorsSayWhat) {
   EXPECT_NE(std::string::npos, Refusal({"-np", "2", "--min-np", "3", "x"}).find("larger than -np"));
   EXPECT_NE(std::string::npos, Refusal({"-np", "4", "--max-np", "3", "x"}).find("smaller than -np"));
   EXPECT_NE(std::string::npos, Refusal({"-np", "2", "--min-np", "0", "x"}).find("positive"));
+  EXPECT_NE(std::string::npos,
+            Refusal({"-np", "2", "--min-np", "1", "--reset-limit", "-1", "x"}).find("0 or more"));
   EXPECT_NE(std::string::npos,
             Refusal({"-np", "2", "--reset-limit", "3", "x"}).find("elastic jobs only"));
   EXPECT_NE(std::string::npos,

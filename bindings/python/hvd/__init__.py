@@ -180,7 +180,9 @@ def _process_set_id(process_set):
         raise ValueError("process_set must be an hvd.ProcessSet, got %r" % (process_set,))
     if process_set.process_set_id is None:
         raise ValueError("%s has not been added (hvd.init(process_sets=...) or "
-                         "hvd.add_process_set) or was removed" % (process_set,))
+                         "hvd.add_process_set) or was removed (an elastic reset removes every "
+                         "process set, as in Horovod: add it again in a reset callback, with "
+                         "HOROVOD_DYNAMIC_PROCESS_SETS=1)" % (process_set,))
     return process_set.process_set_id
 
 
