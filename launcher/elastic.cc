@@ -101,11 +101,12 @@ DiscoveryRun::DiscoveryRun(const std::string& script, double timeout_seconds)
     ::dup2(status[1], 3);
     // The script runs in a shell of its own; this one writes its exit status to fd 3 (128 + N
     // for a script killed by signal N), which the script does not get.
-    ::execl("/bin/sh", "sh", "-c", "sh -c \"$1\" 3>&-; echo $? >&3", "sh", script.c_str(),
+    ::execl("/bin/sh", "sh", "-c", "/bin/sh -c \"$1\" 3>&-; echo $? >&3", "sh", script.c_str(),
             static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::setpgid(pid_, pid_);
+  WatchGroup(pid_);  // should hvdrun be killed meanwhile
   ::close(out[1]);
   ::close(status[1]);
   out_fd_ = out[0];
@@ -114,10 +115,17 @@ DiscoveryRun::DiscoveryRun(const std::string& script, double timeout_seconds)
 }
 
 DiscoveryRun::~DiscoveryRun() {
-  // The group is still the script's while its shell holds the status pipe open.
+  // The group is still the script's while its shell holds the status pipe open (its end is
+  // read within a tick of the shell's exit; the shell is reaped, by the supervisor, after).
   if (status_fd_ >= 0) ::killpg(pid_, SIGKILL);
   for (int fd : {out_fd_, status_fd_}) {
     if (fd >= 0) ::close(fd);
+  }
+  ForgetGroupIfGone(pid_);
+}
+
+void DiscoveryRun::Reap() {
+  while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
   }
 }
 
@@ -128,7 +136,9 @@ bool DiscoveryRun::Poll(int wait_ms) {
     const auto now = Clock::now();
     if (now >= deadline_) {
       timed_out_ = true;
-      ::killpg(pid_, SIGKILL);  // the status pipe is open: the group is still the script's
+      // While the status pipe is open the group is still the script's. Once its shell has
+      // ended, whatever still holds its output is left be (it may have left the group).
+      if (status_fd_ >= 0) ::killpg(pid_, SIGKILL);
       for (int* fd : {&out_fd_, &status_fd_}) {
         if (*fd >= 0) ::close(*fd);
         *fd = -1;
@@ -171,7 +181,8 @@ std::string DiscoveryRun::Result() const {
   if (code != "0") {
     int n = code.empty() ? -1 : std::atoi(code.c_str());
     throw LaunchError("the host discovery script '" + script_ + "' failed (" +
-                      (n > 128 ? "killed by signal " + std::to_string(n - 128)
+                      (n > 128 ? "exit code " + std::to_string(n) + ": 128 + signal " +
+                                     std::to_string(n - 128) + ", if a signal ended it"
                                : n >= 0 ? "exit code " + std::to_string(n)
                                         : std::string("no exit status")) +
                       ")");
@@ -183,6 +194,7 @@ std::string RunDiscoveryScript(const std::string& script, double timeout_seconds
   DiscoveryRun run(script, timeout_seconds);
   while (!run.Poll(1000)) {
   }
+  run.Reap();
   return run.Result();
 }
 
@@ -219,8 +231,16 @@ bool ElasticDriver::Discover(bool first) {
   next_discovery_ = Clock::now() + Seconds(options_.discovery_interval_seconds);
   std::string output;
   try {
-    output = RunDiscoveryScript(options_.discovery_script,
-                                std::min(10.0, options_.elastic_timeout_seconds));
+    // Before the supervisor runs (Start): this run is reaped here, and a signal ends the wait.
+    DiscoveryRun run(options_.discovery_script, std::min(10.0, options_.elastic_timeout_seconds));
+    while (!run.Poll(100)) {
+      if (!supervisor_->KeepStarting()) {
+        stopped_ = true;
+        return false;
+      }
+    }
+    run.Reap();
+    output = run.Result();
   } catch (const LaunchError& e) {
     if (first) {
       Fail(e.what());
@@ -331,7 +351,7 @@ void ElasticDriver::Blacklist(const std::string& host) {
 }
 
 bool ElasticDriver::Start() {
-  if (!Discover(true) || failed_) return false;
+  if (!Discover(true) || failed_ || stopped_) return false;
   const auto deadline = Clock::now() + Seconds(options_.elastic_timeout_seconds);
   while (static_cast<int>(FreeSlots().size()) < options_.np) {
     if (Clock::now() >= deadline || options_.discovery_script.empty()) {
@@ -345,7 +365,7 @@ bool ElasticDriver::Start() {
     usleep(static_cast<useconds_t>(options_.discovery_interval_seconds * 1e6));
     if (!supervisor_->KeepStarting()) return false;
     Discover(false);
-    if (failed_) return false;
+    if (failed_ || stopped_) return false;
   }
   Reform("start");
   return !failed_;
@@ -393,7 +413,9 @@ void ElasticDriver::Reform(const std::string& why, bool again) {
     return;
   }
   waiting_since_ = TimePoint::max();
-  if (generation_ > 0 && options_.reset_limit >= 0 && ++resets_ > options_.reset_limit) {
+  // As Horovod's: a world that replaces one that formed is a reset; one that replaces a world
+  // that never formed (a host unreachable at the start) is not.
+  if (formed_ > 0 && options_.reset_limit >= 0 && ++resets_ > options_.reset_limit) {
     Fail("a new world is needed (" + why + ") but --reset-limit " +
          std::to_string(options_.reset_limit) + " is reached");
     return;

@@ -82,6 +82,9 @@ class DiscoveryRun {
   // returns the output, or throws LaunchError (its exit status, or "did not finish").
   bool Poll(int wait_ms);
   std::string Result() const;
+  // Waits for the script's shell once Poll said the run is over. Only where nothing else reaps
+  // hvdrun's children (before the supervisor runs): else the supervisor reaps it.
+  void Reap();
 
  private:
   std::string script_;
@@ -167,6 +170,7 @@ class ElasticDriver : public RankEvents {
   // newer one is published (its workers were all ready just before).
   std::vector<std::pair<int64_t, std::vector<int>>> unformed_;
   int resets_ = 0;
+  bool stopped_ = false;  // a signal came while Start waited for the discovery script
   bool finishing_ = false;  // a worker exited 0
   bool failed_ = false;
   TimePoint waiting_since_ = TimePoint::max();  // fewer than min-np possible since then

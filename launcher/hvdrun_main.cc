@@ -393,6 +393,14 @@ int Main(int argc, char** argv) {
     return 0;
   }
   for (const std::string& w : opts.warnings) std::cerr << "hvdrun: " << w << "\n";
+  if (!opts.elastic) {
+    // An elastic worker's marks, inherited by an hvdrun started inside one (hvd.run from a
+    // worker, say), would make this job's ranks try to join that job's worlds.
+    for (const char* name : {"HVD_ELASTIC", "HOROVOD_ELASTIC", "HVD_ELASTIC_ID",
+                             "HOROVOD_ELASTIC_ID"}) {
+      ::unsetenv(name);
+    }
+  }
   try {
     if (opts.mpi) return ExecMpirun(opts);  // mpirun takes the list of interfaces itself
     if (opts.network_interface.find(',') != std::string::npos) {

@@ -79,6 +79,14 @@ std::vector<std::string> MpirunCommand(const LaunchOptions& opts,
 }
 
 int ExecMpirun(const LaunchOptions& opts) {
+  // The ranks mpirun starts on this host inherit its environment: an identity this hvdrun
+  // inherited itself (it runs inside another job's rank) would contradict mpirun's.
+  for (const char* prefix : {"HVD_", "HOROVOD_"}) {
+    for (const char* bare : {"RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK",
+                             "CROSS_SIZE", "RENDEZVOUS_ADDR", "RENDEZVOUS_PORT"}) {
+      ::unsetenv((std::string(prefix) + bare).c_str());
+    }
+  }
   std::vector<std::string> names;
   for (char** e = environ; *e; ++e) {
     const char* eq = std::strchr(*e, '=');

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -43,6 +44,12 @@ int g_watch_fd = -1;
 constexpr int kMaxWatched = 1 << 16;
 pid_t g_watched[kMaxWatched];  // the watchdog's own copy holds its list
 
+void TellWatchdog(int32_t v) {
+  if (g_watch_fd < 0) return;
+  while (::write(g_watch_fd, &v, sizeof(v)) < 0 && errno == EINTR) {
+  }
+}
+
 void SayFromWatchdog(const char* a, long n, const char* b) {
   char buf[256];
   int len = std::snprintf(buf, sizeof(buf), "%s%ld%s", a, n, b);
@@ -81,7 +88,7 @@ void SayFromWatchdog(const char* a, long n, const char* b) {
     ::killpg(g_watched[i], SIGTERM);
     ::killpg(g_watched[i], SIGCONT);
   }
-  for (int waited_ms = 0; waited_ms < kill_after_seconds * 1000; waited_ms += 50) {
+  for (int64_t waited_ms = 0; waited_ms < kill_after_seconds * 1000; waited_ms += 50) {
     bool any = false;
     for (int i = 0; i < alive; ++i) any = any || ::killpg(g_watched[i], 0) == 0;
     if (!any) ::_exit(0);
@@ -108,11 +115,27 @@ void StartWatchdog(double kill_after_seconds) {
     return;
   }
   if (pid == 0) {
-    // Signals stay blocked (SetUpSignals): a Ctrl-C for hvdrun's group leaves it be. It keeps
-    // stderr, for its one message, and the pipe's read end; stdin and stdout are /dev/null (a
-    // reader of hvdrun's output sees its end when hvdrun ends), every other descriptor closes.
-    ::dup2(fds[0], 3);
-    ::syscall(SYS_close_range, 4U, ~0U, 0U);
+    // A process group of its own: a SIGKILL (or Ctrl-C) for hvdrun's whole group, the usual
+    // way hvdrun gets one, leaves it be. Default signal handling, but for the stops a
+    // terminal's job control sends (its one write to stderr must not stop it) and SIGHUP.
+    ::setpgid(0, 0);
+    for (int sig : {SIGTTOU, SIGTTIN, SIGTSTP, SIGHUP, SIGPIPE}) ::signal(sig, SIG_IGN);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    // It keeps stderr, for that message, and the pipe's read end as fd 3; stdin and stdout are
+    // /dev/null (a reader of hvdrun's output sees its end when hvdrun ends), and every other
+    // descriptor closes: the pipe's write end above all, or hvdrun's end would never show.
+    ::close(fds[1]);
+    if (fds[0] != 3) {
+      ::dup2(fds[0], 3);
+      ::close(fds[0]);
+    }
+    if (::syscall(SYS_close_range, 4U, ~0U, 0U) != 0) {  // kernels before 5.9
+      rlimit files{};
+      const rlim_t top = ::getrlimit(RLIMIT_NOFILE, &files) == 0 ? files.rlim_cur : 1024;
+      for (rlim_t fd = 4; fd < std::min<rlim_t>(top, 1 << 16); ++fd) ::close(static_cast<int>(fd));
+    }
     int null = ::open("/dev/null", O_RDWR);
     if (null >= 0) {
       ::dup2(null, STDIN_FILENO);
@@ -125,11 +148,11 @@ void StartWatchdog(double kill_after_seconds) {
   g_watch_fd = fds[1];
 }
 
-void TellWatchdog(int32_t v) {
-  if (g_watch_fd < 0) return;
-  while (::write(g_watch_fd, &v, sizeof(v)) < 0 && errno == EINTR) {
-  }
-}
+}  // namespace
+
+void WatchGroup(pid_t pgid) { TellWatchdog(pgid); }
+
+namespace {
 
 // Runs in the child between fork and exec: async-signal-safe calls only.
 [[noreturn]] void ExecChild(int in_r, int out_w, int err_w, int report_w, pid_t parent,

@@ -58,8 +58,12 @@ std::string ResolveProgram(const std::string& program);
 // std::runtime_error.
 int SetUpSignals(double kill_after_seconds);
 
-// Once process group `pgid` (a rank's, started by SpawnRank) has no process left, the watchdog
-// forgets it (its number may be reused); returns whether it was gone.
+// The watchdog stops process group `pgid` too, should hvdrun be killed (SpawnRank's ranks are
+// watched already).
+void WatchGroup(pid_t pgid);
+
+// Once process group `pgid` (a rank's, or one given to WatchGroup) has no process left, the
+// watchdog forgets it (its number may be reused); returns whether it was gone.
 bool ForgetGroupIfGone(pid_t pgid);
 
 // Forks and execs `command` (command[0] already resolved) as one rank. The child gets its own

@@ -501,15 +501,20 @@ void Supervisor::StopLeftoverGroups() {
   auto any_left = [this] {
     ReapChildren();
     bool left = false;
-    for (const auto& r : ranks_) left = left || ::killpg(r.pid, 0) == 0;
+    for (const auto& r : ranks_) left = left || (!r.group_gone && ::killpg(r.pid, 0) == 0);
     return left;
   };
+  // A group seen empty is skipped: its number may belong to someone else by now.
   if (!any_left()) return;
   Verbose("stopping processes left behind by the ranks");
-  for (const auto& r : ranks_) ::killpg(r.pid, SIGTERM);
+  for (const auto& r : ranks_) {
+    if (!r.group_gone) ::killpg(r.pid, SIGTERM);
+  }
   for (int i = 0; i < 20 && any_left(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (!any_left()) return;
-  for (const auto& r : ranks_) ::killpg(r.pid, SIGKILL);
+  for (const auto& r : ranks_) {
+    if (!r.group_gone) ::killpg(r.pid, SIGKILL);
+  }
   for (int i = 0; i < 20 && any_left(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
 }
 

@@ -54,6 +54,15 @@ hvd_handle* Refused(const char* op, const char* name, const std::string& why) {
                                      std::string(op) + " '" + (name ? name : "") + "': " + why)};
 }
 
+// The same, for a call with an engine: negotiated as the operation would have been
+// (Engine::Refuse), so that it fails on every rank with this rank's reason instead of the other
+// ranks waiting for this one.
+hvd_handle* RefusedEverywhere(hvd_engine* e, const char* op, const char* name,
+                              const std::string& why) {
+  std::vector<hvd::HandlePtr> h = e->engine->Refuse(op, {name ? name : ""}, why);
+  return Wrap(std::move(h.front()));
+}
+
 // What the C++ API cannot tell from its own types: values outside the C enums (an enum's bits
 // would wrap into another value) and a shape that is not there.
 std::string BadTensor(int dtype, int ndim, const int64_t* shape) {
@@ -107,7 +116,7 @@ hvd_handle* hvd_allreduce(hvd_engine* e, const char* name, const void* input, vo
     bad = "op " + std::to_string(rop) + " is not an hvd_reduce_op (0 to " +
           std::to_string(HVD_PRODUCT) + ")";
   }
-  if (!bad.empty()) return Refused("allreduce", name, bad);
+  if (!bad.empty()) return RefusedEverywhere(e, "allreduce", name, bad);
   return Wrap(e->engine->Allreduce(name ? name : "", View(input, dt, ndim, shape),
                                    View(output, dt, ndim, shape),
                                    static_cast<hvd::ReduceOp>(rop), prescale, postscale));
@@ -118,7 +127,7 @@ hvd_handle* hvd_broadcast(hvd_engine* e, const char* name, void* buffer, hvd_dty
   if (!e) return Refused("broadcast", name, "the engine is NULL");
   const int dt = Raw(dtype);
   const std::string bad = BadTensor(dt, ndim, shape);
-  if (!bad.empty()) return Refused("broadcast", name, bad);
+  if (!bad.empty()) return RefusedEverywhere(e, "broadcast", name, bad);
   hvd::TensorView v = View(buffer, dt, ndim, shape);
   return Wrap(e->engine->Broadcast(name ? name : "", v, v, root));
 }
@@ -128,7 +137,7 @@ hvd_handle* hvd_allgather(hvd_engine* e, const char* name, const void* input, hv
   if (!e) return Refused("allgather", name, "the engine is NULL");
   const int dt = Raw(dtype);
   const std::string bad = BadTensor(dt, ndim, shape);
-  if (!bad.empty()) return Refused("allgather", name, bad);
+  if (!bad.empty()) return RefusedEverywhere(e, "allgather", name, bad);
   return Wrap(e->engine->Allgather(name ? name : "", View(input, dt, ndim, shape)));
 }
 

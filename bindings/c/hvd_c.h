@@ -60,7 +60,9 @@ HVD_C_EXPORT int hvd_local_size(const hvd_engine* e);
 
 /* Asynchronous operations: never NULL; argument errors surface at hvd_wait (a NULL engine, a
  * dtype or op outside its enum, a negative ndim, a NULL shape with ndim > 0, a NULL buffer
- * with elements included). `shape` has `ndim` entries; buffers stay valid until the handle has
+ * with elements included). With an engine, such an error fails the operation on every rank
+ * together, with this rank's reason, once every rank has called it (the others' calls do not
+ * wait for this one). `shape` has `ndim` entries; buffers stay valid until the handle has
  * finished. */
 HVD_C_EXPORT hvd_handle* hvd_allreduce(hvd_engine* e, const char* name, const void* input,
                                        void* output, hvd_dtype dtype, int ndim,
@@ -78,9 +80,10 @@ HVD_C_EXPORT hvd_handle* hvd_join(hvd_engine* e);
  * HVD_INVALID_ARGUMENT. */
 HVD_C_EXPORT int hvd_poll(const hvd_handle* h);
 /* Blocks until finished; returns the status code and sets *err on failure. timeout_ms < 0
- * waits without limit. HVD_TIMEOUT: still pending when timeout_ms passed (hvd_poll gives 0:
- * wait again), or finished, failed because a peer was silent for HVD_TIMEOUT_SECONDS or a stall
- * shutdown (hvd_poll gives 1). */
+ * waits without limit. HVD_TIMEOUT: still pending when timeout_ms passed, or finished, failed
+ * because a peer was silent for HVD_TIMEOUT_SECONDS or a stall shutdown. To tell the two apart,
+ * wait again: hvd_wait(h, 0, ...) once hvd_poll gives 1 returns the final code (the operation
+ * may have finished, OK included, since the wait that timed out). */
 HVD_C_EXPORT int hvd_wait(const hvd_handle* h, int64_t timeout_ms, hvd_error** err);
 /* After a successful allgather: the result and its shape (ndim entries written to shape, at
  * most max_ndim); returns the number of dimensions. */

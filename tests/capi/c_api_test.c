@@ -117,9 +117,45 @@ int main(void) {
     hvd_error_free(err);
     hvd_handle_free(h);
   }
+  /* Misuse on one rank (the last) fails the operation on every rank together, naming it. What
+   * the C layer cannot turn into a tensor (a dtype, op or shape that is not one) was refused on
+   * that rank alone, and the others waited for it with no limit. The next operation works. */
+  if (size > 1) {
+    float x[4] = {1, 2, 3, 4};
+    int64_t four = 4;
+    const int me = rank == size - 1;
+    hvd_handle* one[] = {
+        hvd_allreduce(e, "c.one.dtype", x, x, me ? (hvd_dtype)77 : HVD_FLOAT32, 1, &four,
+                      HVD_SUM, 1.0, 1.0),
+        hvd_allreduce(e, "c.one.op", x, x, HVD_FLOAT32, 1, &four,
+                      me ? (hvd_reduce_op)99 : HVD_SUM, 1.0, 1.0),
+        hvd_broadcast(e, "c.one.shape", x, HVD_FLOAT32, 1, me ? NULL : &four, 0),
+        hvd_allgather(e, "c.one.ndim", x, HVD_FLOAT32, me ? -1 : 1, &four),
+    };
+    const char* says[] = {"dtype 77 is not an hvd_dtype", "op 99 is not an hvd_reduce_op",
+                          "shape is NULL", "ndim -1 is negative"};
+    char on_rank[32];
+    snprintf(on_rank, sizeof(on_rank), "rank %d", size - 1);
+    for (size_t i = 0; i < sizeof(one) / sizeof(one[0]); ++i) {
+      err = NULL;
+      int code = hvd_wait(one[i], 30000, &err);
+      CHECK(code == HVD_INVALID_ARGUMENT, "one rank's refusal %zu gave code %d", i, code);
+      CHECK(strstr(hvd_error_message(err), says[i]) != NULL &&
+                strstr(hvd_error_message(err), on_rank) != NULL,
+            "one rank's refusal %zu says '%s'", i, hvd_error_message(err));
+      hvd_error_free(err);
+      hvd_handle_free(one[i]);
+    }
+    float v = 1, total = 0;
+    int64_t n1 = 1;
+    h = hvd_allreduce(e, "c.one.after", &v, &total, HVD_FLOAT32, 1, &n1, HVD_SUM, 1.0, 1.0);
+    if (wait_ok(h, "allreduce after one rank's refusals") == HVD_OK) {
+      CHECK(total == (float)size, "sum after one rank's refusals %f", total);
+    }
+    hvd_handle_free(h);
+  }
   /* Misuse is refused at hvd_wait, saying what was wrong, and crashes nothing (every rank makes
-   * the same calls). What the C layer cannot turn into a tensor (a dtype, op or shape that is not
-   * one) fails at once; a null output is the engine's to refuse, on every rank together. */
+   * the same calls). */
   {
     float x[4] = {1, 2, 3, 4};
     int64_t four = 4;

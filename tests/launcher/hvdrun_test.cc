@@ -51,7 +51,8 @@ class TempDir {
 // hvdrun running in the background with stdout and stderr going to files.
 class Job {
  public:
-  explicit Job(const std::vector<std::string>& args) {
+  // own_group: hvdrun leads a process group of its own (as a shell's job does).
+  explicit Job(const std::vector<std::string>& args, bool own_group = false) {
     out_ = dir_.path() + "/out";
     err_ = dir_.path() + "/err";
     std::vector<std::string> argv = {HVDRUN_PATH};
@@ -59,6 +60,7 @@ class Job {
     start_ = Clock::now();
     pid_ = ::fork();
     if (pid_ == 0) {
+      if (own_group) ::setpgid(0, 0);
       int o = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       int e = ::open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(o, 1);
@@ -541,14 +543,18 @@ TEST(Hvdrun, RanksDieWithAKilledHvdrun) {
 }
 
 // A rank run through a shell that does not exec its program (a wrapper script): SIGKILL to
-// hvdrun ends the shell (PR_SET_PDEATHSIG) and, through hvdrun's watchdog, the program too.
-TEST(Hvdrun, WhatRanksStartedDiesWithAKilledHvdrun) {
+// hvdrun ends the shell (PR_SET_PDEATHSIG) and, through hvdrun's watchdog, the program too;
+// also where the SIGKILL goes to hvdrun's whole process group (timeout -s KILL, kill -9 %1).
+class KilledHvdrun : public ::testing::TestWithParam<bool> {};
+
+TEST_P(KilledHvdrun, WhatRanksStartedDiesWithIt) {
+  const bool whole_group = GetParam();
   TempDir dir;
   Job job({"-np", "2", "sh", "-c",
-           "sleep 60 & echo $! > " + dir.path() + "/bg.$HVD_RANK; wait"});
+           "sleep 60 & echo $! > " + dir.path() + "/bg.$HVD_RANK; wait"}, whole_group);
   std::vector<pid_t> background = WaitForPidFiles(dir.path(), "bg", 2);
   ASSERT_EQ(2u, background.size());
-  ASSERT_EQ(0, ::kill(job.pid(), SIGKILL));
+  ASSERT_EQ(0, ::kill(whole_group ? -job.pid() : job.pid(), SIGKILL));
   job.Wait(10);
   auto deadline = Clock::now() + std::chrono::seconds(10);
   while (Clock::now() < deadline && (Alive(background[0]) || Alive(background[1]))) {
@@ -559,6 +565,8 @@ TEST(Hvdrun, WhatRanksStartedDiesWithAKilledHvdrun) {
   EXPECT_TRUE(Contains(r.err, "is gone; stopping the processes its ranks left (2 process group"))
       << r.err;
 }
+
+INSTANTIATE_TEST_SUITE_P(Hvdrun, KilledHvdrun, ::testing::Bool());
 
 // An elastic job waits for enough slots up to --elastic-timeout (600 s): a signal ends the
 // wait at once.

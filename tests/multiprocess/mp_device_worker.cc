@@ -171,6 +171,7 @@ class FakeRuntime : public hvd::DeviceRuntime {
   // tensor of this worker names its own device handle's stream): recorded on another, the
   // engine would not wait for the work that produces the data.
   hvd::Status RecordEvent(int, void* stream, void** event) override {
+    if (refuse_events) return hvd::Status::Internal("fake runtime: this device records no event");
     if (g_tensor_stream != nullptr && stream != g_tensor_stream) {
       std::ostringstream os;
       os << "fake runtime: a ready event recorded on stream " << stream
@@ -189,6 +190,8 @@ class FakeRuntime : public hvd::DeviceRuntime {
     return event ? hvd::Status::OK() : hvd::Status::Internal("null event");
   }
   int DeviceCount() override { return 1; }
+
+  std::atomic<bool> refuse_events{false};  // CheckOneRankCannotUseItsDevice
 
  private:
   std::string uuid_;
@@ -329,6 +332,31 @@ void CheckAllreduce(Env& env, Checker& ck) {
         }
       }
     }
+  }
+  ck.End();
+}
+
+// The last rank's device cannot take the tensor (a CUDA error as it is submitted): the
+// operation fails on every rank with that rank's reason, instead of there alone while the others
+// wait for it; the next operation works.
+void CheckOneRankCannotUseItsDevice(Env& env, Checker& ck, FakeRuntime& rt) {
+  ck.Begin("one rank cannot use its device");
+  const int r = env.e->rank(), n = env.e->size();
+  Buffer host(DataType::kFloat32, 5);
+  for (int64_t i = 0; i < 5; ++i) Put(DataType::kFloat32, host.data(), i, 1.0);
+  DevBuf buf(env, host);
+  TensorView v = buf.View(DataType::kFloat32, {5});
+  rt.refuse_events = r == n - 1;
+  hvd::Status s = Done(env, env.e->Allreduce("dev.refused", v, v, ReduceOp::kSum));
+  rt.refuse_events = false;
+  ck.Expect(!s.ok() && s.message().find("this device records no event") != std::string::npos &&
+                s.message().find("rank " + std::to_string(n - 1)) != std::string::npos,
+            "the refusal reaches every rank: " + s.ToString());
+  s = Done(env, env.e->Allreduce("dev.after_refused", v, v, ReduceOp::kSum));
+  if (ck.ExpectOk(s, "the next allreduce")) {
+    auto got = ToHost(env, v.data, 5 * sizeof(float));
+    ck.ExpectElements(DataType::kFloat32, got.data(), 5, [&](int64_t) { return double(n); },
+                      "the next allreduce's sum");
   }
   ck.End();
 }
@@ -845,6 +873,7 @@ int main(int argc, char** argv) {
     mp::CheckMovement(env, ck);
     mp::CheckReducescatter(env, ck);
     mp::CheckProcessSet(env, ck);
+    if (fake_rt) mp::CheckOneRankCannotUseItsDevice(env, ck, *fake_rt);
   }
   const char* gpu_ops = std::getenv("HVD_GPU_OPERATIONS");
   mp::CheckAdasum(env, ck, fake_collectives && fake == "own" &&

@@ -17,7 +17,12 @@ def _rank():
             return hvd.rank()
     except Exception:  # shut down, or never initialized: the launcher's number stands
         pass
-    for var in ("HVD_RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+    names = ["HVD_RANK", "HOROVOD_RANK"]
+    mpi = ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"]
+    # Under mpirun (hvd.run's use_mpi), mpirun's numbers count: an HVD_RANK may be inherited
+    # from a job this one runs inside.
+    names = mpi + names if os.environ.get("HVD_RUN_UNDER_MPI") == "1" else names + mpi
+    for var in names:
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
     return 0

@@ -143,6 +143,8 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         raise ValueError("hvd.run: cannot pickle the function and its arguments (%s); install "
                          "python3-cloudpickle to send functions defined in a script" % e) from e
     env = dict(os.environ)
+    if use_mpi or mpi_args:
+        env["HVD_RUN_UNDER_MPI"] = "1"
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in [here, env.get("PYTHONPATH")] if p)
     task_file = None

@@ -70,7 +70,8 @@ class HVD_EXPORT Handle {
   // As Wait, but returns Timeout if it has not finished within `timeout` (it goes on). A
   // collective the waiting thread runs meanwhile is not cut short. An operation that finished
   // failing with Timeout (a peer silent for HVD_TIMEOUT_SECONDS, a stall shutdown) gives
-  // Timeout too: Finished() tells the two apart.
+  // Timeout too. To tell the two apart, look at status() once Finished(): the operation may
+  // have finished, with any status, OK included, since this returned.
   Status WaitFor(std::chrono::milliseconds timeout) const;
   // The final status; OK while pending.
   Status status() const;

@@ -633,7 +633,14 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
                                          " needs a build with CUDA; this build has CPU only");
         }
       } else if (s.ok() && e.input.device != kCpuDevice && e.request.error.empty()) {
-        s = RecordReady(e);
+        // A device this rank cannot use (a CUDA error, a build without CUDA) fails the
+        // operation on every rank, with this rank's reason, not here alone while the others
+        // wait for it.
+        const Status ready = RecordReady(e);
+        if (!ready.ok()) {
+          RefuseArguments(e.request,
+                          Status(ready.code(), Describe(e.request) + ": " + ready.message()));
+        }
       }
       if (s.ok() && n > 1 && !names.insert(e.request.name).second) {
         s = Status::InvalidArgument("group has the name '" + e.request.name + "' twice");
