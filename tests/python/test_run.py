@@ -66,6 +66,18 @@ def test_a_large_result_comes_back_whole():
         assert r == random.Random(rank).randbytes(3_000_000 + rank), rank
 
 
+def test_a_rank_that_cannot_reach_hvd_run_prints_its_result():
+    """The fallback: a rank that cannot connect to hvd.run's result server prints its result as
+    marked lines of its output, which hvd.run takes out of it."""
+    def unreachable(n):
+        import os
+        os.environ["HVD_RUN_RESULT_ADDR"] = "127.0.0.1:1"  # nobody listens there
+        return "x" * n + os.environ["HVD_RANK"]
+
+    assert hvd.run(unreachable, args=(100_000,), num_proc=2) == ["x" * 100_000 + "0",
+                                                                  "x" * 100_000 + "1"]
+
+
 def test_num_proc_and_the_deprecated_np():
     def size():
         import os
@@ -298,6 +310,22 @@ def test_under_mpirun_each_rank_returns_its_own_result(init):
         return int(os.environ["OMPI_COMM_WORLD_RANK"])
 
     assert hvd.run(whoami, args=(init,), num_proc=3, use_mpi=True) == [0, 1, 2]
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+def test_under_mpirun_a_large_result_comes_back_whole():
+    """mpirun forwards the ranks' output in 4 KiB reads, splitting and mixing lines: results
+    come over TCP instead."""
+    def blob():
+        import os
+        import random
+        rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        return random.Random(rank).randbytes(1_000_000 + rank)
+
+    import random
+    results = hvd.run(blob, num_proc=3, use_mpi=True)
+    for rank, r in enumerate(results):
+        assert r == random.Random(rank).randbytes(1_000_000 + rank), rank
 
 
 def test_bad_arguments_are_refused():

@@ -1,12 +1,16 @@
-"""A rank of hvd.run (hvd/runner.py): runs the pickled function from HVD_RUN_TASK and prints
-its result as marked lines for hvd.run to take out of the output."""
+"""A rank of hvd.run (hvd/runner.py): runs the pickled function from HVD_RUN_TASK and sends its
+result to hvd.run over TCP, or prints it as marked lines for hvd.run to take out of the output
+where it cannot connect."""
 
 import base64
 import os
 import pickle
+import socket
+import struct
 import sys
 
-from hvd.runner import RESULT_MARK, RESULT_PIECE, TASK_VAR, _pickler
+from hvd.runner import (RESULT_ADDR_VAR, RESULT_MARK, RESULT_PIECE, RESULT_TOKEN_VAR, TASK_VAR,
+                        _pickler)
 
 
 def _rank():
@@ -28,6 +32,25 @@ def _rank():
     return 0
 
 
+def _send(rank, pickled):
+    """The result to hvd.run over TCP; False where that fails (it is printed instead)."""
+    address = os.environ.get(RESULT_ADDR_VAR, "")
+    token = os.environ.get(RESULT_TOKEN_VAR, "")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or len(token) != 32:
+        return False
+    try:
+        with socket.create_connection((host, int(port)), timeout=30) as conn:
+            conn.sendall(token.encode("ascii") + struct.pack("!qq", rank, len(pickled)))
+            conn.sendall(pickled)
+            conn.settimeout(120)
+            return conn.recv(1) == b"k"
+    except OSError as e:
+        sys.stderr.write("hvd._run_task: cannot send rank %d's result to hvd.run at %s (%s); "
+                         "printing it instead\n" % (rank, address, e))
+        return False
+
+
 def main():
     text = os.environ.pop(TASK_VAR, None)
     if not text:
@@ -41,8 +64,11 @@ def main():
         task = base64.b64decode(text)
     func, args, kwargs = pickle.loads(task)
     result = func(*args, **kwargs)
-    data = base64.b64encode(_pickler().dumps(result)).decode("ascii")
+    pickled = _pickler().dumps(result)
     rank = _rank()
+    if _send(rank, pickled):
+        return 0
+    data = base64.b64encode(pickled).decode("ascii")
     count = max(1, -(-len(data) // RESULT_PIECE))
     sys.stdout.flush()
     for i in range(count):

@@ -3,23 +3,34 @@ that hvdrun starts, and returns what each rank's call returned, in rank order.
 
 The function and its arguments travel to the ranks pickled (with cloudpickle, so a function
 defined in a script or a lambda travels by value; Debian's python3-cloudpickle) in the
-environment; each rank imports hvd._run_task, calls the function and prints its result as
-marked lines of its output, which this process takes out of the stream it passes on.
+environment; each rank imports hvd._run_task, calls the function and sends its result back over
+a TCP connection to this process (or, where it cannot connect, prints it as marked lines of its
+output, which this process takes out of the stream it passes on).
 
 Thread-safety: each call runs its own hvdrun; calls from several threads do not share state.
 """
 
 import base64
+import hmac
 import os
 import pickle
 import re
+import secrets
 import shutil
+import socket
+import struct
 import subprocess
 import sys
+import threading
 
-# A rank's result lines: the marker, then "<rank> <index> <count> <piece>", the pieces of the
-# base64 of the pickled result in lines short enough that no launcher splits them (hvdrun passes
-# on a line of up to 1 MiB whole, and a write of up to PIPE_BUF is never torn).
+# Each rank sends its pickled result to this process over TCP (_ResultServer), at the address
+# and with the token of these variables. A rank that cannot connect prints it instead, as
+# result lines: the marker, then "<rank> <index> <count> <piece>", the pieces of the base64 of
+# the pickled result, each line written whole (hvdrun passes on a line of up to 1 MiB whole;
+# mpirun may split lines, and a result that comes garbled that way is an error, not a wrong
+# value).
+RESULT_ADDR_VAR = "HVD_RUN_RESULT_ADDR"
+RESULT_TOKEN_VAR = "HVD_RUN_RESULT_TOKEN"
 RESULT_MARK = "\x1fhvd.run result "
 RESULT_PIECE = 3072
 TASK_VAR = "HVD_RUN_TASK"
@@ -53,17 +64,108 @@ def _hvdrun():
 
 
 def _take_piece(pieces, text):
-    """Files one result line, "<rank> <index> <count> <base64 piece>", under its rank."""
+    """Files one result line, "<rank> <index> <count> <base64 piece>", under its rank. Returns
+    what is wrong with it, or None."""
     try:
         rank, index, count, data = text.split(" ", 3)
         rank, index, count = int(rank), int(index), int(count)
     except ValueError:
-        raise RuntimeError("hvd.run: a rank's result line is garbled: %r" % text[:80]) from None
+        return "a rank's result line is garbled: %r" % text[:80]
     have = pieces.setdefault(rank, (count, {}))
     if have[0] != count or index in have[1] or not 0 <= index < count:
-        raise RuntimeError("hvd.run: rank %d sent its result twice (two processes with rank %d?)"
-                           % (rank, rank))
+        return "rank %d sent its result twice (two processes with rank %d?)" % (rank, rank)
     have[1][index] = data
+    return None
+
+
+def _recv_exact(conn, n):
+    chunks, left = [], n
+    while left:
+        chunk = conn.recv(min(left, 1 << 20))
+        if not chunk:
+            raise OSError("connection closed %d bytes short" % left)
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _is_local(name):
+    name = name.strip().strip("[]")
+    return (name in ("localhost", "::1") or name.startswith("127.") or
+            name == socket.gethostname() or name == socket.getfqdn())
+
+
+def _host_names(hosts, hostfile):
+    names = [h.rsplit(":", 1)[0] for h in (hosts or "").split(",") if h.strip()]
+    if hostfile:
+        with open(hostfile) as f:
+            for line in f:
+                words = line.split("#", 1)[0].split()
+                if words:
+                    names.append(words[0])
+    return names
+
+
+def _result_address(hosts, hostfile):
+    """The address the ranks reach this process at: loopback when every host is this machine,
+    else the one this machine would use to reach the first other host."""
+    remote = [h for h in _host_names(hosts, hostfile) if not _is_local(h)]
+    if not remote:
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((remote[0].strip("[]"), 9))  # no packet: only picks the route
+            return probe.getsockname()[0]
+    except OSError:
+        return "0.0.0.0"
+
+
+class _ResultServer:
+    """Takes each rank's pickled result over a TCP connection of its own: one message of the
+    job's token (32 hex digits), the rank and the length (two big-endian int64) and the bytes,
+    answered with one byte once stored. A launcher may split and mix the ranks' output lines
+    (mpirun forwards it in 4 KiB reads); a connection carries any size whole."""
+
+    def __init__(self, address):
+        self.token = secrets.token_hex(16)
+        self.results, self.errors = {}, []
+        self._lock = threading.Lock()
+        self._server = socket.create_server((address, 0), backlog=128)
+        host, port = self._server.getsockname()[:2]
+        if host == "0.0.0.0":
+            host = socket.gethostname()
+        self.address = "%s:%d" % (host, port)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._take, args=(conn,), daemon=True).start()
+
+    def _take(self, conn):
+        try:
+            with conn:
+                conn.settimeout(120)
+                head = _recv_exact(conn, 32 + 16)
+                if not hmac.compare_digest(head[:32], self.token.encode("ascii")):
+                    return  # not one of this job's ranks
+                rank, length = struct.unpack("!qq", head[32:])
+                data = _recv_exact(conn, length)
+                with self._lock:
+                    if rank in self.results:
+                        self.errors.append("rank %d sent its result twice (two processes with "
+                                           "rank %d?)" % (rank, rank))
+                    else:
+                        self.results[rank] = data
+                conn.sendall(b"k")
+        except (OSError, ValueError, struct.error):
+            return
+
+    def close(self):
+        self._server.close()
 
 
 def _flags(np, min_np, max_np, slots, reset_limit, cooldown_range, hosts, hostfile,
@@ -162,7 +264,11 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
                                disable_cache, output_filename, verbose, use_mpi, mpi_args,
                                network_interface)
     cmd += [executable or sys.executable, "-m", "hvd._run_task"]
-    pieces = {}  # rank -> (count, {index: base64 text})
+    pieces = {}  # rank -> (count, {index: base64 text}): results that came in the output
+    problems = []
+    server = _ResultServer(_result_address(hosts, hostfile))
+    env[RESULT_ADDR_VAR] = server.address
+    env[RESULT_TOKEN_VAR] = server.token
     try:
         with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True,
                               errors="replace") as job:
@@ -173,10 +279,13 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
                     continue
                 if not _RANK_PREFIX.fullmatch(line[:at]):  # the rank's last line had no end
                     sys.stdout.write(line[:at] + "\n")
-                _take_piece(pieces, line[at + len(RESULT_MARK):].strip())
+                problem = _take_piece(pieces, line[at + len(RESULT_MARK):].strip())
+                if problem:
+                    problems.append(problem)
             sys.stdout.flush()
             rc = job.wait()
     finally:
+        server.close()
         if task_file:
             os.unlink(task_file)
     if rc != 0:
@@ -185,14 +294,20 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
                 "one or more processes exited with non-zero status")
         raise RuntimeError("hvd.run: %s (hvdrun exited with %d); the ranks' output above says "
                            "why" % (what, rc))
-    if not pieces:
-        raise RuntimeError("hvd.run: the job ended without a result from any rank")
-    results = {}
+    problems += server.errors
+    if problems:
+        raise RuntimeError("hvd.run: " + problems[0])
+    results = {rank: pickle.loads(data) for rank, data in server.results.items()}
     for rank, (count, got) in pieces.items():
+        if rank in results:
+            raise RuntimeError("hvd.run: rank %d sent its result twice (two processes with "
+                               "rank %d?)" % (rank, rank))
         if len(got) != count:
             raise RuntimeError("hvd.run: the result of rank %d came incomplete (%d of %d pieces)"
                                % (rank, len(got), count))
         results[rank] = pickle.loads(base64.b64decode("".join(got[i] for i in range(count))))
+    if not results:
+        raise RuntimeError("hvd.run: the job ended without a result from any rank")
     size = max(results) + 1
     missing = [r for r in range(size) if r not in results]
     if missing:
