@@ -312,6 +312,36 @@ def test_under_mpirun_each_rank_returns_its_own_result(init):
     assert hvd.run(whoami, args=(init,), num_proc=3, use_mpi=True) == [0, 1, 2]
 
 
+def _has_mpi4py():
+    try:
+        import mpi4py  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None or not _has_mpi4py(),
+                    reason="needs Open MPI's mpirun and mpi4py")
+def test_a_program_in_mpi_when_another_rank_shuts_down_is_not_pulled_out_of_it():
+    """As Horovod's test_process_sets_static: MPI started by hvd, a barrier of the program's own,
+    then hvd.shutdown. Rank 0 leaves the barrier first and shuts down, which ends rank 1's
+    engine while rank 1 may still be in the barrier: its background thread finalized MPI under
+    it (a crash in Open MPI's shared-memory transport, about 1 job in 4). Five jobs."""
+    def barrier_then_shutdown():
+        import mpi4py
+        mpi4py.rc.initialize = False
+        import hvd.torch as h
+        h.init(process_sets=[h.ProcessSet([0]), h.ProcessSet([1])])
+        from mpi4py import MPI
+        MPI.COMM_WORLD.barrier()
+        rank = h.rank()
+        h.shutdown()
+        return rank
+
+    for _ in range(5):
+        assert hvd.run(barrier_then_shutdown, num_proc=2, use_mpi=True) == [0, 1]
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
 def test_under_mpirun_a_large_result_comes_back_whole():
     """mpirun forwards the ranks' output in 4 KiB reads, splitting and mixing lines: results

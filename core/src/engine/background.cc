@@ -25,6 +25,9 @@ constexpr auto kIoPollEvery = std::chrono::microseconds(20);
 // it (a futex wake on the caller's path), and 4-byte allreduces at 2 ranks took 20-25 µs in
 // some runs.
 constexpr auto kAsideYield = std::chrono::milliseconds(100);
+// How long a rank whose engine another rank's shutdown ended waits for its own program to shut
+// hvd down before it finalizes MPI (where hvd started MPI): see Run.
+constexpr auto kFinishEarlyGrace = std::chrono::seconds(2);
 // A helping caller whose pass moved nothing waits for its peers, which have cores of their own
 // (callers help only where the host has a core per rank, and this process may use as many
 // CPUs: ProgressHelper::pause_idle): it pauses on its core, and yields only this often.
@@ -146,7 +149,23 @@ void EngineImpl::Loop() {
   // Every rank ends its engine with a shutdown: MPI may finish now, where hvd started it, as
   // Horovod's background thread finalizes it, rather than when this rank's program ends
   // (MpiContext::FinishEarly).
-  if (shut_down_) backends_->FinishEarly();
+  if (shut_down_ && backends_->FinishesEarly()) {
+    // Where another rank's shutdown ended this engine, this rank's program may be inside an MPI
+    // call of its own (a barrier the other rank has just left): MPI_Finalize here would pull
+    // MPI from under it (a crash in MPI's shared-memory transport, 1 run in 5). The program
+    // gets up to kFinishEarlyGrace to shut hvd down itself; its thread then waits in Shutdown,
+    // out of MPI. A program that works on without hvd still lets MPI finish, so that a rank
+    // that has left the job is not held in MPI_Finalize by the others' programs.
+    const auto until = Clock::now() + kFinishEarlyGrace;
+    while (Clock::now() < until) {
+      {
+        std::lock_guard<SpinLock> l(mu_);
+        if (shutdown_requested_) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    backends_->FinishEarly();
+  }
 }
 
 bool EngineImpl::Work(bool by_caller) {

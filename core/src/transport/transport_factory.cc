@@ -47,6 +47,13 @@ class JobBackendsImpl : public JobBackends {
     }
 #endif
   }
+  bool FinishesEarly() const override {
+#if HVD_HAVE_MPI
+    return mpi && mpi->CanFinishEarly();
+#else
+    return false;
+#endif
+  }
 
   void JobFailed(const Status& why) override {
 #if HVD_HAVE_MPI

@@ -53,6 +53,8 @@ class JobBackends {
   // The engine's shutdown has ended on every rank: lets MPI finish now if hvd started it
   // (MpiContext::FinishEarly), on the calling thread. Nothing may use the backends afterwards.
   virtual void FinishEarly() {}
+  // Whether FinishEarly would finalize MPI now.
+  virtual bool FinishesEarly() const { return false; }
   // The job failed (a peer lost or silent, an abort): MPI, where hvd started it, is left
   // unfinalized, since MPI_Finalize could wait for a lost or stopped peer forever; mpirun then
   // ends the job as that rank exits.
