@@ -242,14 +242,19 @@ bool ElasticDriver::Discover(bool first) {
     run.Reap();
     output = run.Result();
   } catch (const LaunchError& e) {
-    if (first) {
-      Fail(e.what());
-    } else {
-      Say(std::string(e.what()) + "; keeping the last host list");
-    }
-    return false;
+    return DiscoveryFailed(e, first);
   }
   return TakeHosts(output, first);
+}
+
+// A discovery that failed: at the first run it ends the job; later the last list stays.
+bool ElasticDriver::DiscoveryFailed(const LaunchError& e, bool first) {
+  if (first) {
+    Fail(e.what());
+  } else {
+    Say(std::string(e.what()) + "; keeping the last host list");
+  }
+  return false;
 }
 
 // Tick's discovery: starts a run when one is due, and takes its hosts once it is over, without
@@ -261,9 +266,8 @@ bool ElasticDriver::PollDiscovery() {
       discovery_ = std::make_unique<DiscoveryRun>(options_.discovery_script,
                                                   std::min(10.0, options_.elastic_timeout_seconds));
     } catch (const LaunchError& e) {
-      Say(std::string(e.what()) + "; keeping the last host list");
       next_discovery_ = Clock::now() + Seconds(options_.discovery_interval_seconds);
-      return false;
+      return DiscoveryFailed(e, /*first=*/false);
     }
   }
   if (!discovery_->Poll(0)) return false;
@@ -273,8 +277,7 @@ bool ElasticDriver::PollDiscovery() {
   try {
     output = run->Result();
   } catch (const LaunchError& e) {
-    Say(std::string(e.what()) + "; keeping the last host list");
-    return false;
+    return DiscoveryFailed(e, /*first=*/false);
   }
   return TakeHosts(output, /*first=*/false);
 }
@@ -284,12 +287,7 @@ bool ElasticDriver::TakeHosts(const std::string& output, bool first) {
   try {
     found = ParseDiscoveredHosts(output, options_.slots_per_host);
   } catch (const LaunchError& e) {
-    if (first) {
-      Fail(e.what());
-    } else {
-      Say(std::string(e.what()) + "; keeping the last host list");
-    }
-    return false;
+    return DiscoveryFailed(e, first);
   }
   auto key = [](const std::vector<HostSlots>& v) { return HostList(v); };
   if (!first && key(found) == key(hosts_)) return false;

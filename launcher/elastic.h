@@ -138,6 +138,7 @@ class ElasticDriver : public RankEvents {
 
   bool Discover(bool first);
   bool TakeHosts(const std::string& output, bool first);
+  bool DiscoveryFailed(const LaunchError& e, bool first);
   bool PollDiscovery();
   bool Usable(const std::string& host) const;
   int SlotsOf(const std::string& host) const;
