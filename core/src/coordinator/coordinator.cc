@@ -181,6 +181,15 @@ void Coordinator::MarkReadyIfComplete(const std::string& name) {
     }
   }
   Response resp = BuildResponse(name, e);
+  if (have < size_) {
+    // Refused while a rank has joined, before every rank submitted it: the error is for the
+    // ranks that did. A later submission of the name elsewhere is an entry of its own,
+    // answered on its own; this error must not complete it (messages.h, Response::sizes).
+    resp.sizes.clear();
+    for (int r = 0; r < size_; ++r) {
+      if (e.per_rank[r].has_value()) resp.sizes.push_back(r);
+    }
+  }
   arrival_order_.erase(e.order);
   table_.erase(it);
   if (!disputed.empty()) {

@@ -328,6 +328,13 @@ void EngineImpl::Execute(const Response& r) {
     entries[i] = &node->value;
     mine = true;
   }
+  if (r.type == OpType::kError && !r.sizes.empty() &&
+      std::find(r.sizes.begin(), r.sizes.end(), comm_->rank) == r.sizes.end()) {
+    // An error for the ranks that had submitted the name when a rank had joined: this rank's
+    // entry of it came later and gets an answer of its own.
+    entries.assign(entries.size(), nullptr);
+    mine = false;
+  }
   if (!mine && !joined_ && r.type != OpType::kJoin && r.type != OpType::kError) {
     HVD_LOG(kError) << "response for '" << r.names[0] << "' that this rank never announced";
   }
