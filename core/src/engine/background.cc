@@ -26,7 +26,7 @@ constexpr auto kIoPollEvery = std::chrono::microseconds(20);
 // some runs.
 constexpr auto kAsideYield = std::chrono::milliseconds(100);
 // How long a rank whose engine another rank's shutdown ended waits for its own program to shut
-// hvd down before it finalizes MPI (where hvd started MPI): see Run.
+// hvd down before it finalizes MPI (where hvd started MPI): see Loop.
 constexpr auto kFinishEarlyGrace = std::chrono::seconds(2);
 // A helping caller whose pass moved nothing waits for its peers, which have cores of their own
 // (callers help only where the host has a core per rank, and this process may use as many
@@ -152,7 +152,7 @@ void EngineImpl::Loop() {
   if (shut_down_ && backends_->FinishesEarly()) {
     // Where another rank's shutdown ended this engine, this rank's program may be inside an MPI
     // call of its own (a barrier the other rank has just left): MPI_Finalize here would pull
-    // MPI from under it (a crash in MPI's shared-memory transport, 1 run in 5). The program
+    // MPI from under it (a crash in MPI's shared-memory transport, about 1 job in 4). The program
     // gets up to kFinishEarlyGrace to shut hvd down itself; its thread then waits in Shutdown,
     // out of MPI. A program that works on without hvd still lets MPI finish, so that a rank
     // that has left the job is not held in MPI_Finalize by the others' programs.
