@@ -212,7 +212,10 @@ std::string OptionsWith(const Env& env) {
                                " shutdown=" +
                                std::to_string(static_cast<int>(o->stall_shutdown_seconds)) +
                                " autotune=" + std::to_string(o->autotune) +
-                               " marks=" + std::to_string(o->timeline_mark_cycles));
+                               " marks=" + std::to_string(o->timeline_mark_cycles) +
+                               (o->cpu_operations == hvd::Options::CpuOperations::kMpi
+                                    ? " cpu=mpi"
+                                    : ""));
         return 0;
       })) {
     return "(not started)";
@@ -253,6 +256,13 @@ TEST(GoodEnvironment, SwitchesInAnyCase) {
   EXPECT_EQ(OptionsWith({{"HOROVOD_AUTOTUNE", "FALSE"}}), "timeout=30 stall=60 shutdown=0 autotune=0 marks=0");
   EXPECT_EQ(OptionsWith({{"HVD_SHM", "Auto"}, {"HOROVOD_HIERARCHICAL_ALLREDUCE", "Off"}}),
             "timeout=30 stall=60 shutdown=0 autotune=0 marks=0");
+  // Horovod's docs write HOROVOD_CPU_OPERATIONS in capitals.
+  EXPECT_EQ(OptionsWith({{"HOROVOD_CPU_OPERATIONS", "GLOO"}}),
+            "timeout=30 stall=60 shutdown=0 autotune=0 marks=0");
+  EXPECT_EQ(OptionsWith({{"HOROVOD_CPU_OPERATIONS", "MPI"}}),
+            "timeout=30 stall=60 shutdown=0 autotune=0 marks=0 cpu=mpi");
+  EXPECT_EQ(OptionsWith({{"HVD_CPU_OPERATIONS", "mpi"}}),
+            "timeout=30 stall=60 shutdown=0 autotune=0 marks=0 cpu=mpi");
 }
 
 // The job's world named as MPI ranks or a communicator (hvd.init(comm=...)): a list with a

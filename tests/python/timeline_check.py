@@ -15,6 +15,9 @@ start_timeline / stop_timeline). Prints TIMELINE-OK on success.
    agreeing in rounds (on), for a first request and for cached ones: rank 0's file has one tick
    per rank inside each bar, the bar starts at the first, and rank 1, which submits 300 ms
    after rank 0 each step, ticks at least 100 ms after it.
+4. A negotiation that has not ended is in the file while the job runs: the open bar ("B") of a
+   tensor rank 1 has not submitted yet, with rank 0's tick; its "E" once it runs. A tensor of a
+   process set other than the global one, under the same name, has a row of its own.
 """
 
 import json
@@ -65,8 +68,11 @@ if rank == 0:
         events = json.load(f)
     ours = [e for e in events if e.get("tid") == "allreduce.test_allreduce"]
     names = [e["name"] for e in ours]
-    assert names[0] == "NEGOTIATE_ALLREDUCE" and names[-1] == "ALLREDUCE", ours
-    assert sorted(names[1:-1]) == ["0", "1"], ours  # each rank's tick
+    # The bar opens ("B"), each rank's tick, the bar ends ("E") as the allreduce begins.
+    assert names[0] == "NEGOTIATE_ALLREDUCE" and ours[0]["ph"] == "B", ours
+    assert names[-2] == "NEGOTIATE_ALLREDUCE" and ours[-2]["ph"] == "E", ours
+    assert names[-1] == "ALLREDUCE", ours
+    assert sorted(names[1:-2]) == ["0", "1"], ours  # each rank's tick
     assert ours[-1]["args"]["bytes"] == 12 and ours[-1]["args"]["status"] == "ok", ours
     assert any(e["name"] == "CYCLE_START" for e in events), events
     os.unlink(static_path)
@@ -143,18 +149,59 @@ for mode in ("off", "on"):
         continue
     with open(ticks_path) as f:
         rows = [e for e in json.load(f) if e.get("tid") == "allreduce.late"]
-    bars = [i for i, e in enumerate(rows) if e["name"] == "NEGOTIATE_ALLREDUCE"]
+    bars = [i for i, e in enumerate(rows) if e["name"] == "NEGOTIATE_ALLREDUCE" and e["ph"] == "B"]
     assert len(bars) == 3, (mode, rows)
     for i in bars:
-        bar, ticks = rows[i], rows[i + 1:i + 3]
+        bar, ticks, end = rows[i], rows[i + 1:i + 3], rows[i + 3]
         assert sorted(t["name"] for t in ticks) == ["0", "1"], (mode, rows)
+        assert end["name"] == "NEGOTIATE_ALLREDUCE" and end["ph"] == "E", (mode, rows)
         at = {t["name"]: t["ts"] for t in ticks}
         assert bar["ts"] == min(at.values()), (mode, bar, ticks)
-        assert all(bar["ts"] <= t <= bar["ts"] + bar["dur"] for t in at.values()), (mode, rows)
+        assert all(bar["ts"] <= t <= end["ts"] for t in at.values()), (mode, rows)
         assert at["1"] - at["0"] >= 100e3, (mode, bar, ticks)  # microseconds
-        assert rows[i + 3]["name"] == "ALLREDUCE", (mode, rows)
+        assert rows[i + 4]["name"] == "ALLREDUCE", (mode, rows)
     os.unlink(ticks_path)
 del os.environ["HVD_SYMMETRIC_NEGOTIATION"]
+
+# A negotiation that has not ended shows while the job runs: the open bar of a tensor rank 1
+# has not submitted, with rank 0's tick, as in Horovod. A tensor of another process set under
+# the same name has a row of its own.
+stuck_path = os.path.join(workdir, "hvd_timeline_stuck_%d.json" % os.getpid())
+os.environ["HOROVOD_TIMELINE"] = stuck_path
+alone = [hvd.ProcessSet([0]), hvd.ProcessSet([1])]
+hvd.init(process_sets=alone)
+hvd.allreduce(torch.ones(3), name="x")
+hvd.allreduce(torch.ones(3), name="x", process_set=alone[rank])
+own_row = "allreduce.x (process set %d)" % alone[0].process_set_id
+if rank == 0:
+    handle = hvd.allreduce_async(torch.ones(3), name="stuck")
+    deadline = time.monotonic() + 20
+    rows = []
+    while time.monotonic() < deadline:
+        try:
+            with open(stuck_path) as f:
+                rows = [e for e in json.load(f) if e.get("tid") == "allreduce.stuck"]
+        except ValueError:
+            rows = []
+        if len(rows) >= 2:
+            break
+        time.sleep(0.05)
+    assert [(e["name"], e["ph"]) for e in rows] == [("NEGOTIATE_ALLREDUCE", "B"), ("0", "X")], rows
+hvd.barrier()  # rank 1 submits "stuck" only now
+if rank == 0:
+    hvd.synchronize(handle)
+else:
+    hvd.allreduce(torch.ones(3), name="stuck")
+hvd.shutdown()
+if rank == 0:
+    with open(stuck_path) as f:
+        events = json.load(f)
+    rows = [(e["name"], e["ph"]) for e in events if e.get("tid") == "allreduce.stuck"]
+    assert rows[0] == ("NEGOTIATE_ALLREDUCE", "B") and rows[-2:] == [
+        ("NEGOTIATE_ALLREDUCE", "E"), ("ALLREDUCE", "X")], rows
+    tids = {e.get("tid") for e in events}
+    assert "allreduce.x" in tids and own_row in tids, tids
+    os.unlink(stuck_path)
 
 # Without HOROVOD_TIMELINE, as in Horovod: a ValueError that says what to set.
 del os.environ["HOROVOD_TIMELINE"]

@@ -264,7 +264,8 @@ Status ReadKnobs(Options* o) {
     }
   }
   if (const char* v = Knob("CPU_OPERATIONS", &var)) {
-    std::string c = v;
+    std::string c = v;  // any case, as Horovod reads it (its docs write MPI, GLOO)
+    for (auto& ch : c) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (c == "tcp" || c == "gloo") {
       o->cpu_operations = Options::CpuOperations::kTcp;
     } else if (c == "mpi") {

@@ -546,7 +546,7 @@ bool EngineImpl::DrainQueue() {
       joined_ = true;
       join_device_ = e.input.device;  // this join's (a plain join names none)
     }
-    timeline_->Negotiate(e.request.name);
+    timeline_->Negotiate(set, e.request.name, OpTypeName(e.request.type));
     e.drained = true;
     if (last_list == nullptr) last_list = &requests[set];
     last_list->push_back(node);
@@ -746,16 +746,16 @@ namespace {
 constexpr auto kBitPatience = std::chrono::seconds(1);
 }  // namespace
 
-void EngineImpl::TickReady(const ProcessSetState& ps, int rank, const std::string& name) {
+void EngineImpl::TickReady(const ProcessSetState& ps, int rank, const Request& r) {
   if (ps.rank >= 0 && timeline_->enabled()) {
-    timeline_->RankReady(name, ps.ranks[rank], Clock::now());
+    timeline_->RankReady(ps.id, r.name, OpTypeName(r.type), ps.ranks[rank], Clock::now());
   }
 }
 
 void EngineImpl::OfferBit(ProcessSetState& ps, int rank, uint32_t bit, Clock::time_point now) {
   const Request* r = ps.cache->At(bit);
   if (r == nullptr) return;  // checked by the caller
-  TickReady(ps, rank, r->name);
+  TickReady(ps, rank, *r);
   const Coordinator& co = *ps.coordinator;
   if (co.any_joined() || (!co.idle() && co.Has(r->name))) {
     ps.coordinator->AddRequests(rank, {*r});
@@ -793,7 +793,7 @@ Status EngineImpl::OfferWords(ProcessSetState& ps, int rank, const std::vector<u
 
 void EngineImpl::AddFull(ProcessSetState& ps, int rank, std::vector<Request> requests) {
   if (timeline_->enabled()) {
-    for (const auto& r : requests) TickReady(ps, rank, r.name);
+    for (const auto& r : requests) TickReady(ps, rank, r);
   }
   if (Symmetric(ps)) {
     // Other ranks may hold bits of these names, or (a join) of any: rank 0's next part of a

@@ -499,7 +499,7 @@ class EngineImpl {
   // Whole words of bits at rank 0's epoch, while OfferBit's other checks cannot apply.
   Status OfferWords(ProcessSetState& ps, int rank, const std::vector<uint64_t>& words);
   // The timeline's tick: member `rank` of `ps` was seen ready for `name` (rank 0 sees them all).
-  void TickReady(const ProcessSetState& ps, int rank, const std::string& name);
+  void TickReady(const ProcessSetState& ps, int rank, const Request& r);
   void AddFull(ProcessSetState& ps, int rank, std::vector<Request> requests);
   void DemoteBit(ProcessSetState& ps, uint32_t bit, const Request* as = nullptr);
   // The AND of every member's row; empty if none.

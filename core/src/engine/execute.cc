@@ -340,7 +340,8 @@ void EngineImpl::Execute(const Response& r) {
   }
 
   // (The size is a pass over every tensor of the response: only for a timeline that records.)
-  timeline_->Begin(OpTypeName(r.type), r.names, timeline_->enabled() ? ResponseBytes(r) : 0);
+  timeline_->Begin(r.process_set, OpTypeName(r.type), r.names,
+                   timeline_->enabled() ? ResponseBytes(r) : 0);
   Status s;
   abandon_ = false;
   in_collective_ = true;

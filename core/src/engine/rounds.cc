@@ -317,7 +317,10 @@ Status EngineImpl::CompleteRound() {
       for (size_t w = 0; w < c.ready.size(); ++w) {
         for (uint64_t x = valid(c, w, c.ready[w]); x; x &= x - 1) {
           const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(x));
-          if (const Request* req = cache.At(bit)) timeline_->RankReady(req->name, q, r.arrived[q]);
+          if (const Request* req = cache.At(bit)) {
+            timeline_->RankReady(kGlobalProcessSet, req->name, OpTypeName(req->type), q,
+                                 r.arrived[q]);
+          }
         }
       }
     }

@@ -126,57 +126,70 @@ void Timeline::Flush() {
   std::fflush(file_);
 }
 
-void Timeline::RankReady(const std::string& name, int rank, Clock::time_point t) {
-  if (!file_) return;
-  auto& ready = negotiating_[name].ready;
-  for (const auto& seen : ready) {
-    if (seen.first == rank) return;
-  }
-  // A rank's readiness that reached this rank before the file began (a part of a round that
-  // completes after a start_timeline) is shown at the file's start: no timestamp is negative.
-  ready.emplace_back(rank, std::max(t, start_));
+std::string Timeline::Tid(int32_t set, const std::string& name) {
+  if (set == 0) return JsonEscape(name);
+  return JsonEscape(name) + " (process set " + std::to_string(set) + ")";
 }
 
-void Timeline::Begin(const std::string& op, const std::vector<std::string>& names, size_t bytes) {
+void Timeline::RankReady(int32_t set, const std::string& name, const char* op, int rank,
+                         Clock::time_point t) {
+  if (!file_) return;
+  const std::string tid = Tid(set, name);
+  auto [it, fresh] = negotiating_.try_emplace(tid);
+  Negotiation& n = it->second;
+  // A rank's readiness that reached this rank before the file began (a part of a round that
+  // completes after a start_timeline) is shown at the file's start: no timestamp is negative.
+  double at = Micros(std::max(t, start_));
+  if (fresh) {
+    n.event = "NEGOTIATE_" + Upper(op);
+    n.start = at;
+    std::ostringstream os;
+    os << "{\"name\":\"" << n.event << "\",\"ph\":\"B\",\"pid\":0,\"tid\":\"" << tid
+       << "\",\"ts\":" << Us(at) << "}";
+    Emit(os.str());
+  } else {
+    if (std::find(n.ranks.begin(), n.ranks.end(), rank) != n.ranks.end()) return;
+    // Stamped before the bar opened but taken after (a round's part read late): at its start.
+    at = std::max(at, n.start);
+  }
+  n.ranks.push_back(rank);
+  std::ostringstream tick;  // Horovod's ticks: zero-length, named by the rank
+  tick << "{\"name\":\"" << rank << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << tid
+       << "\",\"ts\":" << Us(at) << ",\"dur\":0}";
+  Emit(tick.str());
+}
+
+void Timeline::Begin(int32_t set, const std::string& op, const std::vector<std::string>& names,
+                     size_t bytes) {
   if (!file_) return;
   begin_ = Clock::now();
   op_ = Upper(op);
-  names_ = names;
-  for (const auto& n : names) {
-    auto it = negotiating_.find(n);
-    if (it == negotiating_.end() || it->second.ready.empty()) continue;
-    auto& ready = it->second.ready;
-    std::sort(ready.begin(), ready.end(),
-              [](const auto& a, const auto& b) { return a.second < b.second; });
-    const std::string tid = JsonEscape(n);
-    const double first = Micros(ready.front().second);
+  rows_.clear();
+  for (const auto& name : names) {
+    rows_.push_back(Tid(set, name));
+    auto it = negotiating_.find(rows_.back());
+    if (it == negotiating_.end()) continue;
     std::ostringstream os;
-    os << "{\"name\":\"NEGOTIATE_" << op_ << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << tid
-       << "\",\"ts\":" << Us(first) << ",\"dur\":" << Us(Micros(begin_) - first) << "}";
+    os << "{\"name\":\"" << it->second.event << "\",\"ph\":\"E\",\"pid\":0,\"tid\":\""
+       << rows_.back() << "\",\"ts\":" << Us(Micros(begin_)) << "}";
     Emit(os.str());
-    for (const auto& [rank, t] : ready) {  // Horovod's ticks: zero-length, named by the rank
-      std::ostringstream tick;
-      tick << "{\"name\":\"" << rank << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << tid
-           << "\",\"ts\":" << Us(Micros(t)) << ",\"dur\":0}";
-      Emit(tick.str());
-    }
     negotiating_.erase(it);
   }
   bytes_ = bytes;
 }
 
 void Timeline::End(const std::string& status) {
-  if (!file_ || names_.empty()) return;
+  if (!file_ || rows_.empty()) return;
   auto end = Clock::now();
-  for (const auto& n : names_) {
+  for (const auto& tid : rows_) {
     std::ostringstream os;
-    os << "{\"name\":\"" << op_ << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << JsonEscape(n)
+    os << "{\"name\":\"" << op_ << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << tid
        << "\",\"ts\":" << Us(Micros(begin_)) << ",\"dur\":" << Us(Micros(end) - Micros(begin_))
-       << ",\"args\":{\"bytes\":" << bytes_ << ",\"fused\":" << names_.size() << ",\"status\":\""
+       << ",\"args\":{\"bytes\":" << bytes_ << ",\"fused\":" << rows_.size() << ",\"status\":\""
        << JsonEscape(status) << "\"}}";
     Emit(os.str());
   }
-  names_.clear();
+  rows_.clear();
 }
 
 }  // namespace hvd

@@ -1,14 +1,18 @@
 // The timeline (HVD_TIMELINE=path, or HOROVOD_TIMELINE): a Chrome trace (chrome://tracing,
 // Perfetto) of what the engine did with each tensor, in Horovod's names: NEGOTIATE_ALLREDUCE
 // (from the first rank known ready until its response ran), then ALLREDUCE (the collective, with
-// bytes and the number of fused tensors as arguments), one row per tensor; with mark_cycles
+// bytes and the number of fused tensors as arguments), one row per tensor (a tensor of a process
+// set other than the global one: its name and "(process set N)"); with mark_cycles
 // (HVD_TIMELINE_MARK_CYCLES) a CYCLE_START mark each time the engine's loop starts a cycle of
 // work.
 //
 // Under NEGOTIATE_ALLREDUCE each rank's readiness is a tick (a zero-length event named by the
 // rank), as in Horovod, so a late rank shows: this rank's own when it announced the tensor, and
 // the others' as their announcements reached it (rank 0 sees every rank's: the requests and
-// cached bits the coordinator takes, and the parts of each symmetric round).
+// cached bits the coordinator takes, and the parts of each symmetric round). As in Horovod the
+// bar is written as it opens (a "B" event at the first rank seen ready, each tick as it comes,
+// the "E" when the response runs), so a negotiation that never ends (a rank that never submits
+// the tensor) shows as an open bar with the ticks of the ranks that did.
 //
 // Every rank writes its own file: "%r" in the path is replaced by the rank; a path without
 // "%r" is written by rank 0 only. Events are buffered and written when the engine goes idle
@@ -23,6 +27,7 @@
 // work (the background thread or a waiting caller; engine/engine_impl.h).
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <unordered_map>
@@ -42,13 +47,17 @@ class Timeline {
   bool enabled() const { return file_ != nullptr; }
   bool marks_cycles() const { return file_ != nullptr && mark_cycles_; }
 
-  // This rank announced a tensor. Inline: the drain calls it for every tensor.
-  void Negotiate(const std::string& name) {
-    if (file_) RankReady(name, rank_, Clock::now());
+  // This rank announced a tensor of process set `set`; `op`: its kind (OpTypeName). Inline:
+  // the drain calls it for every tensor.
+  void Negotiate(int32_t set, const std::string& name, const char* op) {
+    if (file_) RankReady(set, name, op, rank_, Clock::now());
   }
   // World rank `rank` was seen ready for `name` at `t` (its first sighting counts).
-  void RankReady(const std::string& name, int rank, Clock::time_point t);
-  void Begin(const std::string& op, const std::vector<std::string>& names, size_t bytes);
+  void RankReady(int32_t set, const std::string& name, const char* op, int rank,
+                 Clock::time_point t);
+  // The response of `names` (of process set `set`) runs now, then ends with `status`.
+  void Begin(int32_t set, const std::string& op, const std::vector<std::string>& names,
+             size_t bytes);
   void End(const std::string& status);
   void MarkCycle(Clock::time_point start);  // a CYCLE_START mark, with mark_cycles
   // Writes what is buffered: when `idle` at most every kIdleFlush (10 ms), else every
@@ -63,9 +72,15 @@ class Timeline {
   static std::string Us(double micros);
   void Emit(const std::string& event);
 
-  // A tensor being negotiated: the ranks seen ready, each with its first sighting.
+  // The row of `name` of process set `set`, escaped for JSON.
+  static std::string Tid(int32_t set, const std::string& name);
+
+  // A tensor being negotiated, its bar open in the file: the bar's name and start, and the
+  // ranks seen ready.
   struct Negotiation {
-    std::vector<std::pair<int, Clock::time_point>> ready;
+    std::string event;
+    double start = 0;
+    std::vector<int> ranks;
   };
 
   FILE* file_ = nullptr;
@@ -73,8 +88,8 @@ class Timeline {
   bool mark_cycles_ = false;
   Clock::time_point start_;
   Clock::time_point flushed_;
-  std::unordered_map<std::string, Negotiation> negotiating_;
-  std::vector<std::string> names_;  // of the response in progress
+  std::unordered_map<std::string, Negotiation> negotiating_;  // by row (Tid)
+  std::vector<std::string> rows_;  // of the response in progress
   std::string op_;
   size_t bytes_ = 0;
   Clock::time_point begin_;
