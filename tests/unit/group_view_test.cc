@@ -70,6 +70,56 @@ TEST(Topology, LocalAndCrossMembers) {
   EXPECT_FALSE((Topology{{0, 1, 2}}).Homogeneous());  // one rank per host
 }
 
+// The places hvdrun gives (local rank and size, cross rank and size) and each rank's host key,
+// gathered: hosts of equal size come from the places; otherwise from the keys, so that a set
+// whose members sit evenly on unequal hosts is Homogeneous.
+TEST(GatherTopology, HostsFromThePlacesOrElseFromTheMachines) {
+  struct Place {
+    int local_rank, local_size, cross_rank, cross_size;
+    uint64_t key;
+  };
+  auto gather = [](const std::vector<Place>& places, std::string* why) {
+    InProcWorld world(static_cast<int>(places.size()));
+    std::vector<Topology> got(places.size());
+    ExpectAllOk(RunRanks(world,
+                         [&](Transport& t) {
+                           const Place& p = places[t.rank()];
+                           std::string note;
+                           auto topo = GatherTopology(t, p.local_rank, p.local_size, p.cross_rank,
+                                                      p.cross_size, p.key, Soon(), &note);
+                           if (!topo.ok()) return topo.status();
+                           got[t.rank()] = *topo;
+                           if (t.rank() == 0) *why = note;
+                           return Status::OK();
+                         }),
+                "GatherTopology");
+    for (const auto& t : got) EXPECT_EQ(t.host_of, got[0].host_of);
+    return got[0];
+  };
+  std::string why;
+  // -H a:2,b:2 on one machine (one key): the places name the hosts.
+  Topology even = gather({{0, 2, 0, 2, 7}, {1, 2, 0, 2, 7}, {0, 2, 1, 2, 7}, {1, 2, 1, 2, 7}}, &why);
+  EXPECT_EQ(even.host_of, (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_TRUE(why.empty()) << why;
+  // -H a:4,b:2 on two machines: the job is not Homogeneous, a set of 0, 1, 4, 5 is.
+  Topology uneven = gather({{0, 4, 0, 2, 11},
+                            {1, 4, 0, 2, 11},
+                            {2, 4, 0, 1, 11},
+                            {3, 4, 0, 1, 11},
+                            {0, 2, 1, 2, 22},
+                            {1, 2, 1, 2, 22}},
+                           &why);
+  EXPECT_EQ(uneven.host_of, (std::vector<int>{0, 0, 0, 0, 4, 4}));
+  EXPECT_NE(why.find("hosts of unequal size"), std::string::npos) << why;
+  EXPECT_FALSE(uneven.Homogeneous());
+  EXPECT_TRUE((Topology{{0, 0, 4, 4}}).Homogeneous());  // the set's members' hosts
+  // Places that make no sense, on one machine: one host, not Homogeneous.
+  Topology nonsense = gather({{0, 1, 0, 1, 5}, {0, 1, 0, 1, 5}, {0, 1, 0, 1, 5}}, &why);
+  EXPECT_EQ(nonsense.host_of, (std::vector<int>{0, 0, 0}));
+  EXPECT_FALSE(why.empty());
+  EXPECT_FALSE(nonsense.Homogeneous());
+}
+
 // Every collective on a view, values from the members' world ranks.
 Status RunEveryCollective(Transport& world_t, const std::vector<int>& members, size_t count) {
   auto v = GroupView::Create(world_t, members);

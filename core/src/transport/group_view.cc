@@ -1,6 +1,9 @@
 #include "transport/group_view.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -84,23 +87,51 @@ bool Topology::Homogeneous() const {
   return std::all_of(count.begin(), count.end(), [n](const auto& kv) { return kv.second == n; });
 }
 
+namespace {
+
+// FNV-1a: the same on every process, unlike std::hash.
+uint64_t Fnv(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+uint64_t ThisHostKey() {
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  char ns[128] = {0};
+  ssize_t n = ::readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
+  return Fnv(boot + "|" + std::string(ns, n > 0 ? static_cast<size_t>(n) : 0));
+}
+
 StatusOr<Topology> GatherTopology(Transport& t, int local_rank, int local_size, int cross_rank,
-                                  int cross_size, Deadline deadline, std::string* why) {
+                                  int cross_size, uint64_t host_key, Deadline deadline,
+                                  std::string* why) {
   const int n = t.size();
-  const int32_t mine[4] = {local_rank, local_size, cross_rank, cross_size};
-  std::vector<int32_t> all(static_cast<size_t>(n) * 4);
+  constexpr size_t kWords = 6;  // the four places, then the key's two halves
+  const int32_t mine[kWords] = {local_rank, local_size, cross_rank, cross_size,
+                                static_cast<int32_t>(host_key >> 32),
+                                static_cast<int32_t>(host_key & 0xffffffffu)};
+  std::vector<int32_t> all(static_cast<size_t>(n) * kWords);
   HVD_RETURN_IF_ERROR(Allgatherv(t, mine, all.data(),
                                  std::vector<size_t>(n, sizeof(mine)), deadline));
   Topology topo;
   topo.host_of.resize(n);
-  for (int r = 0; r < n; ++r) topo.host_of[r] = r;
   const int32_t L = all[1], C = all[3];
   auto give_up = [&](const std::string& bad) {
     if (why) *why = bad;
+    // Each rank on the host of the first rank with its key.
+    std::map<std::pair<int32_t, int32_t>, int> first;
+    for (int r = 0; r < n; ++r) {
+      const int32_t* p = &all[static_cast<size_t>(r) * kWords];
+      topo.host_of[r] = first.emplace(std::make_pair(p[4], p[5]), r).first->second;
+    }
     return topo;
   };
   for (int r = 0; r < n; ++r) {
-    const int32_t* p = &all[static_cast<size_t>(r) * 4];
+    const int32_t* p = &all[static_cast<size_t>(r) * kWords];
     if (p[1] != L || p[3] != C) {
       return give_up("rank " + std::to_string(r) + " has local size " + std::to_string(p[1]) +
                      " and cross size " + std::to_string(p[3]) + ", rank 0 " +
@@ -113,13 +144,13 @@ StatusOr<Topology> GatherTopology(Transport& t, int local_rank, int local_size, 
   }
   std::set<std::pair<int, int>> places;
   for (int r = 0; r < n; ++r) {
-    const int32_t* p = &all[static_cast<size_t>(r) * 4];
+    const int32_t* p = &all[static_cast<size_t>(r) * kWords];
     if (p[0] < 0 || p[0] >= L || p[2] < 0 || p[2] >= C || !places.insert({p[2], p[0]}).second) {
       return give_up("rank " + std::to_string(r) + "'s local rank " + std::to_string(p[0]) +
                      " and cross rank " + std::to_string(p[2]) + " are out of range or taken");
     }
   }
-  for (int r = 0; r < n; ++r) topo.host_of[r] = all[static_cast<size_t>(r) * 4 + 2];
+  for (int r = 0; r < n; ++r) topo.host_of[r] = all[static_cast<size_t>(r) * kWords + 2];
   return topo;
 }
 

@@ -63,11 +63,18 @@ struct Topology {
   int hosts() const;
 };
 
-// Every rank's place (local rank and size, cross rank and size, as the launcher gave them),
-// gathered over `t` in one 16-byte allgather. When they describe hosts of equal size
-// (local_size x cross_size = size, each (cross rank, local rank) once), host_of is each rank's
-// cross rank; otherwise every rank counts as a host of its own, and *why says what did not fit.
+// This machine as its processes see it: a hash of its boot and of this process's network
+// namespace (processes with the same key run on one host and can share memory).
+uint64_t ThisHostKey();
+
+// Every rank's place (local rank and size, cross rank and size, as the launcher gave them, and
+// its host key), gathered over `t` in one allgather. When the places describe hosts of equal
+// size (local_size x cross_size = size, each (cross rank, local rank) once), host_of is each
+// rank's cross rank. Otherwise (hosts of unequal size: -H a:3,b:1) host_of groups the ranks by
+// host key, so that a process set whose members sit evenly on hosts still finds them, and *why
+// says what did not fit.
 StatusOr<Topology> GatherTopology(Transport& t, int local_rank, int local_size, int cross_rank,
-                                  int cross_size, Deadline deadline, std::string* why);
+                                  int cross_size, uint64_t host_key, Deadline deadline,
+                                  std::string* why);
 
 }  // namespace hvd

@@ -396,7 +396,7 @@ StatusOr<JobConnections> ConnectJob(asio::io_context& io, const Options& options
   };
   // The job's layout, for the local and cross views (hierarchical collectives).
   auto topology = GatherTopology(*tcp, o.local_rank, o.local_size, o.cross_rank, o.cross_size,
-                                 deadline, &job.layout_note);
+                                 ThisHostKey(), deadline, &job.layout_note);
   if (!topology.ok()) {
     return give_up(topology.status().WithContext("exchanging the job's layout"),
                    tcp->lost_peer());

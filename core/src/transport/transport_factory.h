@@ -80,7 +80,7 @@ struct JobConnections {
   std::shared_ptr<ControlPoller> poller;
   bool control_over_tcp = false;  // some link is a TCP ControlChannel (read by the io_context)
   // Every rank's host as the launcher placed them (GatherTopology): when it does not describe
-  // hosts of equal size, each rank is a host of its own and layout_note says why.
+  // hosts of equal size, the ranks grouped by the machine they run on, and layout_note says why.
   Topology topology;
   std::string layout_note;
   // hvdrun's store (Bootstrap::kStore), kept for the note a rank leaves when another rank's

@@ -30,6 +30,10 @@
 #   symmetric_partition  the partition with HVD_SYMMETRIC_NEGOTIATION=on
 #   reboot       host 2 lost at once (port down, its processes killed, namespace deleted)
 #                mid-allreduce: the same for the ranks on host 1
+#   uneven       hosts of unequal size: HVD_SHM=on with a host of one rank (nothing to set up
+#                there: no failure, no warning), then -H a:4,b:2 with a process set of two ranks
+#                on each host and hierarchical allreduce forced: the set runs hierarchical
+#                (its members' hosts found by the machine they run on), its values checked
 #   elastic_kill --min-np 2, 4 ranks over 2 hosts (mp_elastic_worker beside WORKER): a rank on
 #                host 2 is killed; host 2 is blacklisted and the job ends on host 1's 2 ranks
 #   elastic_add  a discovery script that lists host 1, then host 2 as well: the job grows from
@@ -479,6 +483,26 @@ case_elastic_unreachable() {
   ! has "$ERR" "10.233.0.99:1#3" || fail "a second worker was tried on the blacklisted host"
   has "$OUT" "ELASTIC-NATIVE-OK size 2 generation 2 resets 0" || fail "no world of 2 finished"
   ! has "$OUT" "FAIL " || fail "a worker failed its checks"
+  [ "$FAILED" = 0 ] || show
+  no_leftovers
+}
+
+case_uneven() {
+  HVD_SHM=on start_job "${SSH_FLAGS[@]}" -np 3 -H "$H1:2,$H2:1" "$WORKER"
+  wait_job 90
+  [ "$RC" = 0 ] || fail "HVD_SHM=on with a host of one rank: hvdrun exited $RC"
+  [ "$(grep -c '^\[[0-2]\]<stdout>:CHECKS-OK rank' "$OUT")" = 3 ] || fail "not every rank checked OK"
+  ! grep -q "could not set up shared memory" "$OUT" "$ERR" || fail "a lone rank's host warned"
+  [ "$FAILED" = 0 ] || show
+  no_leftovers
+
+  HVD_DYNAMIC_PROCESS_SETS=1 HOROVOD_HIERARCHICAL_ALLREDUCE=1 HVD_LOG_LEVEL=info \
+    start_job "${SSH_FLAGS[@]}" -np 6 -H "$H1:4,$H2:2" "$WORKER" --set 0,1,4,5
+  wait_job 120
+  [ "$RC" = 0 ] || fail "a set on hosts of unequal size: hvdrun exited $RC"
+  [ "$(grep -c '<stdout>:SET-OK rank' "$OUT")" = 4 ] || fail "not every member checked its set"
+  has "$ERR" "process set: hierarchical collectives ready: this host's ranks \[0, 1\], across hosts \[0, 4\]" ||
+    fail "the set did not run hierarchical"
   [ "$FAILED" = 0 ] || show
   no_leftovers
 }

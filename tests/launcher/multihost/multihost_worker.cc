@@ -4,6 +4,9 @@
 //   multihost_worker                 checks, then exits 0 (2 on a wrong value, 1 on an error)
 //   multihost_worker --rounds N      the checks N times; rank 0 prints "ROUNDS-MS N T": the
 //                                    milliseconds the N rounds took
+//   multihost_worker --set R,R,...  the checks, then every rank adds a process set of those world
+//                                    ranks (HVD_DYNAMIC_PROCESS_SETS=1) and its members allreduce
+//                                    in it, checked; each member prints "SET-OK rank R"
 //   multihost_worker --hold DIR SEC [COUNT]
 //                                    checks, writes its pid to DIR/pid.RANK, then for at most
 //                                    SEC seconds allreduces a scalar every 50 ms or, with a
@@ -108,6 +111,35 @@ int CheckAll(hvd::Engine& e) {
   return CheckBroadcast(e);
 }
 
+// In the set of world ranks `members`: the sum of in[i] = world rank * 1000 + i % 997.
+int CheckSet(hvd::Engine& e, const std::vector<int>& members) {
+  const int r = e.rank();
+  auto id = e.AddProcessSet(members);
+  if (!id.ok()) return Fail(r, "adding the set: " + id.status().ToString());
+  // Every rank waits for the members before it goes on to shut down (which ends the job's
+  // engine on every rank).
+  auto done = [&e, r](int rc) {
+    hvd::Status st = e.Barrier()->Wait();
+    return rc != 0 || st.ok() ? rc : Fail(r, "barrier after the set: " + st.ToString());
+  };
+  if (std::find(members.begin(), members.end(), r) == members.end()) return done(0);
+  const int64_t n = 1 << 20;
+  std::vector<float> buf(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(r * 1000 + i % 997);
+  TensorView t(buf.data(), DataType::kFloat32, {n});
+  hvd::Status st = e.Allreduce("mh.set", t, t, hvd::ReduceOp::kSum, 1.0, 1.0, *id)->Wait();
+  if (!st.ok()) return done(Fail(r, "set allreduce: " + st.ToString()));
+  int64_t ranks = 0;
+  for (int m : members) ranks += m;
+  const int64_t k = static_cast<int64_t>(members.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const float want = static_cast<float>(1000 * ranks + k * (i % 997));
+    if (buf[i] != want) return done(Fail(r, "set allreduce value at " + std::to_string(i)));
+  }
+  std::printf("SET-OK rank %d\n", r);
+  return done(0);
+}
+
 int Hold(hvd::Engine& e, const std::string& dir, double seconds, int64_t count) {
   std::ofstream(dir + "/pid." + std::to_string(e.rank())) << ::getpid() << "\n";
   auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
@@ -138,11 +170,20 @@ int Hold(hvd::Engine& e, const std::string& dir, double seconds, int64_t count) 
 int main(int argc, char** argv) {
   bool hold = (argc == 4 || argc == 5) && std::strcmp(argv[1], "--hold") == 0;
   bool rounds = argc == 3 && std::strcmp(argv[1], "--rounds") == 0;
+  std::vector<int> set;
+  if (argc == 3 && std::strcmp(argv[1], "--set") == 0) {
+    for (const char* p = argv[2]; *p;) {
+      char* end = nullptr;
+      set.push_back(static_cast<int>(std::strtol(p, &end, 10)));
+      if (end == p) return 64;
+      p = *end == ',' ? end + 1 : end;
+    }
+  }
   const int64_t hold_count = argc == 5 ? std::atoll(argv[4]) : 1;
   const int round_count = rounds ? std::atoi(argv[2]) : 1;
-  if ((argc != 1 && !hold && !rounds) || hold_count < 1 || round_count < 1) {
-    std::fprintf(stderr,
-                 "usage: multihost_worker [--rounds N | --hold DIR SECONDS [COUNT]]\n");
+  if ((argc != 1 && !hold && !rounds && set.empty()) || hold_count < 1 || round_count < 1) {
+    std::fprintf(stderr, "usage: multihost_worker [--rounds N | --set R,R,... | "
+                         "--hold DIR SECONDS [COUNT]]\n");
     return 64;
   }
   auto engine = hvd::Engine::CreateFromEnvironment();
@@ -168,6 +209,7 @@ int main(int argc, char** argv) {
   }
   std::printf("CHECKS-OK rank %d\n", e.rank());
   std::fflush(stdout);
+  if (!set.empty() && (rc = CheckSet(e, set)) != 0) return rc;
   if (hold && (rc = Hold(e, argv[2], std::atof(argv[3]), hold_count)) != 0) return rc;
   hvd::Status st = e.Shutdown();
   if (!st.ok()) {

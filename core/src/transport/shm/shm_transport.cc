@@ -16,7 +16,6 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -28,6 +27,7 @@
 #include "common/cpu_relax.h"
 #include "common/logging.h"
 #include "reduce/reduce.h"
+#include "transport/group_view.h"
 #include "transport/collective_offload.h"
 #include "transport/tcp/control_channel.h"
 #include "transport/transport_factory.h"
@@ -996,23 +996,6 @@ std::optional<Status> ShmCollectives::Allreduce(void* buf, size_t count, DataTyp
 
 // ---------------------------------------------------------------- set-up
 
-// FNV-1a: the same on every process, unlike std::hash.
-uint64_t Fnv(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-// Ranks that can share memory: the same boot of the same machine, in the same network
-// namespace (the abstract sockets the segments are passed over live in it).
-uint64_t HostKey() {
-  std::string boot;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  char ns[128] = {0};
-  ssize_t n = ::readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
-  return Fnv(boot + "|" + std::string(ns, n > 0 ? static_cast<size_t>(n) : 0));
-}
-
 struct RankInfo {
   uint64_t key;
   int32_t pid;
@@ -1253,7 +1236,9 @@ StatusOr<std::unique_ptr<Transport>> ConnectSharedMemory(std::unique_ptr<TcpTran
   };
   const bool wanted = options.shm != Options::Toggle::kOff;
   // 1. Every rank's host and pid.
-  RankInfo mine{HostKey(), static_cast<int32_t>(::getpid()), wanted ? 1 : 0};
+  // Ranks that can share memory: the same host key (the abstract sockets the segments are
+  // passed over live in the network namespace).
+  RankInfo mine{ThisHostKey(), static_cast<int32_t>(::getpid()), wanted ? 1 : 0};
   std::vector<RankInfo> info(n);
   Status s = Allgatherv(*tcp, &mine, info.data(), std::vector<size_t>(n, sizeof(RankInfo)),
                         deadline);
@@ -1288,9 +1273,9 @@ StatusOr<std::unique_ptr<Transport>> ConnectSharedMemory(std::unique_ptr<TcpTran
     Unmap(segments);
     return lost(s.WithContext("shared memory: agreeing on it"));
   }
-  std::vector<int> failed;
+  std::vector<int> failed;  // (2: a rank alone on its host, or not wanting it: nothing failed)
   for (int r : local) {
-    if (oks[r] != 1) failed.push_back(r);
+    if (oks[r] == 0) failed.push_back(r);
   }
   if (!failed.empty()) {
     Unmap(segments);
