@@ -221,7 +221,10 @@ double ParseDouble(const std::string& flag, const std::string& text) {
   errno = 0;
   char* end = nullptr;
   double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || errno != 0 || !std::isfinite(v)) {
+  // Decimal only, as the ranks read their knobs (strtod would take 0x10 as 16).
+  const bool hex = text.find_first_of("xX") != std::string::npos;
+  if (text.empty() || hex || end != text.c_str() + text.size() || errno != 0 ||
+      !std::isfinite(v)) {
     throw LaunchError("bad value '" + text + "' for " + flag + " (expected a number)");
   }
   return v;
@@ -287,9 +290,9 @@ void ParseKnobs(const cxxopts::ParseResult& r, LaunchOptions* out) {
   }
   if (has("cache-capacity")) {
     double n = ParseNonNegative("--cache-capacity", get("cache-capacity"));
-    if (n != std::floor(n) || n > INT_MAX) {
+    if (n != std::floor(n) || n > 4194304) {  // the ranks' ceiling for HVD_CACHE_CAPACITY
       throw LaunchError("bad value '" + get("cache-capacity") +
-                        "' for --cache-capacity (expected a whole number >= 0)");
+                        "' for --cache-capacity (expected a whole number in [0, 4194304])");
     }
     out->knobs["HVD_CACHE_CAPACITY"] = std::to_string(static_cast<int>(n));
   }
@@ -534,11 +537,19 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
   if (has("autotune-log-file")) out->knobs["HVD_AUTOTUNE_LOG"] = get("autotune-log-file");
   if (has("autotune-warmup-samples")) {
     double n = ParseNonNegative("--autotune-warmup-samples", get("autotune-warmup-samples"));
+    if (n != std::floor(n) || n > 1000) {  // the ranks' bounds for HVD_AUTOTUNE_WARMUP_SAMPLES
+      throw LaunchError("bad value '" + get("autotune-warmup-samples") +
+                        "' for --autotune-warmup-samples (expected a whole number in [0, 1000])");
+    }
     out->knobs["HVD_AUTOTUNE_WARMUP_SAMPLES"] = std::to_string(std::llround(n));
   }
   if (has("autotune-steps-per-sample")) {
-    out->knobs["HVD_AUTOTUNE_STEPS_PER_SAMPLE"] =
-        std::to_string(ParseCount("--autotune-steps-per-sample", get("autotune-steps-per-sample")));
+    const int n = ParseCount("--autotune-steps-per-sample", get("autotune-steps-per-sample"));
+    if (n > 100000) {  // the ranks' ceiling for HVD_AUTOTUNE_STEPS_PER_SAMPLE
+      throw LaunchError("bad value '" + get("autotune-steps-per-sample") +
+                        "' for --autotune-steps-per-sample (expected an integer in [1, 100000])");
+    }
+    out->knobs["HVD_AUTOTUNE_STEPS_PER_SAMPLE"] = std::to_string(n);
   }
   // As horovodrun: --no-stall-check exports HVD_STALL_CHECK_DISABLE, which wins over the times.
   if (has("no-stall-check")) out->knobs["HVD_STALL_CHECK_DISABLE"] = "1";
@@ -585,6 +596,13 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
   };
   for (const auto& n : no_effect) {
     if (has(n.flag)) out->warnings.push_back(std::string("--") + n.flag + " has no effect: " + n.why);
+  }
+  // Their values are still horovodrun's to check: a launch line horovodrun refuses is refused.
+  for (const char* f : {"autotune-bayes-opt-max-samples", "num-nccl-streams"}) {
+    if (has(f)) ParseCount(std::string("--") + f, get(f));
+  }
+  if (has("autotune-gaussian-process-noise")) {
+    ParseNonNegative("--autotune-gaussian-process-noise", get("autotune-gaussian-process-noise"));
   }
 }
 

@@ -1196,6 +1196,51 @@ TEST(Autotune, ThenTunesTheHierarchicalChoiceAndTheAlgorithmThreshold) {
   EXPECT_TRUE(plain.done());
 }
 
+// As in Horovod, a knob the job set is held constant: its phase is left out and the others
+// tune around its value; with nothing left to tune the tuner is done at once.
+TEST(Autotune, HoldsTheKnobsTheJobSet) {
+  Autotuner::Setting start;
+  start.fusion_bytes = 1u << 20;
+  start.cycle_ms = 2.0;
+  Autotuner::Scope fixed_cycle;
+  fixed_cycle.cycle = false;
+  Autotuner tuner(start, /*warmup_samples=*/1, /*steps_per_sample=*/2, "", fixed_cycle);
+  ASSERT_TRUE(tuner.tunes_anything());
+  EXPECT_EQ(tuner.phase(), 1);
+  Clock::time_point now = Clock::now();
+  for (int list = 0; list < 2000 && !tuner.done(); ++list) {
+    EXPECT_EQ(tuner.phase(), 1);
+    EXPECT_EQ(tuner.current().cycle_ms, 2.0) << list;
+    const bool best = tuner.current().fusion_bytes == (16u << 20);
+    now += std::chrono::microseconds(best ? 5 : 10);
+    tuner.Record(1000, now);
+  }
+  ASSERT_TRUE(tuner.done());
+  EXPECT_EQ(tuner.current().fusion_bytes, 16u << 20);
+  EXPECT_EQ(tuner.current().cycle_ms, 2.0);
+
+  Autotuner::Scope fixed_fusion;
+  fixed_fusion.fusion = false;
+  Autotuner cycles(start, 0, 2, "", fixed_fusion);
+  for (int list = 0; list < 2000 && !cycles.done(); ++list) {
+    EXPECT_EQ(cycles.phase(), 0);
+    EXPECT_EQ(cycles.current().fusion_bytes, 1u << 20) << list;
+    now += std::chrono::microseconds(cycles.current().cycle_ms == 5.0 ? 5 : 10);
+    cycles.Record(1000, now);
+  }
+  ASSERT_TRUE(cycles.done());
+  EXPECT_EQ(cycles.current().cycle_ms, 5.0);
+  EXPECT_EQ(cycles.current().fusion_bytes, 1u << 20);
+
+  Autotuner::Scope both = fixed_cycle;
+  both.fusion = false;
+  Autotuner nothing(start, 0, 2, "", both);
+  EXPECT_FALSE(nothing.tunes_anything());
+  EXPECT_TRUE(nothing.done());
+  EXPECT_EQ(nothing.current().fusion_bytes, 1u << 20);
+  EXPECT_EQ(nothing.current().cycle_ms, 2.0);
+}
+
 // The plan follows a list's knobs: the algorithm threshold and the hierarchical choice, with
 // scratch for the algorithm chosen.
 TEST(Plan, FollowsTheListsKnobs) {

@@ -48,6 +48,9 @@ struct HVD_EXPORT Options {
   // HVD_CYCLE_TIME (ms): how long rank 0 holds tensors that are ready before sending them out,
   // so that more can be fused with them. 0 answers at once (every loop wakes on enqueue).
   double cycle_time_ms = 0.0;
+  // Whether the environment set the two above (autotune then holds them constant, as Horovod's).
+  bool fusion_threshold_set = false;
+  bool cycle_time_set = false;
   int cache_capacity = 1024;                  // HVD_CACHE_CAPACITY; 0 disables the cache
   double timeout_seconds = 30.0;              // HVD_TIMEOUT_SECONDS
   double start_timeout_seconds = 30.0;        // HVD_START_TIMEOUT: connecting at start-up
@@ -114,6 +117,9 @@ struct HVD_EXPORT Options {
   std::string autotune_log;
   int autotune_warmup_samples = 3;
   int autotune_steps_per_sample = 10;
+  // HVD_AUTOTUNE_HOLD_SET, 1 (default) or 0: autotune holds constant the fusion threshold and
+  // cycle time the environment set, as Horovod's does; 0: they are only where its search starts.
+  bool autotune_hold_set = true;
   // Process sets every rank adds as the engine starts (ids 1, 2, ... in this order); each is a
   // list of distinct ranks. As in Horovod's engine, one whose ranks (in any order) are the
   // world's or an earlier one's is skipped and takes no id (hvd.init then raises, as Horovod's

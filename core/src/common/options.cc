@@ -214,9 +214,11 @@ Status ReadKnobs(Options* o) {
   if (const char* v = Knob("FUSION_THRESHOLD", &var)) {
     HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, 1L << 40, &x));
     o->fusion_threshold_bytes = static_cast<size_t>(x);
+    o->fusion_threshold_set = true;
   }
   if (const char* v = Knob("CYCLE_TIME", &var)) {
     HVD_RETURN_IF_ERROR(ParseDouble(var, v, 0.0, kMaxSeconds * 1000, &o->cycle_time_ms));
+    o->cycle_time_set = true;
   }
   if (const char* v = Knob("CACHE_CAPACITY", &var)) {
     // Up to 4 Mi names: each costs up to about 200 bytes once taken, and every rank keeps 24
@@ -303,8 +305,12 @@ Status ReadKnobs(Options* o) {
     o->autotune_warmup_samples = static_cast<int>(n);
   }
   if (const char* v = Knob("AUTOTUNE_STEPS_PER_SAMPLE", &var)) {
-    HVD_RETURN_IF_ERROR(ParseInt(var, v, 2, 100000, &n));
+    // 1 is horovodrun's too; a sample's score needs two lists, so it counts as 2.
+    HVD_RETURN_IF_ERROR(ParseInt(var, v, 1, 100000, &n));
     o->autotune_steps_per_sample = static_cast<int>(n);
+  }
+  if (const char* v = Knob("AUTOTUNE_HOLD_SET", &var)) {
+    HVD_RETURN_IF_ERROR(ParseBool(var, v, &o->autotune_hold_set));
   }
   if (const char* v = Knob("HIERARCHICAL_ALLREDUCE", &var)) {
     HVD_RETURN_IF_ERROR(ParseToggle(var, v, &o->hierarchical_allreduce));

@@ -221,12 +221,18 @@ Status EngineImpl::Connect() {
   auto world = NewSet(kGlobalProcessSet, everyone);
   world->comm->plan.offload = transport_->offload() != nullptr;
   world->comm->plan.offload_pieces = OffersAllreducePieces(*transport_);
+  if (options_.autotune && options_.rank == 0 && options_.size == 1) {
+    HVD_LOG(kInfo) << "HVD_AUTOTUNE: a job of one rank has nothing to tune (no collective "
+                      "crosses a link)";
+  }
   if (options_.autotune && options_.rank == 0 && options_.size > 1) {
-    // Past the fusion threshold and the cycle time, what matters in this job: the hierarchical
-    // choice where the layout allows it and the job left it to the planner; the flat
-    // algorithms' threshold where hvd's algorithms move the bytes.
+    // The fusion threshold and the cycle time unless the job set them; then what matters in
+    // this job: the hierarchical choice where the layout allows it and the job left it to the
+    // planner; the flat algorithms' threshold where hvd's algorithms move the bytes.
     const PlanContext& plan = world->comm->plan;
     Autotuner::Scope scope;
+    scope.cycle = !(options_.cycle_time_set && options_.autotune_hold_set);
+    scope.fusion = !(options_.fusion_threshold_set && options_.autotune_hold_set);
     scope.hierarchical = plan.hierarchical && !plan.offload &&
                          options_.hierarchical_allreduce == Options::Toggle::kAuto;
     scope.algorithm = !plan.offload;
@@ -237,6 +243,13 @@ Status EngineImpl::Connect() {
     autotune_ = std::make_unique<Autotuner>(start, options_.autotune_warmup_samples,
                                             options_.autotune_steps_per_sample,
                                             options_.autotune_log, scope);
+    if (!autotune_->tunes_anything()) {
+      HVD_LOG(kWarning) << "HVD_AUTOTUNE: nothing left to tune: the job set the cycle time and "
+                           "the fusion threshold (HVD_CYCLE_TIME, HVD_FUSION_THRESHOLD), which "
+                           "autotune holds constant (HVD_AUTOTUNE_HOLD_SET=0: only its start), "
+                           "and no other knob applies here";
+      autotune_.reset();
+    }
   }
   sets_[kGlobalProcessSet] = std::move(world);
   auto symmetric = SymmetricNegotiation(job->all_linked, job->links_in_memory, cores, deadline);

@@ -19,13 +19,14 @@ Autotuner::Autotuner(Setting start, int warmup_samples, int steps_per_sample,
       current_(start),
       warmup_samples_(warmup_samples < 0 ? 0 : warmup_samples),
       steps_per_sample_(steps_per_sample < 2 ? 2 : steps_per_sample) {
-  // Phase 1: the cycle times, at the starting threshold.
-  for (double ms : {start.cycle_ms, 0.0, 1.0, 5.0}) {
-    Setting c = start;
-    c.cycle_ms = ms;
-    Add(c);
+  phase_ = -1;
+  for (int phase = 0; phase <= 3; ++phase) {
+    if (StartPhase(phase, start)) break;
   }
-  totals_.assign(candidates_.size(), 0.0);
+  if (phase_ < 0) {
+    done_ = true;  // the job set every knob there is to tune here
+    return;
+  }
   if (!log_path.empty()) {
     log_ = std::fopen(log_path.c_str(), "w");
     if (!log_) {
@@ -103,11 +104,19 @@ void Autotuner::FinishSample(double score) {
 }
 
 bool Autotuner::StartPhase(int phase, const Setting& best) {
-  if ((phase == 2 && !scope_.hierarchical) || (phase == 3 && !scope_.algorithm)) return false;
+  if ((phase == 0 && !scope_.cycle) || (phase == 1 && !scope_.fusion) ||
+      (phase == 2 && !scope_.hierarchical) || (phase == 3 && !scope_.algorithm)) {
+    return false;
+  }
   candidates_.clear();
   Add(best);  // each phase starts from the best so far
   Setting c = best;
-  if (phase == 1) {  // the fusion thresholds, at the best cycle time
+  if (phase == 0) {  // the cycle times (the starting one first), at the starting threshold
+    for (double ms : {0.0, 1.0, 5.0}) {
+      c.cycle_ms = ms;
+      Add(c);
+    }
+  } else if (phase == 1) {  // the fusion thresholds, at the best cycle time
     candidates_.clear();
     c.fusion_bytes = start_.fusion_bytes;
     Add(c);

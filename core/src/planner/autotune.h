@@ -14,6 +14,9 @@
 //   4. when hvd's own algorithms move the bytes (Scope::algorithm: no backend runs whole
 //      allreduces itself): the largest allreduce that recursive doubling takes (the starting
 //      one, 0: the ring always, 16 KiB, 256 KiB and 1 MiB; the ring above it).
+// As in Horovod, a knob the job set itself (HVD_/HOROVOD_CYCLE_TIME, _FUSION_THRESHOLD, and so
+// hvdrun's --cycle-time-ms, --fusion-threshold-mb; the hierarchical choice when not left at
+// auto) is held constant: its phase is left out (Scope), and the others tune around its value.
 // In each phase every candidate is sampled in turn, kRounds times (a shared machine is noisy),
 // and the best mean score wins; the last phase's winner is kept for the rest of the job. The
 // settings act almost independently (the cycle is a wait per list, the threshold how many
@@ -46,8 +49,11 @@ class Autotuner {
     double cycle_ms = 0;
     PlanKnobs knobs;
   };
-  // The phases past the first two that apply to this job (see above).
+  // The phases that apply to this job (see above): the first two unless the job set their
+  // knob, the last two where the job allows them.
   struct Scope {
+    bool cycle = true;
+    bool fusion = true;
     bool hierarchical = false;
     bool algorithm = false;
   };
@@ -61,6 +67,8 @@ class Autotuner {
   Autotuner(const Autotuner&) = delete;
   Autotuner& operator=(const Autotuner&) = delete;
 
+  // Whether any phase applies (else done() from the start, with the starting setting).
+  bool tunes_anything() const { return phase_ >= 0; }
   // A response list carrying `bytes` of tensors went out at `now`.
   void Record(size_t bytes, Clock::time_point now);
   const Setting& current() const { return current_; }
@@ -68,7 +76,8 @@ class Autotuner {
   // The current phase's candidates in the order they are sampled (phase 1 starts with the
   // starting setting; phase 2 with the starting threshold at the best cycle time).
   const std::vector<Setting>& candidates() const { return candidates_; }
-  // 0: cycle times; 1: fusion thresholds; 2: hierarchical allreduce; 3: algorithm threshold.
+  // 0: cycle times; 1: fusion thresholds; 2: hierarchical allreduce; 3: algorithm threshold
+  // (-1: none applies).
   int phase() const { return phase_; }
 
  private:
