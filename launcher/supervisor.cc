@@ -328,7 +328,12 @@ void Supervisor::OnRankExit(size_t index, int status) {
   if (!WIFSIGNALED(status)) NoteOf(r, &note, &started);
   first_failed_follows_ = !note.empty();
   first_failed_own_ = note.empty() && started;
-  Say(note.empty() ? what : what + ", after another rank's failure ended hvd there: " + note);
+  // The engine's stall shutdown (coordinator.cc) is no rank's failure: it names the late ranks.
+  const bool stall = note.find("hvd shut down: ") != std::string::npos;
+  Say(note.empty() ? what
+                   : what + (stall ? ", after hvd's stall shutdown ended the job there: "
+                                   : ", after another rank's failure ended hvd there: ") +
+                         note);
   NameStoppedRanks();
   phase_ = Phase::kGrace;
   phase_deadline_ = After(options_.grace_seconds);

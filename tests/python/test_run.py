@@ -203,6 +203,36 @@ def test_a_rank_that_fails_on_its_own_is_not_said_to_follow_another(tmp_path):
     assert "after another rank's failure ended hvd there" not in err, err
 
 
+_NEVER_SUBMITS = """
+import os
+os.environ["HVD_STALL_CHECK_TIME_SECONDS"] = "1"
+os.environ["HVD_STALL_SHUTDOWN_TIME_SECONDS"] = "2"
+import torch
+import hvd.torch as h
+h.init()
+if h.rank() == 1:
+    h.allreduce(torch.ones(2), name="only_rank_1")
+else:
+    import time
+    time.sleep(20)
+"""
+
+
+def test_a_stall_shutdown_is_not_said_to_be_another_ranks_failure():
+    """hvdrun names the first rank to exit after hvd's stall shutdown ended the job there, not
+    'another rank's failure': no rank failed, and the note names the ranks that were late."""
+    import subprocess
+    import sys
+    from hvd.runner import _hvdrun
+    done = subprocess.run([_hvdrun(), "-np", "2", sys.executable, "-c", _NEVER_SUBMITS],
+                          capture_output=True, text=True, timeout=120)
+    err = done.stderr
+    assert done.returncode != 0, err
+    assert "after another rank's failure" not in err, err
+    assert re.search(r"hvdrun: rank 1 \(pid \d+\) exited with code 1, after hvd's stall shutdown "
+                     r"ended the job there: .*ranks \[0\], which never submitted it", err), err
+
+
 _OWN_FAILURE_THEN_A_SIGNAL = """
 import os, signal, sys, time
 import torch

@@ -474,6 +474,27 @@ TEST(Coordinator, StallClockStartsAtTheEarliestAnnouncement) {
       << c.stall_shutdown();
 }
 
+// The stall warnings: one line per set of missing ranks, naming the first names (oldest first)
+// and how many more, not a line per tensor (a late rank's step of hundreds of gradients).
+TEST(Coordinator, StallWarningsAreOneLinePerSetOfMissingRanks) {
+  Coordinator c(3, 0, /*stall_seconds=*/0.001, /*stall_shutdown_seconds=*/0);
+  for (int i = 0; i < 150; ++i) {  // rank 2 is late for 150 tensors
+    const std::string name = "grad." + std::to_string(i);
+    c.AddRequests(0, {Allreduce(name, {2})});
+    c.AddRequests(1, {Allreduce(name, {2})});
+  }
+  c.AddRequests(2, {Allreduce("metric", {1})});  // and ranks 0, 1 for one
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(c.CheckStalls(Clock::now()), 151);
+  const auto& lines = c.stall_warnings();
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].rfind("stall: 150 tensors have waited up to 0 s ('grad.0', 'grad.1', "
+                           "'grad.2', 'grad.3', 'grad.4' and 145 more); ready on ranks [0, 1], "
+                           "missing on ranks [2]", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[1].rfind("stall: 'metric' has waited 0 s; ready on ranks [2], missing on "
+                           "ranks [0, 1]", 0), 0u) << lines[1];
+}
+
 // As Horovod: a shutdown time below the stall check time shuts nothing down.
 TEST(Coordinator, ShutdownTimeBelowTheCheckTimeIsOff) {
   EXPECT_EQ(StallShutdownSeconds(10, 3), 0);

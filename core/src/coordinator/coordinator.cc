@@ -457,16 +457,47 @@ int Coordinator::CheckStalls(Clock::time_point now) {
   }
   last_stall_check_ = now;
   int stalled = 0;
-  for (const auto& name : arrival_order_) {
+  stall_warnings_.clear();
+  // One line per set of ranks missing (and ready, and a refusal's words): a step of hundreds of
+  // gradients that one rank is late for is one line, as Horovod's one message per check.
+  struct Stalled {
+    std::vector<std::string> names;  // the oldest first
+    long longest = 0;
+  };
+  std::map<std::string, Stalled> lines;  // by the line's words after the names
+  std::vector<std::string> order;
+  for (const auto& name : arrival_order_) {  // the oldest first
     const Entry& e = table_.at(name);
     if (now - e.first_seen < std::chrono::duration<double>(stall_seconds_)) continue;
     std::vector<int> missing, ready;
     ReadyAndMissing(e, &ready, &missing);
     ++stalled;
-    HVD_LOG(kWarning) << "stall: '" << name << "'" << Where() << " has waited "
-                      << std::chrono::duration_cast<std::chrono::seconds>(now - e.first_seen).count()
-                      << " s; ready on ranks [" << RankList(World(ready))
-                      << "], missing on ranks [" << RankList(World(missing)) << "]" << RefusalOf(e);
+    const std::string key = "ready on ranks [" + RankList(World(ready)) +
+                            "], missing on ranks [" + RankList(World(missing)) + "]" +
+                            RefusalOf(e);
+    auto [it, fresh] = lines.try_emplace(key);
+    if (fresh) order.push_back(key);
+    it->second.names.push_back(name);
+    it->second.longest = std::max<long>(
+        it->second.longest,
+        std::chrono::duration_cast<std::chrono::seconds>(now - e.first_seen).count());
+  }
+  for (const auto& key : order) {
+    const Stalled& s = lines.at(key);
+    std::ostringstream os;
+    const size_t shown = std::min<size_t>(s.names.size(), kStallNamesShown);
+    if (s.names.size() == 1) {
+      os << "stall: '" << s.names[0] << "'" << Where() << " has waited " << s.longest << " s; ";
+    } else {
+      os << "stall: " << s.names.size() << " tensors" << Where() << " have waited up to "
+         << s.longest << " s (";
+      for (size_t i = 0; i < shown; ++i) os << (i ? ", " : "") << "'" << s.names[i] << "'";
+      if (shown < s.names.size()) os << " and " << s.names.size() - shown << " more";
+      os << "); ";
+    }
+    os << key;
+    stall_warnings_.push_back(os.str());
+    HVD_LOG(kWarning) << stall_warnings_.back();
   }
   for (const auto& [key, g] : groups_) {
     if (now - g.since < std::chrono::duration<double>(stall_seconds_)) continue;
@@ -475,12 +506,14 @@ int Coordinator::CheckStalls(Clock::time_point now) {
       ready << (i ? ", " : "") << "'" << g.members[i].names[0] << "'";
     }
     ++stalled;
-    HVD_LOG(kWarning) << "stall: group '" << key << "'" << Where() << " has held back its ready members ["
-                      << ready.str() << "] for "
-                      << std::chrono::duration_cast<std::chrono::seconds>(now - g.since).count()
-                      << " s, waiting for " << g.size - static_cast<int>(g.members.size())
-                      << " more of its " << g.size
-                      << " members (see the stall messages for the names not ready)";
+    std::ostringstream os;
+    os << "stall: group '" << key << "'" << Where() << " has held back its ready members ["
+       << ready.str() << "] for "
+       << std::chrono::duration_cast<std::chrono::seconds>(now - g.since).count()
+       << " s, waiting for " << g.size - static_cast<int>(g.members.size()) << " more of its "
+       << g.size << " members (see the stall messages for the names not ready)";
+    stall_warnings_.push_back(os.str());
+    HVD_LOG(kWarning) << stall_warnings_.back();
   }
   return stalled;
 }

@@ -63,8 +63,12 @@ class Coordinator {
                    Clock::time_point since = Clock::time_point());
   // The responses that became ready since the last call, fused, in execution order.
   std::vector<Response> ComputeResponses();
-  // Logs stalled names (at most once per stall period). Returns the number stalled.
+  // Logs stalled names (at most once per stall period): one line per set of missing ranks,
+  // naming up to kStallNamesShown of its names, the oldest first. Returns the number stalled.
   int CheckStalls(Clock::time_point now);
+  static constexpr size_t kStallNamesShown = 5;
+  // The lines the last check that ran logged.
+  const std::vector<std::string>& stall_warnings() const { return stall_warnings_; }
   // Once a name has waited past the stall shutdown time: why the job shuts down (the name,
   // the ranks missing and those ready); "" before.
   const std::string& stall_shutdown() const { return stall_shutdown_; }
@@ -114,6 +118,7 @@ class Coordinator {
   const double stall_shutdown_seconds_;
   Clock::time_point last_shutdown_check_;
   std::string stall_shutdown_;
+  std::vector<std::string> stall_warnings_;
   void CheckStallShutdown(Clock::time_point now);
   std::unordered_map<std::string, Entry> table_;
   // Names in order of first announcement; a list, so that a name leaves it in O(1) however
