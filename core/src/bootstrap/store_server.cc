@@ -86,7 +86,8 @@ class Session : public std::enable_shared_from_this<Session> {
 class StoreServerImpl : public StoreServer {
  public:
   StoreServerImpl(std::string secret, Clock::duration handshake_timeout)
-      : acceptor_(io_), secret_(std::move(secret)), handshake_timeout_(handshake_timeout) {}
+      : acceptor_(io_), accept_retry_(io_), secret_(std::move(secret)),
+        handshake_timeout_(handshake_timeout) {}
   ~StoreServerImpl() override { Stop(); }
 
   Status Listen(const std::string& bind_addr, int port);
@@ -109,11 +110,14 @@ class StoreServerImpl : public StoreServer {
 
  private:
   void Accept();
-  void LimitPendingHandshakes();
+  // Makes room for one more connection authenticating (`now`: drops the oldest of them anyway,
+  // to free its descriptor).
+  void LimitPendingHandshakes(bool now = false);
   void CloseAllOnIoThread();
 
   asio::io_context io_;  // declared first: destroyed after everything that uses it
   tcp::acceptor acceptor_;
+  asio::steady_timer accept_retry_;  // the next accept after a failed one
   int port_ = 0;
   const std::string secret_;
   const Clock::duration handshake_timeout_;
@@ -126,6 +130,7 @@ class StoreServerImpl : public StoreServer {
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;
   std::deque<std::weak_ptr<Session>> authenticating_;  // in the order they were accepted
   LimitedWarning evicted_{"store: dropped the oldest of too many connections authenticating"};
+  LimitedWarning accept_failed_{"store: accepting a connection failed (accepting goes on)"};
 };
 
 void Session::Start(const std::string& secret, Clock::duration handshake_timeout) {
@@ -299,31 +304,40 @@ void StoreServerImpl::Accept() {
   acceptor_.async_accept([this](asio::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
     if (ec) {
-      HVD_LOG(kWarning) << "store: accept failed: " << ec.message();
-    } else {
-      KeepFromChildren(socket.native_handle());
-      asio::error_code opt_ec;
-      socket.set_option(tcp::no_delay(true), opt_ec);
-      LimitPendingHandshakes();
-      auto s = std::make_shared<Session>(std::move(socket), this);
-      sessions_[s.get()] = s;
-      authenticating_.push_back(s);
-      s->Start(secret_, handshake_timeout_);
+      // Out of descriptors (EMFILE), most likely: the oldest connection authenticating makes
+      // room, and the next accept comes a moment later instead of at once (a spin, and a log
+      // line each time, while the shortage lasts).
+      accept_failed_.Note(ec.message());
+      LimitPendingHandshakes(/*now=*/true);
+      accept_retry_.expires_after(std::chrono::milliseconds(20));
+      accept_retry_.async_wait([this](const asio::error_code& wait_ec) {
+        if (!wait_ec && acceptor_.is_open()) Accept();
+      });
+      return;
     }
+    KeepFromChildren(socket.native_handle());
+    asio::error_code opt_ec;
+    socket.set_option(tcp::no_delay(true), opt_ec);
+    LimitPendingHandshakes();
+    auto s = std::make_shared<Session>(std::move(socket), this);
+    sessions_[s.get()] = s;
+    authenticating_.push_back(s);
+    s->Start(secret_, handshake_timeout_);
     Accept();
   });
 }
 
 // Makes room for one more authenticating connection: forgets finished ones, then drops the
 // oldest while there are too many (a flood of silent connections cannot exhaust descriptors).
-void StoreServerImpl::LimitPendingHandshakes() {
+void StoreServerImpl::LimitPendingHandshakes(bool now) {
   std::deque<std::weak_ptr<Session>> live;
   for (auto& w : authenticating_) {
     auto s = w.lock();
     if (s && s->authenticating()) live.push_back(std::move(w));
   }
   authenticating_.swap(live);
-  while (authenticating_.size() >= kMaxPendingHandshakes) {
+  const size_t keep = now ? std::max<size_t>(authenticating_.size(), 1) - 1 : kMaxPendingHandshakes - 1;
+  while (authenticating_.size() > keep) {
     if (auto oldest = authenticating_.front().lock()) {
       evicted_.Note(oldest->peer() + " (" + std::to_string(kMaxPendingHandshakes) +
                     " were authenticating at once)");
@@ -356,6 +370,7 @@ void StoreServerImpl::Forget(Session* s, const std::string* waiting_key) {
 void StoreServerImpl::CloseAllOnIoThread() {
   asio::error_code ec;
   acceptor_.close(ec);
+  accept_retry_.cancel();
   std::vector<std::shared_ptr<Session>> all;
   for (auto& kv : sessions_) {
     if (auto s = kv.second.lock()) all.push_back(std::move(s));

@@ -1106,6 +1106,9 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
     if (r != me) to_dial.push_back(r);
   }
   std::vector<int> served;
+  // A stranger may connect any number of times.
+  LimitedWarning refused("shared memory: refused a connection that is not a rank of this job on "
+                         "this host");
   auto finish = [&](Status s) {
     for (auto& kv : out) ::close(kv.second);
     return s;
@@ -1168,24 +1171,32 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
     fds.push_back(pollfd{listener.get(), POLLIN, 0});
     for (auto& kv : out) fds.push_back(pollfd{kv.second, POLLIN, 0});
     ::poll(fds.data(), fds.size(), to_dial.empty() ? 100 : 10);
-    // A rank asking for this rank's segment: it must be the local rank it says, by pid.
+    // A rank asking for this rank's segment: it must be the local rank it says, by pid. The
+    // pid (the kernel's word) is checked before anything is read: any process of this network
+    // namespace can connect to the socket, and one that sends nothing would hold this loop for
+    // the read's time limit.
     if (fds[0].revents & POLLIN) {
       int s = ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC);
       if (s >= 0) {
         FdCloser conn(s);
-        timeval tv{2, 0};
-        ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-        int32_t who = -1;
         ucred cred{};
         socklen_t clen = sizeof(cred);
-        bool ok = ::recv(s, &who, sizeof(who), MSG_WAITALL) == sizeof(who) &&
-                  std::find(local.begin(), local.end(), who) != local.end() && who != me &&
-                  ::getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0 &&
-                  cred.pid == info[who].pid;
+        const bool known =
+            ::getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0 &&
+            std::any_of(local.begin(), local.end(),
+                        [&](int r) { return r != me && info[r].pid == cred.pid; });
+        int32_t who = -1;
+        bool ok = known;
+        if (known) {  // a rank of this host, which sent its rank as it connected
+          timeval tv{2, 0};
+          ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+          ok = ::recv(s, &who, sizeof(who), MSG_WAITALL) == sizeof(who) &&
+               std::find(local.begin(), local.end(), who) != local.end() && who != me &&
+               cred.pid == info[who].pid;
+        }
         if (!ok) {
-          HVD_LOG(kWarning) << "shared memory: refused a connection that is not a rank of this "
-                               "job on this host (claimed rank "
-                            << who << ", pid " << cred.pid << ")";
+          refused.Note("claimed rank " + std::to_string(who) + ", pid " +
+                       std::to_string(cred.pid));
         } else if (!SendFds(s, memfd.get(), own.bell_fd)) {
           return finish(Errno("passing the segment to rank " + std::to_string(who)));
         } else if (std::find(served.begin(), served.end(), who) == served.end()) {

@@ -146,13 +146,15 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
   Acceptor(asio::io_context& io, tcp::acceptor& acc, TcpMesh& mesh, int rank, int size,
            bool worker_links, std::string secret, Deadline deadline, bool name_identities)
       : io_(io), acc_(acc), mesh_(mesh), rank_(rank), size_(size), worker_links_(worker_links),
-        name_identities_(name_identities), secret_(std::move(secret)), deadline_(deadline) {}
+        name_identities_(name_identities), secret_(std::move(secret)), deadline_(deadline),
+        retry_(io) {}
 
   void Start() { AcceptNext(); }
   int remaining() const { return expected_ - got_; }
   void set_expected(int n) { expected_ = n; }
   void Stop() {
     stopped_ = true;
+    retry_.cancel();
     for (auto& w : incoming_) {
       if (auto in = w.lock()) {
         asio::error_code ignored;
@@ -169,8 +171,13 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
 
  private:
   struct Incoming {
-    std::unique_ptr<tcp::socket> sock;
+    std::unique_ptr<tcp::socket> sock;  // null once placed in the mesh (or dropped)
   };
+  // Connections authenticating at once, at most (as the store's): past it the oldest is
+  // dropped, so that strangers holding silent connections cannot use up this rank's file
+  // descriptors. A rank's own dial authenticates in milliseconds, and one dropped is dialled
+  // again (DialRank).
+  static constexpr size_t kMaxAuthenticating = 256;
 
   void AcceptNext() {
     if (stopped_) return;
@@ -178,14 +185,45 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
     ++pending_;
     acc_.async_accept(**sock, [this, self = shared_from_this(), sock](const asio::error_code& ec) {
       --pending_;
-      if (ec || stopped_) return;
+      if (stopped_ || ec == asio::error::operation_aborted) return;
+      if (ec) {
+        // Out of descriptors (EMFILE), or a connection gone before it was taken: no reason to
+        // stop accepting for good. The oldest connection still authenticating makes room, and
+        // the next accept comes a moment later (not a spin while the shortage lasts).
+        accept_failed_.Note(ec.message());
+        DropAuthenticating(kMaxAuthenticating - 1);
+        ++pending_;
+        retry_.expires_after(std::chrono::milliseconds(20));
+        retry_.async_wait([this, self](const asio::error_code& wait_ec) {
+          --pending_;
+          if (!wait_ec && !stopped_) AcceptNext();
+        });
+        return;
+      }
       KeepFromChildren((*sock)->native_handle());
+      DropAuthenticating(kMaxAuthenticating - 1);
       auto in = std::make_shared<Incoming>();
       in->sock = std::move(*sock);
       incoming_.push_back(in);
       ReadHello(in);
       AcceptNext();
     });
+  }
+
+  // Closes the oldest connections still authenticating until at most `keep` are; forgets the
+  // ones done.
+  void DropAuthenticating(size_t keep) {
+    std::vector<std::shared_ptr<Incoming>> live;
+    for (auto& w : incoming_) {
+      auto in = w.lock();
+      if (in && in->sock) live.push_back(std::move(in));
+    }
+    incoming_.assign(live.begin(), live.end());
+    for (size_t i = 0; i + keep < live.size(); ++i) {
+      evicted_.Note(std::to_string(kMaxAuthenticating) + " connections were authenticating");
+      asio::error_code ignored;
+      live[i]->sock->close(ignored);  // its handshake fails and drops it
+    }
   }
 
   // The hello travels as the authenticated context of the handshake (bootstrap/auth.h), so
@@ -261,8 +299,11 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
   int expected_ = 0, got_ = 0, pending_ = 0, knob_mismatch_ = -1;
   std::optional<std::string> mismatch_;
   bool stopped_ = false;
+  asio::steady_timer retry_;  // the next accept after a failed one
   // A stranger may open any number of connections while the job forms.
   LimitedWarning dropped_{"dropped a connection"};
+  LimitedWarning evicted_{"dropped the oldest connection still authenticating"};
+  LimitedWarning accept_failed_{"accepting a connection failed (accepting goes on)"};
 };
 
 }  // namespace
