@@ -129,7 +129,7 @@ class StoreServerImpl : public StoreServer {
   std::unordered_map<std::string, std::vector<std::shared_ptr<Session>>> waiters_;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;
   std::deque<std::weak_ptr<Session>> authenticating_;  // in the order they were accepted
-  LimitedWarning evicted_{"store: dropped the oldest of too many connections authenticating"};
+  LimitedWarning evicted_{"store: dropped the oldest connection authenticating"};
   LimitedWarning accept_failed_{"store: accepting a connection failed (accepting goes on)"};
 };
 
@@ -339,8 +339,9 @@ void StoreServerImpl::LimitPendingHandshakes(bool now) {
   const size_t keep = now ? std::max<size_t>(authenticating_.size(), 1) - 1 : kMaxPendingHandshakes - 1;
   while (authenticating_.size() > keep) {
     if (auto oldest = authenticating_.front().lock()) {
-      evicted_.Note(oldest->peer() + " (" + std::to_string(kMaxPendingHandshakes) +
-                    " were authenticating at once)");
+      evicted_.Note(oldest->peer() + (now ? std::string(" (to free a descriptor)")
+                                          : " (" + std::to_string(kMaxPendingHandshakes) +
+                                                " were authenticating at once)"));
       oldest->Close();
     }
     authenticating_.pop_front();

@@ -1195,8 +1195,9 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
                cred.pid == info[who].pid;
         }
         if (!ok) {
-          refused.Note("claimed rank " + std::to_string(who) + ", pid " +
-                       std::to_string(cred.pid));
+          refused.Note(known ? "pid " + std::to_string(cred.pid) + " claimed rank " +
+                                   std::to_string(who)
+                             : "pid " + std::to_string(cred.pid) + " is no rank's of this host");
         } else if (!SendFds(s, memfd.get(), own.bell_fd)) {
           return finish(Errno("passing the segment to rank " + std::to_string(who)));
         } else if (std::find(served.begin(), served.end(), who) == served.end()) {

@@ -191,7 +191,7 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
         // stop accepting for good. The oldest connection still authenticating makes room, and
         // the next accept comes a moment later (not a spin while the shortage lasts).
         accept_failed_.Note(ec.message());
-        DropAuthenticating(kMaxAuthenticating - 1);
+        DropAuthenticating(0, /*one=*/true);
         ++pending_;
         retry_.expires_after(std::chrono::milliseconds(20));
         retry_.async_wait([this, self](const asio::error_code& wait_ec) {
@@ -210,17 +210,19 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
     });
   }
 
-  // Closes the oldest connections still authenticating until at most `keep` are; forgets the
-  // ones done.
-  void DropAuthenticating(size_t keep) {
+  // Closes the oldest connections still authenticating until at most `keep` are (`one`: the
+  // oldest, to free its descriptor); forgets the ones done.
+  void DropAuthenticating(size_t keep, bool one = false) {
     std::vector<std::shared_ptr<Incoming>> live;
     for (auto& w : incoming_) {
       auto in = w.lock();
       if (in && in->sock) live.push_back(std::move(in));
     }
     incoming_.assign(live.begin(), live.end());
+    if (one) keep = std::max<size_t>(live.size(), 1) - 1;
     for (size_t i = 0; i + keep < live.size(); ++i) {
-      evicted_.Note(std::to_string(kMaxAuthenticating) + " connections were authenticating");
+      evicted_.Note(one ? std::string("to free a descriptor")
+                        : std::to_string(kMaxAuthenticating) + " connections were authenticating");
       asio::error_code ignored;
       live[i]->sock->close(ignored);  // its handshake fails and drops it
     }
