@@ -688,3 +688,42 @@ def test_horovods_module_paths():
     assert HorovodInternalError is hvd.HorovodInternalError
     assert HostsUpdatedInterrupt is hvd.HostsUpdatedInterrupt
     assert ProcessSet is hvd.ProcessSet and global_process_set is hvd.global_process_set
+
+
+def test_init_from_several_threads_at_once_starts_one_engine():
+    """hvd.init() is idempotent also when threads of one rank call it at the same time, as
+    Horovod's: one engine starts, and each call returns once it has (a second engine for the same
+    rank made the job see two processes claim it, and every rank failed)."""
+    import threading
+    hvd.shutdown()
+    errors = []
+
+    def start():
+        try:
+            hvd.init()
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=start) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    r, n = world()
+    got = hvd.allreduce(torch.full((3,), float(r)), op=hvd.Sum, name="after_concurrent_init")
+    assert got.tolist() == [n * (n - 1) / 2] * 3
+
+
+def test_an_idle_engine_sleeps():
+    """Between operations the engine's thread sleeps: an idle second costs the process almost
+    no CPU, in a world of one too (with nothing for its event loop to wait on, it spun a core)."""
+    import os
+    import time
+    hvd.allreduce(torch.ones(2), name="before_idle")
+    time.sleep(0.3)  # past the engine's polling after work
+    t0 = os.times()
+    time.sleep(1.0)
+    t1 = os.times()
+    used = (t1.user - t0.user) + (t1.system - t0.system)
+    assert used < 0.3, "%.2f s of CPU in an idle second" % used

@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -41,6 +42,11 @@ namespace py = pybind11;
 namespace {
 
 std::unique_ptr<hvd::Engine> g_engine;  // guarded by the GIL
+// One init at a time: init releases the GIL while the engine starts, and a second thread's
+// init meanwhile would start a second engine for the same rank (the job then saw two processes
+// claim it). Taken with the GIL released, so that the thread starting the engine can take the
+// GIL back.
+std::mutex g_init_mu;
 int64_t g_elastic_generation = 0;  // the world this process last ran (elastic jobs); GIL
 
 // A failed Status on its way to Python; translated into the exception class of its code.
@@ -227,6 +233,12 @@ PyHandle* Wrap(hvd::HandlePtr h, py::object keep) {
 void Init(std::vector<std::vector<int>> process_sets, bool dynamic,
           std::optional<int64_t> mpi_comm, std::vector<int> mpi_world_ranks) {
   if (g_engine) return;
+  {
+    py::gil_scoped_release release;
+    g_init_mu.lock();
+  }
+  std::lock_guard<std::mutex> one(g_init_mu, std::adopt_lock);
+  if (g_engine) return;  // another thread's init started it meanwhile: as Horovod, one engine
   hvd::StatusOr<std::unique_ptr<hvd::Engine>> e = hvd::Status::Internal("not started");
   {
     py::gil_scoped_release release;

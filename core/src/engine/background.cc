@@ -287,7 +287,13 @@ void EngineImpl::RunLoop(std::unique_lock<std::mutex>& run) {
       }
     }
     sleeping_.store(true);
-    if (!queued_.load()) io_.run_one_for(sleep);
+    if (!queued_.load()) {
+      // Work held while it sleeps: an io_context with nothing to wait for (a world of one: no
+      // connection, no heartbeat) returns from run_one_for at once, and the loop spun a core.
+      // A caller's Wake posts to it; the guard's end may stop it (restarted below).
+      const auto hold = asio::make_work_guard(io_);
+      io_.run_one_for(sleep);
+    }
     sleeping_.store(false);
     if (io_.stopped()) io_.restart();
     io_.poll();
