@@ -16,6 +16,16 @@ OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
        "product": hvd.Product}
 
 
+def in_threads(fn, count, timeout=None):
+    """Runs fn in `count` threads at once and waits for them (each up to `timeout` s)."""
+    import threading
+    threads = [threading.Thread(target=fn) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+
+
 def make(shape, r, dtype, kind):
     if dtype == torch.bool:
         kind = "bool"
@@ -178,8 +188,6 @@ def test_handle_waited_by_two_threads_at_once():
     # "Waiting again returns the same result", also from two threads at once: the result of a
     # gather is built from the core's parts once, which the first thread to finish used to
     # clear under the other (an IndexError, or a grouped result of []).
-    import threading
-
     r, n = world()
     want = torch.cat([torch.full((q + 1, 2), float(q)) for q in range(n)])
     for it in range(40):
@@ -194,11 +202,7 @@ def test_handle_waited_by_two_threads_at_once():
             except Exception as e:  # noqa: BLE001 (reported below)
                 got.append(e)
 
-        threads = [threading.Thread(target=wait) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        in_threads(wait, 2)
         for g in got:
             assert not isinstance(g, Exception), "iteration %d: %r" % (it, g)
             one, pair = g
@@ -694,7 +698,6 @@ def test_init_from_several_threads_at_once_starts_one_engine():
     """hvd.init() is idempotent also when threads of one rank call it at the same time, as
     Horovod's: one engine starts, and each call returns once it has (a second engine for the same
     rank made the job see two processes claim it, and every rank failed)."""
-    import threading
     hvd.shutdown()
     errors = []
 
@@ -704,11 +707,7 @@ def test_init_from_several_threads_at_once_starts_one_engine():
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 
-    threads = [threading.Thread(target=start) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    in_threads(start, 3, timeout=120)
     assert not errors, errors
     r, n = world()
     got = hvd.allreduce(torch.full((3,), float(r)), op=hvd.Sum, name="after_concurrent_init")
