@@ -336,7 +336,8 @@ void StoreServerImpl::LimitPendingHandshakes(bool now) {
     if (s && s->authenticating()) live.push_back(std::move(w));
   }
   authenticating_.swap(live);
-  const size_t keep = now ? std::max<size_t>(authenticating_.size(), 1) - 1 : kMaxPendingHandshakes - 1;
+  const size_t keep =
+      now ? std::max<size_t>(authenticating_.size(), 1) - 1 : kMaxPendingHandshakes - 1;
   while (authenticating_.size() > keep) {
     if (auto oldest = authenticating_.front().lock()) {
       evicted_.Note(oldest->peer() + (now ? std::string(" (to free a descriptor)")

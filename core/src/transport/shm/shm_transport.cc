@@ -27,8 +27,8 @@
 #include "common/cpu_relax.h"
 #include "common/logging.h"
 #include "reduce/reduce.h"
-#include "transport/group_view.h"
 #include "transport/collective_offload.h"
+#include "transport/group_view.h"
 #include "transport/tcp/control_channel.h"
 #include "transport/transport_factory.h"
 
