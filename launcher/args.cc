@@ -266,6 +266,16 @@ void ParseHosts(const cxxopts::ParseResult& r, LaunchOptions* out) {
   }
 }
 
+// A whole number in [0, max] (a ceiling the ranks also hold to), refused naming the flag.
+int ParseWholeUpTo(const std::string& flag, const std::string& text, int max) {
+  double n = ParseNonNegative(flag, text);
+  if (n != std::floor(n) || n > max) {
+    throw LaunchError("bad value '" + text + "' for " + flag + " (expected a whole number in [0, " +
+                      std::to_string(max) + "])");
+  }
+  return static_cast<int>(n);
+}
+
 // Seconds for hvdrun's own timers and the ranks': at most a million, so deadlines cannot overflow.
 double ParseSeconds(const std::string& flag, const std::string& text, bool zero_ok) {
   double v = zero_ok ? ParseNonNegative(flag, text) : ParsePositive(flag, text);
@@ -289,12 +299,8 @@ void ParseKnobs(const cxxopts::ParseResult& r, LaunchOptions* out) {
     out->knobs["HVD_CYCLE_TIME"] = Str(ms);
   }
   if (has("cache-capacity")) {
-    double n = ParseNonNegative("--cache-capacity", get("cache-capacity"));
-    if (n != std::floor(n) || n > 4194304) {  // the ranks' ceiling for HVD_CACHE_CAPACITY
-      throw LaunchError("bad value '" + get("cache-capacity") +
-                        "' for --cache-capacity (expected a whole number in [0, 4194304])");
-    }
-    out->knobs["HVD_CACHE_CAPACITY"] = std::to_string(static_cast<int>(n));
+    out->knobs["HVD_CACHE_CAPACITY"] =  // the ranks' ceiling for HVD_CACHE_CAPACITY
+        std::to_string(ParseWholeUpTo("--cache-capacity", get("cache-capacity"), 4194304));
   }
   if (has("timeout")) {
     const double v = ParseSeconds("--timeout", get("timeout"), false);
@@ -536,12 +542,8 @@ void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
   if (has("no-autotune")) out->knobs["HVD_AUTOTUNE"] = "0";
   if (has("autotune-log-file")) out->knobs["HVD_AUTOTUNE_LOG"] = get("autotune-log-file");
   if (has("autotune-warmup-samples")) {
-    double n = ParseNonNegative("--autotune-warmup-samples", get("autotune-warmup-samples"));
-    if (n != std::floor(n) || n > 1000) {  // the ranks' bounds for HVD_AUTOTUNE_WARMUP_SAMPLES
-      throw LaunchError("bad value '" + get("autotune-warmup-samples") +
-                        "' for --autotune-warmup-samples (expected a whole number in [0, 1000])");
-    }
-    out->knobs["HVD_AUTOTUNE_WARMUP_SAMPLES"] = std::to_string(std::llround(n));
+    out->knobs["HVD_AUTOTUNE_WARMUP_SAMPLES"] = std::to_string(  // the ranks' bounds for it
+        ParseWholeUpTo("--autotune-warmup-samples", get("autotune-warmup-samples"), 1000));
   }
   if (has("autotune-steps-per-sample")) {
     const int n = ParseCount("--autotune-steps-per-sample", get("autotune-steps-per-sample"));
