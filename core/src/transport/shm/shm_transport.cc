@@ -1098,7 +1098,9 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
   socklen_t len;
   sockaddr_un addr = Address(SocketName(tag, me), &len);
   if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) return Errno("bind");
-  if (::listen(listener.get(), 64) != 0) return Errno("listen");
+  // Every other rank of the host may dial at once: a backlog of them all (a full backlog would
+  // only hold a dialer back; its connect does not block).
+  if (::listen(listener.get(), std::max(slots, SOMAXCONN)) != 0) return Errno("listen");
 
   std::map<int, int> out;  // local rank -> connected socket awaiting its segment
   std::vector<int> to_dial;
@@ -1147,14 +1149,16 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
                                     std::to_string(slots - 1 - served.size()) +
                                     " rank(s) did not ask for this rank's in time"));
     }
-    // Dial the ranks whose listener is up.
+    // Dial the ranks whose listener is up. The connect must not block: a peer whose backlog
+    // is full is itself dialing, and ranks that each wait for the next to accept would wait in
+    // a circle (hosts of more than 64 ranks did, until the exchange's time ran out).
     for (auto it = to_dial.begin(); it != to_dial.end();) {
-      int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
       if (s < 0) return finish(Errno("socket"));
       socklen_t plen;
       sockaddr_un peer = Address(SocketName(tag, *it), &plen);
       if (::connect(s, reinterpret_cast<sockaddr*>(&peer), plen) != 0) {
-        ::close(s);  // not listening yet
+        ::close(s);  // not listening yet, or its backlog is full: later
         ++it;
         continue;
       }
@@ -1175,34 +1179,34 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
     // pid (the kernel's word) is checked before anything is read: any process of this network
     // namespace can connect to the socket, and one that sends nothing would hold this loop for
     // the read's time limit.
-    if (fds[0].revents & POLLIN) {
+    // Every connection waiting is taken (a bounded number a round, whatever strangers do).
+    for (int taken = 0; (fds[0].revents & POLLIN) && taken < slots + 64; ++taken) {
       int s = ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (s >= 0) {
-        FdCloser conn(s);
-        ucred cred{};
-        socklen_t clen = sizeof(cred);
-        const bool known =
-            ::getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0 &&
-            std::any_of(local.begin(), local.end(),
-                        [&](int r) { return r != me && info[r].pid == cred.pid; });
-        int32_t who = -1;
-        bool ok = known;
-        if (known) {  // a rank of this host, which sent its rank as it connected
-          timeval tv{2, 0};
-          ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-          ok = ::recv(s, &who, sizeof(who), MSG_WAITALL) == sizeof(who) &&
-               std::find(local.begin(), local.end(), who) != local.end() && who != me &&
-               cred.pid == info[who].pid;
-        }
-        if (!ok) {
-          refused.Note(known ? "pid " + std::to_string(cred.pid) + " claimed rank " +
-                                   std::to_string(who)
-                             : "pid " + std::to_string(cred.pid) + " is no rank's of this host");
-        } else if (!SendFds(s, memfd.get(), own.bell_fd)) {
-          return finish(Errno("passing the segment to rank " + std::to_string(who)));
-        } else if (std::find(served.begin(), served.end(), who) == served.end()) {
-          served.push_back(who);
-        }
+      if (s < 0) break;  // none left (the listener does not block), or out of descriptors
+      FdCloser conn(s);
+      ucred cred{};
+      socklen_t clen = sizeof(cred);
+      const bool known =
+          ::getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0 &&
+          std::any_of(local.begin(), local.end(),
+                      [&](int r) { return r != me && info[r].pid == cred.pid; });
+      int32_t who = -1;
+      bool ok = known;
+      if (known) {  // a rank of this host, which sent its rank as it connected
+        timeval tv{2, 0};
+        ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        ok = ::recv(s, &who, sizeof(who), MSG_WAITALL) == sizeof(who) &&
+             std::find(local.begin(), local.end(), who) != local.end() && who != me &&
+             cred.pid == info[who].pid;
+      }
+      if (!ok) {
+        refused.Note(known ? "pid " + std::to_string(cred.pid) + " claimed rank " +
+                                 std::to_string(who)
+                           : "pid " + std::to_string(cred.pid) + " is no rank's of this host");
+      } else if (!SendFds(s, memfd.get(), own.bell_fd)) {
+        return finish(Errno("passing the segment to rank " + std::to_string(who)));
+      } else if (std::find(served.begin(), served.end(), who) == served.end()) {
+        served.push_back(who);
       }
     }
     for (size_t i = 1; i < fds.size(); ++i) {
