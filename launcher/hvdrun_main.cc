@@ -1,5 +1,6 @@
 // hvdrun: starts the ranks of an hvd job, here and over ssh, and supervises them.
 // See `hvdrun --help` and supervisor.h for the failure policy.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -374,6 +375,19 @@ int RunElasticJob(const LaunchOptions& opts) {
   return code;
 }
 
+// hvdrun holds about three descriptors per rank (its output pipes, its store connection), and a
+// rank one or more per peer on its host; the usual soft limit of 1,024 would end a job of a few
+// hundred ranks ("pipe: Too many open files"). hvdrun takes the hard limit as its soft one, and
+// its ranks inherit it.
+void RaiseDescriptorLimit() {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur >= files.rlim_max) return;
+  // (The kernel refuses more than its nr_open, 1 Mi by default, even under an unlimited hard
+  // limit.)
+  files.rlim_cur = std::min<rlim_t>(files.rlim_max, rlim_t{1} << 20);
+  ::setrlimit(RLIMIT_NOFILE, &files);
+}
+
 }  // namespace
 
 int Main(int argc, char** argv) {
@@ -393,6 +407,7 @@ int Main(int argc, char** argv) {
     return 0;
   }
   for (const std::string& w : opts.warnings) std::cerr << "hvdrun: " << w << "\n";
+  RaiseDescriptorLimit();
   if (!opts.elastic) {
     // An elastic worker's marks, inherited by an hvdrun started inside one (hvd.run from a
     // worker, say), would make this job's ranks try to join that job's worlds.

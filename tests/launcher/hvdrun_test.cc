@@ -2,10 +2,12 @@
 // environment contract, output prefixes, exit codes, failure and signal handling, usage errors.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -613,6 +615,27 @@ TEST(Hvdrun, LeftoverBackgroundProcessesAreStoppedOnSuccess) {
                   "sleep 60 > /dev/null 2>&1 & echo $! > " + dir.path() + "/bg.$HVD_RANK"});
   EXPECT_EQ(0, r.code);
   for (pid_t pid : WaitForPidFiles(dir.path(), "bg", 2)) EXPECT_FALSE(Alive(pid)) << pid;
+}
+
+// hvdrun started under a soft limit of 256 descriptors runs 150 ranks (it holds about three
+// descriptors a rank): it raises its soft limit to the hard one, and the ranks inherit it.
+TEST(Hvdrun, ManyRanksUnderALowSoftDescriptorLimit) {
+  rlimit files{};
+  ASSERT_EQ(0, ::getrlimit(RLIMIT_NOFILE, &files));
+  if (files.rlim_max != RLIM_INFINITY && files.rlim_max < 2048) {
+    GTEST_SKIP() << "the hard descriptor limit here is " << files.rlim_max;
+  }
+  rlimit low = files;
+  low.rlim_cur = 256;
+  ASSERT_EQ(0, ::setrlimit(RLIMIT_NOFILE, &low));
+  Job job({"--no-prefix", "-np", "150", "sh", "-c", "ulimit -n"});  // forks under the low limit
+  ASSERT_EQ(0, ::setrlimit(RLIMIT_NOFILE, &files));
+  Result r = job.Wait(120);
+  ASSERT_EQ(0, r.code) << r.err;
+  const std::string raised = std::to_string(std::min<rlim_t>(files.rlim_max, rlim_t{1} << 20));
+  std::vector<std::string> lines = Lines(r.out);
+  EXPECT_EQ(150u, lines.size()) << r.out;
+  for (const std::string& l : lines) EXPECT_EQ(raised, l);
 }
 
 TEST(Hvdrun, UsageErrorsExit2) {
