@@ -36,7 +36,13 @@ namespace hvd {
 
 namespace {
 
-constexpr size_t kRingBytes = size_t{1} << 20;
+// Each pair's data ring (one per direction, in the receiver's segment) holds up to 1 MiB, less on
+// hosts of more than 33 ranks: a rank's rings in all hold at most 32 MiB (at least 64 KiB each).
+// A ring's pages are touched as bytes go through it, so a host's rings could otherwise take
+// ranks^2 MiB (16 GiB for an alltoall at 128 ranks).
+constexpr size_t kMaxRingBytes = size_t{1} << 20;
+constexpr size_t kRingBudgetBytes = size_t{32} << 20;
+constexpr size_t kMinRingBytes = size_t{64} << 10;
 constexpr uint64_t kShmBit = uint64_t{1} << 63;
 
 // The head of a segment. `sleeping` is the owner's doorbell flag: set while its rank sleeps in
@@ -72,21 +78,36 @@ struct alignas(64) RingHeader {
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "rings need lock-free 64-bit atomics");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "doorbells need lock-free atomics");
 
-constexpr size_t kSlotBytes = sizeof(RingHeader) + kRingBytes;
-
 // One direction of a control link (ShmControl), in the receiver's segment: framed messages as
 // over TCP, and `closed`, raised by the sender after its last bytes when it closes the link.
-constexpr size_t kControlRingBytes = size_t{256} << 10;
+// Up to 256 KiB, and 8 MiB per rank in all (at least 16 KiB each), as the data rings.
+constexpr size_t kMaxControlRingBytes = size_t{256} << 10;
+constexpr size_t kControlBudgetBytes = size_t{8} << 20;
+constexpr size_t kMinControlRingBytes = size_t{16} << 10;
 struct alignas(64) ControlHeader {
   RingHeader ring;
   std::atomic<uint32_t> closed;
   char pad[64 - sizeof(std::atomic<uint32_t>)];
 };
-constexpr size_t kControlSlotBytes = sizeof(ControlHeader) + kControlRingBytes;
+
+// The largest power of two up to budget / (slots - 1), within [least, most].
+size_t RingCapacity(int slots, size_t budget, size_t least, size_t most) {
+  const size_t share = budget / static_cast<size_t>(std::max(slots - 1, 1));
+  size_t cap = most;
+  while (cap > least && cap > share) cap /= 2;
+  return cap;
+}
+size_t DataRingBytes(int slots) {
+  return RingCapacity(slots, kRingBudgetBytes, kMinRingBytes, kMaxRingBytes);
+}
+size_t ControlRingBytes(int slots) {
+  return RingCapacity(slots, kControlBudgetBytes, kMinControlRingBytes, kMaxControlRingBytes);
+}
 
 size_t SegmentBytes(int slots) {
   return sizeof(Doorbell) + kCollectiveBytes +
-         static_cast<size_t>(slots) * (kSlotBytes + kControlSlotBytes);
+         static_cast<size_t>(slots) * (sizeof(RingHeader) + DataRingBytes(slots) +
+                                       sizeof(ControlHeader) + ControlRingBytes(slots));
 }
 
 // One rank's segment as mapped here, and its bell.
@@ -95,20 +116,24 @@ struct Segment {
   size_t bytes = 0;
   int bell_fd = -1;
   int pid_fd = -1;  // the owner's process (pidfd), readable once it has exited; -1 for this rank
+  size_t ring_cap = kMaxRingBytes;             // DataRingBytes of the host's ranks
+  size_t control_cap = kMaxControlRingBytes;   // ControlRingBytes of them
 
   Doorbell* bell() const { return reinterpret_cast<Doorbell*>(base); }
   // The owner's input of a chunk (buffer b of 2), and its reduced share of it.
   uint8_t* in(int b) const { return base + sizeof(Doorbell) + b * kChunkBytes; }
   uint8_t* out(int b) const { return base + sizeof(Doorbell) + (2 + b) * kChunkBytes; }
+  size_t slot_bytes() const { return sizeof(RingHeader) + ring_cap; }
   RingHeader* ring(int slot) const {
     return reinterpret_cast<RingHeader*>(base + sizeof(Doorbell) + kCollectiveBytes +
-                                         slot * kSlotBytes);
+                                         slot * slot_bytes());
   }
   uint8_t* data(int slot) const { return reinterpret_cast<uint8_t*>(ring(slot) + 1); }
   // The control ring from the rank of `slot` to the owner.
   ControlHeader* control(int slot, int slots) const {
     return reinterpret_cast<ControlHeader*>(base + sizeof(Doorbell) + kCollectiveBytes +
-                                            slots * kSlotBytes + slot * kControlSlotBytes);
+                                            slots * slot_bytes() +
+                                            slot * (sizeof(ControlHeader) + control_cap));
   }
   uint8_t* control_data(int slot, int slots) const {
     return reinterpret_cast<uint8_t*>(control(slot, slots) + 1);
@@ -117,15 +142,13 @@ struct Segment {
 
 // Copies between a ring's data (`cap` bytes) and a caller's buffer at stream position `pos`
 // (wrapping).
-void CopyIntoRing(uint8_t* ring, uint64_t pos, const uint8_t* src, size_t n,
-                  size_t cap = kRingBytes) {
+void CopyIntoRing(uint8_t* ring, uint64_t pos, const uint8_t* src, size_t n, size_t cap) {
   const size_t at = pos % cap, first = std::min(n, cap - at);
   std::memcpy(ring + at, src, first);
   std::memcpy(ring, src + first, n - first);
 }
 
-void CopyOutOfRing(const uint8_t* ring, uint64_t pos, uint8_t* dst, size_t n,
-                   size_t cap = kRingBytes) {
+void CopyOutOfRing(const uint8_t* ring, uint64_t pos, uint8_t* dst, size_t n, size_t cap) {
   const size_t at = pos % cap, first = std::min(n, cap - at);
   std::memcpy(dst, ring + at, first);
   std::memcpy(dst + first, ring, n - first);
@@ -275,9 +298,10 @@ class ShmControl : public ShmControlPlane, public std::enable_shared_from_this<S
     uint8_t* data = theirs(peer).control_data(my_slot_, slots());
     const uint64_t head = h->ring.head.load(std::memory_order_relaxed);
     const uint64_t tail = h->ring.tail.load(std::memory_order_acquire);
-    const size_t n = std::min<size_t>(l.out.size() - l.out_at, kControlRingBytes - (head - tail));
+    const size_t cap = theirs(peer).control_cap;
+    const size_t n = std::min<size_t>(l.out.size() - l.out_at, cap - (head - tail));
     if (n == 0) return false;
-    CopyIntoRing(data, head, l.out.data() + l.out_at, n, kControlRingBytes);
+    CopyIntoRing(data, head, l.out.data() + l.out_at, n, cap);
     l.out_at += n;
     h->ring.head.store(head + n, std::memory_order_release);
     Ring(theirs(peer));
@@ -297,9 +321,9 @@ class ShmControl : public ShmControlPlane, public std::enable_shared_from_this<S
       const size_t n = static_cast<size_t>(head - tail);
       const size_t at = l.in.size();
       l.in.resize(at + n);
-      CopyOutOfRing(data, tail, l.in.data() + at, n, kControlRingBytes);
+      CopyOutOfRing(data, tail, l.in.data() + at, n, own().control_cap);
       h->ring.tail.store(head, std::memory_order_release);
-      if (n == kControlRingBytes) Ring(theirs(peer));  // it may have bytes waiting for space
+      if (n == own().control_cap) Ring(theirs(peer));  // it may have bytes waiting for space
       moved = true;
     }
     size_t used = 0;
@@ -767,10 +791,11 @@ class ShmRouter : public Transport {
       uint64_t head = ring->head.load(std::memory_order_relaxed);
       uint64_t tail = ring->tail.load(std::memory_order_acquire);
       uint64_t start = head;
-      while (!p.sends.empty() && head - tail < kRingBytes) {
+      const size_t cap = theirs.ring_cap;
+      while (!p.sends.empty() && head - tail < cap) {
         Op& op = p.sends.front();
-        size_t n = std::min<size_t>(op.len - op.done, kRingBytes - (head - tail));
-        CopyIntoRing(data, head, op.buf + op.done, n);
+        size_t n = std::min<size_t>(op.len - op.done, cap - (head - tail));
+        CopyIntoRing(data, head, op.buf + op.done, n, cap);
         op.done += n;
         head += n;
         if (op.done == op.len) {
@@ -792,7 +817,7 @@ class ShmRouter : public Transport {
       while (!p.recvs.empty() && head != tail) {
         Op& op = p.recvs.front();
         size_t n = std::min<size_t>(op.len - op.done, head - tail);
-        CopyOutOfRing(data, tail, op.buf + op.done, n);
+        CopyOutOfRing(data, tail, op.buf + op.done, n, mine.ring_cap);
         op.done += n;
         tail += n;
         if (op.done == op.len) {
@@ -1090,6 +1115,8 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
   if (base == MAP_FAILED) return Errno("mmap of " + std::to_string(bytes) + " bytes");
   own.base = static_cast<uint8_t*>(base);
   own.bytes = bytes;
+  own.ring_cap = DataRingBytes(slots);
+  own.control_cap = ControlRingBytes(slots);
   own.bell_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (own.bell_fd < 0) return Errno("eventfd");
 
@@ -1230,6 +1257,8 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
       if (p == MAP_FAILED) return finish(Errno("mmap of rank " + std::to_string(r) + "'s segment"));
       theirs.base = static_cast<uint8_t*>(p);
       theirs.bytes = bytes;
+      theirs.ring_cap = own.ring_cap;
+      theirs.control_cap = own.control_cap;
     }
   }
   return finish(Status::OK());
