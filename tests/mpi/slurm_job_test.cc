@@ -34,7 +34,7 @@ std::map<std::string, std::string> CleanEnvironment() {
     if (eq == std::string::npos) continue;
     std::string k = kv.substr(0, eq);
     bool launcher = false;
-    for (const char* p : {"HVD_", "HOROVOD_", "OMPI_", "PMI_", "PMIX_", "SLURM_"}) {
+    for (const char* p : {"HVD_", "HOROVOD_", "OMPI_", "PMI_", "PMIX_", "SLURM_", "SLURMD_"}) {
       launcher |= k.rfind(p, 0) == 0;
     }
     if (!launcher) env[k] = kv.substr(eq + 1);
@@ -120,27 +120,45 @@ std::string Slurp(const std::string& path) {
   return s.str();
 }
 
-// Runs a step of `tasks_per_node` tasks on each of the named (local) nodes.
+// A task's environment as srun leaves it (step `step` of job `job_id`).
+std::map<std::string, std::string> TaskEnvironment(const std::string& job_id, const std::string& step,
+                                                   int rank, int size, int local, int node,
+                                                   int nodes, const std::string& nodelist,
+                                                   const std::string& per_node_var, int port) {
+  auto env = CleanEnvironment();
+  env["SLURM_JOB_ID"] = job_id;
+  env["SLURM_STEP_ID"] = step;
+  env["SLURM_PROCID"] = std::to_string(rank);
+  env["SLURM_STEP_NUM_TASKS"] = std::to_string(size);
+  env["SLURM_NTASKS"] = std::to_string(size);
+  env["SLURM_LOCALID"] = std::to_string(local);
+  env["SLURM_NODEID"] = std::to_string(node);
+  env["SLURM_STEP_NUM_NODES"] = std::to_string(nodes);
+  env["SLURM_STEP_NODELIST"] = nodelist;
+  env["SLURM_STEP_TASKS_PER_NODE"] = per_node_var;
+  if (port) env["HVD_RENDEZVOUS_PORT"] = std::to_string(port);
+  return env;
+}
+
+// Runs a step of `tasks_per_node` tasks on each of the named (local) nodes. `pmi`: srun's PMI
+// variables too (srun --mpi=pmi2).
 void RunStep(const std::vector<int>& tasks_per_node, const std::string& nodelist,
-             const std::string& per_node_var, const std::string& job_id, int port) {
+             const std::string& per_node_var, const std::string& job_id, int port,
+             bool pmi = false) {
   int size = 0;
   for (int c : tasks_per_node) size += c;
   std::vector<Task> tasks;
   int rank = 0;
   for (size_t node = 0; node < tasks_per_node.size(); ++node) {
     for (int local = 0; local < tasks_per_node[node]; ++local, ++rank) {
-      auto env = CleanEnvironment();
-      env["SLURM_JOB_ID"] = job_id;
-      env["SLURM_STEP_ID"] = "0";
-      env["SLURM_PROCID"] = std::to_string(rank);
-      env["SLURM_STEP_NUM_TASKS"] = std::to_string(size);
-      env["SLURM_NTASKS"] = std::to_string(size);
-      env["SLURM_LOCALID"] = std::to_string(local);
-      env["SLURM_NODEID"] = std::to_string(node);
-      env["SLURM_STEP_NUM_NODES"] = std::to_string(tasks_per_node.size());
-      env["SLURM_STEP_NODELIST"] = nodelist;
-      env["SLURM_STEP_TASKS_PER_NODE"] = per_node_var;
-      if (port) env["HVD_RENDEZVOUS_PORT"] = std::to_string(port);
+      auto env = TaskEnvironment(job_id, "0", rank, size, local, static_cast<int>(node),
+                                 static_cast<int>(tasks_per_node.size()), nodelist, per_node_var,
+                                 port);
+      if (pmi) {
+        env["PMI_RANK"] = std::to_string(rank);
+        env["PMI_SIZE"] = std::to_string(size);
+        env["PMI_FD"] = "99";  // (pmi2's; never read)
+      }
       std::string log = ::testing::TempDir() + "slurm_job_" + job_id + "_" + std::to_string(rank) + ".log";
       tasks.push_back(Start(env, log));
     }
@@ -176,6 +194,54 @@ TEST(SlurmJob, UnevenNodesAndDerivedPort) {
   }
   ASSERT_FALSE(job.empty()) << "no free derived port";
   RunStep({2, 1}, "localhost,127.0.0.1", "2,1", job, 0);
+}
+
+TEST(SlurmJob, SrunsPmiVariablesStillMeanSlurm) {
+  // srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE beside SLURM_*: the task is still Slurm's (it
+  // was taken for mpirun's, and MPI_Init failed under a direct srun).
+  RunStep({2, 1}, "localhost,127.0.0.1", "2,1", "7003", FreePort(), /*pmi=*/true);
+}
+
+TEST(SlurmJob, AnotherStepOnTheSamePortIsRefused) {
+  // Two steps of one batch script (one HVD_SECRET) meet on one port: step 1's rank 0 cannot
+  // listen, and its rank 1 reaches step 0's store. It must be refused at once, not join step 0
+  // (whose rank 1 comes later and completes step 0's job).
+  const int port = FreePort();
+  auto task = [&](const std::string& step, int rank) {
+    auto env = TaskEnvironment("7004", step, rank, 2, rank, 0, 1, "localhost", "2", port);
+    env["HVD_SECRET"] = "one secret for the batch script";
+    return Start(env, ::testing::TempDir() + "slurm_steps_" + step + "_" + std::to_string(rank) +
+                          ".log");
+  };
+  std::vector<Task> first = {task("0", 0)};
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Task> intruder = {task("1", 1)};
+  std::vector<int> codes = WaitAll(intruder);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string said = Slurp(intruder[0].log);
+  EXPECT_NE(codes[0], 0) << said;
+  EXPECT_LT(took, 15.0) << said;
+  EXPECT_NE(said.find("another step's on that port"), std::string::npos) << said;
+  first.push_back(task("0", 1));
+  codes = WaitAll(first);
+  for (size_t r = 0; r < first.size(); ++r) {
+    const std::string out = Slurp(first[r].log);
+    EXPECT_EQ(codes[r], 0) << out;
+    EXPECT_NE(out.find("rank " + std::to_string(r) + " of 2 "), std::string::npos) << out;
+  }
+}
+
+TEST(SlurmJob, RankZeroOffTheFirstNodeSaysSoAtOnce) {
+  // -m arbitrary can put rank 0 on another node than the step's first, where the others look
+  // for its store.
+  auto env = TaskEnvironment("7005", "0", 0, 2, 0, 1, 2, "localhost,127.0.0.1", "1(x2)", FreePort());
+  env["SLURMD_NODENAME"] = "127.0.0.1";
+  std::vector<Task> tasks = {Start(env, ::testing::TempDir() + "slurm_arbitrary_0.log")};
+  std::vector<int> codes = WaitAll(tasks);
+  const std::string said = Slurp(tasks[0].log);
+  EXPECT_NE(codes[0], 0) << said;
+  EXPECT_NE(said.find("HVD_RENDEZVOUS_ADDR=127.0.0.1"), std::string::npos) << said;
 }
 
 }  // namespace

@@ -36,6 +36,9 @@ struct HVD_EXPORT Options {
              // SLURM_JOB_ID and SLURM_STEP_ID
   };
   Bootstrap bootstrap = Bootstrap::kStore;
+  // kSlurm: the step, "SLURM_JOB_ID.SLURM_STEP_ID". Every connection of the job proves a key
+  // derived from it and the secret, so that steps on one port never join each other's job.
+  std::string slurm_step;
 
   // Rendezvous store (HVD_RENDEZVOUS_ADDR / HVD_RENDEZVOUS_PORT). Required when size > 1 and
   // bootstrap is kStore.

@@ -156,7 +156,21 @@ Status ReadIdentity(Options* o, IdentitySource* source, std::optional<SlurmTask>
                                    (have_rank ? "a rank (HVD_RANK) but no size (HVD_SIZE)"
                                               : "a size (HVD_SIZE) but no rank (HVD_RANK)"));
   }
-  if (have_rank) {
+  // srun's own PMI (--mpi=pmi2, or MpiDefault=pmi2) sets PMI_RANK and PMI_SIZE beside the
+  // task's SLURM_* identity, which also has its local rank and node: such a task is Slurm's,
+  // not mpirun's. (An MPI launcher that starts its ranks as srun's tasks, one per node, gives
+  // the same identity both ways.)
+  std::optional<SlurmTask> pmi_task;
+  Options as_slurm = *o;
+  IdentitySource slurm_source = IdentitySource::kNone;
+  const bool srun_pmi = have_rank && std::string(rank_var) == "PMI_RANK" &&
+                        ReadSlurmIdentity(&as_slurm, &slurm_source, &pmi_task).ok() && pmi_task &&
+                        pmi_task->rank == o->rank && pmi_task->size == o->size;
+  if (srun_pmi) {
+    *o = std::move(as_slurm);
+    *source = slurm_source;
+    *slurm = std::move(pmi_task);
+  } else if (have_rank) {
     bool from_hvd = std::string(rank_var).rfind("HVD_", 0) == 0 ||
                     std::string(rank_var).rfind("HOROVOD_", 0) == 0;
     *source = from_hvd ? IdentitySource::kHvd : IdentitySource::kMpi;
@@ -164,6 +178,14 @@ Status ReadIdentity(Options* o, IdentitySource* source, std::optional<SlurmTask>
     o->local_size = o->size;
   } else {
     HVD_RETURN_IF_ERROR(ReadSlurmIdentity(o, source, slurm));
+    const char* tasks = std::getenv("SLURM_NTASKS");
+    if (*source == IdentitySource::kNone && tasks != nullptr && std::atol(tasks) > 1 &&
+        std::getenv("SLURM_JOB_ID") != nullptr) {
+      // A batch script's own process (sbatch -n 4 without srun): a world of one.
+      HVD_LOG(kWarning) << "this process runs alone (size 1): its Slurm job has SLURM_NTASKS="
+                        << tasks << " tasks, but srun did not start it (no SLURM_STEP_ID); "
+                        << "start the ranks with srun";
+    }
   }
   HVD_RETURN_IF_ERROR(IdentityInt({"HVD_LOCAL_RANK", "HOROVOD_LOCAL_RANK",
                                    "OMPI_COMM_WORLD_LOCAL_RANK"}, &o->local_rank, &ignored));
@@ -183,8 +205,8 @@ Status ReadIdentity(Options* o, IdentitySource* source, std::optional<SlurmTask>
 }
 
 // Picks the bootstrap from the identity's source (see Options::Bootstrap); under Slurm fills in
-// the rendezvous address and port that were not given.
-void ChooseBootstrap(Options* o, IdentitySource source, const std::optional<SlurmTask>& slurm) {
+// the rendezvous address and port that were not given, and the step's name.
+Status ChooseBootstrap(Options* o, IdentitySource source, const std::optional<SlurmTask>& slurm) {
   switch (source) {
     case IdentitySource::kNone:
     case IdentitySource::kHvd:
@@ -195,10 +217,27 @@ void ChooseBootstrap(Options* o, IdentitySource source, const std::optional<Slur
       break;
     case IdentitySource::kSlurm:
       o->bootstrap = Options::Bootstrap::kSlurm;
-      if (o->rendezvous_addr.empty() && !slurm->nodes.empty()) o->rendezvous_addr = slurm->nodes[0];
+      o->slurm_step = slurm->job_id + "." + slurm->step_id;
+      if (o->rendezvous_addr.empty() && !slurm->nodes.empty()) {
+        o->rendezvous_addr = slurm->nodes[0];
+        // Rank 0 hosts the store, where the others look for it: on the step's first node, as
+        // srun's block, cyclic and plane distributions place it, but not always an arbitrary
+        // one (-m arbitrary, SLURM_HOSTFILE). There the others would wait out the start
+        // timeout; rank 0 says why at once.
+        const char* here = std::getenv("SLURMD_NODENAME");
+        if (o->rank == 0 && o->size > 1 && here != nullptr && *here != '\0' &&
+            o->rendezvous_addr != here) {
+          return Status::InvalidArgument(
+              "under Slurm rank 0 hosts the rendezvous store, and the other ranks look for it on "
+              "the step's first node, " + o->rendezvous_addr + ", but rank 0 runs on " + here +
+              " (a task distribution such as -m arbitrary): set HVD_RENDEZVOUS_ADDR=" + here +
+              " for every task");
+        }
+      }
       if (o->rendezvous_port == 0) o->rendezvous_port = SlurmStorePort(slurm->job_id, slurm->step_id);
       break;
   }
+  return Status::OK();
 }
 
 Status ReadKnobs(Options* o) {
@@ -349,7 +388,7 @@ StatusOr<Options> Options::FromEnvironment() {
   std::optional<SlurmTask> slurm;
   Status s = ReadIdentity(&o, &source, &slurm);
   if (s.ok()) s = ReadKnobs(&o);
-  if (s.ok()) ChooseBootstrap(&o, source, slurm);
+  if (s.ok()) s = ChooseBootstrap(&o, source, slurm);
   o.launched_by_mpi = source == IdentitySource::kMpi;
   if (s.ok()) s = o.Validate();
   if (!s.ok()) return s;

@@ -1,5 +1,9 @@
 #include "transport/transport_factory.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bootstrap/auth.h"
 #include "bootstrap/elastic.h"
 #include "bootstrap/store.h"
 #include "common/logging.h"
@@ -112,6 +117,23 @@ StatusOr<std::unique_ptr<StoreClient>> MeetingPlace(Options* o, JobBackendsImpl*
     HVD_LOG(kWarning) << "HVD_SECRET is not set: this Slurm job's connections are not "
                          "authenticated (export HVD_SECRET=$(openssl rand -hex 32) before srun)";
   }
+  std::string store_addr = o->rendezvous_addr;
+  if (o->bootstrap == Options::Bootstrap::kSlurm) {
+    // The steps of a batch script share its HVD_SECRET, and two steps may meet on one port (the
+    // port is a hash of job and step, or HVD_RENDEZVOUS_PORT): each step's connections prove a
+    // key of its own, so that a task never joins another step's job.
+    const auth::Mac key = auth::Proof(o->secret, "hvd slurm step", auth::Nonce{}, auth::Nonce{},
+                                      o->slurm_step);
+    static const char* hex = "0123456789abcdef";
+    o->secret.clear();
+    for (uint8_t byte : key) {
+      o->secret += hex[byte >> 4];
+      o->secret += hex[byte & 15];
+    }
+    // Rank 0 reaches the store it hosts through loopback: the node's name need not resolve on
+    // the node itself.
+    if (o->rank == 0) store_addr = "127.0.0.1";
+  }
   if (o->bootstrap == Options::Bootstrap::kSlurm && o->rank == 0) {
     auto server = StoreServer::Start("0.0.0.0", o->rendezvous_port, o->secret,
                                      o->start_timeout_seconds);
@@ -122,10 +144,16 @@ StatusOr<std::unique_ptr<StoreClient>> MeetingPlace(Options* o, JobBackendsImpl*
     }
     b->store_server = std::move(*server);
   }
-  auto store = StoreClient::Connect(o->rendezvous_addr, o->rendezvous_port, deadline, o->secret);
+  auto store = StoreClient::Connect(store_addr, o->rendezvous_port, deadline, o->secret);
   if (!store.ok()) {
-    return store.status().WithContext("rendezvous store at " + o->rendezvous_addr + ":" +
-                                      std::to_string(o->rendezvous_port));
+    if (o->bootstrap != Options::Bootstrap::kSlurm) {
+      return store.status().WithContext("rendezvous store at " + store_addr + ":" +
+                                        std::to_string(o->rendezvous_port));
+    }
+    return store.status().WithContext(
+        "under Slurm rank 0 hosts the store on the step's first node, at a port derived from the "
+        "job and step ids (a store that refuses this task is another step's on that port: set "
+        "HVD_RENDEZVOUS_PORT; a node name that does not resolve here: set HVD_RENDEZVOUS_ADDR)");
   }
   if (!o->store_prefix.empty()) {  // one generation of an elastic job (bootstrap/elastic.h)
     return std::unique_ptr<StoreClient>(new PrefixStore(std::move(*store), o->store_prefix));
@@ -133,9 +161,27 @@ StatusOr<std::unique_ptr<StoreClient>> MeetingPlace(Options* o, JobBackendsImpl*
   return std::move(*store);
 }
 
-// Step 3's bind address on a multi-node job left at the loopback default; empty: keep it.
-std::string MultiNodeBindAddress(asio::io_context& io, const Options& o) {
-  if (o.cross_size <= 1 || o.bind_addr != "127.0.0.1") return "";
+// The first IPv4 address of an interface that is up and not loopback; empty if there is none.
+std::string NonLoopbackAddress() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+    char text[INET_ADDRSTRLEN] = {0};
+    if (::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text,
+                    sizeof(text)) != nullptr) {
+      found = text;
+    }
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// The address this host would reach rank 0's node from (Slurm), or its name's first address
+// that is not loopback (MPI); empty if neither is known.
+std::string MultiNodeRouteAddress(asio::io_context& io, const Options& o) {
   asio::error_code ec;
   if (o.bootstrap == Options::Bootstrap::kSlurm) {
     // The local address of a (never used) UDP socket connected towards rank 0's host.
@@ -160,6 +206,18 @@ std::string MultiNodeBindAddress(asio::io_context& io, const Options& o) {
     }
   }
   return "";
+}
+
+// Step 3's bind address on a multi-node job left at the loopback default; empty: keep it.
+std::string MultiNodeBindAddress(asio::io_context& io, const Options& o) {
+  if (o.cross_size <= 1 || o.bind_addr != "127.0.0.1") return "";
+  std::string chosen = MultiNodeRouteAddress(io, o);
+  // A loopback address cannot be reached from the other nodes: rank 0's node name may resolve
+  // to one on that node itself (Debian's /etc/hosts maps the host's name to 127.0.1.1).
+  asio::error_code ec;
+  const auto parsed = asio::ip::make_address(chosen, ec);
+  if (chosen.empty() || ec || parsed.is_loopback()) chosen = NonLoopbackAddress();
+  return chosen;
 }
 
 }  // namespace
