@@ -21,6 +21,8 @@
 #include <set>
 #include <stdexcept>
 
+#include "bootstrap/auth.h"
+
 extern char** environ;
 
 namespace hvd {
@@ -222,13 +224,7 @@ std::string RandomSecret() {
     got += static_cast<size_t>(n);
   }
   ::close(fd);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : bytes) {
-    out.push_back(hex[b >> 4]);
-    out.push_back(hex[b & 15]);
-  }
-  return out;
+  return auth::Hex(bytes, sizeof(bytes));
 }
 
 std::map<std::string, std::string> ContractVariables(const Placement& p, const JobEnvironment& job) {

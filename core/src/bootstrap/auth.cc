@@ -49,6 +49,17 @@ Mac Proof(const std::string& secret, const char* role, const Nonce& first, const
 
 bool Equal(const Mac& a, const Mac& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
 
+std::string Hex(const uint8_t* data, size_t n) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    out += hex[data[i] >> 4];
+    out += hex[data[i] & 15];
+  }
+  return out;
+}
+
 Status CheckClientProof(const std::string& secret, const Nonce& ns, const uint8_t* msg, size_t len,
                         size_t context_len, std::string* context, Nonce* nc) {
   const Status refused = Status::InvalidArgument("failed authentication (wrong or no job secret)");

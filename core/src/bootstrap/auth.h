@@ -51,6 +51,8 @@ Nonce RandomNonce();
 Mac Proof(const std::string& secret, const char* role, const Nonce& first, const Nonce& second,
           const std::string& context);
 bool Equal(const Mac& a, const Mac& b);
+// Lower-case hex of n bytes (2n characters).
+std::string Hex(const uint8_t* data, size_t n);
 
 // Step 3 on bytes: `msg` should be context (context_len bytes), Nc, the client's MAC for the
 // challenge `ns`. OK with the context and Nc when the MAC proves the secret; InvalidArgument

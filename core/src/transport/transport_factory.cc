@@ -124,12 +124,7 @@ StatusOr<std::unique_ptr<StoreClient>> MeetingPlace(Options* o, JobBackendsImpl*
     // key of its own, so that a task never joins another step's job.
     const auth::Mac key = auth::Proof(o->secret, "hvd slurm step", auth::Nonce{}, auth::Nonce{},
                                       o->slurm_step);
-    static const char* hex = "0123456789abcdef";
-    o->secret.clear();
-    for (uint8_t byte : key) {
-      o->secret += hex[byte >> 4];
-      o->secret += hex[byte & 15];
-    }
+    o->secret = auth::Hex(key.data(), key.size());
     // Rank 0 reaches the store it hosts through loopback: the node's name need not resolve on
     // the node itself.
     if (o->rank == 0) store_addr = "127.0.0.1";

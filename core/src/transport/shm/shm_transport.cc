@@ -1320,12 +1320,7 @@ StatusOr<std::unique_ptr<Transport>> ConnectSharedMemory(std::unique_ptr<TcpTran
     std::memcpy(a.data(), &info[local[0]].pid, sizeof(int32_t));
     std::memcpy(b.data(), &mine.key, sizeof(uint64_t));
     auth::Mac mac = auth::Proof(options.secret, "hvd shm", a, b, "shm");
-    std::string tag;
-    static const char* hex = "0123456789abcdef";
-    for (int i = 0; i < 8; ++i) {
-      tag += hex[mac[i] >> 4];
-      tag += hex[mac[i] & 15];
-    }
+    const std::string tag = auth::Hex(mac.data(), 8);
     Deadline setup = std::min(deadline, DeadlineAfterSeconds(30));
     mine_ok = ExchangeSegments(local, me, info, tag, setup, &segments);
     if (!mine_ok.ok()) Unmap(segments);
