@@ -457,13 +457,13 @@ void CheckUnevenAnnouncements(hvd::Engine& e, Checker& ck) {
 #endif
 }
 
-// One step of kStepTensors cached allreduces named `prefix`.t, enqueued in kStepBatches batches
+// One step of kStepTensors cached allreduces named `prefix`.t, enqueued in `batches` batches
 // with a `pause` between them on this rank (zero: none; busy, or yielding the core to whatever
 // else may run: this rank's background thread), waited on and checked. `parts` and
 // `collectives`: this rank's round parts (or lists) sent and fast-path collectives over the
 // step; false where an operation failed.
 constexpr int kStepTensors = 64, kStepBatches = 4;
-bool RunBatchedStep(hvd::Engine& e, Checker& ck, const std::string& prefix, int s,
+bool RunBatchedStep(hvd::Engine& e, Checker& ck, const std::string& prefix, int s, int batches,
                     std::chrono::microseconds pause, bool yield, int64_t* parts,
                     int64_t* collectives) {
   const int r = e.rank(), n = e.size();
@@ -477,7 +477,7 @@ bool RunBatchedStep(hvd::Engine& e, Checker& ck, const std::string& prefix, int 
   const hvd::NegotiationCounters before = hvd::ReadNegotiationCounters(e);
   std::vector<hvd::HandlePtr> hs;
   for (int t = 0; t < kStepTensors; ++t) {
-    if (pause.count() > 0 && t > 0 && t % (kStepTensors / kStepBatches) == 0) {
+    if (pause.count() > 0 && t > 0 && t % (kStepTensors / batches) == 0) {
       const auto until = Clock::now() + pause;
       while (Clock::now() < until) {
         if (yield) std::this_thread::yield();
@@ -508,15 +508,20 @@ bool RunBatchedStep(hvd::Engine& e, Checker& ck, const std::string& prefix, int 
   return true;
 }
 
-// The last rank's caller enqueues a step of cached tensors in four batches with 30 µs pauses
-// between them, yielding its core, while the others enqueue it at once. Run with
+// The last rank's caller enqueues a step of cached tensors in kLastRankBatches batches with
+// 30 µs pauses between them, yielding its core, while the others enqueue it at once. Run with
 // HVD_SPIN_MICROSECONDS=10 (mp_steps_batched_np2), so that a part waits for a pause of 10 µs at
 // most and each batch of the last rank's reaches its background thread on its own. Each such
 // batch would start a round that holds (its part lacks the rest of the step), every rank
-// answering it with a part: a ping-pong of parts that took the cores the enqueuing callers
-// needed. The last rank's part waits instead until it has every bit the others announced: the
-// step takes two rounds (the last rank's answer to the others' part, and its whole part), not
-// one per batch (1-2 parts beyond two a collective, the median without the rule).
+// answering it with a part: a ping-pong of parts, about one per batch, that took the cores the
+// enqueuing callers needed. The last rank's part waits instead until it has every bit the
+// others announced: the step takes two rounds (the last rank's answer to the others' part, and
+// its whole part) or, where the last rank's first part went before the others had enqueued any
+// of the step (their callers still waking from the barrier: about half the steps where the
+// machine is otherwise idle, few under load), three. So the median is at most one part beyond
+// two a collective on each rank, however many batches; a part per batch makes about one per
+// batch beyond the first.
+constexpr int kLastRankBatches = 8;
 void CheckStepInBatches(hvd::Engine& e, Checker& ck) {
   const bool last = e.rank() == e.size() - 1;
   // Of each timed step: this rank's parts beyond two for each fast-path collective, the step's
@@ -526,7 +531,10 @@ void CheckStepInBatches(hvd::Engine& e, Checker& ck) {
   for (int s = 0; s < 24; ++s) {
     int64_t parts = 0, collectives = 0;
     const auto pause = std::chrono::microseconds(last ? 30 : 0);
-    if (!RunBatchedStep(e, ck, "batched", s, pause, true, &parts, &collectives)) return;
+    if (!RunBatchedStep(e, ck, "batched", s, kLastRankBatches, pause, true, &parts,
+                        &collectives)) {
+      return;
+    }
     if (s < 4) continue;
     extra.push_back(parts - 2 * collectives);
     seen += " " + std::to_string(parts) + "/" + std::to_string(collectives);
@@ -538,14 +546,14 @@ void CheckStepInBatches(hvd::Engine& e, Checker& ck) {
   std::printf("[mp] rank %d: a step enqueued in %d batches by the last rank (%s): parts or lists "
               "sent / fast-path collectives of each step:%s; median %lld parts beyond two a "
               "collective\n",
-              e.rank(), kStepBatches, rounds ? "rounds" : "rank 0 answers", seen.c_str(),
+              e.rank(), kLastRankBatches, rounds ? "rounds" : "rank 0 answers", seen.c_str(),
               static_cast<long long>(median));
 #ifndef HVD_SANITIZED
-  if (rounds) ck.Expect(median <= 0, "a step enqueued in " + std::to_string(kStepBatches) +
+  if (rounds) ck.Expect(median <= 1, "a step enqueued in " + std::to_string(kLastRankBatches) +
                              " batches by the last rank took " + std::to_string(median) +
                              " parts beyond two for each of its collectives (median) on this "
-                             "rank (expected none: the last rank's part waits for the rest of "
-                             "the step; a part per batch makes 1-2 more)");
+                             "rank (expected at most one: the last rank's part waits for the "
+                             "rest of the step; a part per batch makes about one a batch)");
 #endif
 }
 
@@ -563,7 +571,7 @@ void CheckStepWithPauses(hvd::Engine& e, Checker& ck) {
   std::string seen;
   for (int s = 0; s < 24; ++s) {
     int64_t parts = 0, got = 0;
-    if (!RunBatchedStep(e, ck, "paused", s, std::chrono::microseconds(20), false, &parts, &got)) {
+    if (!RunBatchedStep(e, ck, "paused", s, kStepBatches, std::chrono::microseconds(20), false, &parts, &got)) {
       return;
     }
     if (s < 4) continue;
