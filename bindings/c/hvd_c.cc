@@ -2,6 +2,7 @@
 // holds; nothing here is global.
 #include "hvd_c.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -129,6 +130,12 @@ hvd_handle* hvd_broadcast(hvd_engine* e, const char* name, void* buffer, hvd_dty
   const std::string bad = BadTensor(dt, ndim, shape);
   if (!bad.empty()) return RefusedEverywhere(e, "broadcast", name, bad);
   hvd::TensorView v = View(buffer, dt, ndim, shape);
+  // (The engine would call it the output; a negative dimension it names itself.)
+  const bool elements =
+      std::all_of(v.shape.begin(), v.shape.end(), [](int64_t d) { return d > 0; });
+  if (buffer == nullptr && elements) {
+    return RefusedEverywhere(e, "broadcast", name, "buffer is NULL");
+  }
   return Wrap(e->engine->Broadcast(name ? name : "", v, v, root));
 }
 

@@ -50,7 +50,7 @@ HVD_C_EXPORT void hvd_error_free(hvd_error* err);
 
 /* Returns NULL and sets *err (if err is not NULL) on failure. */
 HVD_C_EXPORT hvd_engine* hvd_init(hvd_error** err);
-/* Shuts down and frees the engine. */
+/* Shuts down and frees the engine: `e` may not be used after, by any thread (NULL: nothing). */
 HVD_C_EXPORT void hvd_shutdown(hvd_engine* e);
 /* -1 for a NULL engine. */
 HVD_C_EXPORT int hvd_rank(const hvd_engine* e);

@@ -175,7 +175,11 @@ int main(void) {
          "shape is NULL"},
         {hvd_allreduce(NULL, "c.bad.engine", x, x, HVD_FLOAT32, 1, &four, HVD_SUM, 1.0, 1.0),
          "the engine is NULL"},
-        {hvd_broadcast(e, "c.bad.bcast", NULL, HVD_FLOAT32, 1, &four, 0), "data is null"},
+        {hvd_broadcast(e, "c.bad.bcast", NULL, HVD_FLOAT32, 1, &four, 0),
+         "broadcast 'c.bad.bcast' on rank"},
+        {hvd_broadcast(e, "c.bad.bcast2", NULL, HVD_FLOAT32, 1, &four, 0), "buffer is NULL"},
+        {hvd_allreduce(e, "__hvd.mine", x, x, HVD_FLOAT32, 1, &four, HVD_SUM, 1.0, 1.0),
+         "names that start with '__hvd.' are hvd's own"},
         {hvd_allgather(e, "c.bad.gather", x, (hvd_dtype)-1, 1, &four), "not an hvd_dtype"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
@@ -194,15 +198,31 @@ int main(void) {
     hvd_error_free(err);
     CHECK(hvd_poll(NULL) == 1, "hvd_poll(NULL)");
   }
+  /* The caller's names never meet hvd's own: allreduces named "barrier.0" and "join" in flight
+   * through the first barrier and the join (both failed as names already in flight). */
+  float ones[3] = {1, 1, 1}, sum_b[3] = {0}, sum_j[3] = {0};
+  int64_t three = 3;
+  hvd_handle* named_b =
+      hvd_allreduce(e, "barrier.0", ones, sum_b, HVD_FLOAT32, 1, &three, HVD_SUM, 1.0, 1.0);
   h = hvd_barrier(e);
   wait_ok(h, "barrier");
   hvd_handle_free(h);
+  if (wait_ok(named_b, "an allreduce named barrier.0") == HVD_OK) {
+    CHECK(sum_b[0] == (float)size && sum_b[2] == (float)size, "barrier.0's sum %f", sum_b[0]);
+  }
+  hvd_handle_free(named_b);
+  hvd_handle* named_j =
+      hvd_allreduce(e, "join", ones, sum_j, HVD_FLOAT32, 1, &three, HVD_SUM, 1.0, 1.0);
   h = hvd_join(e);
   if (wait_ok(h, "join") == HVD_OK) {
     int last = hvd_handle_join_last_rank(h);
     CHECK(last >= 0 && last < size, "join last rank %d", last);
   }
   hvd_handle_free(h);
+  if (wait_ok(named_j, "an allreduce named join") == HVD_OK) {
+    CHECK(sum_j[0] == (float)size && sum_j[2] == (float)size, "join's sum %f", sum_j[0]);
+  }
+  hvd_handle_free(named_j);
   hvd_shutdown(e);
 
   /* A second engine in the same job: the rendezvous addresses of the first are stale now. */

@@ -38,3 +38,16 @@ run("run the C consumer under hvdrun" ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY
 if(NOT last_out MATCHES "hvd_c_consumer: ok, ranks=2")
   message(FATAL_ERROR "unexpected output of the C consumer under hvdrun: ${last_out}")
 endif()
+# The installed libhvd finds what it links from outside the system's directories (CUDA's, Open
+# MPI's) by its own RUNPATH, not by the loader's cache (which names CUDA only on some machines).
+file(GLOB loader /lib64/ld-linux-*.so.2)
+file(GLOB installed_lib "${WORK}/prefix/lib/libhvd.so.*.*")
+if(loader AND installed_lib)
+  list(GET loader 0 loader)
+  list(GET installed_lib 0 installed_lib)
+  run("list the installed libhvd's libraries" ${loader} --inhibit-cache --list ${installed_lib})
+  if(last_out MATCHES "not found")
+    message(FATAL_ERROR "the installed libhvd does not find its libraries without the loader's "
+                        "cache (its RUNPATH lacks their directories):\n${last_out}")
+  endif()
+endif()

@@ -24,7 +24,7 @@ namespace {
 Request Join() {
   Request r;
   r.type = OpType::kJoin;
-  r.name = "join";
+  r.name = kJoinName;
   return r;
 }
 

@@ -398,7 +398,7 @@ std::string Coordinator::RefusalOf(const Entry& e) const {
 Response Coordinator::BuildJoinResponse() {
   Response resp;
   resp.type = OpType::kJoin;
-  resp.names = {"join"};
+  resp.names = {kJoinName};
   resp.last_joined = last_joined_;
   std::fill(joined_.begin(), joined_.end(), false);
   joined_count_ = 0;

@@ -117,7 +117,12 @@ enum class MessageType : uint8_t {
   kRound = 6,      // every rank to every other: RoundContribution (the symmetric fast path)
 };
 
-// Join and barrier travel as requests too (names "join" and "barrier.<n>").
+// hvd's own requests (join, barrier, process set changes) travel as requests too, under names
+// that start with kOwnNamePrefix: "__hvd.join", "__hvd.barrier.<n>", "__hvd.process_set.<n>".
+// A caller's tensor name may not start with it (RefusalLocked), so the two never meet in a
+// rank's table of names in flight.
+inline constexpr char kOwnNamePrefix[] = "__hvd.";
+inline constexpr char kJoinName[] = "__hvd.join";
 struct RequestList {
   int32_t process_set = 0;  // every request and bit is of this set
   std::vector<Request> requests;

@@ -418,9 +418,13 @@ bool SizeWithinLimit(const std::vector<int64_t>& shape, size_t element_bytes) {
 
 Status EngineImpl::RefusalLocked(const Request& r) const {
   const int32_t id = r.process_set;
-  if (r.type != OpType::kBarrier && r.type != OpType::kJoin && r.type != OpType::kProcessSet &&
-      r.name.empty()) {
-    return Status::InvalidArgument(Describe(r) + ": the name is empty");
+  if (r.type != OpType::kBarrier && r.type != OpType::kJoin && r.type != OpType::kProcessSet) {
+    if (r.name.empty()) return Status::InvalidArgument(Describe(r) + ": the name is empty");
+    if (r.name[0] == kOwnNamePrefix[0] && r.name.rfind(kOwnNamePrefix, 0) == 0) {
+      return Status::InvalidArgument(Describe(r) + ": names that start with '" + kOwnNamePrefix +
+                                     "' are hvd's own (join, barrier, process set changes); "
+                                     "choose another");
+    }
   }
   if (id == kGlobalProcessSet) return Status::OK();  // always there, with every rank
   if (r.type == OpType::kJoin) {
@@ -618,9 +622,9 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
       if (e.request.type == OpType::kBarrier) {
         auto it = known_sets_.find(e.request.process_set);
         uint64_t count = it == known_sets_.end() ? 0 : it->second.barriers++;
-        e.request.name = "barrier." + std::to_string(count);
+        e.request.name = kOwnNamePrefix + ("barrier." + std::to_string(count));
       }
-      if (e.request.type == OpType::kJoin) e.request.name = "join";
+      if (e.request.type == OpType::kJoin) e.request.name = kJoinName;
       if (e.request.type == OpType::kProcessSet) {
         // One at a time on a rank (engine_impl.h, sets_): a removed set's id may go to the next
         // addition only once every rank has executed the removal.
@@ -632,7 +636,7 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
           break;
         }
         process_set_call_ = e.handle;
-        e.request.name = "process_set." + std::to_string(process_set_ops_++);
+        e.request.name = kOwnNamePrefix + ("process_set." + std::to_string(process_set_ops_++));
       }
       s = RefusalLocked(e.request);
       if (s.ok() && e.request.error.empty()) {
@@ -665,7 +669,12 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
         const std::string_view k =
             global ? std::string_view(e.request.name) : std::string_view(key);
         e.in_flight = in_flight_.Acquire(k);  // filled in below, once all pass
-        if (e.in_flight == nullptr) s = InFlightAlready(Describe(e.request));
+        if (e.in_flight == nullptr) {
+          s = e.request.type == OpType::kJoin
+                  ? Status::InvalidArgument(Describe(e.request) + ": a join is already in "
+                                            "flight on this rank; wait for it before the next")
+                  : InFlightAlready(Describe(e.request));
+        }
       }
     }
     if (!s.ok()) {
@@ -1315,7 +1324,7 @@ std::vector<HandlePtr> Engine::Refuse(const std::string& op,
   for (const std::string& name : names) {
     TensorEntry e = MakeEntry(*impl_, type, name, TensorView(), TensorView(), process_set);
     e.request.shape.clear();
-    RefuseArguments(e.request, Status::InvalidArgument("'" + name + "' on rank " +
+    RefuseArguments(e.request, Status::InvalidArgument(op + " '" + name + "' on rank " +
                                                        std::to_string(rank()) + ": " + why));
     entries.push_back(std::move(e));
   }
