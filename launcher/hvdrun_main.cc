@@ -118,6 +118,16 @@ bool PlanAddresses(const LaunchOptions& opts, const std::vector<Placement>& plac
     return true;
   }
   out->multi_host = true;
+  if (!opts.network_interface.empty()) {
+    // Loopback is on every host, so the probes would pass; but no host reaches another there.
+    const std::string here = LocalInterfaceAddress(opts.network_interface);
+    if (here.rfind("127.", 0) == 0) {
+      throw std::runtime_error("interface " + opts.network_interface + " is loopback (" + here +
+                               " here): the other hosts cannot reach this host's ranks or "
+                               "rendezvous store there (--network-interface: name an interface "
+                               "of the network the hosts share, as eth0)");
+    }
+  }
   auto t0 = std::chrono::steady_clock::now();
   std::vector<HostProbe> probes =
       ProbeHosts(hosts, SshOptionsOf(opts), opts.network_interface, opts.start_timeout_seconds);

@@ -668,6 +668,20 @@ TEST(Hvdrun, MissingNetworkInterfaceIsAnError) {
   EXPECT_EQ(0, r.code) << r.err;
 }
 
+// Loopback across hosts: every host has it, so each host's check passed, and every rank then
+// failed at the start timeout, unable to reach the store at 127.0.0.1. Refused at once, before
+// any ssh ("otherhost" need not exist).
+TEST(Hvdrun, LoopbackInterfaceAcrossHostsIsRefusedAtOnce) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Result r = RunHvdrun({"-np", "2", "-H", "localhost:1,otherhost:1", "--network-interface", "lo",
+                        "sh", "-c", "echo started"});
+  EXPECT_EQ(1, r.code) << r.err;
+  EXPECT_TRUE(Contains(r.err, "interface lo is loopback (127.0.0.1 here)")) << r.err;
+  EXPECT_TRUE(Contains(r.err, "the other hosts cannot reach")) << r.err;
+  EXPECT_FALSE(Contains(r.out, "started")) << r.out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
 // 127.0.0.2 is not one of hvdrun's local names, so it is a remote host reached with ssh; on
 // port 9 of the loopback nobody listens. (Real multi-host jobs: tests/launcher/multihost/.)
 TEST(Hvdrun, RemoteHostThatRefusesIsReportedBeforeAnythingStarts) {
