@@ -28,8 +28,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Runs under `sh -c` on the remote host; "$@" is the rank's command. See remote.h, step 4.
-// Written for dash: `kill -SIG -PGID`, no `--`; every loop ends at EOF or after $t ticks.
-constexpr const char* kBootstrap = R"(e=1
+// Written for dash: `kill -SIG -PGID`, no `--`, no `read -t` (hence `timeout head`); every loop
+// ends at EOF, after $q s without a tick from hvdrun, or after $t ticks.
+constexpr const char* kBootstrap = R"sh(e=1
 while IFS= read -r l; do
   case $l in
     '') e=0; break ;;
@@ -38,13 +39,18 @@ while IFS= read -r l; do
 done
 [ $e = 0 ] || exit 125
 t=${HVDRUN_KILL_TICKS:-50}
+q=${HVDRUN_SILENCE_SECONDS:-0}
 cd "$HVDRUN_WORKDIR" || exit 126
-unset HVDRUN_KILL_TICKS HVDRUN_WORKDIR
+unset HVDRUN_KILL_TICKS HVDRUN_WORKDIR HVDRUN_SILENCE_SECONDS
 exec 3<&0 0</dev/null
 setsid "$@" 3<&- &
 p=$!
 {
-  while read -r _; do :; done
+  if [ "$q" -gt 0 ] && timeout 1 true; then
+    while [ -n "$(timeout "$q" head -c 1)" ]; do :; done
+  else
+    while read -r _; do :; done
+  fi
   kill -TERM -$p || kill -TERM $p
   n=0
   while [ $n -lt $t ] && kill -0 -$p; do sleep 0.1; n=$((n + 1)); done
@@ -56,7 +62,7 @@ wait $p
 s=$?
 kill $w 2>/dev/null
 if kill -TERM -$p 2>/dev/null; then sleep 0.2; kill -KILL -$p 2>/dev/null; fi
-exit $s)";
+exit $s)sh";
 
 constexpr size_t kMaxProbeOutput = 64 << 10;
 
@@ -294,7 +300,7 @@ std::string RemoteRankCommand(const std::vector<std::string>& command) {
 }
 
 std::string RemoteEnvironmentText(const std::map<std::string, std::string>& vars,
-                                  double kill_after_seconds) {
+                                  double kill_after_seconds, int silence_seconds) {
   std::map<std::string, std::string> all;
   for (const std::string& kv : OwnEnvironment()) {
     size_t eq = kv.find('=');
@@ -307,6 +313,7 @@ std::string RemoteEnvironmentText(const std::map<std::string, std::string>& vars
   if (::getcwd(cwd, sizeof(cwd) - 1) == nullptr) throw std::runtime_error("getcwd failed");
   all["HVDRUN_WORKDIR"] = cwd;
   all["HVDRUN_KILL_TICKS"] = std::to_string(std::llround(std::ceil(kill_after_seconds * 10)));
+  all["HVDRUN_SILENCE_SECONDS"] = std::to_string(silence_seconds);
   std::string text;
   for (const auto& kv : all) {
     if (!IsIdentifier(kv.first) || kv.second.find('\n') != std::string::npos) continue;
@@ -319,7 +326,11 @@ RankProcess SpawnRemoteRank(const Placement& p, const SshOptions& ssh,
                             const std::vector<std::string>& command,
                             const std::map<std::string, std::string>& vars,
                             double kill_after_seconds, double start_timeout_seconds) {
-  const std::string text = RemoteEnvironmentText(vars, kill_after_seconds);
+  // hvdrun's ticks stop (its host or its link gone): the rank stops about when hvdrun's ssh
+  // gives up on the host, plus two ticks.
+  const int silence =
+      ssh.alive_seconds > 0 ? static_cast<int>(std::ceil(ssh.alive_seconds)) + 2 : 0;
+  const std::string text = RemoteEnvironmentText(vars, kill_after_seconds, silence);
   std::vector<std::string> argv = SshCommand(ssh, p.host, RemoteRankCommand(command));
   argv[0] = ResolveProgram("ssh");
   int in[2];

@@ -10,12 +10,16 @@
 //   2. Each remote rank is one `ssh -T host 'exec sh -c BOOTSTRAP hvdrun-rank ARGS...'`. The
 //      command line carries only the fixed bootstrap script and the rank's command.
 //   3. hvdrun writes the rank's environment to ssh's stdin as NAME=VALUE lines ended by an
-//      empty line (the job's secret travels here, never in argv) and keeps stdin open.
+//      empty line (the job's secret travels here, never in argv) and keeps stdin open, writing
+//      a byte to it every second after (Supervisor's ticker).
 //   4. The bootstrap exports the variables, cd's to hvdrun's working directory and starts the
 //      command with setsid (a process group of its own), stdin from /dev/null. A watcher
 //      reads the rest of stdin: at EOF (hvdrun closed it to stop the rank, or hvdrun, ssh or
-//      the connection died) it sends SIGTERM to the rank's group and, after the kill-after
-//      time, SIGKILL. The bootstrap exits with the rank's status (128+N for signal N), after
+//      the connection died), or when no byte came for HVDRUN_SILENCE_SECONDS (hvdrun's host
+//      or its link is gone without a word: the session would wait for it forever while the
+//      ranks, which still reach each other, trained on unsupervised), it sends SIGTERM to the
+//      rank's group and, after the kill-after time, SIGKILL. (The silence needs `timeout`
+//      from coreutils on the host; without it, EOF only.) The bootstrap exits with the rank's status (128+N for signal N), after
 //      stopping whatever the rank left in its group; ssh hands the status to hvdrun.
 //
 // Thread-safety: call from hvdrun's main thread only (fork).
@@ -77,10 +81,11 @@ std::string RemoteRankCommand(const std::vector<std::string>& command);
 
 // The text of step 3: hvdrun's environment less what describes this host or login (HOME,
 // USER, PWD, SSH_*, ...; see the .cc), overlaid with `vars`, plus the bootstrap's own
-// HVDRUN_WORKDIR (the current directory) and HVDRUN_KILL_TICKS. Variables whose name is not
-// a shell identifier or whose value holds a newline are left out.
+// HVDRUN_WORKDIR (the current directory), HVDRUN_KILL_TICKS and HVDRUN_SILENCE_SECONDS (0:
+// none). Variables whose name is not a shell identifier or whose value holds a newline are
+// left out.
 std::string RemoteEnvironmentText(const std::map<std::string, std::string>& vars,
-                                  double kill_after_seconds);
+                                  double kill_after_seconds, int silence_seconds);
 
 // Starts one rank on p.host: steps 2 and 3. Throws std::runtime_error.
 RankProcess SpawnRemoteRank(const Placement& p, const SshOptions& ssh,

@@ -113,7 +113,34 @@ void Supervisor::Add(RankProcess rank) {
   err_pumps_.push_back(std::make_unique<LinePump>(r, "stderr", STDERR_FILENO,
                                                   options_.prefix_output, OutputFile(r, "stderr"),
                                                   options_.prefix_timestamp));
-  ranks_.push_back(rank);
+  const bool remote = rank.remote;
+  {
+    std::lock_guard<std::mutex> l(inputs_mu_);
+    ranks_.push_back(rank);
+  }
+  if (remote && !ticker_.joinable()) ticker_ = std::thread([this] { TickRemotes(); });
+}
+
+Supervisor::~Supervisor() { StopTicker(); }
+
+void Supervisor::TickRemotes() {
+  std::unique_lock<std::mutex> l(inputs_mu_);
+  while (!ticker_stop_) {
+    for (const RankProcess& r : ranks_) {
+      // Non-blocking (remote.cc): a full pipe, or ssh gone (EPIPE), skips this tick.
+      if (r.remote && r.in_fd >= 0) (void)!::write(r.in_fd, ".", 1);
+    }
+    ticker_cv_.wait_for(l, std::chrono::seconds(1), [this] { return ticker_stop_; });
+  }
+}
+
+void Supervisor::StopTicker() {
+  {
+    std::lock_guard<std::mutex> l(inputs_mu_);
+    ticker_stop_ = true;
+  }
+  ticker_cv_.notify_all();
+  if (ticker_.joinable()) ticker_.join();
 }
 
 void Supervisor::Abort(int exit_code) {
@@ -145,6 +172,7 @@ int Supervisor::Run() {
   }
   ClosePipes();
   StopLeftoverGroups();
+  StopTicker();
   return exit_code_;
 }
 
@@ -412,6 +440,7 @@ void Supervisor::Kill(pid_t pid) {
 }
 
 void Supervisor::CloseInput(RankProcess* r) {
+  std::lock_guard<std::mutex> l(inputs_mu_);
   if (r->in_fd < 0) return;
   ::close(r->in_fd);
   r->in_fd = -1;

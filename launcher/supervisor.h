@@ -25,9 +25,12 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "output.h"
@@ -63,6 +66,9 @@ class Supervisor {
  public:
   // Takes the signalfd from SetUpSignals (not owned). Ranks are added as they start.
   Supervisor(const SupervisorOptions& options, int signal_fd);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
 
   void Add(RankProcess rank);
   // Elastic jobs: exits go to `events` first, and its Tick runs every round (not owned).
@@ -103,6 +109,11 @@ class Supervisor {
   void OnHvdrunSignal(int sig);
   void SignalLiveGroups(int sig);
   void CloseInput(RankProcess* r);
+  // Remote ranks' liveness (remote.h): a byte to each remote rank's ssh input every second,
+  // from a thread of its own, so that a main loop held up (its output blocked) does not stop
+  // the ranks; their watchers stop them once the bytes stop for the silence limit.
+  void TickRemotes();
+  void StopTicker();
   void AdvancePhase();
   int NextTimeoutMs() const;
   bool AllReaped() const;
@@ -116,7 +127,11 @@ class Supervisor {
   SupervisorOptions options_;
   int signal_fd_;
   RankEvents* events_ = nullptr;
-  std::vector<RankProcess> ranks_;
+  std::vector<RankProcess> ranks_;  // grown and in_fd changed under inputs_mu_ (the ticker)
+  std::mutex inputs_mu_;
+  std::condition_variable ticker_cv_;
+  bool ticker_stop_ = false;  // guarded by inputs_mu_
+  std::thread ticker_;
   std::vector<std::unique_ptr<LinePump>> out_pumps_;
   std::vector<std::unique_ptr<LinePump>> err_pumps_;
   Phase phase_ = Phase::kRunning;

@@ -24,7 +24,8 @@
 #   launchercut  hvdrun's own host cut off mid-allreduce (HVD_TIMEOUT_SECONDS=5; the hosts
 #                still reach each other): hvdrun's ssh sessions give up within about that
 #                timeout, at least 10 s (ServerAlive probes), and hvdrun exits non-zero naming a
-#                rank whose host it lost, instead of waiting for the link forever
+#                rank whose host it lost, instead of waiting for the link forever; the ranks,
+#                without hvdrun's ticks, stop on their hosts within 10 + 2 s, the link still down
 #   symmetric    the checked job for 20 rounds with HVD_SYMMETRIC_NEGOTIATION=on: cached
 #                tensors agreed in rounds, over TCP links between workers across the hosts
 #   symmetric_partition  the partition with HVD_SYMMETRIC_NEGOTIATION=on
@@ -368,11 +369,24 @@ case_launchercut() {
     fail "hvdrun took $took ms after the cut (timeout $HVD_TIMEOUT_SECONDS s)"
   has "$ERR" "^hvdrun: rank [0-3] " || fail "hvdrun names no rank"
   grep '^hvdrun:' "$ERR" | head -5
-  local left
+  local left i
   left=$(echo $(ip netns pids "$NETNS_L"))
   [ -z "$left" ] || { fail "processes left on the launcher's host:"; ps -o pid,args -p "${left// /,}"; }
+  # The ranks never lost each other, but hvdrun's ticks stopped: each host's watcher stops its
+  # ranks about when hvdrun's ssh gave up (10 s) plus two ticks, with the link still down.
+  for i in $(seq 1 300); do
+    left=$(echo $(hvd_leftovers 1) $(hvd_leftovers 2))
+    [ -z "$left" ] && break
+    sleep 0.1
+  done
+  took=$(( $(date +%s%3N) - CUT_MS ))
+  if [ -n "$left" ]; then
+    fail "the ranks still run $took ms after the cut of hvdrun's link:"
+    ps -o pid,args -p "${left// /,}"
+  else
+    echo "the hosts' ranks stopped $took ms after the cut, the link still down"
+  fi
   [ "$FAILED" = 0 ] || show
-  # The ranks never lost each other: they go once their sessions end, after the link is back.
   ip -n "$NETNS_SW" link set p1 up
   export -n HVD_TIMEOUT_SECONDS
 }
