@@ -363,6 +363,7 @@ void Supervisor::OnRankExit(size_t index, int status) {
                                    : ", after another rank's failure ended hvd there: ") +
                          note);
   NameStoppedRanks();
+  if (first_failed_own_) NameAbsentRanks();
   phase_ = Phase::kGrace;
   phase_deadline_ = After(options_.grace_seconds);
   if (!AllReaped()) {
@@ -388,6 +389,29 @@ void Supervisor::NameStoppedRanks() const {
         " is in state T: SIGSTOP, SIGTSTP or a debugger): it stopped answering the other "
         "ranks, the likely cause of the failure above");
   }
+}
+
+// The first failure came from a rank that had reached the rendezvous, and so failed in its
+// init (whose end needs every rank there): ranks still running that never reached it made it
+// wait out the start timeout. Named, or the summary would point at the rank that gave up
+// first (hvd's own message names them too, on every rank that waited).
+void Supervisor::NameAbsentRanks() const {
+  std::vector<std::string> absent;
+  for (const auto& r : ranks_) {
+    std::string note;
+    bool started = true;
+    if (!r.running || !NoteOf(r, &note, &started) || started) continue;
+    absent.push_back(std::to_string(r.placement.rank) +
+                     (r.remote ? " on host " + r.placement.host : std::string()));
+  }
+  if (absent.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < absent.size() && i < 8; ++i) list += (i ? ", " : "") + absent[i];
+  if (absent.size() > 8) list += " and " + std::to_string(absent.size() - 8) + " more";
+  Say(std::string(absent.size() == 1 ? "rank " : "ranks ") + list +
+      (absent.size() == 1 ? " is" : " are") + " still running but never reached the "
+      "rendezvous (hvd's init not called yet, or stuck before it): the likely cause of the "
+      "failure above, which waited --start-timeout for " + (absent.size() == 1 ? "it" : "them"));
 }
 
 // The rank's failure note, its first line and at most 400 characters.

@@ -102,6 +102,7 @@ class Supervisor {
   void ReapChildren();
   void OnRankExit(size_t index, int status);
   void NameStoppedRanks() const;
+  void NameAbsentRanks() const;
   // Every rank still running is stopped (state T), the others have exited with success: the
   // job would wait for them without a word. Said once, after 5 s of it.
   void NoteStoppedAtEnd();
