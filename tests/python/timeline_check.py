@@ -4,7 +4,8 @@ start_timeline / stop_timeline). Prints TIMELINE-OK on success.
 1. HOROVOD_TIMELINE=<file> and HOROVOD_TIMELINE_MARK_CYCLES=1 set before hvd.init(): after an
    allreduce named 'test_allreduce', rank 0's file (written while the job runs) holds
    'allreduce.test_allreduce', NEGOTIATE_ALLREDUCE, ALLREDUCE and CYCLE_START; at shutdown it is
-   a JSON array whose ALLREDUCE event of that tensor has its bytes, and rank 1 wrote none.
+   a JSON array whose ALLREDUCE event of that tensor has its bytes and the algorithm it ran
+   with, and rank 1 wrote none.
 2. HOROVOD_TIMELINE=DYNAMIC: nothing is written until hvd.start_timeline(path); operations
    between start and stop_timeline are in that file, those after are not; no CYCLE_START
    without mark_cycles. Without HOROVOD_TIMELINE set, start_timeline raises ValueError. As in
@@ -74,6 +75,11 @@ if rank == 0:
     assert names[-1] == "ALLREDUCE", ours
     assert sorted(names[1:-2]) == ["0", "1"], ours  # each rank's tick
     assert ours[-1]["args"]["bytes"] == 12 and ours[-1]["args"]["status"] == "ok", ours
+    # How it ran: both ranks on this host share memory unless HVD_SHM=off; 12 bytes over TCP
+    # take recursive doubling (the small-message algorithm).
+    expected = ("recursive doubling" if os.environ.get("HVD_SHM", "auto").lower() == "off"
+                else "shared memory, the tensors where they lie")
+    assert ours[-1]["args"].get("algorithm") == expected, ours
     assert any(e["name"] == "CYCLE_START" for e in events), events
     os.unlink(static_path)
 else:

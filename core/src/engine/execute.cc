@@ -460,6 +460,20 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   const bool adasum = r.op == ReduceOp::kAdasum;
   const PlanContext pc = WithKnobs(c.plan, r.knobs);  // rank 0's, the same on every member
   const AllreducePlan plan = PlanAllreduce(total, r.dtype, pc);
+  if (timeline_->enabled()) {
+    timeline_->Algorithm(
+        adasum ? "adasum"
+        : plan.backend == AllreduceBackend::kOffloadPieces
+            ? "shared memory, the tensors where they lie"
+        : plan.backend == AllreduceBackend::kOffload
+            ? (options_.cpu_operations == Options::CpuOperations::kMpi ? "MPI" : "shared memory")
+        : plan.hierarchical
+            ? (plan.algorithm == AllreduceAlgorithm::kRecursiveDoubling
+                   ? "hierarchical: within each host, recursive doubling across hosts"
+                   : "hierarchical: within each host, ring across hosts")
+        : plan.algorithm == AllreduceAlgorithm::kRecursiveDoubling ? "recursive doubling"
+                                                                   : "ring");
+  }
   need.scratch = adasum ? AdasumScratchBytes(total, r.dtype)
                         : PlanScratchBytes(plan, total, r.dtype, pc);
   // A backend that reads and writes the tensors where they lie (shared memory between every

@@ -176,6 +176,7 @@ void Timeline::Begin(int32_t set, const std::string& op, const std::vector<std::
     negotiating_.erase(it);
   }
   bytes_ = bytes;
+  how_ = nullptr;
 }
 
 void Timeline::End(const std::string& status) {
@@ -186,7 +187,9 @@ void Timeline::End(const std::string& status) {
     os << "{\"name\":\"" << op_ << "\",\"ph\":\"X\",\"pid\":0,\"tid\":\"" << tid
        << "\",\"ts\":" << Us(Micros(begin_)) << ",\"dur\":" << Us(Micros(end) - Micros(begin_))
        << ",\"args\":{\"bytes\":" << bytes_ << ",\"fused\":" << rows_.size() << ",\"status\":\""
-       << JsonEscape(status) << "\"}}";
+       << JsonEscape(status) << "\"";
+    if (how_ != nullptr) os << ",\"algorithm\":\"" << how_ << "\"";
+    os << "}}";
     Emit(os.str());
   }
   rows_.clear();

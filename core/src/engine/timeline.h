@@ -59,6 +59,11 @@ class Timeline {
   void Begin(int32_t set, const std::string& op, const std::vector<std::string>& names,
              size_t bytes);
   void End(const std::string& status);
+  // How the response in progress runs (an allreduce's plan), shown in its bars' args as
+  // "algorithm"; cleared at the next Begin.
+  void Algorithm(const char* how) {
+    if (file_) how_ = how;
+  }
   void MarkCycle(Clock::time_point start);  // a CYCLE_START mark, with mark_cycles
   // Writes what is buffered: when `idle` at most every kIdleFlush (10 ms), else every
   // kBusyFlush (1 s). IdleFlushIn: how long an idle engine may sleep before its next Tick.
@@ -92,6 +97,7 @@ class Timeline {
   std::vector<std::string> rows_;  // of the response in progress
   std::string op_;
   size_t bytes_ = 0;
+  const char* how_ = nullptr;  // static text (Algorithm)
   Clock::time_point begin_;
   std::vector<std::string> buffer_;
   bool first_ = true;
