@@ -104,6 +104,19 @@ std::vector<std::string> RemoteHosts(const std::vector<Placement>& placements) {
   return hosts;
 }
 
+// A job over several hosts cannot use loopback: it is on every host, so each host's check
+// would pass, but no host reaches another there (every rank then failed at the start timeout).
+void RefuseLoopbackAcrossHosts(const LaunchOptions& opts) {
+  if (opts.network_interface.empty()) return;
+  const std::string here = LocalInterfaceAddress(opts.network_interface);
+  if (here.rfind("127.", 0) == 0) {
+    throw std::runtime_error("interface " + opts.network_interface + " is loopback (" + here +
+                             " here): the other hosts cannot reach this host's ranks or "
+                             "rendezvous store there (--network-interface: name an interface "
+                             "of the network the hosts share, as eth0)");
+  }
+}
+
 // Step 1 of remote.h: probes the remote hosts and picks the addresses. Returns false, after
 // naming every host that failed, when any did.
 bool PlanAddresses(const LaunchOptions& opts, const std::vector<Placement>& placements,
@@ -118,16 +131,7 @@ bool PlanAddresses(const LaunchOptions& opts, const std::vector<Placement>& plac
     return true;
   }
   out->multi_host = true;
-  if (!opts.network_interface.empty()) {
-    // Loopback is on every host, so the probes would pass; but no host reaches another there.
-    const std::string here = LocalInterfaceAddress(opts.network_interface);
-    if (here.rfind("127.", 0) == 0) {
-      throw std::runtime_error("interface " + opts.network_interface + " is loopback (" + here +
-                               " here): the other hosts cannot reach this host's ranks or "
-                               "rendezvous store there (--network-interface: name an interface "
-                               "of the network the hosts share, as eth0)");
-    }
-  }
+  RefuseLoopbackAcrossHosts(opts);
   auto t0 = std::chrono::steady_clock::now();
   std::vector<HostProbe> probes =
       ProbeHosts(hosts, SshOptionsOf(opts), opts.network_interface, opts.start_timeout_seconds);
@@ -203,6 +207,7 @@ SupervisorOptions SupervisorOptionsOf(const LaunchOptions& opts, int ranks) {
   SupervisorOptions sopts;
   sopts.grace_seconds = opts.grace_seconds;
   sopts.kill_after_seconds = opts.kill_after_seconds;
+  sopts.start_timeout_seconds = opts.start_timeout_seconds;
   sopts.prefix_output = opts.prefix_output;
   sopts.prefix_timestamp = opts.prefix_timestamp;
   sopts.output_dir = opts.output_dir;
@@ -313,6 +318,7 @@ RankProcess StartWorker(const LaunchOptions& opts, const Placement& p, const std
                                "other hosts needs --network-interface, so that hosts that come "
                                "later reach the rendezvous store");
     }
+    RefuseLoopbackAcrossHosts(opts);
     std::vector<HostProbe> probe = ProbeHosts({p.host}, SshOptionsOf(opts),
                                               opts.network_interface, opts.start_timeout_seconds);
     if (!probe[0].ok) {

@@ -28,8 +28,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Runs under `sh -c` on the remote host; "$@" is the rank's command. See remote.h, step 4.
-// Written for dash: `kill -SIG -PGID`, no `--`, no `read -t` (hence `timeout head`); every loop
-// ends at EOF, after $q s without a tick from hvdrun, or after $t ticks.
+// Written for dash: `kill -SIG -PGID`, no `--`, no `read -t` (hence `timeout head`, 2 s at a
+// time, so that one left running when the rank exits ends soon); every loop ends at EOF, after
+// $q s without a tick from hvdrun, or after $t ticks.
 constexpr const char* kBootstrap = R"sh(e=1
 while IFS= read -r l; do
   case $l in
@@ -47,7 +48,12 @@ setsid "$@" 3<&- &
 p=$!
 {
   if [ "$q" -gt 0 ] && timeout 1 true; then
-    while [ -n "$(timeout "$q" head -c 1)" ]; do :; done
+    m=0
+    while [ $m -lt $q ]; do
+      c=$(timeout 2 head -c 1)
+      r=$?
+      if [ -n "$c" ]; then m=0; elif [ $r = 124 ]; then m=$((m + 2)); else break; fi
+    done
   else
     while read -r _; do :; done
   fi

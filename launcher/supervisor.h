@@ -60,6 +60,9 @@ struct SupervisorOptions {
   // with zeros to the width of the largest rank (`ranks`).
   std::string output_dir;
   int ranks = 1;
+  // The ranks' --start-timeout: a failure before it has passed since the start is not one
+  // of waiting for a rank at the rendezvous (NameAbsentRanks); 0: unknown, never named.
+  double start_timeout_seconds = 0;
 };
 
 class Supervisor {
@@ -128,6 +131,7 @@ class Supervisor {
   SupervisorOptions options_;
   int signal_fd_;
   RankEvents* events_ = nullptr;
+  TimePoint created_ = std::chrono::steady_clock::now();
   std::vector<RankProcess> ranks_;  // grown and in_fd changed under inputs_mu_ (the ticker)
   std::mutex inputs_mu_;
   std::condition_variable ticker_cv_;

@@ -22,7 +22,7 @@ enum class OpType : uint8_t {
   kBarrier,
   kJoin,
   // Adds (Request::splits = the set's ranks) or removes (Request::root = its id) a process set;
-  // negotiated in the global set like a barrier (names "process_set.<n>").
+  // negotiated in the global set like a barrier (names "__hvd.process_set.<n>").
   kProcessSet,
   kError,  // Response only: the named tensors failed negotiation
 };
@@ -117,8 +117,9 @@ enum class MessageType : uint8_t {
   kRound = 6,      // every rank to every other: RoundContribution (the symmetric fast path)
 };
 
-// hvd's own requests (join, barrier, process set changes) travel as requests too, under names
-// that start with kOwnNamePrefix: "__hvd.join", "__hvd.barrier.<n>", "__hvd.process_set.<n>".
+// hvd's own requests (join, barrier, process set changes, an elastic job's check for new hosts)
+// travel as requests too, under names that start with kOwnNamePrefix: "__hvd.join",
+// "__hvd.barrier.<n>", "__hvd.process_set.<n>", "__hvd.elastic.hosts_updated".
 // A caller's tensor name may not start with it (RefusalLocked), so the two never meet in a
 // rank's table of names in flight.
 inline constexpr char kOwnNamePrefix[] = "__hvd.";

@@ -416,11 +416,11 @@ bool SizeWithinLimit(const std::vector<int64_t>& shape, size_t element_bytes) {
 
 }  // namespace
 
-Status EngineImpl::RefusalLocked(const Request& r) const {
+Status EngineImpl::RefusalLocked(const Request& r, bool own_name) const {
   const int32_t id = r.process_set;
   if (r.type != OpType::kBarrier && r.type != OpType::kJoin && r.type != OpType::kProcessSet) {
     if (r.name.empty()) return Status::InvalidArgument(Describe(r) + ": the name is empty");
-    if (r.name[0] == kOwnNamePrefix[0] && r.name.rfind(kOwnNamePrefix, 0) == 0) {
+    if (!own_name && r.name[0] == kOwnNamePrefix[0] && r.name.rfind(kOwnNamePrefix, 0) == 0) {
       return Status::InvalidArgument(Describe(r) + ": names that start with '" + kOwnNamePrefix +
                                      "' are hvd's own (join, barrier, process set changes); "
                                      "choose another");
@@ -638,7 +638,7 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
         process_set_call_ = e.handle;
         e.request.name = kOwnNamePrefix + ("process_set." + std::to_string(process_set_ops_++));
       }
-      s = RefusalLocked(e.request);
+      s = RefusalLocked(e.request, e.own_name);
       if (s.ok() && e.request.error.empty()) {
         const Status bad = ValidateLocked(e);
         if (!bad.ok()) RefuseArguments(e.request, bad);
@@ -1091,7 +1091,12 @@ StatusOr<bool> Engine::HostsUpdated() {
   }
   // Every rank takes rank 0's answer, so that every rank resets, or none.
   TensorView t(&latest, DataType::kInt64, {1});
-  Status s = Broadcast("hvd.elastic.hosts_updated", t, t, 0)->Wait();
+  TensorEntry e = MakeEntry(*impl_, OpType::kBroadcast,
+                            std::string(kOwnNamePrefix) + "elastic.hosts_updated", t, t,
+                            kGlobalProcessSet);
+  e.request.root = 0;
+  e.own_name = true;
+  Status s = impl_->Enqueue(std::move(e))->Wait();
   if (!s.ok()) return s;
   return latest > o.elastic_generation;
 }

@@ -191,6 +191,9 @@ struct TensorEntry {
   // Built in its node (EngineImpl::SubmitAllreduce): the node keeps its name's and shape's
   // storage when it completes, for the name's next use, instead of handing it to other entries.
   bool keeps_storage = false;
+  // An operation of hvd's own under a name that starts with kOwnNamePrefix, which a caller's
+  // operation may not use (RefusalLocked).
+  bool own_name = false;
 };
 
 // An in_flight_ node whose operation ended lets go of what the entry holds (its handle, its
@@ -436,7 +439,7 @@ class EngineImpl {
   // Need mu_ (they read in_flight_ and known_sets_).
   // What this rank refuses alone, at the call: an operation it cannot negotiate (no name, a
   // process set that it is not a member of or that does not exist).
-  Status RefusalLocked(const Request& r) const;
+  Status RefusalLocked(const Request& r, bool own_name = false) const;
   // What is wrong with the arguments (the caller sends it as Request::error, and every rank
   // fails the operation); may rewrite the request's root.
   Status ValidateLocked(TensorEntry& e) const;
