@@ -393,8 +393,9 @@ void Supervisor::NameStoppedRanks() const {
 
 // The first failure came from a rank that had reached the rendezvous, and so failed in its
 // init (whose end needs every rank there), at least the start timeout into the job: ranks
-// still running that never reached it made it wait that timeout out. Named, or the summary would point at the rank that gave up
-// first (hvd's own message names them too, on every rank that waited).
+// still running that never reached it made it wait that timeout out. Named, or the summary
+// would point at the rank that gave up first (hvd's own message names them too, on every rank
+// that waited).
 void Supervisor::NameAbsentRanks() const {
   // (Every rank's start timeout counts from its init, after hvdrun started it.)
   if (options_.start_timeout_seconds <= 0 ||

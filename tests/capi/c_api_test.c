@@ -199,7 +199,8 @@ int main(void) {
     CHECK(hvd_poll(NULL) == 1, "hvd_poll(NULL)");
   }
   /* The caller's names never meet hvd's own: allreduces named "barrier.0" and "join" in flight
-   * through the first barrier and the join (both failed as names already in flight). */
+   * through the first barrier and the join (when hvd's own were "barrier.<n>" and "join",
+   * the barrier and the join failed: a name already in flight). */
   float ones[3] = {1, 1, 1}, sum_b[3] = {0}, sum_j[3] = {0};
   int64_t three = 3;
   hvd_handle* named_b =

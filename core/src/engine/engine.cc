@@ -422,8 +422,8 @@ Status EngineImpl::RefusalLocked(const Request& r, bool own_name) const {
     if (r.name.empty()) return Status::InvalidArgument(Describe(r) + ": the name is empty");
     if (!own_name && r.name[0] == kOwnNamePrefix[0] && r.name.rfind(kOwnNamePrefix, 0) == 0) {
       return Status::InvalidArgument(Describe(r) + ": names that start with '" + kOwnNamePrefix +
-                                     "' are hvd's own (join, barrier, process set changes); "
-                                     "choose another");
+                                     "' are hvd's own (join, barrier and the like); choose "
+                                     "another");
     }
   }
   if (id == kGlobalProcessSet) return Status::OK();  // always there, with every rank
