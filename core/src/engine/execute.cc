@@ -38,6 +38,25 @@ namespace hvd {
 
 namespace {
 
+// How an allreduce's plan runs, for the timeline (static text). `mpi`: the offload backend is
+// MPI's (HVD_CPU_OPERATIONS=mpi), else shared memory's.
+const char* AllreducePlanText(const AllreducePlan& plan, bool mpi) {
+  const bool doubling = plan.algorithm == AllreduceAlgorithm::kRecursiveDoubling;
+  switch (plan.backend) {
+    case AllreduceBackend::kOffloadPieces:
+      return "shared memory, the tensors where they lie";
+    case AllreduceBackend::kOffload:
+      return mpi ? "MPI" : "shared memory";
+    case AllreduceBackend::kAlgorithm:
+      break;
+  }
+  if (plan.hierarchical) {
+    return doubling ? "hierarchical: within each host, recursive doubling across hosts"
+                    : "hierarchical: within each host, ring across hosts";
+  }
+  return doubling ? "recursive doubling" : "ring";
+}
+
 int64_t RowElements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
@@ -461,18 +480,8 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   const PlanContext pc = WithKnobs(c.plan, r.knobs);  // rank 0's, the same on every member
   const AllreducePlan plan = PlanAllreduce(total, r.dtype, pc);
   if (timeline_->enabled()) {
-    timeline_->Algorithm(
-        adasum ? "adasum"
-        : plan.backend == AllreduceBackend::kOffloadPieces
-            ? "shared memory, the tensors where they lie"
-        : plan.backend == AllreduceBackend::kOffload
-            ? (options_.cpu_operations == Options::CpuOperations::kMpi ? "MPI" : "shared memory")
-        : plan.hierarchical
-            ? (plan.algorithm == AllreduceAlgorithm::kRecursiveDoubling
-                   ? "hierarchical: within each host, recursive doubling across hosts"
-                   : "hierarchical: within each host, ring across hosts")
-        : plan.algorithm == AllreduceAlgorithm::kRecursiveDoubling ? "recursive doubling"
-                                                                   : "ring");
+    const bool mpi = options_.cpu_operations == Options::CpuOperations::kMpi;
+    timeline_->Algorithm(adasum ? "adasum" : AllreducePlanText(plan, mpi));
   }
   need.scratch = adasum ? AdasumScratchBytes(total, r.dtype)
                         : PlanScratchBytes(plan, total, r.dtype, pc);
