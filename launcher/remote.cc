@@ -28,9 +28,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Runs under `sh -c` on the remote host; "$@" is the rank's command. See remote.h, step 4.
-// Written for dash: `kill -SIG -PGID`, no `--`, no `read -t` (hence `timeout head`, 2 s at a
-// time, so that one left running when the rank exits ends soon); every loop ends at EOF, after
-// $q s without a tick from hvdrun, or after $t ticks.
+// Written for dash: `kill -SIG -PGID`, no `--`, no `read -t`. The watcher ($w; $k stops the
+// rank) waits for silence with bash's `read -t`, one process for the rank's life, which the
+// bootstrap's `kill $w` ends; without bash, `timeout head` 2 s at a time (three processes a
+// tick, and one left running when the rank exits ends within 2 s). Every loop ends at EOF,
+// after $q s without a tick from hvdrun, or after $t ticks.
 constexpr const char* kBootstrap = R"sh(e=1
 while IFS= read -r l; do
   case $l in
@@ -46,8 +48,16 @@ unset HVDRUN_KILL_TICKS HVDRUN_WORKDIR HVDRUN_SILENCE_SECONDS
 exec 3<&0 0</dev/null
 setsid "$@" 3<&- &
 p=$!
+k='kill -TERM -$p || kill -TERM $p
+n=0
+while [ $n -lt $t ] && kill -0 -$p; do sleep 0.1; n=$((n + 1)); done
+kill -KILL -$p'
 {
-  if [ "$q" -gt 0 ] && timeout 1 true; then
+  if [ "$q" -gt 0 ] && command -v bash; then
+    export p t q
+    exec bash -c "while read -r -n 1 -t \$q _; do :; done
+$k"
+  elif [ "$q" -gt 0 ] && timeout 1 true; then
     m=0
     while [ $m -lt $q ]; do
       c=$(timeout 2 head -c 1)
@@ -57,10 +67,7 @@ p=$!
   else
     while read -r _; do :; done
   fi
-  kill -TERM -$p || kill -TERM $p
-  n=0
-  while [ $n -lt $t ] && kill -0 -$p; do sleep 0.1; n=$((n + 1)); done
-  kill -KILL -$p
+  eval "$k"
 } <&3 >/dev/null 2>&1 &
 w=$!
 exec 3<&-

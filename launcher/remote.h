@@ -18,8 +18,8 @@
 //      the connection died), or when no byte came for HVDRUN_SILENCE_SECONDS (hvdrun's host
 //      or its link is gone without a word: the session would wait for it forever while the
 //      ranks, which still reach each other, trained on unsupervised), it sends SIGTERM to the
-//      rank's group and, after the kill-after time, SIGKILL. (The silence needs `timeout`
-//      from coreutils on the host; without it, EOF only.) The bootstrap exits with the rank's
+//      rank's group and, after the kill-after time, SIGKILL. (The silence needs bash, or
+//      `timeout` from coreutils, on the host; without either, EOF only.) The bootstrap exits with the rank's
 //      status (128+N for signal N), after stopping whatever the rank left in its group; ssh
 //      hands the status to hvdrun.
 //
