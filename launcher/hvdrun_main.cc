@@ -18,6 +18,7 @@
 #include "hvd/config.h"
 #include "mpi_launch.h"
 #include "bootstrap/store.h"
+#include "common/descriptors.h"
 #include "common/logging.h"
 #include "remote.h"
 #include "spawn.h"
@@ -243,23 +244,13 @@ int RunJob(const LaunchOptions& opts) {
   JobEnvironment job = JobOf(opts, addrs, (*server)->port(), secret);
 
   Supervisor supervisor(SupervisorOptionsOf(opts, opts.np), signal_fd);
-  // Read from hvdrun's own store, reached when the first failure comes.
-  auto notes_store = std::make_shared<std::unique_ptr<StoreClient>>();
-  const int store_port = (*server)->port();
-  const std::string store_host = addrs.local_addr;
-  supervisor.SetFailureNotes([=](int rank, std::string* note, bool* started) {
-    const Deadline deadline = Clock::now() + std::chrono::milliseconds(500);
-    if (!*notes_store) {
-      auto store = StoreClient::Connect(store_host, store_port, deadline, secret);
-      if (!store.ok()) return false;
-      *notes_store = std::move(*store);
-    }
-    auto found = (*notes_store)->TryGet(FailureNoteKey(rank), note, deadline);
-    if (found.ok() && !*found) note->clear();
-    if (!found.ok()) return false;
+  // Read from hvdrun's own store directly when the first failure comes: however busy the store
+  // is with the ranks' requests (a job of many ranks failing at once), each answer is exact.
+  StoreServer* notes = server->get();
+  supervisor.SetFailureNotes([notes](int rank, std::string* note, bool* started) {
+    if (!notes->Lookup(FailureNoteKey(rank), note)) note->clear();
     std::string addr;
-    auto joined = (*notes_store)->TryGet(RankAddressKey(rank), &addr, deadline);
-    *started = joined.ok() && *joined;
+    *started = notes->Lookup(RankAddressKey(rank), &addr);
     return true;
   });
   if (opts.verbose) {
@@ -391,19 +382,6 @@ int RunElasticJob(const LaunchOptions& opts) {
   return code;
 }
 
-// hvdrun holds about three descriptors per rank (its output pipes, its store connection), and a
-// rank one or more per peer on its host; the usual soft limit of 1,024 would end a job of a few
-// hundred ranks ("pipe: Too many open files"). hvdrun takes the hard limit as its soft one, and
-// its ranks inherit it.
-void RaiseDescriptorLimit() {
-  rlimit files{};
-  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur >= files.rlim_max) return;
-  // (The kernel refuses more than its nr_open, 1 Mi by default, even under an unlimited hard
-  // limit.)
-  files.rlim_cur = std::min<rlim_t>(files.rlim_max, rlim_t{1} << 20);
-  ::setrlimit(RLIMIT_NOFILE, &files);
-}
-
 }  // namespace
 
 int Main(int argc, char** argv) {
@@ -423,7 +401,7 @@ int Main(int argc, char** argv) {
     return 0;
   }
   for (const std::string& w : opts.warnings) std::cerr << "hvdrun: " << w << "\n";
-  RaiseDescriptorLimit();
+  RaiseDescriptorLimit();  // (common/descriptors.h; its ranks inherit the limit)
   if (!opts.elastic) {
     // An elastic worker's marks, inherited by an hvdrun started inside one (hvd.run from a
     // worker, say), would make this job's ranks try to join that job's worlds.

@@ -22,6 +22,7 @@
 #include <stdexcept>
 
 #include "bootstrap/auth.h"
+#include "common/descriptors.h"
 
 extern char** environ;
 
@@ -30,7 +31,8 @@ namespace launcher {
 namespace {
 
 [[noreturn]] void Fail(const std::string& what) {
-  throw std::runtime_error(what + ": " + std::strerror(errno));
+  const int err = errno;
+  throw std::runtime_error(what + ": " + std::strerror(err) + DescriptorLimitNote(err));
 }
 
 sigset_t HandledSignals() {

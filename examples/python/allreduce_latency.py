@@ -42,7 +42,7 @@ def main():
         ("hvd.allreduce_ (named, in place)", lambda i: hvd.allreduce_(x, name="lat_", op=hvd.Max)),
         ("_core.allreduce + wait (named)",
          lambda i: _core.allreduce("allreduce.core", ptr, ptr, _core.FLOAT32, (args.elements,),
-                                   _core.MAX, 1.0, 1.0, None).wait()),
+                                   _core.MAX, 1.0, 1.0, None, 0).wait()),  # 0: the global set
     ]
     for label, fn in cases:
         timed(fn, 200)  # warm up: connections, response cache

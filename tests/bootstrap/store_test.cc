@@ -302,6 +302,33 @@ TEST(Store, TryGetAnswersAtOnce) {
   EXPECT_EQ("value", *c->Get("k", DeadlineAfterSeconds(5)));
 }
 
+// The hosting process reads keys directly (hvdrun's failure notes), while clients write them
+// from other threads.
+TEST(Store, LookupReadsWhatClientsSet) {
+  auto server = StartServer();
+  std::string v = "untouched";
+  EXPECT_FALSE(server->Lookup("k", &v));
+  EXPECT_EQ("untouched", v);
+  auto c = Connect(server->port());
+  ASSERT_TRUE(c->Set("k", "first", DeadlineAfterSeconds(5)).ok());
+  EXPECT_TRUE(server->Lookup("k", &v));
+  EXPECT_EQ("first", v);
+  std::thread writer([&] {
+    for (int i = 0; i < 200; ++i) {
+      ASSERT_TRUE(c->Set("k" + std::to_string(i % 7), std::string(i, 'x'), DeadlineAfterSeconds(5)).ok());
+    }
+  });
+  for (int i = 0; i < 2000; ++i) {
+    std::string w;
+    if (server->Lookup("k" + std::to_string(i % 7), &w)) {
+      ASSERT_TRUE(w.find_first_not_of('x') == std::string::npos) << w;
+    }
+  }
+  writer.join();
+  EXPECT_TRUE(server->Lookup("k6", &v));
+  EXPECT_EQ(std::string(195, 'x'), v);  // the last of i % 7 == 6 below 200
+}
+
 // Rank, local and cross places of "<id> <host>" lines, against the definitions: local rank
 // counts earlier lines of the host; cross rank counts the hosts (first-appearance order) that
 // have that local rank.

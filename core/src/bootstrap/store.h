@@ -64,6 +64,9 @@ class StoreServer {
                                                       double handshake_timeout_seconds = 30);
   virtual int port() const = 0;
   virtual void Stop() = 0;
+  // Any thread: the key's value as it is now, without a connection (the process that hosts the
+  // store reads it directly, however busy the store is). False when the key is not set.
+  virtual bool Lookup(const std::string& key, std::string* value) const = 0;
 };
 
 }  // namespace hvd

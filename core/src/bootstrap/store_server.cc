@@ -93,6 +93,13 @@ class StoreServerImpl : public StoreServer {
   Status Listen(const std::string& bind_addr, int port);
   int port() const override { return port_; }
   void Stop() override;
+  bool Lookup(const std::string& key, std::string* value) const override {
+    std::lock_guard<std::mutex> l(data_mu_);
+    auto it = data_.find(key);
+    if (it == data_.end()) return false;
+    *value = it->second;
+    return true;
+  }
 
   // io thread only.
   void SetKey(const std::string& key, std::string value);
@@ -124,8 +131,11 @@ class StoreServerImpl : public StoreServer {
   std::thread thread_;
   std::mutex stop_mu_;
   bool stopped_ = false;  // guarded by stop_mu_
-  // io thread only:
+  // Written on the io thread only, under data_mu_ (Lookup reads it from any thread; the io
+  // thread's own reads need no lock).
+  mutable std::mutex data_mu_;
   std::unordered_map<std::string, std::string> data_;
+  // io thread only:
   std::unordered_map<std::string, std::vector<std::shared_ptr<Session>>> waiters_;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;
   std::deque<std::weak_ptr<Session>> authenticating_;  // in the order they were accepted
@@ -350,8 +360,12 @@ void StoreServerImpl::LimitPendingHandshakes(bool now) {
 }
 
 void StoreServerImpl::SetKey(const std::string& key, std::string value) {
-  std::string& slot = data_[key];
-  slot = std::move(value);
+  std::string* stored;
+  {
+    std::lock_guard<std::mutex> l(data_mu_);
+    stored = &(data_[key] = std::move(value));  // (an unordered_map's values stay in place)
+  }
+  const std::string& slot = *stored;
   auto it = waiters_.find(key);
   if (it == waiters_.end()) return;
   std::vector<std::shared_ptr<Session>> ready = std::move(it->second);

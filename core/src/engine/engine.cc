@@ -14,6 +14,7 @@
 
 #include "bootstrap/elastic.h"
 #include "bootstrap/store.h"
+#include "common/descriptors.h"
 #include "common/logging.h"
 #include "common/spin_lock.h"
 #include "planner/fusion.h"
@@ -1067,6 +1068,7 @@ StatusOr<std::unique_ptr<EngineImpl>> CreateElastic(const Options& options) {
 }  // namespace
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options) {
+  RaiseDescriptorLimit();  // one or more per peer (common/descriptors.h)
   auto impl = options.elastic ? CreateElastic(options) : EngineImpl::Create(options);
   if (!impl.ok()) return impl.status();
   return std::unique_ptr<Engine>(new Engine(std::move(*impl)));

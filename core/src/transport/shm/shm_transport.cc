@@ -25,6 +25,7 @@
 #include "bootstrap/auth.h"
 #include "collectives/collectives.h"
 #include "common/cpu_relax.h"
+#include "common/descriptors.h"
 #include "common/logging.h"
 #include "reduce/reduce.h"
 #include "transport/collective_offload.h"
@@ -1048,7 +1049,9 @@ struct RankInfo {
 };
 
 Status Errno(const std::string& what) {
-  return Status::FailedPrecondition("shared memory: " + what + ": " + std::strerror(errno));
+  const int err = errno;
+  return Status::FailedPrecondition("shared memory: " + what + ": " + std::strerror(err) +
+                                    DescriptorLimitNote(err));
 }
 
 // The abstract socket name of `rank` in this job.
@@ -1096,7 +1099,10 @@ bool SendFds(int sock, int a, int b) {
   return ::sendmsg(sock, &m, MSG_NOSIGNAL) == 1;
 }
 
-bool ReceiveFds(int sock, int* a, int* b) {
+// False when the peer closed first or sent something else; *truncated when the descriptors came
+// but did not fit (this process is out of descriptors: the kernel drops them, MSG_CTRUNC).
+bool ReceiveFds(int sock, int* a, int* b, bool* truncated) {
+  *truncated = false;
   char byte = 0;
   iovec iov{&byte, 1};
   alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
@@ -1106,6 +1112,10 @@ bool ReceiveFds(int sock, int* a, int* b) {
   m.msg_control = control;
   m.msg_controllen = sizeof(control);
   if (::recvmsg(sock, &m, MSG_CMSG_CLOEXEC) != 1) return false;
+  if (m.msg_flags & MSG_CTRUNC) {
+    *truncated = true;
+    return false;
+  }
   cmsghdr* c = CMSG_FIRSTHDR(&m);
   if (!c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(2 * sizeof(int))) return false;
   int fds[2];
@@ -1229,7 +1239,11 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
     // Every connection waiting is taken (a bounded number a round, whatever strangers do).
     for (int taken = 0; (fds[0].revents & POLLIN) && taken < slots + 64; ++taken) {
       int s = ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (s < 0) break;  // none left (the listener does not block), or out of descriptors
+      if (s < 0 && (errno == EMFILE || errno == ENFILE)) {
+        // The local rank asking would see only its connection closed: say why here.
+        return finish(Errno("accepting a local rank's connection"));
+      }
+      if (s < 0) break;  // none left (the listener does not block)
       FdCloser conn(s);
       ucred cred{};
       socklen_t clen = sizeof(cred);
@@ -1263,9 +1277,14 @@ Status ExchangeSegments(const std::vector<int>& local, int me, const std::vector
         if (kv.second == fds[i].fd) r = kv.first;
       }
       int seg_fd = -1, bell_fd = -1;
-      bool got = ReceiveFds(fds[i].fd, &seg_fd, &bell_fd);
+      bool truncated = false;
+      bool got = ReceiveFds(fds[i].fd, &seg_fd, &bell_fd, &truncated);
       ::close(fds[i].fd);
       out.erase(r);
+      if (truncated) {
+        errno = EMFILE;
+        return finish(Errno("receiving rank " + std::to_string(r) + "'s segment"));
+      }
       if (!got) {
         return finish(Status::FailedPrecondition("shared memory: rank " + std::to_string(r) +
                                                  " closed without passing its segment"));
@@ -1315,20 +1334,24 @@ StatusOr<std::unique_ptr<Transport>> ConnectSharedMemory(std::unique_ptr<TcpTran
   // 2. The segments, among the ranks of this host.
   std::vector<Segment> segments;
   Status mine_ok = Status::OK();
+  Deadline setup = std::min(deadline, DeadlineAfterSeconds(30));
   if (wanted && local.size() > 1) {
     auth::Nonce a{}, b{};
     std::memcpy(a.data(), &info[local[0]].pid, sizeof(int32_t));
     std::memcpy(b.data(), &mine.key, sizeof(uint64_t));
     auth::Mac mac = auth::Proof(options.secret, "hvd shm", a, b, "shm");
     const std::string tag = auth::Hex(mac.data(), 8);
-    Deadline setup = std::min(deadline, DeadlineAfterSeconds(30));
     mine_ok = ExchangeSegments(local, me, info, tag, setup, &segments);
     if (!mine_ok.ok()) Unmap(segments);
   }
   // 3. Which pairs use it: both ranks must have their segments.
   int32_t ok = (wanted && local.size() > 1) ? (mine_ok.ok() ? 1 : 0) : 2;
   std::vector<int32_t> oks(n);
-  s = Allgatherv(*tcp, &ok, oks.data(), std::vector<size_t>(n, sizeof(int32_t)), deadline);
+  // A rank whose exchange failed at once (out of descriptors) waits here for those still in
+  // theirs, until their setup deadline (about its own): not only the progress window, which
+  // may be shorter, or it would give up and fail the job that TCP alone could run.
+  const Deadline agree = std::max(deadline, setup + std::chrono::seconds(10));
+  s = Allgatherv(*tcp, &ok, oks.data(), std::vector<size_t>(n, sizeof(int32_t)), agree);
   if (!s.ok()) {
     Unmap(segments);
     return lost(s.WithContext("shared memory: agreeing on it"));

@@ -10,6 +10,7 @@
 
 #include "bootstrap/auth.h"
 #include "common/inheritance.h"
+#include "common/descriptors.h"
 #include "common/logging.h"
 #include "transport/tcp/mesh_hello.h"
 #include "transport/tcp/tcp_transport.h"
@@ -47,14 +48,27 @@ bool PeerClosed(tcp::socket& sock) {
 // for may itself be waiting on another. Appends the ranks that never published their address:
 // those are the cause. Returns whether there were any.
 bool NameAbsentRanks(StoreClient& store, const Options& o, std::ostringstream& os) {
+  // Only the store's answer "not there" names a rank: a store busy with a large job's ranks,
+  // all failing at once, may not answer in time, and a rank it did not answer for is not
+  // named. A failed request ends the walk (the connection may still owe its answer); so does
+  // the deadline.
   std::vector<int> absent;
+  const Deadline deadline = Clock::now() + std::chrono::seconds(2);
+  int unasked = -1;  // the first rank not asked about
   for (int j = 0; j < o.size; ++j) {
     if (j == o.rank) continue;
-    auto a = store.Get(RankAddressKey(j), Clock::now() + std::chrono::milliseconds(200));
-    if (!a.ok()) absent.push_back(j);
+    std::string addr;
+    StatusOr<bool> there = Clock::now() < deadline ? store.TryGet(RankAddressKey(j), &addr, deadline)
+                                                   : StatusOr<bool>(Status::Timeout("deadline"));
+    if (!there.ok()) {
+      unasked = j;
+      break;
+    }
+    if (!*there) absent.push_back(j);
   }
   if (absent.empty()) return false;
   os << "; ranks [" << RankList(absent) << "] never reached the rendezvous (not started, or died)";
+  if (unasked >= 0) os << " (the store did not answer about ranks " << unasked << " and up)";
   return true;
 }
 
@@ -79,7 +93,10 @@ StatusOr<std::unique_ptr<tcp::socket>> Dial(asio::io_context& io, const tcp::end
   sock->open(ep.protocol(), result);
   if (result) {
     return Status::PeerLost("cannot connect to rank " + std::to_string(peer) + ": " +
-                            result.message());
+                            result.message() +
+                            (result.category() == asio::system_category()
+                                 ? DescriptorLimitNote(result.value())
+                                 : std::string()));
   }
   KeepFromChildren(sock->native_handle());
   result = asio::error::would_block;
@@ -168,6 +185,8 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
   int knob_mismatch() const { return knob_mismatch_; }
   // Ranks that do not form one world: another world size, or a rank claimed twice (none: empty).
   const std::optional<std::string>& mismatch() const { return mismatch_; }
+  // Why accepting failed for lack of descriptors, for the timeout's message ("": it did not).
+  const std::string& short_of_descriptors() const { return short_of_descriptors_; }
 
  private:
   struct Incoming {
@@ -191,6 +210,10 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
         // stop accepting for good. The oldest connection still authenticating makes room, and
         // the next accept comes a moment later (not a spin while the shortage lasts).
         accept_failed_.Note(ec.message());
+        if (ec.category() == asio::system_category() &&
+            (ec.value() == EMFILE || ec.value() == ENFILE)) {
+          short_of_descriptors_ = ec.message() + DescriptorLimitNote(ec.value());
+        }
         DropAuthenticating(0, /*one=*/true);
         ++pending_;
         retry_.expires_after(std::chrono::milliseconds(20));
@@ -300,6 +323,7 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
   std::vector<std::weak_ptr<Incoming>> incoming_;
   int expected_ = 0, got_ = 0, pending_ = 0, knob_mismatch_ = -1;
   std::optional<std::string> mismatch_;
+  std::string short_of_descriptors_;
   bool stopped_ = false;
   asio::steady_timer retry_;  // the next accept after a failed one
   // A stranger may open any number of connections while the job forms.
@@ -464,7 +488,11 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
       }
     }
     os << "]";
-    if (!NameAbsentRanks(store, o, os)) os << " (are all ranks started, with the same HVD_SIZE?)";
+    if (!acceptor.short_of_descriptors().empty()) {
+      os << "; accepting their connections failed here: " << acceptor.short_of_descriptors();
+    } else if (!NameAbsentRanks(store, o, os)) {
+      os << " (are all ranks started, with the same HVD_SIZE?)";
+    }
     return Status::Timeout(os.str());
   }
   return mesh;
