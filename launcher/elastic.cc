@@ -378,8 +378,13 @@ void ElasticDriver::Reform(const std::string& why, bool again) {
     if (workers_[w].alive && !workers_[w].retired) keep.push_back(w);
   }
   if (keep.empty() && generation_ > 0) {
-    Fail("every worker of world " + std::to_string(generation_) +
-         " is gone, so none holds the committed state");
+    // Before any world formed there was no state to lose: the workers failed as they started
+    // (their own output says why: a missing module, a bad path, ...).
+    Fail(formed_ > 0 ? "every worker of world " + std::to_string(generation_) +
+                           " is gone, so none holds the committed state"
+                     : "every worker exited before any world formed (world " +
+                           std::to_string(generation_) +
+                           " never did): see their output above for why they failed to start");
     return;
   }
   // Once a world has formed, the state lives in the workers that joined one: the new world's

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Random kills (docs/RELIABILITY.md): TRIALS times, start a 4-rank job under hvdrun
 # (mp_collectives_worker --chaos: start, negotiation, 4 MiB collectives, shutdown), wait a random
-# time, then SIGKILL (or, for the last STOP_TRIALS trials, SIGSTOP) a random rank. A trial passes
+# time, then SIGKILL a random rank; then STOP_TRIALS more trials that SIGSTOP it. A trial passes
 # when
 #   - hvdrun exits within max(HVD_TIMEOUT_SECONDS, HVD_START_TIMEOUT) + grace + 10 s (no hang),
 #     non-zero unless the job had already finished, naming the victim for a kill;

@@ -609,6 +609,24 @@ TEST(Hvdrun, AHangingDiscoveryScriptDoesNotHoldTheJob) {
   EXPECT_LT(took, 5.0) << r.err;
 }
 
+// Workers that all fail as they start (a missing module, a bad path): no world ever formed, so
+// no state was lost, and the summary says so (it said every worker of the world was gone, "so
+// none holds the committed state").
+TEST(Hvdrun, ElasticWorkersThatFailAtStartAreNamedAsSuch) {
+  TempDir dir;
+  const std::string script = dir.path() + "/discover.sh";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\necho localhost:2\n";
+  }
+  ASSERT_EQ(0, ::chmod(script.c_str(), 0755));
+  Result r = RunHvdrun({"-np", "2", "--min-np", "1", "--host-discovery-script", script, "sh",
+                        "-c", "exit 3"});
+  EXPECT_NE(0, r.code) << r.err;
+  EXPECT_TRUE(Contains(r.err, "every worker exited before any world formed")) << r.err;
+  EXPECT_FALSE(Contains(r.err, "committed state")) << r.err;
+}
+
 TEST(Hvdrun, LeftoverBackgroundProcessesAreStoppedOnSuccess) {
   TempDir dir;
   Result r = RunHvdrun({"-np", "2", "sh", "-c",
