@@ -30,7 +30,9 @@ using Clock = std::chrono::steady_clock;
 // Runs under `sh -c` on the remote host; "$@" is the rank's command. See remote.h, step 4.
 // Written for dash: `kill -SIG -PGID`, no `--`, no `read -t`. The watcher ($w; $k stops the
 // rank) waits for silence with bash's `read -t`, one process for the rank's life, which the
-// bootstrap's `kill $w` ends; without bash, `timeout head` 2 s at a time (three processes a
+// bootstrap's `kill $w` ends. It reads no startup file: bash started with a socket for stdin
+// under sshd reads ~/.bashrc even with -c, and what a .bashrc runs (pyenv's rehash takes a
+// lock file) must not be killed half-way by `kill $w`. Without bash, `timeout head` 2 s at a time (three processes a
 // tick, and one left running when the rank exits ends within 2 s). Every loop ends at EOF,
 // after $q s without a tick from hvdrun, or after $t ticks.
 constexpr const char* kBootstrap = R"sh(e=1
@@ -55,7 +57,8 @@ kill -KILL -$p'
 {
   if [ "$q" -gt 0 ] && command -v bash; then
     export p t q
-    exec bash -c "while read -r -n 1 -t \$q _; do :; done
+    unset BASH_ENV ENV
+    exec bash --norc --noprofile -c "while read -r -n 1 -t \$q _; do :; done
 $k"
   elif [ "$q" -gt 0 ] && timeout 1 true; then
     m=0

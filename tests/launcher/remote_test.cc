@@ -4,6 +4,7 @@
 // with a PATH that has `timeout` and `head` but no bash.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -61,9 +63,12 @@ std::string PathWithoutBash(const TempDir& dir) {
 // writes hvdrun's side to.
 class Bootstrap {
  public:
-  Bootstrap(const std::vector<std::string>& command, int silence_seconds, const std::string& path) {
+  // `socket`: a socket for stdin, as sshd gives (bash then reads ~/.bashrc even with -c);
+  // `env`: set in the bootstrap's environment, as a login shell would have it.
+  Bootstrap(const std::vector<std::string>& command, int silence_seconds, const std::string& path,
+            bool socket = false, const std::map<std::string, std::string>& env = {}) {
     int fds[2];
-    if (::pipe(fds) != 0) std::abort();
+    if (socket ? ::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0 : ::pipe(fds) != 0) std::abort();
     const std::string line = RemoteRankCommand(command);
     pid_ = ::fork();
     if (pid_ == 0) {
@@ -74,6 +79,7 @@ class Bootstrap {
       ::dup2(null, 1);
       ::dup2(null, 2);
       if (!path.empty()) ::setenv("PATH", path.c_str(), 1);
+      for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
       ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
@@ -170,6 +176,27 @@ TEST_P(RemoteBootstrap, RankExitLeavesNoReader) {
   EXPECT_EQ(b.Exit(10), 3) << "the bootstrap exits with the rank's status";
   // With bash the watcher is killed at once; `timeout head` ends within its 2 s.
   EXPECT_TRUE(b.ReadersGone(4.0)) << "a process of the bootstrap still reads hvdrun's stdin";
+}
+
+// Under sshd (stdin a socket, SSH_CLIENT set) bash reads ~/.bashrc even for -c, and $BASH_ENV
+// always: the watcher reads neither (a .bashrc's work, such as pyenv's rehash with its lock
+// file, would be killed half-way when the rank exits, and left the lock for every later login).
+TEST_P(RemoteBootstrap, WatcherReadsNoStartupFile) {
+  const std::string home = dir_.path();
+  for (const char* file : {"/.bashrc", "/env.sh"}) {
+    std::ofstream f(home + file);
+    f << "touch " << home << file << ".read\n";
+  }
+  {
+    Bootstrap b({"sh", "-c", "sleep 2; exit 0"}, /*silence_seconds=*/5, path_, /*socket=*/true,
+                {{"HOME", home}, {"SSH_CLIENT", "10.0.0.1 40000 22"},
+                 {"BASH_ENV", home + "/env.sh"}});
+    ASSERT_TRUE(b.Write("."));
+    EXPECT_EQ(b.Exit(10), 0);
+  }
+  for (const char* file : {"/.bashrc", "/env.sh"}) {
+    EXPECT_NE(0, ::access((home + file + ".read").c_str(), F_OK)) << file << " was read";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Watchers, RemoteBootstrap, ::testing::Values(true, false),

@@ -344,7 +344,7 @@ case_partition() {
   echo "hvdrun exited $RC after $(( $(date +%s%3N) - CUT_MS )) ms from the cut"
   grep '^hvdrun:' "$ERR"
   local left="$(hvd_leftovers 1) $(hvd_leftovers 2) $(ip netns pids "$NETNS_L")"
-  [ -z "${left// /}" ] || { fail "processes left:"; ps -o pid,args -p "${left// /,}"; }
+  [ -z "${left// /}" ] || { fail "processes left:"; ps -o pid,args -p "$(echo $left | tr " " ",")"; }
   [ "$FAILED" = 0 ] || show
   # sshd's sessions on host 2 still wait for hvdrun's side of the link: they go once it is back.
   netns_heal 2
@@ -371,7 +371,7 @@ case_launchercut() {
   grep '^hvdrun:' "$ERR" | head -5
   local left i
   left=$(echo $(ip netns pids "$NETNS_L"))
-  [ -z "$left" ] || { fail "processes left on the launcher's host:"; ps -o pid,args -p "${left// /,}"; }
+  [ -z "$left" ] || { fail "processes left on the launcher's host:"; ps -o pid,args -p "$(echo $left | tr " " ",")"; }
   # The ranks never lost each other, but hvdrun's ticks stopped: each host's watcher stops its
   # ranks about when hvdrun's ssh gave up (10 s) plus two ticks, with the link still down.
   for i in $(seq 1 300); do
@@ -382,7 +382,7 @@ case_launchercut() {
   took=$(( $(date +%s%3N) - CUT_MS ))
   if [ -n "$left" ]; then
     fail "the ranks still run $took ms after the cut of hvdrun's link:"
-    ps -o pid,args -p "${left// /,}"
+    ps -o pid,args -p "$(echo $left | tr " " ",")"
   else
     echo "the hosts' ranks stopped $took ms after the cut, the link still down"
     # 10 + 2 s of silence, then SIGTERM (the worker leaves at once); the rest is slack for a
@@ -421,7 +421,7 @@ case_reboot() {
   echo "hvdrun exited $RC after $(( $(date +%s%3N) - CUT_MS )) ms from the loss of host 2"
   grep '^hvdrun:' "$ERR" | head -5
   local left="$(netns_leftovers 1) $(ip netns pids "$NETNS_L")"
-  [ -z "${left// /}" ] || { fail "processes left:"; ps -o pid,args -p "${left// /,}"; }
+  [ -z "${left// /}" ] || { fail "processes left:"; ps -o pid,args -p "$(echo $left | tr " " ",")"; }
   [ "$FAILED" = 0 ] || show
 }
 
