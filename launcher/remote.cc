@@ -32,9 +32,9 @@ using Clock = std::chrono::steady_clock;
 // rank) waits for silence with bash's `read -t`, one process for the rank's life, which the
 // bootstrap's `kill $w` ends. It reads no startup file: bash started with a socket for stdin
 // under sshd reads ~/.bashrc even with -c, and what a .bashrc runs (pyenv's rehash takes a
-// lock file) must not be killed half-way by `kill $w`. Without bash, `timeout head` 2 s at a time (three processes a
-// tick, and one left running when the rank exits ends within 2 s). Every loop ends at EOF,
-// after $q s without a tick from hvdrun, or after $t ticks.
+// lock file) must not be killed half-way by `kill $w`. Without bash, `timeout head` 2 s at a
+// time (three processes a tick, and one left running when the rank exits ends within 2 s).
+// Every loop ends at EOF, after $q s without a tick from hvdrun, or after $t ticks.
 constexpr const char* kBootstrap = R"sh(e=1
 while IFS= read -r l; do
   case $l in
