@@ -570,16 +570,22 @@ TEST_P(KilledHvdrun, WhatRanksStartedDiesWithIt) {
 
 INSTANTIATE_TEST_SUITE_P(Hvdrun, KilledHvdrun, ::testing::Bool());
 
+// An executable host-discovery script in `dir` that runs `body` under /bin/sh.
+std::string DiscoveryScript(const TempDir& dir, const std::string& body) {
+  const std::string script = dir.path() + "/discover.sh";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\n" << body;
+  }
+  EXPECT_EQ(0, ::chmod(script.c_str(), 0755));
+  return script;
+}
+
 // An elastic job waits for enough slots up to --elastic-timeout (600 s): a signal ends the
 // wait at once.
 TEST(Hvdrun, SignalWhileAnElasticJobWaitsForSlotsEndsIt) {
   TempDir dir;
-  const std::string script = dir.path() + "/discover.sh";
-  {
-    std::ofstream f(script);
-    f << "#!/bin/sh\necho localhost:1\n";
-  }
-  ASSERT_EQ(0, ::chmod(script.c_str(), 0755));
+  const std::string script = DiscoveryScript(dir, "echo localhost:1\n");
   Job job({"-np", "2", "--min-np", "2", "--host-discovery-script", script, "true"});
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   ASSERT_EQ(0, ::kill(job.pid(), SIGTERM));
@@ -592,13 +598,9 @@ TEST(Hvdrun, SignalWhileAnElasticJobWaitsForSlotsEndsIt) {
 // API), a signal still ends the job at once (it waited for the script's 10 s limit before).
 TEST(Hvdrun, AHangingDiscoveryScriptDoesNotHoldTheJob) {
   TempDir dir;
-  const std::string script = dir.path() + "/discover.sh";
-  {
-    std::ofstream f(script);
-    f << "#!/bin/sh\n[ -e " << dir.path() << "/called ] && exec sleep 30\ntouch " << dir.path()
-      << "/called\necho localhost:2\n";
-  }
-  ASSERT_EQ(0, ::chmod(script.c_str(), 0755));
+  const std::string script = DiscoveryScript(
+      dir, "[ -e " + dir.path() + "/called ] && exec sleep 30\ntouch " + dir.path() +
+               "/called\necho localhost:2\n");
   Job job({"-np", "2", "--min-np", "2", "--host-discovery-script", script, "sleep", "60"});
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // the second call hangs now
   const auto signalled = Clock::now();
@@ -614,12 +616,7 @@ TEST(Hvdrun, AHangingDiscoveryScriptDoesNotHoldTheJob) {
 // none holds the committed state").
 TEST(Hvdrun, ElasticWorkersThatFailAtStartAreNamedAsSuch) {
   TempDir dir;
-  const std::string script = dir.path() + "/discover.sh";
-  {
-    std::ofstream f(script);
-    f << "#!/bin/sh\necho localhost:2\n";
-  }
-  ASSERT_EQ(0, ::chmod(script.c_str(), 0755));
+  const std::string script = DiscoveryScript(dir, "echo localhost:2\n");
   Result r = RunHvdrun({"-np", "2", "--min-np", "1", "--host-discovery-script", script, "sh",
                         "-c", "exit 3"});
   EXPECT_NE(0, r.code) << r.err;
