@@ -1,10 +1,12 @@
 #include "args.h"
 
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <utility>
 #include <sstream>
 
@@ -13,6 +15,7 @@
 #define CXXOPTS_VECTOR_DELIMITER '\0'
 #include <cxxopts.hpp>
 
+#include "config_file.h"
 #include "hvd/options.h"
 
 namespace hvd {
@@ -106,7 +109,9 @@ cxxopts::Options BuildOptions() {
       ("gloo-timeout-seconds", "As --timeout", s(), "SEC")
       ("log-without-timestamp", "Accepted; hvd's log lines have no timestamps")
       ("log-hide-timestamp", "As --log-without-timestamp")
-      ("config-file", "Refused: pass the flags on the command line", s(), "FILE")
+      ("config-file", "horovodrun's YAML file of settings (controller, params, autotune, "
+                      "timeline, stall_check, library_options, logging), read as the flags "
+                      "they stand for; flags on the command line win", s(), "FILE")
       ("jsrun", "Refused: hvd starts ranks itself, over ssh or mpirun")
       ("min-np", "Elastic: fewest ranks the job goes on with (default: -np); also "
                  "--min-num-proc", s(), "N")
@@ -495,10 +500,6 @@ std::vector<std::string> Words(const std::string& flag, const std::string& text)
 void ParseHorovodFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
   auto has = [&](const char* f) { return r.count(f) > 0; };
   auto get = [&](const char* f) { return r[f].as<std::string>(); };
-  if (has("config-file")) {
-    throw LaunchError("--config-file: hvdrun reads no configuration file; pass its settings "
-                      "as flags (hvdrun --help lists them)");
-  }
   if (has("jsrun")) {
     throw LaunchError("--jsrun: hvdrun starts the ranks itself (locally, over ssh) or through "
                       "mpirun (--mpi); it does not use jsrun");
@@ -630,45 +631,114 @@ int ParseCount(const std::string& flag, const std::string& text) {
   return std::atoi(text.c_str());
 }
 
-LaunchOptions ParseArgs(int argc, const char* const* argv) {
-  std::vector<std::string> flags;
-  LaunchOptions out;
-  SplitArgs(argc, argv, &flags, &out.command);
+namespace {
+
+// --config-file (once at most): its settings as flags, before the command line's (flags[0] is
+// the program), leaving out those the command line sets.
+ConfigFlags AddConfigFile(std::vector<std::string>* flags) {
+  std::set<std::string> given;
+  std::string path;
+  int files = 0;
+  for (size_t i = 1; i < flags->size(); ++i) {
+    bool inline_value = false;
+    const std::string name = FlagName((*flags)[i], &inline_value);
+    given.insert(name);
+    auto known = FlagTakesValue().find(name);
+    const bool takes_value = known != FlagTakesValue().end() && known->second;
+    if (name == "config-file") {
+      ++files;
+      const std::string& a = (*flags)[i];
+      path = inline_value ? a.substr(a.find('=') + 1) : (i + 1 < flags->size() ? (*flags)[i + 1] : "");
+    }
+    if (takes_value && !inline_value) ++i;  // its value
+  }
+  if (files > 1) throw LaunchError("give --config-file once");
+  // (--help, --check-build and --version start nothing: the file is not read.)
+  for (const char* only : {"h", "help", "check-build", "v", "version"}) {
+    if (given.count(only)) files = 0;
+  }
+  if (files == 0) return ConfigFlags{};
+  ConfigFlags config = ReadConfigFile(path, given);
+  flags->insert(flags->begin() + 1, config.flags.begin(), config.flags.end());
+  return config;
+}
+
+// A refusal that names a flag the configuration file set says where it came from.
+std::string NameConfigOrigin(const std::string& message, const ConfigFlags& config) {
+  for (const auto& [flag, where] : config.origin) {
+    const std::string spelled = "--" + flag;
+    for (size_t at = message.find(spelled); at != std::string::npos;
+         at = message.find(spelled, at + 1)) {
+      const size_t end = at + spelled.size();
+      if (end < message.size() && (std::isalnum(static_cast<unsigned char>(message[end])) ||
+                                   message[end] == '-')) {
+        continue;  // a longer flag's name
+      }
+      return message + " (set by " + where + ")";
+    }
+  }
+  return message;
+}
+
+void ParseFlags(const std::vector<std::string>& flags, LaunchOptions* out) {
   std::vector<const char*> ptrs;
   for (const auto& f : flags) ptrs.push_back(f.c_str());
   cxxopts::Options spec = BuildOptions();
   try {
     cxxopts::ParseResult r = spec.parse(static_cast<int>(ptrs.size()), ptrs.data());
     if (r.count("help")) {
-      out.help = true;
-      return out;
+      out->help = true;
+      return;
     }
-    if (r.count("version") && !out.command.empty()) {
+    if (r.count("version") && !out->command.empty()) {
       // horovodrun's -v prints the version and exits; a launch line with a command that
       // meant --verbose must not end there silently, with 0.
       throw LaunchError("-v (--version) prints hvd's version and starts nothing, as "
                         "horovodrun's does; for what hvdrun does, use --verbose");
     }
     if (r.count("check-build") || r.count("version")) {
-      out.check_build = r.count("check-build") > 0;
-      out.version = r.count("version") > 0;
-      return out;
+      out->check_build = r.count("check-build") > 0;
+      out->version = r.count("version") > 0;
+      return;
     }
     if (r.count("num-proc")) {
       if (r.count("np")) throw LaunchError("give either -np or --num-proc, not both");
     }
-    if (out.command.empty()) {
+    if (out->command.empty()) {
       throw LaunchError("missing COMMAND (usage: hvdrun -np N [options] COMMAND [ARGS...]; see hvdrun --help)");
     }
-    ParseJobFlags(r, &out);
-    ParseHorovodFlags(r, &out);  // first: its refusals say more than a missing -np would
-    ParseHosts(r, &out);
-    ParseElasticFlags(r, &out);
-    ParseSshFlags(r, &out);
-    ParseKnobs(r, &out);
+    ParseJobFlags(r, out);
+    ParseHorovodFlags(r, out);  // first: its refusals say more than a missing -np would
+    ParseHosts(r, out);
+    ParseElasticFlags(r, out);
+    ParseSshFlags(r, out);
+    ParseKnobs(r, out);
   } catch (const cxxopts::exceptions::exception& e) {
     throw LaunchError(e.what());
   }
+}
+
+}  // namespace
+
+LaunchOptions ParseArgs(int argc, const char* const* argv) {
+  std::vector<std::string> flags;
+  LaunchOptions out;
+  SplitArgs(argc, argv, &flags, &out.command);
+  const ConfigFlags config = AddConfigFile(&flags);
+  try {
+    ParseFlags(flags, &out);
+  } catch (const LaunchError& e) {
+    throw LaunchError(NameConfigOrigin(e.what(), config));
+  }
+  if (out.help || out.check_build || out.version) return out;
+  // A setting of the file that has no effect is named as the file has it.
+  for (std::string& w : out.warnings) {
+    for (const auto& [flag, where] : config.origin) {
+      const std::string spelled = "--" + flag + " ";
+      if (w.rfind(spelled, 0) == 0) w = where + w.substr(spelled.size() - 1);
+    }
+  }
+  out.warnings.insert(out.warnings.end(), config.warnings.begin(), config.warnings.end());
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "args.h"
+#include "config_file.h"
 #include "elastic.h"
 #include "hosts.h"
 
@@ -538,13 +540,173 @@ TEST(Args, ElasticFlagErrorsSayWhat) {
 }
 
 TEST(Args, HorovodrunFlagsHvdRefusesSayWhat) {
-  EXPECT_NE(std::string::npos, Refusal({"-np", "1", "--config-file", "c.yaml", "x"}).find("flags"));
   EXPECT_NE(std::string::npos, Refusal({"-np", "1", "--jsrun", "x"}).find("jsrun"));
   EXPECT_NE(std::string::npos, Refusal({"-np", "1", "--gloo", "--mpi", "x"}).find("not both"));
   EXPECT_NE(std::string::npos,
             Refusal({"-np", "1", "--hierarchical-allreduce", "--no-hierarchical-allreduce", "x"})
                 .find("not both"));
   EXPECT_NE(std::string::npos, Refusal({"-np", "1", "--num-proc", "2", "x"}).find("not both"));
+}
+
+// A configuration file written for the test, removed after it.
+class ConfigFile {
+ public:
+  explicit ConfigFile(const std::string& text) {
+    char tmpl[] = "/tmp/hvdrun_config.XXXXXX";
+    const int fd = ::mkstemp(tmpl);
+    path_ = tmpl;
+    ::close(fd);
+    std::ofstream(path_) << text;
+  }
+  ~ConfigFile() { std::remove(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Every setting of horovodrun's configuration file, in the file's block YAML (comments, a
+// document marker, quoted and plain scalars, YAML's spellings of true and false).
+const char kHorovodConfig[] =
+    "# settings of a horovodrun job\n"
+    "---\n"
+    "controller: gloo\n"
+    "\n"
+    "params:\n"
+    "  fusion_threshold_mb: 32\n"
+    "  cycle_time_ms: 2.5   # fractions too\n"
+    "  cache_capacity: 2048\n"
+    "  hierarchical_allreduce: yes\n"
+    "  hierarchical_allgather: False\n"
+    "autotune:\n"
+    "  enabled: true\n"
+    "  log_file: 'tune #1.csv'\n"
+    "  warmup_samples: 5\n"
+    "  steps_per_sample: 20\n"
+    "  bayes_opt_max_samples: 50\n"
+    "  gaussian_process_noise: 0.9\n"
+    "timeline:\n"
+    "    filename: \"/tmp/tl.json\"\n"
+    "    mark_cycles: on\n"
+    "stall_check:\n"
+    "  enabled: true\n"
+    "  warning_time_seconds: 120\n"
+    "  shutdown_time_seconds: 240\n"
+    "library_options:\n"
+    "  mpi_threads_disable: true\n"
+    "  num_nccl_streams: 2\n"
+    "  ccl_bgt_affinity: 1\n"
+    "  gloo_timeout_seconds: 60\n"
+    "logging:\n"
+    "  level: INFO\n"
+    "  hide_timestamp: true\n";
+
+TEST(ConfigFile, HorovodsSettingsBecomeKnobs) {
+  ConfigFile f(kHorovodConfig);
+  LaunchOptions o = Parse({"-np", "2", "--config-file", f.path(), "x"});
+  EXPECT_FALSE(o.mpi);
+  const std::map<std::string, std::string> want = {
+      {"HVD_FUSION_THRESHOLD", std::to_string(32 * 1024 * 1024)},
+      {"HVD_CYCLE_TIME", "2.5"},
+      {"HVD_CACHE_CAPACITY", "2048"},
+      {"HVD_HIERARCHICAL_ALLREDUCE", "1"},
+      {"HVD_HIERARCHICAL_ALLGATHER", "0"},
+      {"HVD_AUTOTUNE", "1"},
+      {"HVD_AUTOTUNE_LOG", "tune #1.csv"},
+      {"HVD_AUTOTUNE_WARMUP_SAMPLES", "5"},
+      {"HVD_AUTOTUNE_STEPS_PER_SAMPLE", "20"},
+      {"HVD_TIMELINE", "/tmp/tl.json"},
+      {"HVD_TIMELINE_MARK_CYCLES", "1"},
+      {"HVD_STALL_CHECK_DISABLE", "0"},
+      {"HVD_STALL_CHECK_TIME_SECONDS", "120"},
+      {"HVD_STALL_SHUTDOWN_TIME_SECONDS", "240"},
+      {"HVD_TIMEOUT_SECONDS", "60"},
+      {"HVD_LOG_LEVEL", "info"},
+      {"HVD_START_TIMEOUT", "30"},
+  };
+  EXPECT_EQ(want, o.knobs);
+  // The settings hvd has no use for are named as the file has them, with their line.
+  const std::string all = [&] {
+    std::string s;
+    for (const auto& w : o.warnings) s += w + "\n";
+    return s;
+  }();
+  for (const char* named : {"'autotune.bayes_opt_max_samples' in ", "line 16 has no effect",
+                            "'autotune.gaussian_process_noise' in ",
+                            "'library_options.mpi_threads_disable' in ",
+                            "'library_options.num_nccl_streams' in ",
+                            "'library_options.ccl_bgt_affinity' in ", "'logging.hide_timestamp' in "}) {
+    EXPECT_NE(std::string::npos, all.find(named)) << named << " in:\n" << all;
+  }
+  EXPECT_EQ(6u, o.warnings.size()) << all;
+}
+
+TEST(ConfigFile, TheCommandLineWins) {
+  ConfigFile f(kHorovodConfig);
+  LaunchOptions o = Parse({"-np", "2", "--cycle-time-ms", "7", "--no-hierarchical-allreduce",
+                           "--no-autotune", "--timeline", "/tmp/cli.json", "--stall-check-seconds",
+                           "9", "--timeout", "11", "--log-level", "error", "--mpi",
+                           "--config-file=" + f.path(), "x"});
+  EXPECT_EQ("7", o.knobs["HVD_CYCLE_TIME"]);
+  EXPECT_EQ("0", o.knobs["HVD_HIERARCHICAL_ALLREDUCE"]);
+  EXPECT_EQ("0", o.knobs["HVD_AUTOTUNE"]);
+  EXPECT_EQ("/tmp/cli.json", o.knobs["HVD_TIMELINE"]);
+  EXPECT_EQ("9", o.knobs["HVD_STALL_CHECK_TIME_SECONDS"]);
+  EXPECT_EQ("11", o.knobs["HVD_TIMEOUT_SECONDS"]);
+  EXPECT_EQ("error", o.knobs["HVD_LOG_LEVEL"]);
+  EXPECT_TRUE(o.mpi);  // the file's controller: gloo gives way to --mpi
+  EXPECT_EQ("2048", o.knobs["HVD_CACHE_CAPACITY"]);  // what the command line leaves is the file's
+  // A file may also set nothing, or only what the command line sets.
+  ConfigFile empty("# nothing\nparams:\n");
+  EXPECT_EQ(1u, Parse({"-np", "1", "--config-file", empty.path(), "x"}).knobs.size());
+}
+
+TEST(ConfigFile, ErrorsNameTheLineAndWhatWasExpected) {
+  auto refusal = [](const std::string& text) {
+    ConfigFile f(text);
+    return ErrorOf({"-np", "1", "--config-file", f.path(), "x"});
+  };
+  const struct {
+    const char* text;
+    const char* says;
+  } cases[] = {
+      {"params:\n  cycle_time_ms: abc\n",
+       "for --cycle-time-ms (expected a number) (set by 'params.cycle_time_ms' in "},
+      {"stall_check:\n  warning_time_seconds: -1\n", "'stall_check.warning_time_seconds' in "},
+      {"params:\n\tcycle_time_ms: 1\n", "line 2: a tab in the indent"},
+      {"params: {cycle_time_ms: 1}\n", "line 1: '{cycle_time_ms: 1}' is YAML hvdrun does not read"},
+      {"controller: nccl\n", "controller 'nccl' (expected gloo or mpi)"},
+      {"autotune:\n  enabled: maybe\n", "'maybe' for autotune.enabled (expected true or false)"},
+      {"params:\n  cycle_time_ms: 1\n    more: 2\n", "line 3: indented unlike the lines above"},
+      {"  cycle_time_ms: 1\n", "line 1: an indented line outside a section"},
+      {"params:\n  cycle_time_ms\n", "line 2: expected 'key: value'"},
+      {"timeline:\n  filename: 'open\n", "unterminated quote"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_NE(std::string::npos, refusal(c.text).find(c.says)) << c.text << " -> " << refusal(c.text);
+  }
+  EXPECT_EQ("cannot read '/nonexistent/c.yaml' given to --config-file",
+            ErrorOf({"-np", "1", "--config-file", "/nonexistent/c.yaml", "x"}));
+  ConfigFile f("params:\n");
+  EXPECT_NE(std::string::npos, ErrorOf({"-np", "1", "--config-file", f.path(), "--config-file",
+                                        f.path(), "x"}).find("once"));
+  // --help starts nothing and reads no file.
+  EXPECT_TRUE(Parse({"--help", "--config-file", "/nonexistent/c.yaml"}).help);
+}
+
+TEST(ConfigFile, SettingsHorovodrunDoesNotReadAreIgnoredWithAWarning) {
+  const ConfigFlags c = ConfigFileFlags("gpu:\n  count: 8\nparams:\n  fusion_threshold: 1\n"
+                                        "  cycle_time_ms: ~\n",
+                                        "c.yaml", {});
+  EXPECT_TRUE(c.flags.empty());  // a null value is left unset, as horovodrun leaves it
+  ASSERT_EQ(2u, c.warnings.size());
+  EXPECT_EQ("'gpu.count' in c.yaml line 2 is not a setting horovodrun reads; ignored", c.warnings[0]);
+  EXPECT_EQ("'params.fusion_threshold' in c.yaml line 4 is not a setting horovodrun reads; ignored",
+            c.warnings[1]);
+  // Sections in any order, each setting once as flags; "..." ends the document.
+  const ConfigFlags d = ConfigFileFlags(
+      "logging:\n  level: debug\ncontroller: MPI\n...\nparams:\n  cycle_time_ms: 1\n", "d.yaml", {});
+  EXPECT_EQ((std::vector<std::string>{"--log-level", "debug", "--mpi"}), d.flags);
 }
 
 TEST(Elastic, DiscoveredHostsParse) {

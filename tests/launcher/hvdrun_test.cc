@@ -361,6 +361,23 @@ TEST(Hvdrun, KnobsReachRanks) {
   EXPECT_EQ("[0]<stdout>:2097152 5 7 9 11 info /tmp/x.json\n", r.out);
 }
 
+// horovodrun's --config-file: its settings reach every rank, the command line's flags win,
+// and a setting hvd has no use for is named on stderr with the file's line.
+TEST(Hvdrun, ConfigFileSettingsReachRanks) {
+  TempDir dir;
+  std::ofstream(dir.path() + "/c.yaml") << "params:\n  fusion_threshold_mb: 4\n  cycle_time_ms: 2\n"
+                                           "library_options:\n  num_nccl_streams: 2\n";
+  Result r = RunHvdrun({"-np", "2", "--config-file", dir.path() + "/c.yaml", "--cycle-time-ms", "6",
+                        "sh", "-c", "echo $HVD_FUSION_THRESHOLD $HVD_CYCLE_TIME"});
+  ASSERT_EQ(0, r.code) << r.err;
+  std::vector<std::string> lines = Lines(r.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ((std::vector<std::string>{"[0]<stdout>:4194304 6", "[1]<stdout>:4194304 6"}), lines);
+  EXPECT_TRUE(Contains(r.err, "'library_options.num_nccl_streams' in " + dir.path() +
+                                  "/c.yaml line 5 has no effect"))
+      << r.err;
+}
+
 TEST(Hvdrun, HostfileGivesRankCount) {
   TempDir dir;
   std::ofstream(dir.path() + "/hosts") << "# test\nlocalhost slots=3\n\n";
