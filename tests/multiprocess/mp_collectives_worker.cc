@@ -36,11 +36,18 @@
 //                          "PEERLOSS-OK rank r" (or "PEERLOSS-FAIL ...") and exit 0 (or 1).
 //   --peerloss-cached=V   the same with one name every step: the survivors' tensors wait on
 //                          the fast path (in rounds, with HVD_SYMMETRIC_NEGOTIATION=on).
+//   --long-host-work=MIB  an allgather of MIB MiB a rank, and an out-of-place allreduce and
+//                          broadcast of MIB MiB, each into fresh memory (its pages touched for the
+//                          first time by the engine's copies: seconds on some VMs). Run with a
+//                          small HVD_TIMEOUT_SECONDS: the peers must hear the rank throughout.
+//                          --long-host-work=MIB:nogather leaves the allgather out (MPI runs it as
+//                          one call that holds this thread).
 //   --quit=V              rank V shuts hvd down after a warm-up (as a script that raised does),
 //                          then exits 3 once the others have (a slow teardown); they fail with
 //                          Aborted naming rank V, print "QUIT-OK rank r" and exit 1 at once.
 //                          hvdrun must name rank V as the cause and exit 3.
 #include <dirent.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -330,6 +337,78 @@ int RunPeerLoss(int victim, bool cached) {
 }
 
 // A rank's own failure whose effects reach hvdrun first (see --quit above).
+// --long-host-work: see the file comment. Values are checked at every 4,093rd element and the
+// last, against formulas.
+int RunLongHostWork(size_t mib, bool gather) {
+  return RunGroup("long host work", [mib, gather](hvd::Engine& e, Checker& ck) {
+    ck.Begin("long host work");
+    const int r = e.rank(), n = e.size();
+    const size_t bytes = mib << 20;
+    auto fresh = [](size_t len) {
+      void* p = ::mmap(nullptr, std::max<size_t>(len, 1), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+    };
+    auto sampled = [](size_t count, const std::function<bool(size_t)>& ok) {
+      for (size_t i = 0; i < count; i += 4093) {
+        if (!ok(i)) return false;
+      }
+      return count == 0 || ok(count - 1);
+    };
+    const auto t0 = Clock::now();
+    // Allgather: rank q's block holds (i * 7 + q * 3) % 101.
+    std::vector<int8_t> mine(gather ? bytes : 0);
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<int8_t>((i * 7 + r * 3) % 101);
+    uint8_t* gathered = nullptr;
+    const int64_t len = static_cast<int64_t>(bytes);
+    hvd::Status s;
+    if (gather) s = e.Allgather("long.allgather", TensorView(mine.data(), DataType::kInt8, {len}),
+                                [&](const std::vector<int64_t>& shape) -> void* {
+                                  return gathered = fresh(static_cast<size_t>(shape[0]));
+                                })->Wait();
+    if (gather && ck.ExpectOk(s, "allgather of " + std::to_string(mib) + " MiB a rank")) {
+      ck.Expect(sampled(bytes * n,
+                        [&](size_t i) {
+                          const size_t q = i / bytes, at = i % bytes;
+                          return static_cast<int8_t>(gathered[i]) ==
+                                 static_cast<int8_t>((at * 7 + q * 3) % 101);
+                        }),
+                "allgather values");
+    }
+    if (gathered) ::munmap(gathered, bytes * n);
+    mine = std::vector<int8_t>();
+    // Allreduce (sum) out of place: rank q gives (i % 1000) + q.
+    const size_t count = bytes / 4;
+    std::vector<float> in(count);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(i % 1000 + r);
+    auto* out = reinterpret_cast<float*>(fresh(bytes));
+    const int64_t c = static_cast<int64_t>(count);
+    s = e.Allreduce("long.allreduce", TensorView(in.data(), DataType::kFloat32, {c}),
+                    TensorView(out, DataType::kFloat32, {c}), ReduceOp::kSum)->Wait();
+    if (ck.ExpectOk(s, "out-of-place allreduce of " + std::to_string(mib) + " MiB")) {
+      const double ranks = n * (n - 1) / 2.0;
+      ck.Expect(sampled(count, [&](size_t i) { return out[i] == n * (i % 1000) + ranks; }),
+                "allreduce values");
+    }
+    ::munmap(out, bytes);
+    in = std::vector<float>();
+    // Broadcast from the last rank, not in place: (i * 13 + root) % 251.
+    const int root = n - 1;
+    std::vector<uint8_t> src(bytes);
+    for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>((i * 13 + root) % 251);
+    uint8_t* dst = fresh(bytes);
+    s = e.Broadcast("long.broadcast", TensorView(src.data(), DataType::kUInt8, {len}),
+                    TensorView(dst, DataType::kUInt8, {len}), root)->Wait();
+    if (ck.ExpectOk(s, "broadcast of " + std::to_string(mib) + " MiB, not in place")) {
+      ck.Expect(sampled(bytes, [&](size_t i) { return dst[i] == (i * 13 + root) % 251; }),
+                "broadcast values");
+    }
+    ::munmap(dst, bytes);
+    std::printf("[mp] rank %d: long host work took %.1f s\n", r, SecondsSince(t0));
+    return ck.End();
+  });
+}
+
 int RunQuit(int quitter) {
   auto e = CreateOrDie();
   const int r = e->rank();
@@ -405,11 +484,15 @@ int main(int argc, char** argv) {
     return mp::RunPeerLoss(std::atoi(mode.c_str() + 18), true);
   }
   if (mode.rfind("--quit=", 0) == 0) return mp::RunQuit(std::atoi(mode.c_str() + 7));
+  if (mode.rfind("--long-host-work=", 0) == 0) {
+    return mp::RunLongHostWork(static_cast<size_t>(std::atol(mode.c_str() + 17)),
+                               mode.find(":nogather") == std::string::npos);
+  }
   if (mode.rfind("--soak=", 0) == 0) return mp::RunSoak(std::atol(mode.c_str() + 7));
   if (mode == "--chaos") return mp::RunChaos();
   std::fprintf(stderr,
                "usage: %s [--checks | --process-sets | --process-sets-static | --caller-progress | --steps[=N] | --steps-batched | --waiting-cpu | --memory | --memory-cycling | --soak=N | --chaos | "
-               "--peerloss=RANK | --peerloss-cached=RANK | --quit=RANK]\n",
+               "--peerloss=RANK | --peerloss-cached=RANK | --quit=RANK | --long-host-work=MIB]\n",
                argv[0]);
   return 2;
 }

@@ -1322,11 +1322,20 @@ void EngineImpl::OnHeartbeatTimer() {
   // before that, so that a silent peer is found at HVD_TIMEOUT_SECONDS, not up to a period
   // later. A live peer's heartbeats keep its limit a period or more away.
   auto interval = std::min(std::chrono::duration<double>(1.0), limit / 4);
-  Clock::time_point next = now + std::chrono::duration_cast<Clock::duration>(interval);
+  const auto interval_d = std::chrono::duration_cast<Clock::duration>(interval);
+  Clock::time_point next = now + interval_d;
+  // A tick an interval or more late: this thread was held up itself (long work between two
+  // polls), and what the peers sent meanwhile may still be unread. Their silence is judged at
+  // the next tick, at once, after this poll has read it.
+  const bool held_up = now - heartbeat_->expiry() >= interval_d;
+  // The control rings of this host's ranks first: while this rank's `polling` flag is up (in a
+  // collective) their senders do not ring it, and what they sent may be waiting there unread.
+  if (poller_) poller_->Poll();
+  if (held_up) next = now + std::chrono::milliseconds(1);
   for (auto& c : control_) {
     if (!c || !c->open()) continue;
     next = std::min(next, last_heard_[c->peer()] + limit_d);
-    if (now - last_heard_[c->peer()] >= limit_d) {
+    if (!held_up && now - last_heard_[c->peer()] >= limit_d) {
       std::ostringstream os;
       os << "nothing heard for " << options_.timeout_seconds
          << " s (HVD_TIMEOUT_SECONDS): the process is stopped, hung or unreachable";

@@ -478,6 +478,12 @@ class EngineImpl {
   // From inside a data-plane wait that does not run the io_context itself (MPI's, a device
   // stream's): runs the control plane's ready handlers; the engine's abort status, or OK.
   Status PollControlPlane();
+  // Host work on this thread over many bytes (a copy, a fill, a scaling) in slices, with the
+  // control plane polled between them (execute.cc): heartbeats go out and aborts are heard
+  // however long it takes.
+  void CopyPolling(void* dst, const void* src, size_t bytes);
+  void FillZeroPolling(void* dst, size_t bytes);
+  void ScalePolling(void* buf, size_t count, DataType dtype, double factor);
   Status AwaitRootCause(const Status& local);
   bool coordinator() const { return options_.rank == 0; }
   void CoordinatorStep();

@@ -229,6 +229,51 @@ void EngineImpl::Abandon(const Status& why) {
   transport_->Abort(abort_);
 }
 
+namespace {
+
+// A slice of host work between two polls of the control plane: some VMs touch fresh pages at a
+// few hundred MB/s, where a copy of 16 MiB takes some 50 ms (and one of 4 GiB half a minute,
+// past HVD_TIMEOUT_SECONDS: the peers heard no heartbeat and counted the rank lost).
+constexpr size_t kPollSliceBytes = size_t{16} << 20;
+
+// f(offset, length) over [0, bytes) in slices of whole `unit`s, poll() between two slices.
+template <typename F, typename P>
+void InSlices(size_t bytes, size_t unit, F f, P poll) {
+  const size_t slice = std::max(kPollSliceBytes / unit, size_t{1}) * unit;
+  for (size_t done = 0; done < bytes; done += slice) {
+    if (done > 0) poll();
+    f(done, std::min(slice, bytes - done));
+  }
+}
+
+}  // namespace
+
+void EngineImpl::CopyPolling(void* dst, const void* src, size_t bytes) {
+  InSlices(
+      bytes, 1,
+      [&](size_t at, size_t len) {
+        std::memcpy(static_cast<uint8_t*>(dst) + at, static_cast<const uint8_t*>(src) + at, len);
+      },
+      [this] { PollControlPlane(); });
+}
+
+void EngineImpl::FillZeroPolling(void* dst, size_t bytes) {
+  InSlices(
+      bytes, 1, [&](size_t at, size_t len) { std::memset(static_cast<uint8_t*>(dst) + at, 0, len); },
+      [this] { PollControlPlane(); });
+}
+
+void EngineImpl::ScalePolling(void* buf, size_t count, DataType dtype, double factor) {
+  if (factor == 1.0) return;
+  const size_t esize = DataTypeSize(dtype);
+  InSlices(
+      count * esize, esize,
+      [&](size_t at, size_t len) {
+        Scale(static_cast<uint8_t*>(buf) + at, len / esize, dtype, factor);
+      },
+      [this] { PollControlPlane(); });
+}
+
 Deadline EngineImpl::CollectiveDeadline() const {
   return DeadlineAfterSeconds(options_.timeout_seconds);
 }
@@ -507,7 +552,7 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
     const double post = r.op == ReduceOp::kAverage ? r.postscale / c.size : r.postscale;
     if (post != 1.0) {  // (a pass over every piece otherwise)
       for (const auto& q : pieces) {
-        if (q.out) Scale(q.out, q.count, r.dtype, post);
+        if (q.out) ScalePolling(q.out, q.count, r.dtype, post);
       }
     }
     return Status::OK();
@@ -518,21 +563,21 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   if (!fused) {
     TensorEntry* e = entries[0];
     buf = static_cast<uint8_t*>(e->output.data);
-    if (e->output.data != e->input.data && total > 0) std::memcpy(buf, e->input.data, total * esize);
+    if (e->output.data != e->input.data && total > 0) CopyPolling(buf, e->input.data, total * esize);
   } else {
     buf = static_cast<uint8_t*>(fusion);
     size_t off = 0;
     for (size_t i = 0; i < entries.size(); ++i) {
       size_t bytes = counts[i] * esize;
       if (entries[i]) {
-        if (bytes) std::memcpy(buf + off, entries[i]->input.data, bytes);
+        if (bytes) CopyPolling(buf + off, entries[i]->input.data, bytes);
       } else {
-        std::memset(buf + off, 0, bytes);
+        FillZeroPolling(buf + off, bytes);
       }
       off += bytes;
     }
   }
-  Scale(buf, total, r.dtype, r.prescale);
+  ScalePolling(buf, total, r.dtype, r.prescale);
   ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
   if (adasum) {  // flat, every tensor of the fused buffer with its own dot products
     HVD_RETURN_IF_ERROR(AdasumAllreduce(*c.t, buf, counts, r.dtype, scratch_, CollectiveDeadline()));
@@ -545,12 +590,12 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   }
   double post = r.postscale;
   if (r.op == ReduceOp::kAverage) post /= c.size;
-  Scale(buf, total, r.dtype, post);
+  ScalePolling(buf, total, r.dtype, post);
   if (fused) {
     size_t off = 0;
     for (size_t i = 0; i < entries.size(); ++i) {
       size_t bytes = counts[i] * esize;
-      if (entries[i] && bytes) std::memcpy(entries[i]->output.data, buf + off, bytes);
+      if (entries[i] && bytes) CopyPolling(entries[i]->output.data, buf + off, bytes);
       off += bytes;
     }
   }
@@ -565,7 +610,12 @@ void* EngineImpl::AllocateOutput(TensorEntry* e, const std::vector<int64_t>& sha
     return p;
   }
   std::vector<uint8_t>& owned = e->handle->mutable_results().output_bytes;
-  owned.resize(bytes);
+  // Zero-filled as it grows, a slice at a time (CopyPolling): no reallocation after reserve.
+  owned.clear();
+  owned.reserve(bytes);
+  InSlices(
+      bytes, 1, [&](size_t at, size_t len) { owned.resize(at + len); },
+      [this] { PollControlPlane(); });
   e->handle->output_data_ = owned.data();
   return e->handle->output_data_;
 }
@@ -596,7 +646,7 @@ Status EngineImpl::ExecuteAllgather(const Response& r, TensorEntry* e) {
     s = HierarchicalAllgatherv(*c.local, *c.cross, c.hosts, e ? e->input.data : out, out, bytes,
                                scratch_, CollectiveDeadline());
   } else {
-    if (e && bytes[c.rank]) std::memcpy(out + offset, e->input.data, bytes[c.rank]);
+    if (e && bytes[c.rank]) CopyPolling(out + offset, e->input.data, bytes[c.rank]);
     s = Allgatherv(*c.t, out + offset, out, bytes, CollectiveDeadline());
   }
   return s.ok() ? alone : s;
@@ -609,13 +659,13 @@ Status EngineImpl::ExecuteBroadcast(const Response& r, TensorEntry* e) {
   need.fusion = bytes;
   void* buf = nullptr;
   HVD_RETURN_IF_ERROR(Reserve(need, e ? 0 : bytes, &buf));
-  if (e) {
-    buf = e->output.data;
-    if (comm_->rank == r.root && e->output.data != e->input.data && bytes) {
-      std::memcpy(buf, e->input.data, bytes);
-    }
-  }
-  return hvd::Broadcast(*comm_->t, buf, bytes, r.root, CollectiveDeadline());
+  // The root sends from its input (it only reads it) and copies it to its output after: the
+  // peers do not wait for a copy of gigabytes.
+  const bool root_copies = e && comm_->rank == r.root && e->output.data != e->input.data && bytes;
+  if (e) buf = root_copies ? e->input.data : e->output.data;
+  Status s = hvd::Broadcast(*comm_->t, buf, bytes, r.root, CollectiveDeadline());
+  if (s.ok() && root_copies) CopyPolling(e->output.data, e->input.data, bytes);
+  return s;
 }
 
 Status EngineImpl::ExecuteAlltoall(const Response& r, TensorEntry* e) {
@@ -660,8 +710,8 @@ Status EngineImpl::ExecuteReducescatter(const Response& r, TensorEntry* e) {
   void* copy = nullptr;
   HVD_RETURN_IF_ERROR(Reserve(need, copy_bytes, &copy, local, out_count * esize));
   if (copy_bytes > 0) {
-    std::memcpy(copy, in, copy_bytes);
-    Scale(copy, total, r.dtype, r.prescale);
+    CopyPolling(copy, in, copy_bytes);
+    ScalePolling(copy, total, r.dtype, r.prescale);
     in = copy;
   }
   ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
@@ -669,7 +719,7 @@ Status EngineImpl::ExecuteReducescatter(const Response& r, TensorEntry* e) {
                                     CollectiveDeadline()));
   double post = r.postscale;
   if (r.op == ReduceOp::kAverage) post /= n;
-  Scale(out, out_count, r.dtype, post);
+  ScalePolling(out, out_count, r.dtype, post);
   return alone;
 }
 

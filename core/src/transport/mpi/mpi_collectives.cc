@@ -10,8 +10,18 @@ namespace hvd {
 
 namespace {
 
-constexpr size_t kMaxChunkElements = size_t{1} << 30;
-constexpr size_t kMaxChunkBytes = size_t{1} << 30;
+// The most bytes one MPI call of an allreduce or broadcast moves. Open MPI's calls hold this
+// thread while they run (a start call took seconds a GiB on a 2-core VM), and the control plane
+// (heartbeats) is polled only between them: 64 MiB keeps each well under a second.
+constexpr size_t kMaxChunkBytes = size_t{64} << 20;
+
+// The deadline of one chunk of a chunked collective: the collective's, or the same window
+// after the chunk starts if that is later, so that the deadline bounds a stall (a chunk that
+// does not finish), not how long a large collective may take.
+Deadline ChunkDeadline(Deadline deadline, Clock::time_point started, Clock::time_point chunk) {
+  if (deadline <= started || deadline == Deadline::max()) return deadline;
+  return std::max(deadline, chunk + (deadline - started));
+}
 
 template <DataType D, ReduceOp O>
 void HalfReduce(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -121,10 +131,13 @@ std::optional<Status> MpiCollectives::Allreduce(void* buf, size_t count, DataTyp
   const size_t esize = DataTypeSize(dtype);
   const MPI_Datatype type = TypeFor(dtype);
   const MPI_Op mop = OpFor(dtype, op);
-  for (size_t done = 0; done < count; done += kMaxChunkElements) {
-    const int n = static_cast<int>(std::min(count - done, kMaxChunkElements));
+  const size_t chunk = kMaxChunkBytes / esize;
+  const Clock::time_point started = Clock::now();
+  for (size_t done = 0; done < count; done += chunk) {
+    const int n = static_cast<int>(std::min(count - done, chunk));
     void* p = static_cast<uint8_t*>(buf) + done * esize;
-    HVD_RETURN_IF_ERROR(Run("MPI_Iallreduce", deadline, [&](MPI_Request* r) {
+    const Deadline d = ChunkDeadline(deadline, started, Clock::now());
+    HVD_RETURN_IF_ERROR(Run("MPI_Iallreduce", d, [&](MPI_Request* r) {
       return MPI_Iallreduce(MPI_IN_PLACE, p, n, type, mop, mpi_.comm(), r);
     }));
   }
@@ -145,10 +158,12 @@ std::optional<Status> MpiCollectives::Allgatherv(const void* in, void* out,
 
 std::optional<Status> MpiCollectives::Broadcast(void* buf, size_t bytes, int root,
                                                 Deadline deadline) {
+  const Clock::time_point started = Clock::now();
   for (size_t done = 0; done < bytes; done += kMaxChunkBytes) {
     const int n = static_cast<int>(std::min(bytes - done, kMaxChunkBytes));
     void* p = static_cast<uint8_t*>(buf) + done;
-    HVD_RETURN_IF_ERROR(Run("MPI_Ibcast", deadline, [&](MPI_Request* r) {
+    const Deadline d = ChunkDeadline(deadline, started, Clock::now());
+    HVD_RETURN_IF_ERROR(Run("MPI_Ibcast", d, [&](MPI_Request* r) {
       return MPI_Ibcast(p, n, MPI_BYTE, root, mpi_.comm(), r);
     }));
   }

@@ -551,8 +551,7 @@ class ShmRouter : public Transport {
       // rings keep this wait busy, and on every round once they are quiet.
       size_t ran = 0;
       if (!moved || now - polled >= kPollEvery || !(r.id & kShmBit)) {
-        if (io_.stopped()) io_.restart();
-        ran = io_.poll();
+        ran = PollIo();
         polled = now;
         AdoptTcpFailure();
         if (Finished(r)) break;
@@ -930,8 +929,7 @@ class ShmRouter : public Transport {
         return broken_;
       }
       if (now - polled >= kPollEvery) {
-        if (io_.stopped()) io_.restart();
-        size_t ran = io_.poll();
+        size_t ran = PollIo();
         polled = now;
         AdoptTcpFailure();
         if (ran > 0) {
@@ -948,6 +946,17 @@ class ShmRouter : public Transport {
       if (now - busy < spin_ + kPollEvery) continue;
       if (SleepUnless([&] { return Behind(counter, s) != q; }, limit)) busy = Clock::now();
     }
+  }
+
+  // The io_context (TCP, timers: heartbeats out) and this host's control rings. Their senders
+  // do not ring this rank's eventfd while its `polling` flag is up, as it is through the
+  // engine's collectives: without this look, heartbeats and aborts from the ranks of this host
+  // went unread through a long wait, and the heartbeat timer counted them silent.
+  size_t PollIo() {
+    if (io_.stopped()) io_.restart();
+    size_t ran = io_.poll();
+    if (control_ && control_->Poll()) ++ran;
+    return ran;
   }
 
   // Sleeps in the io_context until a peer rings, a TCP or control event, a timer, or `limit`
