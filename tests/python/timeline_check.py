@@ -96,6 +96,9 @@ hvd.start_timeline(dynamic_path)
 hvd.allreduce(torch.ones(4), name="during")
 hvd.allgather(torch.ones(3), name="gathered")
 hvd.stop_timeline()
+# Rank 0 takes its stop before its next operation; without this barrier another rank's
+# "after" could reach rank 0's coordinator (and be drawn) before rank 0 got there.
+hvd.barrier()
 hvd.allreduce(torch.ones(2), name="after")
 hvd.barrier()  # the stop is taken before the next operation: the file is closed now
 if rank == 0:
