@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "reduce/reduce.h"
+#include "transport/transport.h"
 
 namespace hvd {
 
@@ -15,12 +16,12 @@ namespace {
 // (heartbeats) is polled only between them: 64 MiB keeps each well under a second.
 constexpr size_t kMaxChunkBytes = size_t{64} << 20;
 
-// The deadline of one chunk of a chunked collective: the collective's, or the same window
-// after the chunk starts if that is later, so that the deadline bounds a stall (a chunk that
-// does not finish), not how long a large collective may take.
-Deadline ChunkDeadline(Deadline deadline, Clock::time_point started, Clock::time_point chunk) {
-  if (deadline <= started || deadline == Deadline::max()) return deadline;
-  return std::max(deadline, chunk + (deadline - started));
+// The deadline of one chunk of a chunked collective: the collective's, stretched to the same
+// window after the chunk starts (Stretched), so that it bounds a stall (a chunk that does not
+// finish), not how long a large collective may take.
+Deadline ChunkDeadline(Deadline deadline, Clock::time_point started) {
+  if (deadline == Deadline::max()) return deadline;  // (no window to add)
+  return Stretched(deadline, Clock::now(), deadline - started);
 }
 
 template <DataType D, ReduceOp O>
@@ -136,7 +137,7 @@ std::optional<Status> MpiCollectives::Allreduce(void* buf, size_t count, DataTyp
   for (size_t done = 0; done < count; done += chunk) {
     const int n = static_cast<int>(std::min(count - done, chunk));
     void* p = static_cast<uint8_t*>(buf) + done * esize;
-    const Deadline d = ChunkDeadline(deadline, started, Clock::now());
+    const Deadline d = ChunkDeadline(deadline, started);
     HVD_RETURN_IF_ERROR(Run("MPI_Iallreduce", d, [&](MPI_Request* r) {
       return MPI_Iallreduce(MPI_IN_PLACE, p, n, type, mop, mpi_.comm(), r);
     }));
@@ -162,7 +163,7 @@ std::optional<Status> MpiCollectives::Broadcast(void* buf, size_t bytes, int roo
   for (size_t done = 0; done < bytes; done += kMaxChunkBytes) {
     const int n = static_cast<int>(std::min(bytes - done, kMaxChunkBytes));
     void* p = static_cast<uint8_t*>(buf) + done;
-    const Deadline d = ChunkDeadline(deadline, started, Clock::now());
+    const Deadline d = ChunkDeadline(deadline, started);
     HVD_RETURN_IF_ERROR(Run("MPI_Ibcast", d, [&](MPI_Request* r) {
       return MPI_Ibcast(p, n, MPI_BYTE, root, mpi_.comm(), r);
     }));
