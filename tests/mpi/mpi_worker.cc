@@ -8,6 +8,9 @@
 // Argument: --expect-bootstrap=store|mpi|slurm and --expect-ops=tcp|mpi fail the run when the
 // engine chose differently.
 //
+// --rounds also: an allgather, an alltoall and a reducescatter of tens of MiB a block, unequal
+// (see CheckRounds).
+//
 // --stop-in-allgather instead: as --stop-last, but the last rank stops inside an allgather (in
 // its output allocator) while the others wait in the collective: "[mpi-worker] rank R: the
 // allgather failed after S s: STATUS", exit status 3 as above.
@@ -211,6 +214,81 @@ void CheckAlltoall(hvd::Engine& e) {
   Expect(bad == 0, "alltoall values");
 }
 
+// --rounds: an allgather, an alltoall and a reducescatter large enough that MPI's collectives
+// (HVD_CPU_OPERATIONS=mpi) run them in rounds of at most 64 MiB, with blocks of unequal size
+// (some empty, so that they drop out of later rounds), every element checked against a formula.
+constexpr size_t kMiB = size_t{1} << 20;
+
+void CheckRounds(hvd::Engine& e) {
+  const int r = e.rank(), n = e.size();
+  // Allgather: rank q gives L(q) bytes, byte t holding (7 t + 3 q) % 101.
+  auto len = [](int q) { return q % 3 == 1 ? size_t{0} : (q + 1) * 23 * kMiB + 5 * q + 1; };
+  std::vector<int8_t> mine(len(r));
+  for (size_t t = 0; t < mine.size(); ++t) mine[t] = static_cast<int8_t>((7 * t + 3 * r) % 101);
+  auto g = e.Allgather("rounds.ag", TensorView(mine.data(), DataType::kInt8,
+                                               {static_cast<int64_t>(mine.size())}));
+  if (ExpectOk(g->Wait(), "allgather in rounds")) {
+    size_t want = 0, bad = 0, at = 0;
+    for (int q = 0; q < n; ++q) want += len(q);
+    const auto& out = g->output_bytes();
+    Expect(out.size() == want, "allgather in rounds: " + std::to_string(out.size()) + " bytes");
+    for (int q = 0; q < n && out.size() == want; ++q) {
+      for (size_t t = 0; t < len(q); ++t, ++at) {
+        bad += static_cast<int8_t>(out[at]) == static_cast<int8_t>((7 * t + 3 * q) % 101) ? 0 : 1;
+      }
+    }
+    Expect(bad == 0, "allgather in rounds: " + std::to_string(bad) + " wrong bytes");
+  }
+  mine = {};
+  // Alltoall: rank q sends S(q, j) bytes to rank j, byte t holding (5 t + 11 q + 3 j) % 127; the
+  // longest block differs between ranks, so they must agree on the number of rounds.
+  auto sent = [](int q, int j) { return ((q + 2 * j) % 3) * 17 * kMiB + 11 * j + 3 * q; };
+  std::vector<int64_t> splits(n);
+  std::vector<int8_t> in;
+  for (int j = 0; j < n; ++j) {
+    splits[j] = static_cast<int64_t>(sent(r, j));
+    for (size_t t = 0; t < sent(r, j); ++t) {
+      in.push_back(static_cast<int8_t>((5 * t + 11 * r + 3 * j) % 127));
+    }
+  }
+  auto a = e.Alltoall("rounds.a2a", TensorView(in.data(), DataType::kInt8,
+                                               {static_cast<int64_t>(in.size())}), splits);
+  if (ExpectOk(a->Wait(), "alltoall in rounds")) {
+    size_t want = 0, bad = 0, at = 0;
+    for (int q = 0; q < n; ++q) want += sent(q, r);
+    const auto& out = a->output_bytes();
+    Expect(out.size() == want, "alltoall in rounds: " + std::to_string(out.size()) + " bytes");
+    for (int q = 0; q < n && out.size() == want; ++q) {
+      for (size_t t = 0; t < sent(q, r); ++t, ++at) {
+        const auto want = static_cast<int8_t>((5 * t + 11 * q + 3 * r) % 127);
+        bad += static_cast<int8_t>(out[at]) == want ? 0 : 1;
+      }
+    }
+    Expect(bad == 0, "alltoall in rounds: " + std::to_string(bad) + " wrong bytes");
+  }
+  in = {};
+  // Reducescatter (sum) of 7 Mi n + 2 floats, rank q's element i = i % 1009 + q: its rows are
+  // n (i % 1009) + n (n - 1) / 2, exact in float32. The first two ranks get a row more.
+  const int64_t rows = 7 * static_cast<int64_t>(kMiB) * n + 2;
+  std::vector<float> x(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) x[i] = static_cast<float>(i % 1009 + r);
+  auto rs = e.Reducescatter("rounds.rs", TensorView(x.data(), DataType::kFloat32, {rows}),
+                            ReduceOp::kSum);
+  if (ExpectOk(rs->Wait(), "reducescatter in rounds")) {
+    const int64_t part = rows / n + (r < rows % n ? 1 : 0);
+    int64_t first = 0;
+    for (int q = 0; q < r; ++q) first += rows / n + (q < rows % n ? 1 : 0);
+    const auto& out = rs->output_bytes();
+    Expect(out.size() == static_cast<size_t>(part) * 4, "reducescatter in rounds: size");
+    size_t bad = 0;
+    const auto* f = reinterpret_cast<const float*>(out.data());
+    for (int64_t i = 0; i < part && out.size() == static_cast<size_t>(part) * 4; ++i) {
+      bad += f[i] == static_cast<float>(n * ((first + i) % 1009) + n * (n - 1) / 2) ? 0 : 1;
+    }
+    Expect(bad == 0, "reducescatter in rounds: " + std::to_string(bad) + " wrong rows");
+  }
+}
+
 // 2n + 1 rows of 2 floats, every element of rank r = r + row: rank q gets its rows summed.
 void CheckReducescatter(hvd::Engine& e) {
   const int r = e.rank(), n = e.size();
@@ -368,13 +446,15 @@ const char* BootstrapName(hvd::Options::Bootstrap b) {
 
 int main(int argc, char** argv) {
   std::string want_bootstrap, want_ops;
-  bool refused_output = false, leave_early = false, stop_last = false, stop_in_allgather = false;
+  bool refused_output = false, leave_early = false, stop_last = false, stop_in_allgather = false,
+       rounds = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--refused-output") refused_output = true;
     if (a == "--leave-early") leave_early = true;
     if (a == "--stop-last") stop_last = true;
     if (a == "--stop-in-allgather") stop_in_allgather = true;
+    if (a == "--rounds") rounds = true;
     if (a.rfind("--expect-bootstrap=", 0) == 0) want_bootstrap = a.substr(19);
     if (a.rfind("--expect-ops=", 0) == 0) want_ops = a.substr(13);
   }
@@ -409,6 +489,7 @@ int main(int argc, char** argv) {
   CheckBroadcast(e, 300000);
   CheckAlltoall(e);
   CheckReducescatter(e);
+  if (rounds) CheckRounds(e);
   ExpectOk(e.Barrier()->Wait(), "barrier");
   ExpectOk(e.Shutdown(), "shutdown");
 

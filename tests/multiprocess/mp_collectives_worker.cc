@@ -40,8 +40,6 @@
 //                          broadcast of MIB MiB, each into fresh memory (its pages touched for the
 //                          first time by the engine's copies: seconds on some VMs). Run with a
 //                          small HVD_TIMEOUT_SECONDS: the peers must hear the rank throughout.
-//                          --long-host-work=MIB:nogather leaves the allgather out (MPI runs it as
-//                          one call that holds this thread).
 //   --quit=V              rank V shuts hvd down after a warm-up (as a script that raised does),
 //                          then exits 3 once the others have (a slow teardown); they fail with
 //                          Aborted naming rank V, print "QUIT-OK rank r" and exit 1 at once.
@@ -339,8 +337,8 @@ int RunPeerLoss(int victim, bool cached) {
 // A rank's own failure whose effects reach hvdrun first (see --quit above).
 // --long-host-work: see the file comment. Values are checked at every 4,093rd element and the
 // last, against formulas.
-int RunLongHostWork(size_t mib, bool gather) {
-  return RunGroup("long host work", [mib, gather](hvd::Engine& e, Checker& ck) {
+int RunLongHostWork(size_t mib) {
+  return RunGroup("long host work", [mib](hvd::Engine& e, Checker& ck) {
     ck.Begin("long host work");
     const int r = e.rank(), n = e.size();
     const size_t bytes = mib << 20;
@@ -357,16 +355,15 @@ int RunLongHostWork(size_t mib, bool gather) {
     };
     const auto t0 = Clock::now();
     // Allgather: rank q's block holds (i * 7 + q * 3) % 101.
-    std::vector<int8_t> mine(gather ? bytes : 0);
+    std::vector<int8_t> mine(bytes);
     for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<int8_t>((i * 7 + r * 3) % 101);
     uint8_t* gathered = nullptr;
     const int64_t len = static_cast<int64_t>(bytes);
-    hvd::Status s;
-    if (gather) s = e.Allgather("long.allgather", TensorView(mine.data(), DataType::kInt8, {len}),
+    hvd::Status s = e.Allgather("long.allgather", TensorView(mine.data(), DataType::kInt8, {len}),
                                 [&](const std::vector<int64_t>& shape) -> void* {
                                   return gathered = fresh(static_cast<size_t>(shape[0]));
                                 })->Wait();
-    if (gather && ck.ExpectOk(s, "allgather of " + std::to_string(mib) + " MiB a rank")) {
+    if (ck.ExpectOk(s, "allgather of " + std::to_string(mib) + " MiB a rank")) {
       ck.Expect(sampled(bytes * n,
                         [&](size_t i) {
                           const size_t q = i / bytes, at = i % bytes;
@@ -485,8 +482,7 @@ int main(int argc, char** argv) {
   }
   if (mode.rfind("--quit=", 0) == 0) return mp::RunQuit(std::atoi(mode.c_str() + 7));
   if (mode.rfind("--long-host-work=", 0) == 0) {
-    return mp::RunLongHostWork(static_cast<size_t>(std::atol(mode.c_str() + 17)),
-                               mode.find(":nogather") == std::string::npos);
+    return mp::RunLongHostWork(static_cast<size_t>(std::atol(mode.c_str() + 17)));
   }
   if (mode.rfind("--soak=", 0) == 0) return mp::RunSoak(std::atol(mode.c_str() + 7));
   if (mode == "--chaos") return mp::RunChaos();

@@ -11,7 +11,8 @@ namespace hvd {
 
 namespace {
 
-// The most bytes one MPI call of an allreduce or broadcast moves. Open MPI's calls hold this
+// The most bytes one MPI call moves (an allreduce's or broadcast's buffer; every rank's share
+// of an allgatherv's, alltoallv's or reducescatter's round together). Open MPI's calls hold this
 // thread while they run (a start call took seconds a GiB on a 2-core VM), and the control plane
 // (heartbeats) is polled only between them: 64 MiB keeps each well under a second.
 constexpr size_t kMaxChunkBytes = size_t{64} << 20;
@@ -70,6 +71,27 @@ bool ToInts(const std::vector<size_t>& sizes, std::vector<int>* counts, std::vec
     off += sizes[i];
   }
   return FitsInt(off);
+}
+
+// The rounds of a v-collective in chunks (allgatherv, alltoallv, reducescatter): round k moves
+// units [k * per, (k + 1) * per) of every block, fewer or none of a block that is shorter, so
+// that a round moves at most `per` units of each block.
+size_t RoundsFor(const std::vector<size_t>& sizes, size_t per) {
+  const size_t longest = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+  return (longest + per - 1) / per;
+}
+
+// Round k's counts and displacements, for blocks of `sizes` units that start at `starts` (the
+// whole collective's displacements, which ToInts has found to fit an int, as does their end).
+void RoundOf(const std::vector<size_t>& sizes, const std::vector<int>& starts, size_t per,
+             size_t k, std::vector<int>* counts, std::vector<int>* displs) {
+  counts->resize(sizes.size());
+  displs->resize(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const size_t first = std::min(sizes[i], k * per);
+    (*counts)[i] = static_cast<int>(std::min(per, sizes[i] - first));
+    (*displs)[i] = starts[i] + static_cast<int>(first);
+  }
 }
 
 }  // namespace
@@ -150,11 +172,21 @@ std::optional<Status> MpiCollectives::Allgatherv(const void* in, void* out,
                                                  Deadline deadline) {
   std::vector<int> counts, displs;
   if (!ToInts(bytes, &counts, &displs)) return std::nullopt;
-  // The entry point has put this rank's block in place already (`in` points at it).
-  return Run("MPI_Iallgatherv", deadline, [&](MPI_Request* r) {
-    return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, counts.data(), displs.data(),
-                           MPI_BYTE, mpi_.comm(), r);
-  });
+  // The entry point has put this rank's block in place already (`in` points at it). Every rank
+  // has the same sizes, so every rank makes the same rounds.
+  const size_t per = std::max<size_t>(1, kMaxChunkBytes / bytes.size());
+  const size_t rounds = RoundsFor(bytes, per);
+  const Clock::time_point started = Clock::now();
+  std::vector<int> rc, rd;
+  for (size_t k = 0; k < rounds; ++k) {
+    RoundOf(bytes, displs, per, k, &rc, &rd);
+    const Deadline d = ChunkDeadline(deadline, started);
+    HVD_RETURN_IF_ERROR(Run("MPI_Iallgatherv", d, [&](MPI_Request* r) {
+      return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, rc.data(), rd.data(),
+                             MPI_BYTE, mpi_.comm(), r);
+    }));
+  }
+  return Status::OK();
 }
 
 std::optional<Status> MpiCollectives::Broadcast(void* buf, size_t bytes, int root,
@@ -175,19 +207,32 @@ std::optional<Status> MpiCollectives::Alltoallv(const void* in, const std::vecto
                                                 void* out, const std::vector<size_t>& recv_bytes,
                                                 Deadline deadline) {
   std::vector<int> sc, sd, rc, rd;
-  int too_big = ToInts(send_bytes, &sc, &sd) && ToInts(recv_bytes, &rc, &rd) ? 0 : 1;
+  const size_t per = std::max<size_t>(1, kMaxChunkBytes / send_bytes.size());
+  // Sizes differ per rank: one MPI_MAX agrees on whether some rank's do not fit an int, and on
+  // the number of rounds (those of the longest block any rank sends or receives).
+  int64_t agreed[2] = {ToInts(send_bytes, &sc, &sd) && ToInts(recv_bytes, &rc, &rd) ? 0 : 1,
+                       static_cast<int64_t>(std::max(RoundsFor(send_bytes, per),
+                                                     RoundsFor(recv_bytes, per)))};
   HVD_RETURN_IF_ERROR(Run("MPI_Iallreduce (alltoallv sizes)", deadline, [&](MPI_Request* r) {
-    return MPI_Iallreduce(MPI_IN_PLACE, &too_big, 1, MPI_INT, MPI_MAX, mpi_.comm(), r);
+    return MPI_Iallreduce(MPI_IN_PLACE, agreed, 2, MPI_INT64_T, MPI_MAX, mpi_.comm(), r);
   }));
-  if (too_big) return std::nullopt;
+  if (agreed[0]) return std::nullopt;
   size_t in_bytes = 0, out_bytes = 0;
   for (size_t b : send_bytes) in_bytes += b;
   for (size_t b : recv_bytes) out_bytes += b;
   const void* src = Unaliased(in, in_bytes, out, out_bytes);
-  return Run("MPI_Ialltoallv", deadline, [&](MPI_Request* r) {
-    return MPI_Ialltoallv(src, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE,
-                          mpi_.comm(), r);
-  });
+  const Clock::time_point started = Clock::now();
+  std::vector<int> sck, sdk, rck, rdk;
+  for (size_t k = 0; k < static_cast<size_t>(agreed[1]); ++k) {
+    RoundOf(send_bytes, sd, per, k, &sck, &sdk);
+    RoundOf(recv_bytes, rd, per, k, &rck, &rdk);
+    const Deadline d = ChunkDeadline(deadline, started);
+    HVD_RETURN_IF_ERROR(Run("MPI_Ialltoallv", d, [&](MPI_Request* r) {
+      return MPI_Ialltoallv(src, sck.data(), sdk.data(), MPI_BYTE, out, rck.data(), rdk.data(),
+                            MPI_BYTE, mpi_.comm(), r);
+    }));
+  }
+  return Status::OK();
 }
 
 std::optional<Status> MpiCollectives::ReduceScatter(const void* in, void* out,
@@ -199,12 +244,39 @@ std::optional<Status> MpiCollectives::ReduceScatter(const void* in, void* out,
   const size_t esize = DataTypeSize(dtype);
   size_t total = 0;
   for (size_t c : counts) total += c;
-  const void* src = Unaliased(in, total * esize, out, counts[mpi_.rank()] * esize);
+  const int me = mpi_.rank();
+  const void* src = Unaliased(in, total * esize, out, counts[me] * esize);
   const MPI_Datatype type = TypeFor(dtype);
   const MPI_Op mop = OpFor(dtype, op);
-  return Run("MPI_Ireduce_scatter", deadline, [&](MPI_Request* r) {
-    return MPI_Ireduce_scatter(src, out, ic.data(), type, mop, mpi_.comm(), r);
-  });
+  const size_t per = std::max<size_t>(1, kMaxChunkBytes / esize / counts.size());
+  const size_t rounds = RoundsFor(counts, per);
+  if (rounds <= 1) {
+    return Run("MPI_Ireduce_scatter", deadline, [&](MPI_Request* r) {
+      return MPI_Ireduce_scatter(src, out, ic.data(), type, mop, mpi_.comm(), r);
+    });
+  }
+  // In rounds: MPI takes a round's input as one run of blocks, so each round's share of every
+  // block is packed into stage_ first (a copy far faster than the reduction), and its result
+  // lands in place in `out`.
+  stage_.resize(std::min(total, per * counts.size()) * esize);
+  const auto* from = static_cast<const uint8_t*>(src);
+  const Clock::time_point started = Clock::now();
+  std::vector<int> rc, rd;
+  for (size_t k = 0; k < rounds; ++k) {
+    RoundOf(counts, displs, per, k, &rc, &rd);
+    size_t packed = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      const size_t n = static_cast<size_t>(rc[i]) * esize;
+      if (n) std::memcpy(stage_.data() + packed, from + static_cast<size_t>(rd[i]) * esize, n);
+      packed += n;
+    }
+    void* mine = static_cast<uint8_t*>(out) + (static_cast<size_t>(rd[me]) - displs[me]) * esize;
+    const Deadline d = ChunkDeadline(deadline, started);
+    HVD_RETURN_IF_ERROR(Run("MPI_Ireduce_scatter", d, [&](MPI_Request* r) {
+      return MPI_Ireduce_scatter(stage_.data(), mine, rc.data(), type, mop, mpi_.comm(), r);
+    }));
+  }
+  return Status::OK();
 }
 
 std::optional<Status> MpiCollectives::Barrier(Deadline deadline) {

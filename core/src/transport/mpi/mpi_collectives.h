@@ -8,10 +8,14 @@
 // float16 and bfloat16 travel as MPI_UINT16_T with user-defined commutative ops that call
 // hvd's reduction kernels (reduce/reduce.h).
 //
-// Sizes: MPI-3 counts and displacements are ints. Allreduce and broadcast go in chunks of at
-// most 2^30 elements / 1 GiB. Allgatherv and reducescatter whose totals exceed INT_MAX are
-// left to hvd's algorithms (every rank sees the same sizes, so every rank decides alike);
-// alltoallv, whose sizes differ per rank, first agrees on that with a one-int MPI_Iallreduce.
+// Sizes: no MPI call moves more than 64 MiB, so that heartbeats go out between calls (MPI's
+// calls hold the thread) and the deadline bounds each call, not the whole collective.
+// Allreduce and broadcast go in chunks of their buffer; allgatherv, alltoallv and
+// reducescatter in rounds, each moving a share of every rank's block (a reducescatter's round
+// packed into one run first, as MPI takes it). MPI-3 counts and displacements are ints:
+// allgatherv and reducescatter whose totals exceed INT_MAX are left to hvd's algorithms (every
+// rank sees the same sizes, so every rank decides alike); alltoallv, whose sizes differ per
+// rank, first agrees on that and on its number of rounds with one MPI_Iallreduce.
 //
 // Thread-safety: not thread-safe; used by one thread at a time, the one running the engine's
 // work (the background thread or a waiting caller; engine/engine_impl.h).
@@ -58,6 +62,7 @@ class MpiCollectives : public CollectiveOffload {
   // [float16, bfloat16][op]; MPI_OP_NULL for Adasum, which MPI does not run.
   MPI_Op half_ops_[2][kNumReduceOps];
   std::vector<uint8_t> copy_;          // input copies for aliased buffers
+  std::vector<uint8_t> stage_;         // a reducescatter round's packed input
 };
 
 }  // namespace hvd
