@@ -84,9 +84,9 @@ def test_allreduce_scale_factors():
 
 
 def test_float16_scales_by_the_factor_rounded_to_float16():
-    """Horovod's rule on the GPU (test_horovod_allreduce_prescale/postscale): a float16 tensor
-    is scaled by the factor rounded to float16, in float16 (torch's own CUDA multiply), on NCCL
-    and when staged. The CPU's rule (float32 math) differs in the last place for some of these
+    """Horovod's rule on the GPU (test_horovod_allreduce_prescale/postscale, and reducescatter's):
+    a float16 tensor is scaled by the factor rounded to float16, in float16 (torch's own CUDA
+    multiply), on NCCL and when staged. The CPU's rule (float32 math) differs in the last place for some of these
     values."""
     r, n = world()
     torch.manual_seed(1234)
@@ -102,6 +102,18 @@ def test_float16_scales_by_the_factor_rounded_to_float16():
         assert torch.equal(post, want_post)
     else:
         assert torch.allclose(pre.float(), (f16 * x).float() * n, rtol=2e-3)
+    # The same for reducescatter (test_horovod_reducescatter_prescale/postscale): rank r gets
+    # its rows of the whole result, the first ranks a row more.
+    rs_pre = hvd.reducescatter(x, op=hvd.Sum, prescale_factor=factor, name="f16.rs.pre")
+    rs_post = hvd.reducescatter(x, op=hvd.Sum, postscale_factor=factor, name="f16.rs.post")
+    rows = x.shape[0]
+    first = sum(rows // n + (q < rows % n) for q in range(r))
+    mine = slice(first, first + rows // n + (r < rows % n))
+    if want_pre is not None:
+        assert torch.equal(rs_pre, want_pre[mine])
+        assert torch.equal(rs_post, want_post[mine])
+    else:
+        assert torch.allclose(rs_pre.float(), ((f16 * x).float() * n)[mine], rtol=2e-3)
     cpu_rule = ((x.float() * factor).to(torch.float16)).float()
     assert not torch.equal((f16 * x).float(), cpu_rule), "the values do not tell the rules apart"
 

@@ -757,7 +757,18 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
     HVD_RETURN_IF_ERROR(DeviceCopy(spans));
     HVD_RETURN_IF_ERROR(d.Copy(host, packed, total));
   } else if (bytes[0]) {
-    HVD_RETURN_IF_ERROR(d.Copy(host, entries[0]->input.data, bytes[0]));
+    const void* in = entries[0]->input.data;
+    // A reducescatter scales on the device, by its rules, as Horovod scales CUDA tensors (a
+    // float16 tensor by the factor rounded to float16) and as NCCL's path does; the host
+    // reduces plainly (below).
+    if (r.type == OpType::kReducescatter && r.prescale != 1.0) {
+      void* copy = nullptr;
+      HVD_RETURN_IF_ERROR(GetDeviceBuffer(device_fusion_, &d, bytes[0], &copy));
+      HVD_RETURN_IF_ERROR(d.Copy(copy, in, bytes[0]));
+      HVD_RETURN_IF_ERROR(d.Scale(copy, bytes[0] / DataTypeSize(r.dtype), r.dtype, r.prescale));
+      in = copy;
+    }
+    HVD_RETURN_IF_ERROR(d.Copy(host, in, bytes[0]));
   }
   HVD_RETURN_IF_ERROR(DeviceSynchronize());
 
@@ -776,6 +787,11 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
   }
   Response hr = r;
   hr.device = kCpuDevice;
+  const bool scales_here = r.type == OpType::kReducescatter;
+  if (scales_here) {
+    hr.prescale = hr.postscale = 1.0;
+    if (hr.op == ReduceOp::kAverage) hr.op = ReduceOp::kSum;
+  }
   Status ran = Run(hr, shadows);
   if (!ran.ok()) {
     *host_failed = true;
@@ -804,6 +820,10 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
     HVD_RETURN_IF_ERROR(GetDeviceBuffer(host_staging_, &d, out_bytes, &stage));
     if (out_bytes) std::memcpy(stage, h.output_bytes().data(), out_bytes);
     HVD_RETURN_IF_ERROR(d.Copy(out, stage, out_bytes));
+    if (scales_here) {
+      const double post = r.op == ReduceOp::kAverage ? r.postscale / comm_->size : r.postscale;
+      HVD_RETURN_IF_ERROR(d.Scale(out, out_bytes / DataTypeSize(r.dtype), r.dtype, post));
+    }
   }
   return DeviceSynchronize();
 }
