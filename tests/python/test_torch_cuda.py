@@ -86,8 +86,8 @@ def test_allreduce_scale_factors():
 def test_float16_scales_by_the_factor_rounded_to_float16():
     """Horovod's rule on the GPU (test_horovod_allreduce_prescale/postscale, and reducescatter's):
     a float16 tensor is scaled by the factor rounded to float16, in float16 (torch's own CUDA
-    multiply), on NCCL and when staged. The CPU's rule (float32 math) differs in the last place for some of these
-    values."""
+    multiply), on NCCL and when staged. The CPU's rule (float32 math) differs in the last place
+    for some of these values."""
     r, n = world()
     torch.manual_seed(1234)
     x = torch.empty(4099).uniform_(-100, 100).to(torch.float16).to(dev())
