@@ -152,6 +152,11 @@ struct ReducescatterLayout {
   std::vector<int64_t> shape;  // this rank's part
 };
 ReducescatterLayout LayOutReducescatter(const Response& r, int size, int rank);
+// The factor a reduction's result is scaled by last: its postscale, with Average's division by
+// the `members` that summed folded in (the collective itself sums).
+inline double FinalScale(const Response& r, int members) {
+  return r.op == ReduceOp::kAverage ? r.postscale / members : r.postscale;
+}
 
 // One submitted operation, from enqueue until its handle completes.
 // Where a tensor's data lies: a TensorView without its shape, which the request keeps once.
@@ -630,6 +635,9 @@ class EngineImpl {
   Status DeviceBroadcast(const Response& r, TensorEntry* e);
   Status DeviceAlltoall(const Response& r, TensorEntry* e);
   Status DeviceReducescatter(const Response& r, TensorEntry* e);
+  // *in itself for a factor of 1, else a copy of its `count` elements in the device fusion
+  // buffer, scaled there by the device's rules (*in then points at the copy).
+  Status PrescaledOnDevice(const void** in, size_t count, DataType dtype, double factor);
   Status AllocateDeviceOutput(TensorEntry* e, const std::vector<int64_t>& shape, size_t bytes,
                               void** out);
 

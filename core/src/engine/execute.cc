@@ -549,7 +549,7 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
     const ReduceOp sum_op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
     HVD_RETURN_IF_ERROR(
         AllreducePieces(*c.t, pieces, r.dtype, sum_op, r.prescale, CollectiveDeadline()));
-    const double post = r.op == ReduceOp::kAverage ? r.postscale / c.size : r.postscale;
+    const double post = FinalScale(r, c.size);
     if (post != 1.0) {  // (a pass over every piece otherwise)
       for (const auto& q : pieces) {
         if (q.out) ScalePolling(q.out, q.count, r.dtype, post);
@@ -588,8 +588,7 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
     HVD_RETURN_IF_ERROR(hvd::Allreduce(*c.t, buf, total, r.dtype, op, scratch_,
                                        CollectiveDeadline(), plan.algorithm));
   }
-  double post = r.postscale;
-  if (r.op == ReduceOp::kAverage) post /= c.size;
+  const double post = FinalScale(r, c.size);
   ScalePolling(buf, total, r.dtype, post);
   if (fused) {
     size_t off = 0;
@@ -717,9 +716,7 @@ Status EngineImpl::ExecuteReducescatter(const Response& r, TensorEntry* e) {
   ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
   HVD_RETURN_IF_ERROR(ReduceScatter(*comm_->t, in, out, counts, r.dtype, op, scratch_,
                                     CollectiveDeadline()));
-  double post = r.postscale;
-  if (r.op == ReduceOp::kAverage) post /= n;
-  ScalePolling(out, out_count, r.dtype, post);
+  ScalePolling(out, out_count, r.dtype, FinalScale(r, n));
   return alone;
 }
 

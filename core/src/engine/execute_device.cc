@@ -368,8 +368,7 @@ Status EngineImpl::DeviceAllreduce(const Response& r, std::vector<TensorEntry*>&
   DeviceCollectives& c = *comm_->device_collectives;
   const size_t esize = DataTypeSize(r.dtype);
   const ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-  double post = r.postscale;
-  if (r.op == ReduceOp::kAverage) post /= comm_->size;
+  const double post = FinalScale(r, comm_->size);
   const PlanContext pc = WithKnobs(comm_->plan, r.knobs);  // rank 0's, the same on every member
   const bool hierarchical = PlanHierarchicalDeviceAllreduce(pc);
   auto reduce = [&](const void* in, void* out, size_t count) -> Status {
@@ -599,19 +598,24 @@ Status EngineImpl::DeviceReducescatter(const Response& r, TensorEntry* e) {
   void* out = nullptr;
   HVD_RETURN_IF_ERROR(AllocateDeviceOutput(e, l.shape, out_count * esize, &out));
   const void* in = e->input.data;
-  if (r.prescale != 1.0) {
-    void* copy = nullptr;
-    HVD_RETURN_IF_ERROR(GetDeviceBuffer(device_fusion_, &d, total * esize, &copy));
-    HVD_RETURN_IF_ERROR(d.Copy(copy, in, total * esize));
-    HVD_RETURN_IF_ERROR(d.Scale(copy, total, r.dtype, r.prescale));
-    in = copy;
-  }
+  HVD_RETURN_IF_ERROR(PrescaledOnDevice(&in, total, r.dtype, r.prescale));
   const ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
   HVD_RETURN_IF_ERROR(comm_->device_collectives->ReduceScatter(in, out, l.counts, r.dtype, op));
-  double post = r.postscale;
-  if (r.op == ReduceOp::kAverage) post /= n;
-  HVD_RETURN_IF_ERROR(d.Scale(out, out_count, r.dtype, post));
+  HVD_RETURN_IF_ERROR(d.Scale(out, out_count, r.dtype, FinalScale(r, n)));
   return DeviceDone({e});
+}
+
+Status EngineImpl::PrescaledOnDevice(const void** in, size_t count, DataType dtype,
+                                     double factor) {
+  if (factor == 1.0) return Status::OK();
+  Device& d = *device_;
+  const size_t bytes = count * DataTypeSize(dtype);
+  void* copy = nullptr;
+  HVD_RETURN_IF_ERROR(GetDeviceBuffer(device_fusion_, &d, bytes, &copy));
+  HVD_RETURN_IF_ERROR(d.Copy(copy, *in, bytes));
+  HVD_RETURN_IF_ERROR(d.Scale(copy, count, dtype, factor));
+  *in = copy;
+  return Status::OK();
 }
 
 // After a failure inside a staged allreduce: the copies still queued (the next piece to the
@@ -684,7 +688,7 @@ Status EngineImpl::RunStagedAllreduce(const Response& r, std::vector<TensorEntry
     }
     HVD_RETURN_IF_ERROR(d.Scale(dev_out, count, r.dtype, r.prescale));
   }
-  const double post = r.op == ReduceOp::kAverage ? r.postscale / comm_->size : r.postscale;
+  const double post = FinalScale(r, comm_->size);
   const std::vector<StagingPiece> pieces =
       PlanStagingPieces(total, WithKnobs(comm_->plan, r.knobs));
   HVD_RETURN_IF_ERROR(d.Copy(host + pieces[0].offset, dev_in + pieces[0].offset, pieces[0].bytes));
@@ -761,12 +765,9 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
     // A reducescatter scales on the device, by its rules, as Horovod scales CUDA tensors (a
     // float16 tensor by the factor rounded to float16) and as NCCL's path does; the host
     // reduces plainly (below).
-    if (r.type == OpType::kReducescatter && r.prescale != 1.0) {
-      void* copy = nullptr;
-      HVD_RETURN_IF_ERROR(GetDeviceBuffer(device_fusion_, &d, bytes[0], &copy));
-      HVD_RETURN_IF_ERROR(d.Copy(copy, in, bytes[0]));
-      HVD_RETURN_IF_ERROR(d.Scale(copy, bytes[0] / DataTypeSize(r.dtype), r.dtype, r.prescale));
-      in = copy;
+    if (r.type == OpType::kReducescatter) {
+      HVD_RETURN_IF_ERROR(
+          PrescaledOnDevice(&in, bytes[0] / DataTypeSize(r.dtype), r.dtype, r.prescale));
     }
     HVD_RETURN_IF_ERROR(d.Copy(host, in, bytes[0]));
   }
@@ -821,8 +822,8 @@ Status EngineImpl::RunStaged(const Response& r, std::vector<TensorEntry*>& entri
     if (out_bytes) std::memcpy(stage, h.output_bytes().data(), out_bytes);
     HVD_RETURN_IF_ERROR(d.Copy(out, stage, out_bytes));
     if (scales_here) {
-      const double post = r.op == ReduceOp::kAverage ? r.postscale / comm_->size : r.postscale;
-      HVD_RETURN_IF_ERROR(d.Scale(out, out_bytes / DataTypeSize(r.dtype), r.dtype, post));
+      HVD_RETURN_IF_ERROR(
+          d.Scale(out, out_bytes / DataTypeSize(r.dtype), r.dtype, FinalScale(r, comm_->size)));
     }
   }
   return DeviceSynchronize();
