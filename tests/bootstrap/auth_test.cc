@@ -3,12 +3,14 @@
 // garbage or nothing are each refused, and the job's data is unaffected.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -326,6 +328,89 @@ TEST_F(AuthTest, ClientGivesUpAtItsDeadlineWhenEveryConnectionIsDropped) {
       << c.status().ToString();
   EXPECT_GE(took, std::chrono::milliseconds(1400));
   EXPECT_LT(took, std::chrono::seconds(5));
+}
+
+// A connection that completed on the client's side while the peer's listener closed without
+// taking it: the peer keeps no state, and nothing it could send ever comes. Made here without a
+// race: TCP_REPAIR puts the socket in ESTABLISHED towards a port where nothing listens, sending
+// nothing (it needs CAP_NET_ADMIN; the test skips without it). -1 if it cannot.
+int PhantomConnection(int* error) {
+  int probe_port = 0;
+  ::close(ListenOnLoopback(&probe_port));  // a loopback port nobody holds now
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  int on = 1;
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_REPAIR, &on, sizeof(on)) != 0) {
+    *error = errno;
+    ::close(fd);
+    return -1;
+  }
+  for (int queue : {TCP_SEND_QUEUE, TCP_RECV_QUEUE}) {
+    uint32_t seq = queue == TCP_SEND_QUEUE ? 1000 : 2000;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_REPAIR_QUEUE, &queue, sizeof(queue));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_QUEUE_SEQ, &seq, sizeof(seq));
+  }
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(probe_port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    *error = errno;
+    ::close(fd);
+    return -1;
+  }
+  const int off_no_probe = -1;  // TCP_REPAIR_OFF_NO_WP: leave repair without a window probe
+  ::setsockopt(fd, IPPROTO_TCP, TCP_REPAIR, &off_no_probe, sizeof(off_no_probe));
+  return fd;
+}
+
+// The client speaks second: on such a connection it waited for the challenge until its deadline
+// (a rank held up the start timeout this way when a lower rank gave up forming the job just as
+// its connection arrived). It now draws a reset and is told the peer closed it, within seconds.
+TEST(AuthClient, ConnectionThePeerNeverTookFailsWithinSeconds) {
+  int error = 0;
+  int fd = PhantomConnection(&error);
+  if (fd < 0) GTEST_SKIP() << "cannot make the connection (TCP_REPAIR): " << std::strerror(error);
+  asio::io_context io;
+  asio::ip::tcp::socket sock(io, asio::ip::tcp::v4(), fd);
+  bool dropped = false;
+  auto start = std::chrono::steady_clock::now();
+  Status st = auth::ClientHandshake(io, sock, kSecret, "store", DeadlineAfterSeconds(20),
+                                    &dropped);
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(st.code(), StatusCode::kPeerLost) << st.ToString();
+  EXPECT_NE(st.message().find("closed the connection (waiting for its challenge)"),
+            std::string::npos) << st.ToString();
+  EXPECT_TRUE(dropped);  // the caller dials again
+  EXPECT_LT(took, std::chrono::seconds(8));
+}
+
+// A live peer that takes its connection late (busy dialing others while the job forms) is
+// waited for: the probes are answered by its kernel before it accepts.
+TEST(AuthClient, PeerThatAcceptsLateIsWaitedFor) {
+  int port = 0;
+  int listen_fd = ListenOnLoopback(&port);
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(4500));
+    int c = ::accept(listen_fd, nullptr, nullptr);
+    auth::Nonce ns = auth::RandomNonce();
+    ::send(c, ns.data(), ns.size(), MSG_NOSIGNAL);  // its challenge, then it gives up
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ::close(c);
+  });
+  asio::io_context io;
+  asio::ip::tcp::socket sock(io);
+  asio::error_code ec;
+  sock.connect(asio::ip::tcp::endpoint(asio::ip::address_v4::loopback(),
+                                       static_cast<uint16_t>(port)), ec);
+  ASSERT_FALSE(ec) << ec.message();
+  auto start = std::chrono::steady_clock::now();
+  Status st = auth::ClientHandshake(io, sock, kSecret, "store", DeadlineAfterSeconds(20));
+  auto took = std::chrono::steady_clock::now() - start;
+  late.join();
+  ::close(listen_fd);
+  // It got as far as the verdict: the challenge came.
+  EXPECT_NE(st.message().find("waiting for its verdict"), std::string::npos) << st.ToString();
+  EXPECT_GE(took, std::chrono::milliseconds(4400));
 }
 
 // Strangers that open connections and say nothing cannot hold more than 256 of the server's

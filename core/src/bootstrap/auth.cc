@@ -5,7 +5,10 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 
 #include <cerrno>
 #include <cstring>
@@ -182,6 +185,27 @@ void AcceptHandshake(asio::ip::tcp::socket& sock, const std::string& secret, siz
   });
 }
 
+namespace {
+
+// TCP keepalive, probing after `seconds` of silence, once a second, three times; or off.
+// A connect can complete on this side while the listener closes without ever taking it (a
+// peer that gave up forming the job as the connection arrived): no state is left there, and
+// the client, which speaks second, would wait for the challenge until its deadline. A probe
+// draws a reset from such a peer at once; a live peer's kernel answers it even before the
+// peer accepts, however busy the peer is.
+void ProbeSilence(asio::ip::tcp::socket& sock, int seconds) {
+  const int fd = sock.native_handle();
+  const int on = seconds > 0 ? 1 : 0, interval = 1, count = 3;
+  if (on) {
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &seconds, sizeof(seconds));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  }
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+}
+
+}  // namespace
+
 Status ClientHandshake(asio::io_context& io, asio::ip::tcp::socket& sock,
                        const std::string& secret, const std::string& context, Deadline deadline,
                        bool* dropped) {
@@ -221,8 +245,11 @@ Status ClientHandshake(asio::io_context& io, asio::ip::tcp::socket& sock,
     return Status::PeerLost(std::string("authentication: the peer closed the connection (") +
                             when + "): " + ec.message());
   };
+  ProbeSilence(sock, 1);
   asio::error_code ec = run([&] { asio::async_read(sock, asio::buffer(ns), on_done); });
   if (ec) return closed("waiting for its challenge", ec);
+  // The peer took the connection: off again, since the job's own timeouts judge a quiet link.
+  ProbeSilence(sock, 0);
   Mac mac = Proof(secret, "hvd client", ns, nc, context);
   std::string out = context;
   out.append(reinterpret_cast<const char*>(nc.data()), nc.size());
