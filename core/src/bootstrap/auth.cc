@@ -214,6 +214,7 @@ Status ClientHandshake(asio::io_context& io, asio::ip::tcp::socket& sock,
   Mac server_mac;
   uint8_t verdict = 0;
   asio::error_code result = asio::error::would_block;
+  bool past_deadline = false;
   auto run = [&](auto start) -> asio::error_code {
     result = asio::error::would_block;
     start();
@@ -227,6 +228,7 @@ Status ClientHandshake(asio::io_context& io, asio::ip::tcp::socket& sock,
           if (io.stopped()) io.restart();
           io.run_one_for(std::chrono::milliseconds(100));
         }
+        past_deadline = true;
         return asio::error::timed_out;
       }
       if (io.stopped()) io.restart();
@@ -235,9 +237,10 @@ Status ClientHandshake(asio::io_context& io, asio::ip::tcp::socket& sock,
     return result;
   };
   auto on_done = [&](const asio::error_code& ec, size_t) { result = ec ? ec : asio::error_code(); };
-  // Closed before the server said anything final: the caller may reconnect.
+  // Closed before the server said anything final: the caller may reconnect. (A connection the
+  // probes below found dead ends with timed_out too, but before the deadline.)
   auto closed = [&](const char* when, const asio::error_code& ec) {
-    if (ec == asio::error::timed_out) {
+    if (past_deadline) {
       return Status::PeerLost(std::string("authentication: no answer from the peer before the "
                                           "deadline (") + when + ")");
     }
