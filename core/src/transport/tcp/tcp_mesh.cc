@@ -475,6 +475,10 @@ StatusOr<std::unique_ptr<TcpMesh>> TcpMesh::Form(asio::io_context& io, const Opt
          << " while the job was forming (it died)";
       NameAbsentRanks(store, o, os);
     }
+    // A peer that gave up waiting for this rank to take its connections gave up because of it.
+    if (!acceptor.short_of_descriptors().empty()) {
+      os << "; accepting the peers' connections failed here: " << acceptor.short_of_descriptors();
+    }
     return Status::PeerLost(os.str());
   }
   if (!all) {
