@@ -19,7 +19,9 @@
 // not a few seconds: a legitimate rank on a loaded machine may be slow, and only a stranger
 // stays silent that long. A client that sees its connection closed before any verdict (a
 // dropped connection, not a refusal) reports `dropped` so that its caller reconnects; 'R' and
-// 'C' are final answers.
+// 'C' are final answers. Until step 1 arrives the client's connection carries TCP keepalive
+// probes, 1 s apart: a connection the server's listener closed on without taking it has nothing
+// behind it, and the reset the first probe draws counts as dropped, not a wait to the deadline.
 //
 // Nonces come from getrandom(2), which holds no user-space lock: a process forked from a
 // multi-threaded parent can still handshake.
