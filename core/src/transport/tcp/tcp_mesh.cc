@@ -84,10 +84,13 @@ StatusOr<tcp::endpoint> ParseAddr(const std::string& s, int peer) {
                                  std::to_string(peer));
 }
 
-// Connects to `ep` and sends the hello, within the deadline.
+// Connects to `ep` and sends the hello, within the deadline. *dropped: the peer took the
+// connection and closed it before its verdict (auth::ClientHandshake).
 StatusOr<std::unique_ptr<tcp::socket>> Dial(asio::io_context& io, const tcp::endpoint& ep,
                                             const Hello& hello, int peer,
-                                            const std::string& secret, Deadline deadline) {
+                                            const std::string& secret, Deadline deadline,
+                                            bool* dropped) {
+  *dropped = false;
   auto sock = std::make_unique<tcp::socket>(io);
   asio::error_code result = asio::error::would_block;
   sock->open(ep.protocol(), result);
@@ -112,7 +115,7 @@ StatusOr<std::unique_ptr<tcp::socket>> Dial(asio::io_context& io, const tcp::end
     return Status::PeerLost(os.str());
   }
   TuneSocket(*sock);
-  Status st = auth::ClientHandshake(io, *sock, secret, PackHello(hello), deadline);
+  Status st = auth::ClientHandshake(io, *sock, secret, PackHello(hello), deadline, dropped);
   if (!st.ok()) return st.WithContext("connecting to rank " + std::to_string(peer));
   return sock;
 }
@@ -125,13 +128,27 @@ StatusOr<std::unique_ptr<tcp::socket>> DialRank(asio::io_context& io, StoreClien
                                                 Deadline deadline) {
   Status last;
   Clock::time_point next_check = Clock::now();
+  int drops = 0;  // connections rank j took and closed before its verdict
   while (true) {
     auto a = store.Get(RankAddressKey(j), deadline);
     if (!a.ok()) return a.status().WithContext("rendezvous with rank " + std::to_string(j));
     auto ep = ParseAddr(*a, j);
     if (!ep.ok()) return ep.status();
-    auto s = Dial(io, *ep, Hello{kHelloMagic, o.rank, kind, j, o.size}, j, o.secret, deadline);
-    if (s.ok() || Clock::now() + std::chrono::milliseconds(50) >= deadline) return s;
+    bool dropped = false;
+    auto s = Dial(io, *ep, Hello{kHelloMagic, o.rank, kind, j, o.size}, j, o.secret, deadline,
+                  &dropped);
+    drops += dropped ? 1 : 0;
+    if (s.ok()) return s;
+    if (Clock::now() + std::chrono::milliseconds(50) >= deadline) {
+      if (drops < 2) return s;
+      // Rank j is alive and listening, yet dropped this rank again and again: its own message
+      // says why (a rank short of file descriptors frees them so, TcpMesh's acceptor).
+      std::ostringstream os;
+      os << s.status().message() << " (rank " << j << " closed " << drops
+         << " of this rank's connections before authenticating them: it may be short of file "
+            "descriptors or overloaded; see its own message)";
+      return Status(s.status().code(), os.str());
+    }
     // Rank j may have given up forming the job (its listener is closed): pass its reason on
     // instead of retrying until the deadline. Checked at most twice a second.
     if (!store.collective() && Clock::now() >= next_check) {
