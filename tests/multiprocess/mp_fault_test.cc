@@ -182,16 +182,17 @@ int KillMidCollective(bool all_must_name_victim) {
 }
 
 // At least the survivor that noticed the loss first names the victim. (That every survivor
-// does is the disabled test below: see its comment.)
+// does is the test below.)
 TEST(PeerLoss, KilledMidCollective) {
   EXPECT_GE(KillMidCollective(/*all_must_name_victim=*/false), 1);
 }
 
-// Known library bug (reported): a survivor that detects the loss aborts its transport, closing
-// its data sockets; another survivor may then fail first on that closed socket and report the
-// healthy survivor as the lost rank ("rank 1 lost: connection Broken pipe ..."). About 1 run in
-// 10 on two cores; the test repeats the scenario to reproduce it. Run with
-// --gtest_also_run_disabled_tests.
+// Every survivor names the victim. A survivor that detects the loss aborts its transport,
+// closing its data sockets, and another survivor may fail first on that closed socket: it once
+// reported the healthy survivor as the lost rank ("rank 1 lost: connection Broken pipe ..."),
+// about 1 run in 10 on two cores. A survivor whose collective broke now waits briefly for the
+// cause that the first one sends through the coordinator (EngineImpl::AwaitRootCause); the
+// scenario is repeated to catch that race.
 TEST(PeerLoss, KilledMidCollectiveEverySurvivorNamesTheVictim) {
   for (int k = 0; k < 20 && !HasFailure(); ++k) KillMidCollective(/*all_must_name_victim=*/true);
 }
