@@ -101,5 +101,44 @@ TEST(TcpTransportProgress, WithoutAWindowTheDeadlineIsFinal) {
   EXPECT_EQ(p.t0->lost_peer(), 1);
 }
 
+// A reset, which a firewall or a restarted host between the two sends as well as a process that
+// ends, is said to be one, with both causes: the message names the peer as lost.
+TEST(TcpTransportErrors, ResetConnectionIsNamedWithItsPossibleCauses) {
+  // Rank 1's transport over a connection whose other end is a bare socket here, closed with
+  // SO_LINGER and no time: a reset, with no FIN before it (a transport closes with one).
+  asio::io_context io0, io1;
+  asio::ip::tcp::acceptor acceptor(io0, {asio::ip::address_v4::loopback(), 0});
+  asio::ip::tcp::socket s0(io0);
+  auto s1 = std::make_unique<asio::ip::tcp::socket>(io1);
+  s1->connect(acceptor.local_endpoint());
+  acceptor.accept(s0);
+  Sockets b(2);
+  b[0] = std::move(s1);
+  TcpTransport t1(io1, 1, std::move(b), std::chrono::microseconds(0), Clock::duration::zero());
+  std::vector<char> in(kChunk);
+  TransportRequest r = t1.Irecv(0, in.data(), in.size());
+  s0.set_option(asio::socket_base::linger(true, 0));
+  s0.close();
+  Status s = t1.Wait(r, DeadlineAfterSeconds(5));
+  EXPECT_EQ(s.code(), StatusCode::kPeerLost) << s.ToString();
+  EXPECT_EQ(s.message(),
+            "rank 0 lost: connection reset (Connection reset by peer; by the peer's process ending, "
+            "or by something on the network between, such as a firewall) while receiving from it "
+            "(rank 1)");
+  EXPECT_EQ(t1.lost_peer(), 0);
+}
+
+// An orderly close reads as before.
+TEST(TcpTransportErrors, ClosedConnectionIsSaidToBeClosedByThePeer) {
+  Pair p(Clock::duration::zero());
+  std::vector<char> in(kChunk);
+  TransportRequest r = p.t1->Irecv(0, in.data(), in.size());
+  p.t0.reset();
+  Status s = p.t1->Wait(r, DeadlineAfterSeconds(5));
+  EXPECT_EQ(s.code(), StatusCode::kPeerLost) << s.ToString();
+  EXPECT_EQ(s.message(),
+            "rank 0 lost: connection closed by the peer while receiving from it (rank 1)");
+}
+
 }  // namespace
 }  // namespace hvd

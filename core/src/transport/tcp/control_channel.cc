@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "transport/tcp/connection_error.h"
+
 namespace hvd {
 
 ControlChannel::ControlChannel(int peer, std::unique_ptr<asio::ip::tcp::socket> sock,
@@ -30,8 +32,7 @@ void ControlChannel::ReadHeader() {
                    [this, self](const asio::error_code& ec, size_t) {
                      if (!open_) return;
                      if (ec) {
-                       return Fail(ec == asio::error::eof ? "connection closed by the peer"
-                                                          : ec.message());
+                       return Fail(ConnectionErrorText(ec));
                      }
                      uint32_t len;
                      uint8_t type;
@@ -46,7 +47,7 @@ void ControlChannel::ReadBody(uint32_t len) {
   auto self = shared_from_this();
   asio::async_read(*sock_, asio::buffer(body_), [this, self](const asio::error_code& ec, size_t) {
     if (!open_) return;
-    if (ec) return Fail(ec == asio::error::eof ? "connection closed by the peer" : ec.message());
+    if (ec) return Fail(ConnectionErrorText(ec));
     std::vector<uint8_t> payload;
     payload.swap(body_);
     on_message_(peer_, header_[4], std::move(payload));
@@ -74,7 +75,7 @@ void ControlChannel::WriteNext() {
   asio::async_write(*sock_, bufs, [this, self](const asio::error_code& ec, size_t) {
     writing_ = false;
     if (!open_) return;
-    if (ec) return Fail(ec.message());
+    if (ec) return Fail(ConnectionErrorText(ec));
     queue_.pop_front();
     WriteNext();
   });

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "transport/tcp/connection_error.h"
 
 namespace hvd {
 
@@ -132,8 +133,7 @@ void TcpTransport::OnError(int peer, bool is_send, const asio::error_code& ec) {
   if (!broken_.ok()) return;  // already aborted; this is the cancellation
   lost_peer_ = peer;
   std::ostringstream os;
-  os << "rank " << peer << " lost: connection "
-     << (ec == asio::error::eof ? "closed by the peer" : ec.message()) << " while "
+  os << "rank " << peer << " lost: " << ConnectionErrorText(ec) << " while "
      << (is_send ? "sending to" : "receiving from") << " it (rank " << rank_ << ")";
   Abort(Status::PeerLost(os.str()));
 }
