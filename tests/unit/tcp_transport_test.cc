@@ -3,6 +3,7 @@
 // link merely takes longer than the deadline. Two transports over a loopback connection, each
 // driven by its own thread.
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -11,6 +12,7 @@
 #include <asio.hpp>
 #include <gtest/gtest.h>
 
+#include "transport/tcp/control_channel.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace hvd {
@@ -138,6 +140,48 @@ TEST(TcpTransportErrors, ClosedConnectionIsSaidToBeClosedByThePeer) {
   EXPECT_EQ(s.code(), StatusCode::kPeerLost) << s.ToString();
   EXPECT_EQ(s.message(),
             "rank 0 lost: connection closed by the peer while receiving from it (rank 1)");
+}
+
+// The control plane: a peer that sends its last message (the job's end, say) and closes with
+// this rank's heartbeat unread resets the connection. A write of this rank's that fails on it
+// before the message is read must not hide the message: the channel delivers it, then reports
+// the broken connection, once. (The write's failure was reported first, and a rank whose
+// coordinator had shut the job down took it for the coordinator's loss.)
+TEST(ControlChannelErrors, MessageSentBeforeAResetIsDeliveredBeforeTheError) {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+  asio::ip::tcp::socket peer(io);
+  auto mine = std::make_unique<asio::ip::tcp::socket>(io);
+  mine->connect(acceptor.local_endpoint());
+  acceptor.accept(peer);
+  std::vector<std::string> events;
+  auto channel = std::make_shared<ControlChannel>(
+      0, std::move(mine),
+      [&](int, uint8_t type, std::vector<uint8_t>&& payload) {
+        events.push_back("message " + std::to_string(type) + " " +
+                         std::string(payload.begin(), payload.end()));
+      },
+      [&](int, const std::string& what) { events.push_back("error " + what); });
+  channel->Start();
+  auto empty = std::make_shared<const std::vector<uint8_t>>();
+  // The peer's last message, then this rank's heartbeat, which the peer never reads.
+  const std::string last = "bye";
+  uint8_t frame[5 + 3];
+  const uint32_t len = 1 + static_cast<uint32_t>(last.size());
+  std::memcpy(frame, &len, 4);
+  frame[4] = 7;
+  std::memcpy(frame + 5, last.data(), last.size());
+  asio::write(peer, asio::buffer(frame));
+  channel->Send(1, empty);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  peer.close();  // unread data: a reset
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  channel->Send(1, empty);  // fails on the reset connection
+  io.run_for(std::chrono::seconds(2));
+  ASSERT_EQ(events.size(), 2u) << (events.empty() ? "" : events[0]);
+  EXPECT_EQ(events[0], "message 7 bye");
+  EXPECT_EQ(events[1].rfind("error connection ", 0), 0u) << events[1];
+  EXPECT_FALSE(channel->open());
 }
 
 }  // namespace

@@ -56,7 +56,7 @@ void ControlChannel::ReadBody(uint32_t len) {
 }
 
 void ControlChannel::Send(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> payload) {
-  if (!open_) return;
+  if (!open_ || write_failed_) return;
   Outgoing out;
   uint32_t len = static_cast<uint32_t>(payload->size() + 1);
   std::memcpy(out.header, &len, 4);
@@ -75,7 +75,15 @@ void ControlChannel::WriteNext() {
   asio::async_write(*sock_, bufs, [this, self](const asio::error_code& ec, size_t) {
     writing_ = false;
     if (!open_) return;
-    if (ec) return Fail(ConnectionErrorText(ec));
+    if (ec) {
+      // Left to the read that is always outstanding (ReadHeader), which fails too, after what
+      // the peer sent before the connection broke: its last message may be the job's end. A
+      // peer that shut down and closed while this rank's heartbeat was on its way resets the
+      // connection, and this write failing first was taken for that peer's loss.
+      write_failed_ = true;
+      queue_.clear();
+      return;
+    }
     queue_.pop_front();
     WriteNext();
   });

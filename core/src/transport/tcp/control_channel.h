@@ -3,7 +3,8 @@
 // Frame: u32 length (of type + payload, little-endian, at most kMaxControlFrame), u8 type,
 // payload. Reads run continuously from Start() on; every complete frame is handed to the
 // message callback, a broken connection or an oversize frame to the error callback (once).
-// Sends are queued and written in order.
+// Sends are queued and written in order; a write that fails ends the sending, and the read
+// reports the broken connection (after the messages that came before it).
 //
 // Thread-safety: not thread-safe; used from the thread that runs the io_context. The channel
 // keeps itself alive (shared_from_this) while an operation is in flight; Close() ends it.
@@ -58,6 +59,7 @@ class ControlChannel : public ControlLink, public std::enable_shared_from_this<C
   std::vector<uint8_t> body_;
   std::deque<Outgoing> queue_;
   bool writing_ = false;
+  bool write_failed_ = false;  // the connection broke under a write: the read reports it
   bool open_ = true;
 };
 
