@@ -357,6 +357,33 @@ case_partition() {
   echo "30 s after the link came back, sshd sessions left: ${left:-none}"
 }
 
+# Host 2's frames to host 1 dropped, host 1's to host 2 still delivered (a firewall rule or a
+# broken transmit path on one side), mid-allreduce.
+case_halfcut() {
+  fault_job || return
+  local nft="ip netns exec ${NETNS_H[2]} nft"
+  $nft add table ip hvdhalfcut &&
+    $nft add chain ip hvdhalfcut out '{ type filter hook output priority 0; policy accept; }' &&
+    $nft add rule ip hvdhalfcut out ip daddr "$H1" drop || { fail "cannot cut one way"; return; }
+  local limit=$(( (HVD_TIMEOUT_SECONDS + 5) * 1000 )) r
+  for r in 0 1; do check_fail_file "$r" "$CUT_MS" "$limit" "rank [23]([^0-9]|$)"; done
+  for r in 2 3; do check_fail_file "$r" "$CUT_MS" "$limit" "rank [01]([^0-9]|$)"; done
+  wait_job 30
+  [ "$RC" != 0 ] && [ "$RC" != -1 ] || fail "hvdrun exited $RC"
+  echo "hvdrun exited $RC after $(( $(date +%s%3N) - CUT_MS )) ms from the cut"
+  grep '^hvdrun:' "$ERR"
+  $nft delete table ip hvdhalfcut
+  local left i
+  for i in $(seq 1 300); do
+    left=$(echo $(hvd_leftovers 1) $(hvd_leftovers 2) $(ip netns pids "$NETNS_L"))
+    [ -z "$left" ] && break
+    sleep 0.1
+  done
+  [ -z "$left" ] || { fail "processes left:"; ps -o pid,args -p "$(echo $left | tr " " ",")"; }
+  [ "$FAILED" = 0 ] || show
+  export -n HVD_TIMEOUT_SECONDS
+}
+
 case_launchercut() {
   fault_job || return
   ip -n "$NETNS_SW" link set p1 down  # the launcher's port (10.233.0.1)
