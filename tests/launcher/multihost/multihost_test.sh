@@ -21,6 +21,9 @@
 #                100 ms netem delay where the kernel has netem (else says it skipped that)
 #   partition    host 2 cut off mid-allreduce (HVD_TIMEOUT_SECONDS=5): every rank fails within
 #                5 + 5 s naming a rank on the other side, hvdrun exits non-zero
+#   halfcut      host 2's frames to host 1 dropped, host 1's to host 2 still delivered (a
+#                one-way firewall rule), mid-allreduce: the same as the partition (TCP, with
+#                no acknowledgement coming back, stops both ways)
 #   launchercut  hvdrun's own host cut off mid-allreduce (HVD_TIMEOUT_SECONDS=5; the hosts
 #                still reach each other): hvdrun's ssh sessions give up within about that
 #                timeout, at least 10 s (ServerAlive probes), and hvdrun exits non-zero naming a
