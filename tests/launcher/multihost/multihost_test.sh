@@ -336,9 +336,9 @@ fault_job() {
   CUT_MS=$(date +%s%3N)
 }
 
-case_partition() {
-  fault_job || return
-  netns_cut 2
+# check_cut_failures: after a cut between the hosts (fault_job's), every rank failed within
+# HVD_TIMEOUT_SECONDS + 5 s naming a rank across it, and hvdrun exited non-zero.
+check_cut_failures() {
   local limit=$(( (HVD_TIMEOUT_SECONDS + 5) * 1000 )) r
   for r in 0 1; do check_fail_file "$r" "$CUT_MS" "$limit" "rank [23]([^0-9]|$)"; done
   for r in 2 3; do check_fail_file "$r" "$CUT_MS" "$limit" "rank [01]([^0-9]|$)"; done
@@ -346,6 +346,12 @@ case_partition() {
   [ "$RC" != 0 ] && [ "$RC" != -1 ] || fail "hvdrun exited $RC"
   echo "hvdrun exited $RC after $(( $(date +%s%3N) - CUT_MS )) ms from the cut"
   grep '^hvdrun:' "$ERR"
+}
+
+case_partition() {
+  fault_job || return
+  netns_cut 2
+  check_cut_failures
   local left="$(hvd_leftovers 1) $(hvd_leftovers 2) $(ip netns pids "$NETNS_L")"
   [ -z "${left// /}" ] || { fail "processes left:"; ps -o pid,args -p "$(echo $left | tr " " ",")"; }
   [ "$FAILED" = 0 ] || show
@@ -368,13 +374,7 @@ case_halfcut() {
   $nft add table ip hvdhalfcut &&
     $nft add chain ip hvdhalfcut out '{ type filter hook output priority 0; policy accept; }' &&
     $nft add rule ip hvdhalfcut out ip daddr "$H1" drop || { fail "cannot cut one way"; return; }
-  local limit=$(( (HVD_TIMEOUT_SECONDS + 5) * 1000 )) r
-  for r in 0 1; do check_fail_file "$r" "$CUT_MS" "$limit" "rank [23]([^0-9]|$)"; done
-  for r in 2 3; do check_fail_file "$r" "$CUT_MS" "$limit" "rank [01]([^0-9]|$)"; done
-  wait_job 30
-  [ "$RC" != 0 ] && [ "$RC" != -1 ] || fail "hvdrun exited $RC"
-  echo "hvdrun exited $RC after $(( $(date +%s%3N) - CUT_MS )) ms from the cut"
-  grep '^hvdrun:' "$ERR"
+  check_cut_failures
   $nft delete table ip hvdhalfcut
   local left i
   for i in $(seq 1 300); do
