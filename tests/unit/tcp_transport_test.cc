@@ -142,11 +142,11 @@ TEST(TcpTransportErrors, ClosedConnectionIsSaidToBeClosedByThePeer) {
             "rank 0 lost: connection closed by the peer while receiving from it (rank 1)");
 }
 
-// The control plane: a peer that sends its last message (the job's end, say) and closes with
-// this rank's heartbeat unread resets the connection. A write of this rank's that fails on it
-// before the message is read must not hide the message: the channel delivers it, then reports
-// the broken connection, once. (The write's failure was reported first, and a rank whose
-// coordinator had shut the job down took it for the coordinator's loss.)
+// The control plane: a peer sends its last message (the job's end, say) and closes, and a write
+// of this rank's fails on the connection (reset) before the message is read. The failure must
+// not hide the message: the channel delivers it, then reports the broken connection, once.
+// (The write's failure was reported first, and a rank whose coordinator had shut the job down
+// took it for the coordinator's loss.)
 TEST(ControlChannelErrors, MessageSentBeforeAResetIsDeliveredBeforeTheError) {
   asio::io_context io;
   asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
@@ -174,7 +174,7 @@ TEST(ControlChannelErrors, MessageSentBeforeAResetIsDeliveredBeforeTheError) {
   asio::write(peer, asio::buffer(frame));
   channel->Send(1, empty);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  peer.close();  // unread data: a reset
+  peer.close();  // with data unread, or before this rank's writes come: they draw a reset
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   channel->Send(1, empty);  // fails on the reset connection
   io.run_for(std::chrono::seconds(2));
