@@ -1357,6 +1357,22 @@ Status EngineImpl::PollControlPlane() {
   return abort_;
 }
 
+void EngineImpl::KeeperPoll() {
+  try {
+    PollControlPlane();
+  } catch (...) {
+    Status s = Status::Internal("rank " + std::to_string(options_.rank) +
+                                ": hvd's control plane, polled while a framework's allocator "
+                                "ran, stopped on an exception: " +
+                                ExceptionMessage(std::current_exception()));
+    HVD_LOG(kError) << s.message();
+    if (abort_.ok()) {
+      abort_ = s;
+      failing_on_own_ = true;
+    }
+  }
+}
+
 // A collective that broke because a survivor closed its connections names that survivor;
 // the rank that saw the real loss tells the coordinator, which tells everyone. Wait briefly
 // for that message so that every survivor reports the rank that was actually lost.

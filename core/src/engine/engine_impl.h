@@ -34,6 +34,10 @@
 // it on the engine's stream itself, with the device current on its thread for the response
 // (Device::MakeCurrent) and its own given back after.
 //
+// The control keeper (control_keeper.h) stands in for the thread that runs the work while that
+// thread is inside a framework's output allocator: past a grace it polls the control plane for
+// it, under the keeper's lock, which the thread takes again before it goes on.
+//
 // Thread-safety: Enqueue*, Shutdown and the accessors may be called from any thread.
 #pragma once
 
@@ -64,6 +68,7 @@
 #include "coordinator/messages.h"
 #include "coordinator/response_cache.h"
 #include "device/device.h"
+#include "engine/control_keeper.h"
 #include "engine/name_table.h"
 #include "engine/timeline.h"
 #include "hvd/engine.h"
@@ -483,6 +488,9 @@ class EngineImpl {
   // From inside a data-plane wait that does not run the io_context itself (MPI's, a device
   // stream's): runs the control plane's ready handlers; the engine's abort status, or OK.
   Status PollControlPlane();
+  // The keeper's poll (ControlKeeper): PollControlPlane, an exception in it stopping the engine
+  // as one on the background thread does.
+  void KeeperPoll();
   // Host work on this thread over many bytes (a copy, a fill, a scaling) in slices, with the
   // control plane polled between them (execute.cc): heartbeats go out and aborts are heard
   // however long it takes.
@@ -763,6 +771,10 @@ class EngineImpl {
   int autotune_reported_ = -1;  // the phase last logged (4: the choice)
   Comm* comm_ = nullptr;     // where the response being executed runs
   bool in_collective_ = false;  // inside Execute's Run (control messages may arrive)
+  // Runs a framework's output allocator, polling the control plane for this rank while it
+  // takes long. Declared after io_, the transport and the control links: its thread is
+  // joined before they go.
+  ControlKeeper keeper_{[this] { KeeperPoll(); }};
   bool abandon_ = false;       // this rank failed alone inside the response being executed
   bool joined_ = false;
   int join_device_ = kCpuDevice;  // Join(device): where a joined rank's zeros go (execute_device.cc)

@@ -604,7 +604,7 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
 void* EngineImpl::AllocateOutput(TensorEntry* e, const std::vector<int64_t>& shape, size_t bytes) {
   e->handle->mutable_results().output_shape = shape;
   if (e->allocator) {
-    void* p = e->allocator(shape);
+    void* p = keeper_.Call([&] { return e->allocator(shape); });
     e->handle->output_data_ = p;
     return p;
   }

@@ -323,7 +323,7 @@ Status EngineImpl::AllocateDeviceOutput(TensorEntry* e, const std::vector<int64_
   if (e->allocator) {
     void* p = nullptr;
     try {
-      p = e->allocator(shape);
+      p = keeper_.Call([&] { return e->allocator(shape); });
     } catch (...) {
       return Status::ResourceExhausted("the output allocator failed: " +
                                        ExceptionMessage(std::current_exception()));

@@ -1,0 +1,59 @@
+#include "engine/control_keeper.h"
+
+namespace hvd {
+
+ControlKeeper::~ControlKeeper() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+uint64_t ControlKeeper::polls() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return polls_;
+}
+
+void ControlKeeper::Enter() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+  in_call_ = true;
+  since_ = Clock::now();
+  if (asleep_) cv_.notify_one();
+}
+
+void ControlKeeper::Leave() {
+  std::lock_guard<std::mutex> l(mu_);  // (waits for a poll in progress)
+  in_call_ = false;
+  last_end_ = Clock::now();
+}
+
+void ControlKeeper::Run() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stop_) {
+    const auto now = Clock::now();
+    if (!in_call_) {
+      if (now - last_end_ >= kWatch) {
+        asleep_ = true;
+        cv_.wait(l, [this] { return stop_ || in_call_; });
+        asleep_ = false;
+      } else {
+        // Awake a while after a call: the next one starts without a wake-up, and is seen
+        // within a grace of its start.
+        cv_.wait_for(l, kGrace);
+      }
+      continue;
+    }
+    if (now - since_ < kGrace) {
+      cv_.wait_until(l, since_ + kGrace);
+      continue;
+    }
+    poll_();
+    ++polls_;
+    cv_.wait_for(l, kEvery);
+  }
+}
+
+}  // namespace hvd

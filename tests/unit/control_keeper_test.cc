@@ -1,0 +1,120 @@
+// The control keeper (engine/control_keeper.h): it polls only while a call is in progress and
+// past its grace, one poll at a time with the caller held at the call's end, and never after the
+// call has returned, however the call ends.
+#include "engine/control_keeper.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+namespace hvd {
+namespace {
+
+// What the keeper's polls saw: how many ran, and how many ran while no call was in progress
+// or while the calling thread was past the call (both must stay 0).
+struct Observed {
+  std::atomic<bool> inside{false};
+  std::atomic<int> polls{0};
+  std::atomic<int> outside{0};
+};
+
+std::function<void()> Poller(Observed* o) {
+  return [o] {
+    if (!o->inside.load()) o->outside.fetch_add(1);
+    o->polls.fetch_add(1);
+    // A poll that takes a while: the caller's return must wait for it.
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (!o->inside.load()) o->outside.fetch_add(1);
+  };
+}
+
+// Runs a call of `length` through the keeper, `inside` raised from its start until Call has
+// returned: a poll in progress when the call itself ends still sees it raised, since Call waits
+// for that poll; one that began later would not.
+void CallFor(ControlKeeper& k, Observed& o, std::chrono::milliseconds length) {
+  k.Call([&] {
+    o.inside = true;
+    std::this_thread::sleep_for(length);
+  });
+  o.inside = false;
+}
+
+TEST(ControlKeeper, ShortCallsAreNotPolled) {
+  Observed o;
+  ControlKeeper k(Poller(&o));
+  auto longest = std::chrono::steady_clock::duration::zero();
+  for (int i = 0; i < 100; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const int got = k.Call([i] { return i * 2; });
+    longest = std::max(longest, std::chrono::steady_clock::now() - start);
+    EXPECT_EQ(got, i * 2);
+  }
+  // A call shorter than the grace is never polled, however the keeper's wake-ups fall. (A
+  // loaded machine may hold a call up past the grace: then a poll is allowed.)
+  if (longest < ControlKeeper::kGrace) {
+    EXPECT_EQ(o.polls.load(), 0);
+    EXPECT_EQ(k.polls(), 0u);
+  }
+}
+
+TEST(ControlKeeper, LongCallIsPolledUntilItReturns) {
+  Observed o;
+  ControlKeeper k(Poller(&o));
+  CallFor(k, o, std::chrono::milliseconds(400));
+  const int during = o.polls.load();
+  // 400 ms less the grace, at one poll a millisecond: hundreds; a loaded machine still gives
+  // some. The bound only says that polls happened.
+  EXPECT_GE(during, 5);
+  EXPECT_EQ(static_cast<uint64_t>(during), k.polls());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(o.polls.load(), during) << "a poll ran after the call returned";
+  EXPECT_EQ(o.outside.load(), 0) << "a poll ran outside the call";
+}
+
+TEST(ControlKeeper, CallsAfterAPauseAreWatchedAgain) {
+  Observed o;
+  ControlKeeper k(Poller(&o));
+  CallFor(k, o, std::chrono::milliseconds(150));
+  const int first = o.polls.load();
+  EXPECT_GE(first, 1);
+  // Longer than the keeper's watch: it sleeps untimed, and the next call must wake it.
+  std::this_thread::sleep_for(ControlKeeper::kWatch + std::chrono::milliseconds(200));
+  EXPECT_EQ(o.polls.load(), first);
+  CallFor(k, o, std::chrono::milliseconds(150));
+  EXPECT_GT(o.polls.load(), first);
+  EXPECT_EQ(o.outside.load(), 0);
+}
+
+TEST(ControlKeeper, AnExceptionEndsTheCall) {
+  Observed o;
+  ControlKeeper k(Poller(&o));
+  EXPECT_THROW(k.Call([&]() -> void* {
+                 o.inside = true;
+                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                 throw std::runtime_error("out of memory");
+               }),
+               std::runtime_error);
+  o.inside = false;
+  const int polls = o.polls.load();
+  EXPECT_GE(polls, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(o.polls.load(), polls) << "a poll ran after the call threw";
+  EXPECT_EQ(o.outside.load(), 0);
+}
+
+TEST(ControlKeeper, DestroyedWithAndWithoutItsThread) {
+  Observed o;
+  { ControlKeeper never(Poller(&o)); }  // no call: no thread to join
+  {
+    ControlKeeper k(Poller(&o));
+    CallFor(k, o, std::chrono::milliseconds(1));  // its thread starts, and stays awake (watch)
+  }
+  EXPECT_EQ(o.outside.load(), 0);
+}
+
+}  // namespace
+}  // namespace hvd
