@@ -1,6 +1,8 @@
 // Keeps the control plane moving while the thread that runs the engine's work is inside code
-// that is not hvd's: a framework's output allocator, which may wait on a memory pool, another
-// stream or a lock of its own for as long as it likes.
+// that is not hvd's and has no deadline: a framework's output allocator, which may wait on a
+// memory pool, another stream or a lock of its own for as long as it likes; CUDA's allocations
+// and frees of device and pinned host memory (a free waits for every stream of the device, the
+// framework's long kernels included; pinning takes seconds a GiB).
 //
 // Protocol:
 //   1. The thread that holds the engine's work (ProgressHelper::run) calls the foreign code

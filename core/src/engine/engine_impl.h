@@ -35,7 +35,7 @@
 // (Device::MakeCurrent) and its own given back after.
 //
 // The control keeper (control_keeper.h) stands in for the thread that runs the work while that
-// thread is inside a framework's output allocator: past a grace it polls the control plane for
+// thread is inside a framework's output allocator (or CUDA's allocation or free): past a grace it polls the control plane for
 // it, under the keeper's lock, which the thread takes again before it goes on.
 //
 // Thread-safety: Enqueue*, Shutdown and the accessors may be called from any thread.
@@ -771,8 +771,8 @@ class EngineImpl {
   int autotune_reported_ = -1;  // the phase last logged (4: the choice)
   Comm* comm_ = nullptr;     // where the response being executed runs
   bool in_collective_ = false;  // inside Execute's Run (control messages may arrive)
-  // Runs a framework's output allocator, polling the control plane for this rank while it
-  // takes long. Declared after io_, the transport and the control links: its thread is
+  // Runs a framework's output allocator, and CUDA's allocations and frees, polling the control
+  // plane for this rank while they take long. Declared after io_, the transport and the control links: its thread is
   // joined before they go.
   ControlKeeper keeper_{[this] { KeeperPoll(); }};
   bool abandon_ = false;       // this rank failed alone inside the response being executed

@@ -100,10 +100,12 @@ Status EngineImpl::DeviceCopy(const std::vector<CopySpan>& spans) {
 }
 
 // A device buffer that must grow frees its memory first, and a CUDA free waits for the whole
-// device with no deadline: the stream is synchronized before, polling the control plane.
+// device with no deadline: the stream is synchronized before, polling the control plane. The
+// free still waits for the framework's own streams, and pinning a large host buffer takes
+// seconds a GiB: both run through the control keeper.
 Status EngineImpl::GetDeviceBuffer(DeviceBuffer& b, Device* d, size_t bytes, void** out) {
   if (b.MustFree(d, bytes)) HVD_RETURN_IF_ERROR(DeviceSynchronize());
-  return b.Get(d, bytes, out);
+  return keeper_.Call([&] { return b.Get(d, bytes, out); });
 }
 
 Status EngineImpl::DeviceSynchronize() {
@@ -334,7 +336,7 @@ Status EngineImpl::AllocateDeviceOutput(TensorEntry* e, const std::vector<int64_
     return Status::OK();
   }
   void* p = nullptr;
-  HVD_RETURN_IF_ERROR(device_->Allocate(bytes == 0 ? 1 : bytes, &p));
+  HVD_RETURN_IF_ERROR(keeper_.Call([&] { return device_->Allocate(bytes == 0 ? 1 : bytes, &p); }));
   std::shared_ptr<Device> dev = device_;
   e->handle->mutable_results().output_owner =
       std::shared_ptr<void>(p, [dev](void* q) { dev->Free(q); });
