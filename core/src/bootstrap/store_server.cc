@@ -11,8 +11,9 @@
 //   4. back to 1 once the answer is written.
 // A bad frame (too long, unknown op, key > 4 KiB) closes that connection only, with a warning.
 // A connection has until the handshake timeout (the job's start timeout) to authenticate; at
-// most kMaxPendingHandshakes may be authenticating at once, and past that the oldest of them is
-// dropped (its client, if it is a slow rank, reconnects).
+// most kMaxPendingHandshakes may be authenticating at once (fewer under a low descriptor limit:
+// AuthenticatingCap, so that a flood leaves hvdrun descriptors to start its ranks with), and
+// past that the oldest of them is dropped (its client, if it is a slow rank, reconnects).
 // Stop() closes the acceptor and every session on the io thread, then joins it.
 #include <algorithm>
 #include <chrono>
@@ -29,6 +30,7 @@
 #include "bootstrap/auth.h"
 #include "bootstrap/store.h"
 #include "bootstrap/store_wire.h"
+#include "common/descriptors.h"
 #include "common/inheritance.h"
 #include "common/logging.h"
 
@@ -128,6 +130,7 @@ class StoreServerImpl : public StoreServer {
   int port_ = 0;
   const std::string secret_;
   const Clock::duration handshake_timeout_;
+  const size_t max_pending_ = AuthenticatingCap(kMaxPendingHandshakes);
   std::thread thread_;
   std::mutex stop_mu_;
   bool stopped_ = false;  // guarded by stop_mu_
@@ -347,11 +350,11 @@ void StoreServerImpl::LimitPendingHandshakes(bool now) {
   }
   authenticating_.swap(live);
   const size_t keep =
-      now ? std::max<size_t>(authenticating_.size(), 1) - 1 : kMaxPendingHandshakes - 1;
+      now ? std::max<size_t>(authenticating_.size(), 1) - 1 : max_pending_ - 1;
   while (authenticating_.size() > keep) {
     if (auto oldest = authenticating_.front().lock()) {
       evicted_.Note(oldest->peer() + (now ? std::string(" (to free a descriptor)")
-                                          : " (" + std::to_string(kMaxPendingHandshakes) +
+                                          : " (" + std::to_string(max_pending_) +
                                                 " were authenticating at once)"));
       oldest->Close();
     }

@@ -20,6 +20,13 @@ unsigned long RaiseDescriptorLimit() {
   return files.rlim_cur == RLIM_INFINITY ? 0 : static_cast<unsigned long>(files.rlim_cur);
 }
 
+size_t AuthenticatingCap(size_t most) {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY) return most;
+  const size_t quarter = std::max<size_t>(16, static_cast<size_t>(files.rlim_cur / 4));
+  return std::min(most, quarter);
+}
+
 std::string DescriptorLimitNote(int err) {
   if (err == ENFILE) return " (the system's table of open files is full)";
   if (err != EMFILE) return "";

@@ -10,6 +10,7 @@
 // Thread-safety: any thread.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace hvd {
@@ -21,5 +22,11 @@ unsigned long RaiseDescriptorLimit();
 // What to append to a message about an error `err` (an errno value): for EMFILE, the limit
 // and how to raise it; for ENFILE, that the system's table is full; otherwise "".
 std::string DescriptorLimitNote(int err);
+
+// How many connections a listener of this process lets authenticate at once: `most`, or a
+// quarter of the soft limit where that is fewer (at least 16). Strangers that hold silent
+// connections then leave the process the descriptors its own work needs: hvdrun's pipes to the
+// ranks it starts beside its store, a rank's links beside its listener.
+size_t AuthenticatingCap(size_t most);
 
 }  // namespace hvd

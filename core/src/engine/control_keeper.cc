@@ -1,5 +1,9 @@
 #include "engine/control_keeper.h"
 
+#include <system_error>
+
+#include "common/logging.h"
+
 namespace hvd {
 
 ControlKeeper::~ControlKeeper() {
@@ -18,7 +22,17 @@ uint64_t ControlKeeper::polls() const {
 
 void ControlKeeper::Enter() {
   std::lock_guard<std::mutex> l(mu_);
-  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+  if (!thread_.joinable() && !no_thread_) {
+    try {
+      thread_ = std::thread([this] { Run(); });
+    } catch (const std::system_error& e) {
+      // Out of threads (a process or cgroup limit): the calls run unwatched, as before the
+      // keeper, rather than fail.
+      no_thread_ = true;
+      HVD_LOG(kWarning) << "the control keeper's thread could not start (" << e.what()
+                        << "): heartbeats wait while a framework's allocator or CUDA runs";
+    }
+  }
   in_call_ = true;
   since_ = Clock::now();
   if (asleep_) cv_.notify_one();

@@ -69,6 +69,7 @@ class ControlKeeper {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::thread thread_;             // started by the first Enter
+  bool no_thread_ = false;         // guarded by mu_: it could not start (calls run unwatched)
   bool in_call_ = false;           // guarded by mu_
   bool asleep_ = false;            // guarded by mu_: the keeper waits for a call, untimed
   bool stop_ = false;              // guarded by mu_

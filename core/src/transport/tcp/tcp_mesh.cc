@@ -209,11 +209,12 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
   struct Incoming {
     std::unique_ptr<tcp::socket> sock;  // null once placed in the mesh (or dropped)
   };
-  // Connections authenticating at once, at most (as the store's): past it the oldest is
-  // dropped, so that strangers holding silent connections cannot use up this rank's file
-  // descriptors. A rank's own dial authenticates in milliseconds, and one dropped is dialled
-  // again (DialRank).
+  // Connections authenticating at once, at most (as the store's; fewer under a low descriptor
+  // limit: AuthenticatingCap): past it the oldest is dropped, so that strangers holding silent
+  // connections cannot use up this rank's file descriptors. A rank's own dial authenticates in
+  // milliseconds, and one dropped is dialled again (DialRank).
   static constexpr size_t kMaxAuthenticating = 256;
+  const size_t max_authenticating_ = AuthenticatingCap(kMaxAuthenticating);
 
   void AcceptNext() {
     if (stopped_) return;
@@ -241,7 +242,7 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
         return;
       }
       KeepFromChildren((*sock)->native_handle());
-      DropAuthenticating(kMaxAuthenticating - 1);
+      DropAuthenticating(max_authenticating_ - 1);
       auto in = std::make_shared<Incoming>();
       in->sock = std::move(*sock);
       incoming_.push_back(in);
@@ -262,7 +263,7 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
     if (one) keep = std::max<size_t>(live.size(), 1) - 1;
     for (size_t i = 0; i + keep < live.size(); ++i) {
       evicted_.Note(one ? std::string("to free a descriptor")
-                        : std::to_string(kMaxAuthenticating) + " connections were authenticating");
+                        : std::to_string(max_authenticating_) + " connections were authenticating");
       asio::error_code ignored;
       live[i]->sock->close(ignored);  // its handshake fails and drops it
     }
