@@ -32,20 +32,20 @@ std::function<void()> Poller(Observed* o) {
   };
 }
 
-// Runs a call of `length` through the keeper, `inside` raised from its start until Call has
+// Runs a call of `length` through the keeper, `inside` raised from before it until Call has
 // returned: a poll in progress when the call itself ends still sees it raised, since Call waits
 // for that poll; one that began later would not.
 void CallFor(ControlKeeper& k, Observed& o, std::chrono::milliseconds length) {
-  k.Call([&] {
-    o.inside = true;
-    std::this_thread::sleep_for(length);
-  });
+  o.inside = true;
+  k.Call([&] { std::this_thread::sleep_for(length); });
   o.inside = false;
 }
 
+constexpr auto kNoLimit = std::chrono::hours(1);
+
 TEST(ControlKeeper, ShortCallsAreNotPolled) {
   Observed o;
-  ControlKeeper k(Poller(&o));
+  ControlKeeper k(Poller(&o), kNoLimit);
   auto longest = std::chrono::steady_clock::duration::zero();
   for (int i = 0; i < 100; ++i) {
     const auto start = std::chrono::steady_clock::now();
@@ -63,7 +63,7 @@ TEST(ControlKeeper, ShortCallsAreNotPolled) {
 
 TEST(ControlKeeper, LongCallIsPolledUntilItReturns) {
   Observed o;
-  ControlKeeper k(Poller(&o));
+  ControlKeeper k(Poller(&o), kNoLimit);
   CallFor(k, o, std::chrono::milliseconds(400));
   const int during = o.polls.load();
   // 400 ms less the grace, at one poll a millisecond: hundreds; a loaded machine still gives
@@ -77,7 +77,7 @@ TEST(ControlKeeper, LongCallIsPolledUntilItReturns) {
 
 TEST(ControlKeeper, CallsAfterAPauseAreWatchedAgain) {
   Observed o;
-  ControlKeeper k(Poller(&o));
+  ControlKeeper k(Poller(&o), kNoLimit);
   CallFor(k, o, std::chrono::milliseconds(150));
   const int first = o.polls.load();
   EXPECT_GE(first, 1);
@@ -91,9 +91,9 @@ TEST(ControlKeeper, CallsAfterAPauseAreWatchedAgain) {
 
 TEST(ControlKeeper, AnExceptionEndsTheCall) {
   Observed o;
-  ControlKeeper k(Poller(&o));
+  ControlKeeper k(Poller(&o), kNoLimit);
+  o.inside = true;
   EXPECT_THROW(k.Call([&]() -> void* {
-                 o.inside = true;
                  std::this_thread::sleep_for(std::chrono::milliseconds(200));
                  throw std::runtime_error("out of memory");
                }),
@@ -106,11 +106,36 @@ TEST(ControlKeeper, AnExceptionEndsTheCall) {
   EXPECT_EQ(o.outside.load(), 0);
 }
 
+// A call that lasts the limit is taken as stuck: polling stops (the rank falls silent, and its
+// peers count it lost at their timeout), and resumes with the next call.
+TEST(ControlKeeper, StopsPollingAStuckCallAtTheLimit) {
+  Observed o;
+  std::atomic<int64_t> last_us{0};  // the last poll's start, from the call's start
+  std::chrono::steady_clock::time_point start;
+  auto poll = [&] {
+    last_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                  std::chrono::steady_clock::now() - start)
+                  .count();
+    o.polls.fetch_add(1);
+  };
+  ControlKeeper k(poll, std::chrono::milliseconds(150));
+  start = std::chrono::steady_clock::now();
+  k.Call([] { std::this_thread::sleep_for(std::chrono::milliseconds(900)); });
+  const int first = o.polls.load();
+  EXPECT_GE(first, 1);
+  // The keeper decides each poll before the limit; a loaded machine may start one late, but
+  // not by the 600 ms left of the call.
+  EXPECT_LT(last_us.load(), 600 * 1000) << "polls went on past the limit";
+  start = std::chrono::steady_clock::now();
+  k.Call([] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); });
+  EXPECT_GT(o.polls.load(), first) << "the next call was not polled";
+}
+
 TEST(ControlKeeper, DestroyedWithAndWithoutItsThread) {
   Observed o;
-  { ControlKeeper never(Poller(&o)); }  // no call: no thread to join
+  { ControlKeeper never(Poller(&o), kNoLimit); }  // no call: no thread to join
   {
-    ControlKeeper k(Poller(&o));
+    ControlKeeper k(Poller(&o), kNoLimit);
     CallFor(k, o, std::chrono::milliseconds(1));  // its thread starts, and stays awake (watch)
   }
   EXPECT_EQ(o.outside.load(), 0);

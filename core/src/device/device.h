@@ -118,6 +118,10 @@ class DeviceBuffer {
   bool MustFree(const Device* device, size_t bytes) const {
     return data_ != nullptr && (device != device_ || bytes > capacity_);
   }
+  // Whether Get would allocate (and so call into CUDA, which may wait).
+  bool MustAllocate(const Device* device, size_t bytes) const {
+    return data_ == nullptr || device != device_ || bytes > capacity_;
+  }
   void Reset();  // frees; call before the device goes away
 
  private:

@@ -1361,15 +1361,13 @@ void EngineImpl::KeeperPoll() {
   try {
     PollControlPlane();
   } catch (...) {
-    Status s = Status::Internal("rank " + std::to_string(options_.rank) +
-                                ": hvd's control plane, polled while a framework's allocator "
-                                "ran, stopped on an exception: " +
-                                ExceptionMessage(std::current_exception()));
-    HVD_LOG(kError) << s.message();
-    if (abort_.ok()) {
-      abort_ = s;
-      failing_on_own_ = true;
-    }
+    if (!abort_.ok()) return;  // (said once: the keeper may poll again before the call returns)
+    abort_ = Status::Internal("rank " + std::to_string(options_.rank) +
+                              ": hvd's control plane, polled while a framework's allocator or "
+                              "CUDA ran, stopped on an exception: " +
+                              ExceptionMessage(std::current_exception()));
+    failing_on_own_ = true;
+    HVD_LOG(kError) << abort_.message();
   }
 }
 

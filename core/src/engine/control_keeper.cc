@@ -35,6 +35,7 @@ void ControlKeeper::Enter() {
   }
   in_call_ = true;
   since_ = Clock::now();
+  ++calls_;
   if (asleep_) cv_.notify_one();
 }
 
@@ -62,6 +63,18 @@ void ControlKeeper::Run() {
     }
     if (now - since_ < kGrace) {
       cv_.wait_until(l, since_ + kGrace);
+      continue;
+    }
+    if (now - since_ >= limit_) {
+      HVD_LOG(kWarning) << "code that is not hvd's (a framework's output allocator, or CUDA "
+                           "allocating or freeing memory) has run for "
+                        << std::chrono::duration<double>(now - since_).count()
+                        << " s (HVD_TIMEOUT_SECONDS): this rank's heartbeats stop until it "
+                           "returns, and the other ranks will count it lost";
+      const uint64_t stuck = calls_;
+      asleep_ = true;
+      cv_.wait(l, [&] { return stop_ || calls_ != stuck; });
+      asleep_ = false;
       continue;
     }
     poll_();

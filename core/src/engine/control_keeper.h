@@ -19,12 +19,17 @@
 //      holder, or the keeper on its behalf while the holder is away.
 //   4. `poll` is what the engine already runs between slices of long host work (at the same
 //      points of an execution), so what it may change is what those polls may change.
+//   5. A call that lasts `limit` (HVD_TIMEOUT_SECONDS) is taken as stuck: the keeper stops
+//      polling, with a warning, so that this rank falls silent and the others count it lost at
+//      their timeout, as they would without the keeper, instead of waiting on its heartbeats
+//      for ever. Polling resumes with the next call.
 //
 // Thread-safety: Call() from the thread that holds the engine's work only; the destructor
 // after the last Call() has returned.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -41,7 +46,8 @@ class ControlKeeper {
   // How long the keeper stays awake after a call (a burst of allocations wakes it once).
   static constexpr auto kWatch = std::chrono::seconds(1);
 
-  explicit ControlKeeper(std::function<void()> poll) : poll_(std::move(poll)) {}
+  ControlKeeper(std::function<void()> poll, Clock::duration limit)
+      : poll_(std::move(poll)), limit_(limit) {}
   ~ControlKeeper();
   ControlKeeper(const ControlKeeper&) = delete;
   ControlKeeper& operator=(const ControlKeeper&) = delete;
@@ -66,6 +72,7 @@ class ControlKeeper {
   void Run();
 
   const std::function<void()> poll_;
+  const Clock::duration limit_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::thread thread_;             // started by the first Enter
@@ -74,6 +81,7 @@ class ControlKeeper {
   bool asleep_ = false;            // guarded by mu_: the keeper waits for a call, untimed
   bool stop_ = false;              // guarded by mu_
   Clock::time_point since_;        // guarded by mu_: the call's start
+  uint64_t calls_ = 0;             // guarded by mu_: calls entered so far
   Clock::time_point last_end_;     // guarded by mu_: the last call's end
   uint64_t polls_ = 0;             // guarded by mu_
 };

@@ -35,8 +35,9 @@
 // (Device::MakeCurrent) and its own given back after.
 //
 // The control keeper (control_keeper.h) stands in for the thread that runs the work while that
-// thread is inside a framework's output allocator (or CUDA's allocation or free): past a grace it polls the control plane for
-// it, under the keeper's lock, which the thread takes again before it goes on.
+// thread is inside a framework's output allocator (or CUDA's allocation or free): past a grace
+// it polls the control plane for it, under the keeper's lock, which the thread takes again
+// before it goes on.
 //
 // Thread-safety: Enqueue*, Shutdown and the accessors may be called from any thread.
 #pragma once
@@ -772,9 +773,11 @@ class EngineImpl {
   Comm* comm_ = nullptr;     // where the response being executed runs
   bool in_collective_ = false;  // inside Execute's Run (control messages may arrive)
   // Runs a framework's output allocator, and CUDA's allocations and frees, polling the control
-  // plane for this rank while they take long. Declared after io_, the transport and the control links: its thread is
-  // joined before they go.
-  ControlKeeper keeper_{[this] { KeeperPoll(); }};
+  // plane for this rank while they take long (up to HVD_TIMEOUT_SECONDS). Declared after io_,
+  // the transport and the control links: its thread is joined before they go.
+  ControlKeeper keeper_{[this] { KeeperPoll(); },
+                        std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(options_.timeout_seconds))};
   bool abandon_ = false;       // this rank failed alone inside the response being executed
   bool joined_ = false;
   int join_device_ = kCpuDevice;  // Join(device): where a joined rank's zeros go (execute_device.cc)

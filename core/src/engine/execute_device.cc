@@ -105,6 +105,7 @@ Status EngineImpl::DeviceCopy(const std::vector<CopySpan>& spans) {
 // seconds a GiB: both run through the control keeper.
 Status EngineImpl::GetDeviceBuffer(DeviceBuffer& b, Device* d, size_t bytes, void** out) {
   if (b.MustFree(d, bytes)) HVD_RETURN_IF_ERROR(DeviceSynchronize());
+  if (!b.MustAllocate(d, bytes)) return b.Get(d, bytes, out);
   return keeper_.Call([&] { return b.Get(d, bytes, out); });
 }
 

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <sstream>
@@ -210,11 +211,11 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
     std::unique_ptr<tcp::socket> sock;  // null once placed in the mesh (or dropped)
   };
   // Connections authenticating at once, at most (as the store's; fewer under a low descriptor
-  // limit: AuthenticatingCap): past it the oldest is dropped, so that strangers holding silent
+  // limit, AuthenticatingCap, but never fewer than the job's other ranks, which may all dial
+  // this one at once): past it the oldest is dropped, so that strangers holding silent
   // connections cannot use up this rank's file descriptors. A rank's own dial authenticates in
   // milliseconds, and one dropped is dialled again (DialRank).
   static constexpr size_t kMaxAuthenticating = 256;
-  const size_t max_authenticating_ = AuthenticatingCap(kMaxAuthenticating);
 
   void AcceptNext() {
     if (stopped_) return;
@@ -334,6 +335,8 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
   tcp::acceptor& acc_;
   TcpMesh& mesh_;
   const int rank_, size_;
+  const size_t max_authenticating_ =
+      std::max(AuthenticatingCap(kMaxAuthenticating), static_cast<size_t>(std::max(size_ - 1, 1)));
   const bool worker_links_;
   const bool name_identities_;
   const std::string secret_;
