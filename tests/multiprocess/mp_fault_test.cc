@@ -291,10 +291,70 @@ TEST(PeerStopped, AnIdleSurvivorReportsTheCodeOfTheCause) {
 
 TEST(PeerStopped, WorkerStoppedInCollective) { StopScenario(3, 1); }
 TEST(PeerStopped, WorkerStoppedInCollectiveOfTwo) { StopScenario(2, 1); }
-// Known library gap (reported): when the coordinator stops without closing its connections,
-// the workers' pending operations wait for a response that never comes; nothing fails them
-// within HVD_TIMEOUT_SECONDS. Run with --gtest_also_run_disabled_tests to reproduce.
+// The coordinator stops without closing its connections: the workers' pending operations
+// wait for a response that never comes, and its silence fails them (heartbeats).
 TEST(PeerStopped, CoordinatorStopped) { StopScenario(3, 0); }
+
+// ---------------------------------------------------------------- a stuck framework allocator
+
+// Rank 0's output allocator does not return for three timeouts (a framework's memory pool
+// wedged) while rank 0 runs an allgather of a set of its own; ranks 1 and 2 wait on an allreduce
+// of the world, which rank 0, their coordinator, cannot answer from inside the allocator. The
+// control keeper sends rank 0's heartbeats for HVD_TIMEOUT_SECONDS, then stops
+// (engine/control_keeper.h): the workers fail, naming rank 0, within the bound, instead of
+// hearing a live rank until the allocator returns.
+TEST(StuckAllocator, TheOthersFailNamingTheRankInsideIt) {
+  constexpr int size = 3;
+  ForkedWorld w(size, kTimeout);
+  ASSERT_TRUE(w.store_ok());
+  ASSERT_TRUE(w.Start([](int r, const hvd::Options& base, const Reporter& out) {
+    hvd::Options o = base;
+    o.process_sets = {{0}};  // set 1: rank 0 alone
+    auto e = CreateIn(o, out);
+    if (!e || !WarmUp(*e, out)) return 3;
+    float x = 1;
+    TensorView v(&x, DataType::kFloat32, {1});
+    if (r == 0) {
+      std::vector<float> got;
+      hvd::OutputAllocator stuck = [&got](const std::vector<int64_t>& shape) -> void* {
+        std::this_thread::sleep_for(std::chrono::duration<double>(3 * kTimeout));
+        got.assign(static_cast<size_t>(shape[0]), 0.0f);
+        return got.data();
+      };
+      Status s = WaitBounded(e->Allgather("stuck", v, stuck, 1), 3 * kTimeout + kBound);
+      out.Say("code", hvd::StatusCodeName(s.code()));
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto h = e->Allreduce("waiting", v, v, ReduceOp::kSum);
+      Status s = WaitBounded(h, kBound + 5);
+      out.Say("finished", h->Finished() ? "yes" : "no: the operation was still pending");
+      out.Say("code", hvd::StatusCodeName(s.code()));
+      out.Say("message", s.message());
+      out.Say("seconds", std::to_string(Since(t0)));
+    }
+    e.reset();
+    out.Say("destroyed", "yes");
+    return 0;
+  }));
+  EXPECT_TRUE(w.WaitAll(3 * kTimeout + kBound + 15)) << "some rank is still running";
+  for (int r : {1, 2}) {
+    const ChildResult& c = w.result(r);
+    SCOPED_TRACE("rank " + std::to_string(r) + ": " + Describe(c));
+    auto value = [&c](const char* key) {
+      return c.values.count(key) ? c.values.at(key) : std::string();
+    };
+    std::printf("[mp] rank %d: %s after %s s: %s\n", r, value("code").c_str(),
+                value("seconds").c_str(), value("message").c_str());
+    EXPECT_EQ(value("finished"), "yes") << "the allreduce never failed";
+    EXPECT_TRUE(value("code") == hvd::StatusCodeName(StatusCode::kTimeout) ||
+                value("code") == hvd::StatusCodeName(StatusCode::kPeerLost))
+        << value("code");
+    EXPECT_NE(value("message").find("rank 0"), std::string::npos);
+    EXPECT_LT(std::atof(value("seconds").c_str()), kBound);
+    EXPECT_EQ(value("destroyed"), "yes");
+  }
+  EXPECT_EQ(w.result(0).values.count("destroyed"), 1u) << Describe(w.result(0));
+}
 
 }  // namespace
 }  // namespace mp
