@@ -40,6 +40,12 @@ Status WaitBounded(const hvd::HandlePtr& h, double seconds) {
   return h->WaitFor(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
 }
 
+// A value a child reported (Reporter::Say), or "".
+std::string ValueOf(const ChildResult& c, const char* key) {
+  auto it = c.values.find(key);
+  return it == c.values.end() ? std::string() : it->second;
+}
+
 // What a survivor does once the loss has happened: it keeps submitting (one op in flight at a
 // time) until one fails, then checks that a later op fails at once, then destroys the engine.
 int SurviveUntilFailure(Engine& e, const Reporter& out, size_t count) {
@@ -87,7 +93,7 @@ void ExpectSurvivorFailed(const ForkedWorld& w, int r, int lost, bool must_name_
   const ChildResult& c = w.result(r);
   SCOPED_TRACE("survivor rank " + std::to_string(r) + ": " + Describe(c));
   ASSERT_TRUE(c.reaped) << "the survivor did not finish";
-  auto value = [&c](const char* key) { return c.values.count(key) ? c.values.at(key) : std::string(); };
+  auto value = [&c](const char* key) { return ValueOf(c, key); };
   std::printf("[mp] survivor rank %d: %s after %s s: %s; then %s\n", r, value("code").c_str(),
               value("seconds").c_str(), value("message").c_str(), value("later_code").c_str());
   EXPECT_EQ(c.exit_code, 0);
@@ -278,9 +284,7 @@ TEST(PeerStopped, AnIdleSurvivorReportsTheCodeOfTheCause) {
   for (int r : {0, 2}) {
     const ChildResult& c = w.result(r);
     SCOPED_TRACE("survivor rank " + std::to_string(r) + ": " + Describe(c));
-    auto value = [&c](const char* key) {
-      return c.values.count(key) ? c.values.at(key) : std::string();
-    };
+    auto value = [&c](const char* key) { return ValueOf(c, key); };
     std::printf("[mp] survivor rank %d: %s: %s\n", r, value("code").c_str(),
                 value("message").c_str());
     EXPECT_EQ(value("code"), hvd::StatusCodeName(StatusCode::kTimeout));
@@ -340,9 +344,7 @@ TEST(StuckAllocator, TheOthersFailNamingTheRankInsideIt) {
   for (int r : {1, 2}) {
     const ChildResult& c = w.result(r);
     SCOPED_TRACE("rank " + std::to_string(r) + ": " + Describe(c));
-    auto value = [&c](const char* key) {
-      return c.values.count(key) ? c.values.at(key) : std::string();
-    };
+    auto value = [&c](const char* key) { return ValueOf(c, key); };
     std::printf("[mp] rank %d: %s after %s s: %s\n", r, value("code").c_str(),
                 value("seconds").c_str(), value("message").c_str());
     EXPECT_EQ(value("finished"), "yes") << "the allreduce never failed";
