@@ -46,6 +46,16 @@ std::string ValueOf(const ChildResult& c, const char* key) {
   return it == c.values.end() ? std::string() : it->second;
 }
 
+// What a rank saw of the operation it waited on since t0: whether it finished, its code and
+// message, and the seconds it took (read back by ValueOf).
+void SayOutcome(const Reporter& out, bool finished, const Status& s,
+                std::chrono::steady_clock::time_point t0) {
+  out.Say("finished", finished ? "yes" : "no: the operation was still pending");
+  out.Say("code", hvd::StatusCodeName(s.code()));
+  out.Say("message", s.message());
+  out.Say("seconds", std::to_string(Since(t0)));
+}
+
 // What a survivor does once the loss has happened: it keeps submitting (one op in flight at a
 // time) until one fails, then checks that a later op fails at once, then destroys the engine.
 int SurviveUntilFailure(Engine& e, const Reporter& out, size_t count) {
@@ -60,10 +70,7 @@ int SurviveUntilFailure(Engine& e, const Reporter& out, size_t count) {
     s = WaitBounded(h, kBound + 5);
     finished = h->Finished();
   }
-  out.Say("finished", finished ? "yes" : "no: the operation was still pending");
-  out.Say("code", hvd::StatusCodeName(s.code()));
-  out.Say("message", s.message());
-  out.Say("seconds", std::to_string(Since(t0)));
+  SayOutcome(out, finished, s, t0);
   out.Say("steps", std::to_string(steps));
   Status later = WaitBounded(e.Allreduce("survive.later", v, v, ReduceOp::kSum), 5.0);
   out.Say("later_code", hvd::StatusCodeName(later.code()));
@@ -228,10 +235,7 @@ void StopScenario(int size, int victim) {
     auto t0 = std::chrono::steady_clock::now();
     auto h = e->Allreduce("stalled", v, v, ReduceOp::kSum);
     Status s = WaitBounded(h, kBound + 5);
-    out.Say("finished", h->Finished() ? "yes" : "no: the operation was still pending");
-    out.Say("code", hvd::StatusCodeName(s.code()));
-    out.Say("message", s.message());
-    out.Say("seconds", std::to_string(Since(t0)));
+    SayOutcome(out, h->Finished(), s, t0);
     Status later = WaitBounded(e->Allreduce("after", v, v, ReduceOp::kSum), 5.0);
     out.Say("later_code", hvd::StatusCodeName(later.code()));
     e.reset();
@@ -331,10 +335,7 @@ TEST(StuckAllocator, TheOthersFailNamingTheRankInsideIt) {
       const auto t0 = std::chrono::steady_clock::now();
       auto h = e->Allreduce("waiting", v, v, ReduceOp::kSum);
       Status s = WaitBounded(h, kBound + 5);
-      out.Say("finished", h->Finished() ? "yes" : "no: the operation was still pending");
-      out.Say("code", hvd::StatusCodeName(s.code()));
-      out.Say("message", s.message());
-      out.Say("seconds", std::to_string(Since(t0)));
+      SayOutcome(out, h->Finished(), s, t0);
     }
     e.reset();
     out.Say("destroyed", "yes");
