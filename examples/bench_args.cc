@@ -120,6 +120,7 @@ bool ParseBenchArgs(int argc, char** argv, BenchArgs* out, std::string* error) {
     else if (flag == "--raw") a.raw = true;
     else if (flag == "--csv") a.csv = true;
     else if (flag == "--paired") a.paired = true;
+    else if (flag == "--grouped") a.grouped = true;
     else if (flag == "--check") a.check = true;
     else if (flag == "--no-check") a.check = false;
     else {
@@ -148,6 +149,10 @@ bool ParseBenchArgs(int argc, char** argv, BenchArgs* out, std::string* error) {
   }
   if (a.paired && a.tensors < 2) {
     *error = "--paired compares a step of --tensors N (N >= 2) with one tensor of its bytes";
+    return false;
+  }
+  if (a.grouped && a.tensors < 2) {
+    *error = "--grouped submits a step of --tensors N (N >= 2) as one group";
     return false;
   }
   if (a.sets > 1 && a.raw) {
@@ -191,6 +196,8 @@ std::string BenchUsage(const char* argv0) {
     << "                     tensor of the step's bytes; a second row times it, and the ratio\n"
     << "                     of the two (the median of each pair's) is printed: the pairs see\n"
     << "                     the same state of the machine\n"
+    << "  --grouped          with --tensors: each step is one GroupedAllreduce of its N tensors\n"
+    << "                     (negotiated and run together) instead of N allreduces\n"
     << "  --sets K           split the ranks into K process sets (rank % K; the world size must\n"
     << "                     be a multiple of K, larger than K) that run the sweep at the same\n"
     << "                     time, each on its own; ranks and busbw count in a set, time is the\n"

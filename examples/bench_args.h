@@ -24,6 +24,7 @@ struct BenchArgs {
   bool raw = false;
   int tensors = 1;           // --tensors: allreduces per step
   bool paired = false;       // --paired: each step of --tensors also as one tensor of the same bytes
+  bool grouped = false;      // --grouped: each step of --tensors as one GroupedAllreduce
   int sets = 1;              // --sets: process sets (rank % sets) that run the sweep at once
   bool csv = false;
   bool check = true;

@@ -135,8 +135,12 @@ hvd::Status Bench::RunOnce(const std::string& name, size_t count, double* second
         outputs_.emplace_back(out_.get() + at, a_.dtype, shape);
       }
     }
-    for (int k = 0; k < a_.tensors; ++k) {
-      hs[k] = engine_.Allreduce(names_[k], inputs_[k], outputs_[k], a_.op, 1.0, 1.0, set_);
+    if (a_.grouped) {
+      hs = engine_.GroupedAllreduce(names_, inputs_, outputs_, a_.op, 1.0, 1.0, set_);
+    } else {
+      for (int k = 0; k < a_.tensors; ++k) {
+        hs[k] = engine_.Allreduce(names_[k], inputs_[k], outputs_[k], a_.op, 1.0, 1.0, set_);
+      }
     }
     hvd::Status first;
     for (auto& h : hs) {
@@ -294,6 +298,9 @@ void Bench::PrintHeader() const {
     if (a_.tensors > 1) {
       std::printf("# %d tensors of each size per step, under the same names every step; time is per"
                   " step, data = size x %d\n", a_.tensors, a_.tensors);
+      if (a_.grouped) {
+        std::printf("# --grouped: each step is one GroupedAllreduce of its %d tensors\n", a_.tensors);
+      }
       if (a_.paired) {
         std::printf("# --paired: before each step, after its own barrier, one allreduce of one"
                     " tensor of the step's bytes (row hvd-one: size = those bytes)\n");
