@@ -417,6 +417,42 @@ TEST(AuthClient, PeerThatAcceptsLateIsWaitedFor) {
   EXPECT_GE(took, std::chrono::milliseconds(4400));
 }
 
+// A connection that the listener itself closes while it waits for the handshake (to make room
+// for others, or as it stops) is not reported as the peer's failure ("sent no complete
+// handshake: Bad file descriptor", as a rank wrote at teardown), but as closed here.
+TEST(AuthServer, ConnectionClosedHereIsNotThePeersFailure) {
+  int port = 0;
+  int listen_fd = ListenOnLoopback(&port);
+  int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  int served = ::accept(listen_fd, nullptr, nullptr);
+  ASSERT_GE(served, 0);
+  asio::io_context io;
+  asio::ip::tcp::socket sock(io, asio::ip::tcp::v4(), served);
+  bool called = false;
+  Status got;
+  auth::AcceptHandshake(sock, kSecret, 5, nullptr, [&](const Status& st, const std::string&) {
+    called = true;
+    got = st;
+  });
+  io.poll();  // the challenge goes out; the read of the client's proof waits
+  ASSERT_FALSE(called);
+  asio::error_code ignored;
+  sock.close(ignored);
+  io.run_for(std::chrono::seconds(2));
+  ASSERT_TRUE(called);
+  EXPECT_EQ(got.code(), StatusCode::kAborted) << got.ToString();
+  EXPECT_NE(got.message().find("closed by this process before its handshake"), std::string::npos)
+      << got.ToString();
+  EXPECT_EQ(got.message().find("sent no complete handshake"), std::string::npos) << got.ToString();
+  ::close(client);
+  ::close(listen_fd);
+}
+
 // Strangers that open connections and say nothing cannot hold more than 256 of the server's
 // descriptors, and a rank that comes after them is still served at once.
 TEST_F(AuthTest, FloodOfSilentStrangersDoesNotLockOutARank) {

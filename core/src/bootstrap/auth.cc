@@ -158,9 +158,23 @@ void AcceptHandshake(asio::ip::tcp::socket& sock, const std::string& secret, siz
       st->Finish(Status::Timeout(os.str()), "");
     }
   });
-  asio::async_write(sock, asio::buffer(st->ns), [st, who](const asio::error_code& ec, size_t) {
+  // The listener closes a connection still authenticating itself (to make room, or as it
+  // stops): not the peer's doing, whatever error the pending operation then reports.
+  auto closed_here = [](const asio::error_code& ec) {
+    return ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor;
+  };
+  asio::async_write(sock, asio::buffer(st->ns), [st, who, closed_here](const asio::error_code& ec,
+                                                                       size_t) {
+    if (ec && closed_here(ec)) {
+      return st->Finish(Status::Aborted(who + ": closed by this process before its handshake"), "");
+    }
     if (ec) return st->Finish(Status::PeerLost(who + ": " + ec.message()), "");
-    asio::async_read(*st->sock, asio::buffer(st->in), [st, who](const asio::error_code& ec2, size_t) {
+    asio::async_read(*st->sock, asio::buffer(st->in), [st, who, closed_here](
+                                                          const asio::error_code& ec2, size_t) {
+      if (ec2 && closed_here(ec2)) {
+        return st->Finish(
+            Status::Aborted(who + ": closed by this process before its handshake completed"), "");
+      }
       if (ec2) {
         return st->Finish(Status::PeerLost(who + " sent no complete handshake: " + ec2.message()), "");
       }

@@ -282,11 +282,11 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
                           [this, self = shared_from_this(), in](const Status& st,
                                                                 const std::string& context) {
                             --pending_;
+                            if (stopped_) return;  // (Stop closed it: nothing to report)
                             if (!st.ok()) {
                               dropped_.Note(st.message());
                               return;
                             }
-                            if (stopped_) return;
                             Place(UnpackHello(context), std::move(in->sock));
                           },
                           check, left);
