@@ -3,9 +3,11 @@
 // response cache's fast path under churn and with a rank that waits before it submits the rest.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <thread>
 
+#include "hvd/raw.h"
 #include "mp_checks.h"
 
 namespace mp {
@@ -239,6 +241,106 @@ void CheckFastPathChurn(hvd::Engine& e, Checker& ck) {
   }
 }
 
+// Grouped allreduces on the response cache's fast path, under churn. Each step submits up to
+// three groups and two lone tensors, in each rank's own order and at its own pace: group A
+// (three members) every step, group B (two, one of them empty) every other step, and group C
+// whose second member grows by one element every fifth step on every rank (its cache entry
+// changes: the group goes to the coordinator whole, then is cached again). With a small
+// HVD_CACHE_CAPACITY (np 7: 8 entries for 9 names) entries are evicted while bits wait. Every
+// sum matches the formula and every rank finishes every step. Then ten steps of group A alone:
+// where the ranks agree in rounds, from the second on its members are cache hits and each step
+// takes the fast path (before, grouped operations never did).
+void CheckGroupedChurn(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  struct Member {
+    std::string name;
+    int64_t count;
+    std::vector<float> buf;
+  };
+  std::vector<std::vector<Member>> units = {
+      {{"ga.0", 1, {}}, {"ga.1", 7, {}}, {"ga.2", 33, {}}},
+      {{"gb.0", 5, {}}, {"gb.1", 0, {}}},
+      {{"gc.0", 3, {}}, {"gc.1", 2, {}}},
+      {{"lone.0", 4, {}}},
+      {{"lone.1", 9, {}}},
+  };
+  auto run = [&](int step, const std::vector<size_t>& which) {
+    std::vector<std::pair<Member*, hvd::HandlePtr>> handles;
+    for (size_t u : which) {
+      std::vector<Member>& unit = units[u];
+      std::vector<std::string> names;
+      std::vector<TensorView> views;
+      for (size_t m = 0; m < unit.size(); ++m) {
+        Member& x = unit[m];
+        if (u == 2 && m == 1) x.count = 2 + step / 5;
+        x.buf.resize(static_cast<size_t>(x.count));
+        const int64_t salt = static_cast<int64_t>(u * 10 + m) * 1000 + step;
+        for (int64_t i = 0; i < x.count; ++i) {
+          x.buf[i] = static_cast<float>(ReduceInput(DataType::kFloat32, ReduceOp::kSum, r, n, i, salt));
+        }
+        names.push_back(x.name);
+        views.emplace_back(x.buf.data(), DataType::kFloat32, std::vector<int64_t>{x.count});
+      }
+      if (unit.size() == 1) {
+        handles.emplace_back(&unit[0], e.Allreduce(names[0], views[0], views[0], ReduceOp::kSum));
+      } else {
+        auto hs = e.GroupedAllreduce(names, views, views, ReduceOp::kSum);
+        ck.Expect(hs.size() == unit.size(), "a handle per member of " + names[0] + "'s group");
+        for (size_t m = 0; m < hs.size() && m < unit.size(); ++m) {
+          handles.emplace_back(&unit[m], hs[m]);
+        }
+      }
+      if ((step + static_cast<int>(u) + r) % 4 == 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200 * (r + 1)));
+      }
+    }
+    for (auto& [x, h] : handles) {
+      const std::string what = x->name + " at step " + std::to_string(step);
+      if (!ck.ExpectOk(WaitDone(h), what)) continue;
+      size_t u = 0, m = 0;
+      for (u = 0; u < units.size(); ++u) {
+        auto it = std::find_if(units[u].begin(), units[u].end(),
+                               [x](const Member& y) { return &y == x; });
+        if (it != units[u].end()) {
+          m = static_cast<size_t>(it - units[u].begin());
+          break;
+        }
+      }
+      const int64_t salt = static_cast<int64_t>(u * 10 + m) * 1000 + step;
+      ck.ExpectElements(DataType::kFloat32, x->buf.data(), x->count,
+                        [&](int64_t i) {
+                          return ExpectedReduce(DataType::kFloat32, ReduceOp::kSum, n, i, salt);
+                        },
+                        what);
+    }
+  };
+  constexpr int kSteps = 30;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<size_t> which = {0, 2, 3, 4};
+    if (step % 2 == 0) which.push_back(1);
+    std::rotate(which.begin(), which.begin() + r % static_cast<int>(which.size()), which.end());
+    if (r % 2) std::reverse(which.begin(), which.end());
+    run(step, which);
+  }
+  const char* capacity = std::getenv("HVD_CACHE_CAPACITY");
+  hvd::NegotiationCounters before{};
+  for (int step = kSteps; step < kSteps + 10; ++step) {
+    if (step == kSteps + 1) before = hvd::ReadNegotiationCounters(e);
+    run(step, {0});
+  }
+  const hvd::NegotiationCounters after = hvd::ReadNegotiationCounters(e);
+  // Where the ranks agree in rounds and the cache holds every name (the default capacity); where
+  // rank 0 answers, groups go to its coordinator every time.
+  if (capacity == nullptr && hvd::NegotiatesInRounds(e)) {
+    ck.Expect(after.cache_hits - before.cache_hits >= 9 * 3,
+              "group A's members are cache hits in 9 steps of it alone: " +
+                  std::to_string(after.cache_hits - before.cache_hits) + " hits");
+    ck.Expect(after.fast_path_steps - before.fast_path_steps >= 9,
+              "group A's steps take the fast path: " +
+                  std::to_string(after.fast_path_steps - before.fast_path_steps) + " of 9");
+  }
+}
+
 // A rank that waits for one cached tensor before it submits the step's others, while the
 // other ranks have submitted them all: they have announced more than it has, which (where rank
 // 0 answers) holds the agreed tensor back only for a while (EngineImpl::AgreedGoAt), so its wait
@@ -299,6 +401,9 @@ int RunAllreduceChecks(hvd::Engine& e, Checker& ck) {
   failures += ck.End();
   ck.Begin("grouped allreduce");
   CheckGrouped(e, ck);
+  failures += ck.End();
+  ck.Begin("grouped allreduce churn");
+  CheckGroupedChurn(e, ck);
   failures += ck.End();
   ck.Begin("fast path churn");
   CheckFastPathChurn(e, ck);

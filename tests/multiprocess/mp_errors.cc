@@ -176,6 +176,61 @@ void CheckGroupedMismatch(hvd::Engine& e, Checker& ck) {
   }
 }
 
+// The same on the response cache's fast path: a group run twice (its members cached with their
+// group), then with one member's shape different on every rank but rank 0, fails as a whole on
+// every rank, naming the member and the shape, with nothing run and nothing waiting; then the
+// same names grouped in another order on every rank but rank 0 (another group) fail naming the
+// membership; and the first group, as it was, runs again.
+void CheckCachedGroupMismatch(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  float a[6], b[6], c[6];
+  auto fill = [&] {
+    for (int i = 0; i < 6; ++i) {
+      a[i] = static_cast<float>(r + i);
+      b[i] = static_cast<float>(2 * r + i);
+      c[i] = static_cast<float>(3 * r + i);
+    }
+  };
+  const std::vector<std::string> names = {"cg.0", "cg.1", "cg.2"};
+  auto run_whole = [&](const std::string& when) {
+    fill();
+    TensorView a4(a, DataType::kFloat32, {4}), b5(b, DataType::kFloat32, {5}),
+        c6(c, DataType::kFloat32, {6});
+    auto hs = e.GroupedAllreduce(names, {a4, b5, c6}, {a4, b5, c6}, ReduceOp::kSum);
+    const float ranks = static_cast<float>(n * (n - 1) / 2);
+    bool right = hs.size() == 3;
+    for (auto& h : hs) right = ck.ExpectOk(WaitDone(h), "cached group " + when) && right;
+    for (int i = 0; right && i < 6; ++i) {
+      right = (i >= 4 || a[i] == ranks + n * i) && (i >= 5 || b[i] == 2 * ranks + n * i) &&
+              c[i] == 3 * ranks + n * i;
+    }
+    ck.Expect(right, "cached group " + when + ": every member's sum is right");
+  };
+  run_whole("first");
+  run_whole("second");
+  fill();
+  TensorView a4(a, DataType::kFloat32, {4}), c6(c, DataType::kFloat32, {6});
+  TensorView b_odd(b, DataType::kFloat32, {r != 0 ? 4 : 5});
+  auto hs = e.GroupedAllreduce(names, {a4, b_odd, c6}, {a4, b_odd, c6}, ReduceOp::kSum);
+  for (auto& h : hs) ExpectInvalid(ck, h, "cg.1", "shape");
+  bool untouched = true;
+  for (int i = 0; i < 6; ++i) untouched = untouched && a[i] == r + i && c[i] == 3 * r + i;
+  ck.Expect(untouched, "the cached group that failed left its members alone");
+  ExpectNextWorks(e, ck, "cg.shape");
+
+  fill();
+  TensorView b5(b, DataType::kFloat32, {5});
+  if (r == 0) {
+    hs = e.GroupedAllreduce(names, {a4, b5, c6}, {a4, b5, c6}, ReduceOp::kSum);
+  } else {
+    hs = e.GroupedAllreduce({names[1], names[0], names[2]}, {b5, a4, c6}, {b5, a4, c6},
+                            ReduceOp::kSum);
+  }
+  for (auto& h : hs) ExpectInvalid(ck, h, "cg.", "group membership");
+  ExpectNextWorks(e, ck, "cg.membership");
+  run_whole("again");
+}
+
 // Arguments that one rank alone gets wrong (the last; the others' are right): that rank's
 // refusal is negotiated, so every rank fails the operation together with its reason, naming
 // it, instead of the others waiting for a rank that gave up. Nothing is executed; the next
@@ -404,6 +459,7 @@ int RunMismatchChecks(hvd::Engine& e, Checker& ck) {
     CheckAcrossRanks(e, ck);
     CheckDuplicateInFlight(e, ck);
     CheckGroupedMismatch(e, ck);
+    CheckCachedGroupMismatch(e, ck);
     CheckOneSided(e, ck);
     CheckCachedTensors(e, ck);
   }

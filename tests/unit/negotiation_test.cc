@@ -700,6 +700,80 @@ TEST(ResponseCache, EncodeRebuildAndDisabled) {
   EXPECT_FALSE(off.Encodable(fused, &bits));
 }
 
+// A group's members are cached with their group (the coordinator's responses carry it, fused
+// or not, on the wire and rebuilt from bits), so that the same grouped request is a hit and the
+// member of another group, or of none, is not; and a set of bits keeps a group only whole.
+TEST(ResponseCache, GroupsAreCachedWithTheirGroupAndKeptWhole) {
+  Coordinator co(2, 0, 0);
+  for (int r = 0; r < 2; ++r) {
+    co.AddRequests(r, {Grouped("a", {2}, 3, "G"), Grouped("b", {3}, 3, "G"),
+                       Grouped("c", {1}, 3, "G"), Allreduce("d", {4})});
+  }
+  std::vector<Response> rs = FuseResponses(co.ComputeResponses(), 1 << 20);
+  ASSERT_EQ(rs.size(), 1u);  // a, b, c and d fuse; the groups stay parallel to the names
+  EXPECT_EQ(rs[0].names, (std::vector<std::string>{"a", "b", "c", "d"}));
+  EXPECT_EQ(rs[0].groups, (std::vector<std::string>{"G", "G", "G", ""}));
+  EXPECT_EQ(rs[0].group_sizes, (std::vector<int32_t>{3, 3, 3, 0}));
+  ASSERT_TRUE(CheckResponse(rs[0], 2).ok());
+  ResponseList l;
+  l.responses = rs;
+  auto bytes = Encode(l);
+  ResponseList out;
+  ASSERT_TRUE(Decode(bytes.data(), bytes.size(), &out).ok());
+  EXPECT_EQ(out.responses[0].groups, rs[0].groups);
+  EXPECT_EQ(out.responses[0].group_sizes, rs[0].group_sizes);
+
+  ResponseCache cache(8, true);
+  cache.Apply(rs);
+  const int a = cache.Lookup(Grouped("a", {2}, 3, "G"));
+  const int b = cache.Lookup(Grouped("b", {3}, 3, "G"));
+  const int c = cache.Lookup(Grouped("c", {1}, 3, "G"));
+  const int d = cache.Lookup(Allreduce("d", {4}));
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  ASSERT_GE(c, 0);
+  ASSERT_GE(d, 0);
+  EXPECT_EQ(cache.Lookup(Allreduce("a", {2})), -1);              // not grouped
+  EXPECT_EQ(cache.Lookup(Grouped("a", {2}, 3, "H")), -1);       // another group
+  EXPECT_EQ(cache.Lookup(Grouped("a", {2}, 2, "G")), -1);       // another size
+  auto bits_of = [](std::initializer_list<int> set) {
+    std::vector<uint64_t> v(1, 0);
+    for (int bit : set) v[0] |= uint64_t{1} << bit;
+    return v;
+  };
+  std::vector<uint64_t> some = bits_of({a, b, d});
+  cache.CloseGroups(&some);
+  EXPECT_EQ(some, bits_of({d}));  // c is missing: a and b wait with it
+  std::vector<uint64_t> all = bits_of({a, b, c, d});
+  cache.CloseGroups(&all);
+  EXPECT_EQ(all, bits_of({a, b, c, d}));
+
+  // Sent as bits and rebuilt, the response is the same, groups included: applying it changes
+  // nothing.
+  std::vector<uint32_t> bits;
+  ASSERT_TRUE(cache.Encodable(rs[0], &bits));
+  Response back;
+  ASSERT_TRUE(cache.Rebuild(bits, &back));
+  EXPECT_EQ(back.groups, rs[0].groups);
+  EXPECT_EQ(back.group_sizes, rs[0].group_sizes);
+  const uint64_t contents = cache.contents();
+  cache.Apply({back});
+  EXPECT_EQ(cache.contents(), contents);
+
+  // The same names in no group: the entries change and the old grouped requests miss.
+  cache.Apply({ResponseFor(Allreduce("a", {2}))});
+  EXPECT_EQ(cache.Lookup(Grouped("a", {2}, 3, "G")), -1);
+  EXPECT_GE(cache.Lookup(Allreduce("a", {2})), 0);
+
+  // Groups must be parallel to the names, and a size goes with a key.
+  Response bad = rs[0];
+  bad.groups.pop_back();
+  EXPECT_FALSE(CheckResponse(bad, 2).ok());
+  bad = rs[0];
+  bad.group_sizes[3] = 2;
+  EXPECT_FALSE(CheckResponse(bad, 2).ok());
+}
+
 void ExpectRebuiltAs(const std::vector<Response>& got, const std::vector<Response>& want,
                      int trial) {
   ASSERT_EQ(got.size(), want.size()) << "trial " << trial;

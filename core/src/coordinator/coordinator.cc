@@ -348,6 +348,10 @@ Response Coordinator::BuildResponse(const std::string& name, Entry& e) {
   resp.type = first->type;
   resp.names = {name};
   resp.shapes = {first->shape};
+  if (first->group_size > 1) {  // (the same on every rank: Validate compared them)
+    resp.groups = {first->group};
+    resp.group_sizes = {first->group_size};
+  }
   resp.dtype = first->dtype;
   resp.op = first->op;
   resp.root = first->root;

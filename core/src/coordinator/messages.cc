@@ -141,6 +141,9 @@ void Put(Writer& w, const Response& r) {
   w.Put<int32_t>(r.last_joined);
   w.Vec(r.joined);
   w.Put<int32_t>(r.device);
+  w.Put<uint32_t>(static_cast<uint32_t>(r.groups.size()));
+  for (const auto& g : r.groups) w.Str(g);
+  w.Vec(r.group_sizes);
 }
 
 bool Get(Reader& rd, Response* r) {
@@ -164,8 +167,14 @@ bool Get(Reader& rd, Response* r) {
   bool ok = rd.Enum(&dtype, kNumDataTypes) && rd.Enum(&op, kNumReduceOps) && rd.Get(&r->root) &&
             rd.Get(&r->prescale) && rd.Get(&r->postscale) && rd.Vec(&r->sizes) &&
             rd.Str(&r->error) && rd.Enum(&code, static_cast<uint8_t>(StatusCode::kResourceExhausted) + 1) &&
-            rd.Get(&r->last_joined) && rd.Vec(&r->joined) && rd.Get(&r->device);
+            rd.Get(&r->last_joined) && rd.Vec(&r->joined) && rd.Get(&r->device) &&
+            rd.Count(&n, 4);
   if (!ok) return false;
+  r->groups.resize(n);
+  for (auto& g : r->groups) {
+    if (!rd.Str(&g)) return false;
+  }
+  if (!rd.Vec(&r->group_sizes)) return false;
   r->error_code = static_cast<StatusCode>(code);
   r->dtype = static_cast<DataType>(dtype);
   r->op = static_cast<ReduceOp>(op);
@@ -277,6 +286,18 @@ Status CheckResponse(const Response& r, int size) {
   if (r.shapes.size() != r.names.size()) {
     return bad(std::to_string(r.shapes.size()) + " shapes for " + std::to_string(r.names.size()) +
                " names");
+  }
+  if ((!r.groups.empty() && r.groups.size() != r.names.size()) ||
+      r.group_sizes.size() != r.groups.size()) {
+    return bad(std::to_string(r.groups.size()) + " groups and " +
+               std::to_string(r.group_sizes.size()) + " group sizes for " +
+               std::to_string(r.names.size()) + " names");
+  }
+  for (size_t i = 0; i < r.groups.size(); ++i) {
+    if (r.group_sizes[i] < 0 || (r.group_sizes[i] > 1) != !r.groups[i].empty()) {
+      return bad("tensor '" + r.names[i] + "' has group size " +
+                 std::to_string(r.group_sizes[i]) + " with group '" + r.groups[i] + "'");
+    }
   }
   for (const auto& shape : r.shapes) {
     for (int64_t d : shape) {

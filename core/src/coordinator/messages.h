@@ -91,6 +91,12 @@ struct Response {
   // announced them (ranks may use different GPUs; each rank runs on its one device). Responses
   // fuse only when this is equal, so a fused buffer never mixes host and device memory.
   int32_t device = kCpuDevice;
+  // Grouped tensors (Request::group): where any tensor of the response is in a group, each
+  // tensor's group key and size, parallel to `names` ("" and 0: not grouped); empty where none
+  // is. The response cache keeps them with the tensor, so that a group's members are cached
+  // hits of its own requests and take the fast path all or none (ResponseCache::CloseGroups).
+  std::vector<std::string> groups;
+  std::vector<int32_t> group_sizes;
   // On the wire only: when not empty, the response travels as these response-cache bits and
   // the fields above are rebuilt from the receiver's cache.
   std::vector<uint32_t> cache_bits;

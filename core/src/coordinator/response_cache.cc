@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <unordered_set>
 
 #include "planner/fusion.h"
 
@@ -155,6 +156,10 @@ Request ResponseCache::FromResponse(const Response& r, size_t i) {
   q.postscale = r.postscale;
   q.device = r.device;
   q.shape = r.shapes[i];
+  if (!r.groups.empty() && r.group_sizes[i] > 1) {
+    q.group = r.groups[i];
+    q.group_size = r.group_sizes[i];
+  }
   return q;
 }
 
@@ -202,16 +207,77 @@ bool ResponseCache::Rebuild(const std::vector<uint32_t>& bits, Response* out) co
       out->names.push_back(q.name);
       out->shapes.push_back(q.shape);
     }
+    if (q.group_size > 1 || !out->groups.empty()) {  // parallel to the names (messages.h)
+      out->groups.resize(i);
+      out->group_sizes.resize(i, 0);
+      out->groups.push_back(q.group);
+      out->group_sizes.push_back(q.group_size);
+    }
   }
   return !bits.empty();
 }
 
+void ResponseCache::WidenToGroups(std::vector<uint64_t>* bits,
+                                  const std::vector<std::string>& groups) const {
+  if (grouped_slots_ == 0) return;
+  std::unordered_set<std::string_view> keys(groups.begin(), groups.end());
+  for (size_t w = 0; w < bits->size(); ++w) {
+    for (uint64_t word = (*bits)[w]; word; word &= word - 1) {
+      const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+      if (bit < slots_.size() && slots_[bit].live && slots_[bit].request.group_size > 1) {
+        keys.insert(slots_[bit].request.group);
+      }
+    }
+  }
+  keys.erase(std::string_view());
+  if (keys.empty()) return;
+  for (uint32_t bit = 0; bit < slots_.size() && bit / 64 < bits->size(); ++bit) {
+    const Request& q = slots_[bit].request;
+    if (slots_[bit].live && q.group_size > 1 && keys.count(q.group) > 0) {
+      (*bits)[bit / 64] |= uint64_t{1} << (bit % 64);
+    }
+  }
+}
+
+void ResponseCache::CloseGroups(std::vector<uint64_t>* bits) const {
+  if (grouped_slots_ == 0) return;
+  std::unordered_map<std::string_view, int32_t> members;  // of each group, set in `bits`
+  auto each = [this, bits](auto f) {
+    for (size_t w = 0; w < bits->size(); ++w) {
+      for (uint64_t word = (*bits)[w]; word; word &= word - 1) {
+        const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+        if (bit < slots_.size() && slots_[bit].live && slots_[bit].request.group_size > 1) {
+          f(bit, slots_[bit].request);
+        }
+      }
+    }
+  };
+  // A group's members mostly hold bits one after another: a run of one group is one lookup.
+  std::string_view last;
+  int32_t* count = nullptr;
+  auto of = [&](const Request& q) -> int32_t& {
+    if (count == nullptr || q.group != last) {
+      count = &members[q.group];
+      last = q.group;
+    }
+    return *count;
+  };
+  each([&of](uint32_t, const Request& q) { ++of(q); });
+  if (members.empty()) return;
+  count = nullptr;
+  each([&of, bits](uint32_t bit, const Request& q) {
+    if (of(q) != q.group_size) (*bits)[bit / 64] &= ~(uint64_t{1} << (bit % 64));
+  });
+}
+
 // Whether the cached request q is what FromResponse(r, i) would give, without building it.
 bool ResponseCache::SameAsResponse(const Request& q, const Response& r, size_t i) {
+  const bool grouped = !r.groups.empty() && r.group_sizes[i] > 1;
   return q.type == r.type && q.name == r.names[i] && q.dtype == r.dtype && q.op == r.op &&
          q.root == r.root && (q.device == kCpuDevice) == (r.device == kCpuDevice) &&
          q.prescale == r.prescale && q.postscale == r.postscale && q.shape == r.shapes[i] &&
-         q.splits.empty() && q.group.empty() && q.group_size == 0;
+         q.splits.empty() && q.group_size == (grouped ? r.group_sizes[i] : 0) &&
+         (grouped ? q.group == r.groups[i] : q.group.empty());
 }
 
 void ResponseCache::Touch(const Request& req,
@@ -224,6 +290,8 @@ void ResponseCache::Touch(const Request& req,
       // The tensor changed: the bit takes the new request; older epochs keep the old meaning.
       if (keep_history_) history_.push_back(Eviction{epoch_ + 1, it->second, s.request});
       if (changed) changed->emplace_back(it->second, s.request);
+      if (s.request.group_size > 1) --grouped_slots_;
+      if (req.group_size > 1) ++grouped_slots_;
       s.request = req;
       s.since = epoch_ + 1;
       contents_ = NewContents();
@@ -250,6 +318,8 @@ void ResponseCache::Touch(const Request& req,
     if (changed) changed->emplace_back(bit, s.request);
     by_name_.erase(s.request.name);
   }
+  if (!found_free && s.request.group_size > 1) --grouped_slots_;
+  if (req.group_size > 1) ++grouped_slots_;
   s.live = true;
   s.request = req;
   s.since = epoch_ + 1;

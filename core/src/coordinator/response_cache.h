@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -65,6 +66,15 @@ class ResponseCache {
   // step splits into responses.
   bool RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,
                   std::vector<Response>* out, std::vector<Response>* spare = nullptr);
+  // Clears from `bits` every member of a group (Request::group) whose other members are not all
+  // set: a group's members run together or wait together. The same on every rank for the same
+  // bits at the same epoch (the cache's own entries decide).
+  void CloseGroups(std::vector<uint64_t>* bits) const;
+  // Sets in `bits` (within its size) every member of a group that has a member set there or
+  // whose key is in `groups`: a group leaves the fast path whole, in one batch of requests
+  // from each rank, as the coordinator takes a group (Coordinator::AddRequests).
+  void WidenToGroups(std::vector<uint64_t>* bits,
+                     const std::vector<std::string>& groups = {}) const;
   // Marks the tensors of `bits` used, in bit order, as RebuildAll does, without building their
   // responses (a caller that kept the ones RebuildAll gave for the same bits, at the same
   // contents()); false if a bit is empty.
@@ -121,6 +131,7 @@ class ResponseCache {
   std::deque<Eviction> history_;
   uint64_t epoch_ = 0;
   uint64_t clock_ = 0;
+  size_t grouped_slots_ = 0;  // live slots whose request is a group's member
   uint64_t contents_;
   const bool keep_history_;
   // Evictions older than this were dropped to bound memory (a rank silent for that long);

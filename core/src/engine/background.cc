@@ -623,17 +623,48 @@ NameTable<TensorEntry>::Node* EngineImpl::PendingNode(ProcessSetState& ps, const
   return node != nullptr && node->value.drained ? node : nullptr;
 }
 
+// LookupBit for each node, where a group's members (Submit queues them together, one after
+// another) are hits all or none: a group with a member the cache lacks goes to the coordinator
+// whole, which holds its members until the group is complete on every rank, while its members
+// on the fast path wait for each other there (ResponseCache::CloseGroups) and leave it together
+// (ResponseCache::WidenToGroups). Only the symmetric fast path takes groups: where rank 0
+// answers, the members it turns from bits into requests would reach its coordinator one at a
+// time, and a group that failed meanwhile would leave the later ones waiting.
+void EngineImpl::LookupBits(ProcessSetState& ps,
+                            const std::vector<NameTable<TensorEntry>::Node*>& nodes,
+                            bool groups, std::vector<int>* bits) {
+  bits->resize(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) (*bits)[i] = LookupBit(ps, nodes[i]);
+  for (size_t i = 0; i < nodes.size();) {
+    const Request& q = nodes[i]->value.request;
+    if (q.group_size <= 1) {
+      ++i;
+      continue;
+    }
+    size_t end = i + 1;
+    while (end < nodes.size() && nodes[end]->value.request.group == q.group) ++end;
+    const bool whole = groups && end - i == static_cast<size_t>(q.group_size) &&
+                       std::all_of(bits->begin() + i, bits->begin() + end,
+                                   [](int b) { return b >= 0; });
+    if (!whole) std::fill(bits->begin() + i, bits->begin() + end, -1);
+    i = end;
+  }
+}
+
 void EngineImpl::Announce(ProcessSetState& ps,
                           const std::vector<NameTable<TensorEntry>::Node*>& nodes,
                           Clock::time_point now) {
   // The symmetric fast path (rounds.cc): cached tensors join this rank's row, the others go to
   // the coordinator.
   const bool symmetric = Symmetric(ps);
+  std::vector<int>& bits = announce_bits_;
+  LookupBits(ps, nodes, symmetric, &bits);
   if (coordinator() || symmetric) {
     std::vector<Request> full;
     uint64_t hits = 0;
-    for (auto* node : nodes) {
-      const int bit = LookupBit(ps, node);
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      auto* node = nodes[i];
+      const int bit = bits[i];
       if (bit >= 0) {
         ++hits;
         if (symmetric) {
@@ -656,8 +687,9 @@ void EngineImpl::Announce(ProcessSetState& ps,
   list.process_set = ps.id;
   list.cache_epoch = ps.cache->epoch();
   uint64_t hits = 0;
-  for (auto* node : nodes) {
-    int bit = LookupBit(ps, node);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    auto* node = nodes[i];
+    const int bit = bits[i];
     if (bit < 0) {
       list.requests.push_back(node->value.request);
       continue;
@@ -847,6 +879,7 @@ std::vector<uint64_t> EngineImpl::AgreedBits(const ProcessSetState& ps) {
   for (size_t q = 1; q < ps.ready_bits.size(); ++q) {
     for (size_t w = 0; w < agreed.size(); ++w) agreed[w] &= ps.ready_bits[q][w];
   }
+  ps.cache->CloseGroups(&agreed);
   const bool any = std::any_of(agreed.begin(), agreed.end(), [](uint64_t w) { return w != 0; });
   if (!any) agreed.clear();
   return agreed;

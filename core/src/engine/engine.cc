@@ -580,6 +580,7 @@ HandlePtr EngineImpl::Enqueue(TensorEntry&& entry) {
 
 std::vector<HandlePtr> EngineImpl::EnqueueGroup(std::vector<TensorEntry> entries) {
   std::vector<HandlePtr> handles;
+  handles.reserve(entries.size());
   for (auto& e : entries) handles.push_back(e.handle);
   Submit(entries.data(), entries.size());
   return handles;
@@ -616,7 +617,8 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
   {
     std::unique_lock<SpinLock> l(mu_);
     Status s = SubmitRefusalLocked();
-    std::unordered_set<std::string> names;  // of a group (one tensor needs no check)
+    std::unordered_set<std::string_view> names;  // of a group (one tensor needs no check)
+    if (n > 1) names.reserve(n);
     for (TensorEntry* p = entries; p != end; ++p) {
       TensorEntry& e = *p;
       if (!s.ok()) break;
@@ -1189,6 +1191,7 @@ std::vector<HandlePtr> Engine::GroupedAllreduce(const std::vector<std::string>& 
     return hs;
   }
   std::vector<TensorEntry> entries;
+  entries.reserve(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
     TensorEntry e =
         MakeEntry(*impl_, OpType::kAllreduce, names[i], inputs[i], outputs[i], process_set);
@@ -1213,6 +1216,7 @@ std::vector<HandlePtr> Engine::GroupedAllgather(const std::vector<std::string>& 
                                                 const std::vector<TensorView>& inputs,
                                                 int32_t process_set) {
   std::vector<TensorEntry> entries;
+  entries.reserve(names.size());
   for (size_t i = 0; i < names.size() && i < inputs.size(); ++i) {
     TensorEntry e =
         MakeEntry(*impl_, OpType::kAllgather, names[i], inputs[i], TensorView(), process_set);
@@ -1305,6 +1309,7 @@ std::vector<HandlePtr> Engine::GroupedReducescatter(const std::vector<std::strin
     return hs;
   }
   std::vector<TensorEntry> entries;
+  entries.reserve(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
     TensorEntry e = MakeEntry(*impl_, OpType::kReducescatter, names[i], inputs[i], TensorView(),
                               process_set);
@@ -1328,6 +1333,7 @@ std::vector<HandlePtr> Engine::Refuse(const std::string& op,
     if (op == OpTypeName(t)) type = t;
   }
   std::vector<TensorEntry> entries;
+  entries.reserve(names.size());
   for (const std::string& name : names) {
     TensorEntry e = MakeEntry(*impl_, type, name, TensorView(), TensorView(), process_set);
     e.request.shape.clear();

@@ -479,6 +479,10 @@ class EngineImpl {
                 Clock::time_point now);
   // The cache bit of a pending node's request, or -1; remembers the node by its bit.
   int LookupBit(ProcessSetState& ps, NameTable<TensorEntry>::Node* node);
+  // LookupBit of each node into *bits, a group's members all hits or all -1 (all -1 unless
+  // `groups`: where rank 0 answers, a group always goes to the coordinator).
+  void LookupBits(ProcessSetState& ps, const std::vector<NameTable<TensorEntry>::Node*>& nodes,
+                  bool groups, std::vector<int>* bits);
   // The pending node of a response's i-th tensor on this rank, or null.
   NameTable<TensorEntry>::Node* PendingNode(ProcessSetState& ps, const Response& r, size_t i);
   void OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&& payload);
@@ -731,6 +735,7 @@ class EngineImpl {
   // nodes being drained from queue_ (DrainQueue), those of the response being executed with
   // their entries (Execute) and pieces (ExecuteAllreduce), and the handles being completed.
   std::vector<InFlightNode*> draining_;
+  std::vector<int> announce_bits_;  // Announce's, kept from drain to drain
   std::map<int32_t, std::vector<NameTable<TensorEntry>::Node*>> drained_;  // by set (DrainQueue)
   std::vector<TensorEntry*> executing_;
   std::vector<InFlightNode*> releasing_;

@@ -325,9 +325,15 @@ Status EngineImpl::CompleteRound() {
       }
     }
   }
+  // A withdrawn member takes its group with it, so that each rank sends the coordinator the
+  // group's members in one batch (every rank alike, from its cache at this epoch).
+  cache.WidenToGroups(&out);
+  for (size_t w = 0; w < words; ++w) agreed[w] &= ~out[w];
+  // A group runs whole: its members wait while one of them is not agreed (every rank alike,
+  // from its cache at this epoch).
+  cache.CloseGroups(&agreed);
   bool any = false, uneven = false;
   for (size_t w = 0; w < words; ++w) {
-    agreed[w] &= ~out[w];
     any = any || agreed[w] != 0;
     uneven = uneven || (anyone[w] & ~out[w]) != agreed[w];
   }
@@ -432,6 +438,7 @@ void EngineImpl::OnCacheChanged(const std::vector<std::pair<uint32_t, Request>>&
   // No rank announces bits at an older epoch to rank 0 here: its history of evictions is unused.
   if (coordinator()) World().cache->PruneHistory(World().cache->epoch());
   std::vector<Request> leaving;
+  std::vector<std::string> groups;  // of the changed entries this rank had announced
   for (const auto& [bit, was] : changed) {
     // Every rank applies the same list, so every rank holding this bit lets it go here too.
     r.withdraw[bit / 64] &= ~Mask(bit);
@@ -442,6 +449,20 @@ void EngineImpl::OnCacheChanged(const std::vector<std::pair<uint32_t, Request>>&
     if (!(r.ready[bit / 64] & Mask(bit))) continue;
     r.ready[bit / 64] &= ~Mask(bit);
     leaving.push_back(was);
+    if (was.group_size > 1) groups.push_back(was.group);
+  }
+  if (!groups.empty()) {
+    // The rest of their groups go with them, in the same batch (every rank that announced
+    // them applies the same list and does the same).
+    std::vector<uint64_t> members(r.ready.size(), 0);
+    World().cache->WidenToGroups(&members, groups);
+    for (size_t w = 0; w < members.size(); ++w) {
+      for (uint64_t x = members[w] & r.ready[w]; x; x &= x - 1) {
+        const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(x));
+        r.ready[w] &= ~Mask(bit);
+        if (const Request* q = World().cache->At(bit)) leaving.push_back(*q);
+      }
+    }
   }
   if (!leaving.empty()) SendToCoordinator(std::move(leaving));
 }
@@ -451,11 +472,22 @@ void EngineImpl::WithdrawLateBits(Clock::time_point now) {
   if (now - r.checked < kLateCheckEvery) return;
   r.checked = now;
   const ResponseCache& cache = *World().cache;
-  std::vector<Request> leaving;
+  std::vector<uint64_t> late(r.ready.size(), 0);
+  bool any = false;
   for (size_t w = 0; w < r.ready.size(); ++w) {
     for (uint64_t x = r.ready[w]; x; x &= x - 1) {
       const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(x));
       if (now - r.since[bit] <= kBitPatience) continue;
+      late[w] |= Mask(bit);
+      any = true;
+    }
+  }
+  if (!any) return;
+  cache.WidenToGroups(&late);  // a late member's group goes with it, in one batch
+  std::vector<Request> leaving;
+  for (size_t w = 0; w < r.ready.size(); ++w) {
+    for (uint64_t x = late[w] & r.ready[w]; x; x &= x - 1) {
+      const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(x));
       r.ready[w] &= ~Mask(bit);
       r.withdraw[w] |= Mask(bit);
       if (const Request* q = cache.At(bit)) leaving.push_back(*q);

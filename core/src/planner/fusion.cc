@@ -48,6 +48,16 @@ std::vector<Response> FuseResponses(std::vector<Response> responses, size_t thre
   for (auto& r : responses) {
     const size_t bytes = r.type == OpType::kAllreduce ? ResponseBytes(r) : 0;
     if (Response* into = fuser.Join(r, bytes)) {
+      if (!into->groups.empty() || !r.groups.empty()) {  // parallel to the names, or empty
+        into->groups.resize(into->names.size());
+        into->group_sizes.resize(into->names.size(), 0);
+        r.groups.resize(r.names.size());
+        r.group_sizes.resize(r.names.size(), 0);
+        into->groups.insert(into->groups.end(), std::make_move_iterator(r.groups.begin()),
+                            std::make_move_iterator(r.groups.end()));
+        into->group_sizes.insert(into->group_sizes.end(), r.group_sizes.begin(),
+                                 r.group_sizes.end());
+      }
       into->names.insert(into->names.end(), std::make_move_iterator(r.names.begin()),
                          std::make_move_iterator(r.names.end()));
       into->shapes.insert(into->shapes.end(), std::make_move_iterator(r.shapes.begin()),
