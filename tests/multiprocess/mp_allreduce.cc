@@ -265,7 +265,11 @@ void CheckGroupedChurn(hvd::Engine& e, Checker& ck) {
       {{"lone.1", 9, {}}},
   };
   auto run = [&](int step, const std::vector<size_t>& which) {
-    std::vector<std::pair<Member*, hvd::HandlePtr>> handles;
+    struct Pending {
+      size_t u, m;  // the unit and its member
+      hvd::HandlePtr h;
+    };
+    std::vector<Pending> handles;
     for (size_t u : which) {
       std::vector<Member>& unit = units[u];
       std::vector<std::string> names;
@@ -282,32 +286,22 @@ void CheckGroupedChurn(hvd::Engine& e, Checker& ck) {
         views.emplace_back(x.buf.data(), DataType::kFloat32, std::vector<int64_t>{x.count});
       }
       if (unit.size() == 1) {
-        handles.emplace_back(&unit[0], e.Allreduce(names[0], views[0], views[0], ReduceOp::kSum));
+        handles.push_back({u, 0, e.Allreduce(names[0], views[0], views[0], ReduceOp::kSum)});
       } else {
         auto hs = e.GroupedAllreduce(names, views, views, ReduceOp::kSum);
         ck.Expect(hs.size() == unit.size(), "a handle per member of " + names[0] + "'s group");
-        for (size_t m = 0; m < hs.size() && m < unit.size(); ++m) {
-          handles.emplace_back(&unit[m], hs[m]);
-        }
+        for (size_t m = 0; m < hs.size() && m < unit.size(); ++m) handles.push_back({u, m, hs[m]});
       }
       if ((step + static_cast<int>(u) + r) % 4 == 0) {
         std::this_thread::sleep_for(std::chrono::microseconds(200 * (r + 1)));
       }
     }
-    for (auto& [x, h] : handles) {
-      const std::string what = x->name + " at step " + std::to_string(step);
-      if (!ck.ExpectOk(WaitDone(h), what)) continue;
-      size_t u = 0, m = 0;
-      for (u = 0; u < units.size(); ++u) {
-        auto it = std::find_if(units[u].begin(), units[u].end(),
-                               [x](const Member& y) { return &y == x; });
-        if (it != units[u].end()) {
-          m = static_cast<size_t>(it - units[u].begin());
-          break;
-        }
-      }
-      const int64_t salt = static_cast<int64_t>(u * 10 + m) * 1000 + step;
-      ck.ExpectElements(DataType::kFloat32, x->buf.data(), x->count,
+    for (const Pending& p : handles) {
+      const Member& x = units[p.u][p.m];
+      const std::string what = x.name + " at step " + std::to_string(step);
+      if (!ck.ExpectOk(WaitDone(p.h), what)) continue;
+      const int64_t salt = static_cast<int64_t>(p.u * 10 + p.m) * 1000 + step;
+      ck.ExpectElements(DataType::kFloat32, x.buf.data(), x.count,
                         [&](int64_t i) {
                           return ExpectedReduce(DataType::kFloat32, ReduceOp::kSum, n, i, salt);
                         },
