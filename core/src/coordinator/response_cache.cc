@@ -217,9 +217,23 @@ bool ResponseCache::Rebuild(const std::vector<uint32_t>& bits, Response* out) co
   return !bits.empty();
 }
 
+void ResponseCache::MarkGrouped(uint32_t bit, bool grouped) {
+  if (grouped_mask_.size() <= bit / 64) grouped_mask_.resize(bit / 64 + 1, 0);
+  const uint64_t mask = uint64_t{1} << (bit % 64);
+  grouped_mask_[bit / 64] = grouped ? grouped_mask_[bit / 64] | mask : grouped_mask_[bit / 64] & ~mask;
+}
+
+bool ResponseCache::AnyGrouped(const std::vector<uint64_t>& bits) const {
+  if (grouped_slots_ == 0) return false;
+  for (size_t w = 0; w < bits.size() && w < grouped_mask_.size(); ++w) {
+    if (bits[w] & grouped_mask_[w]) return true;
+  }
+  return false;
+}
+
 void ResponseCache::WidenToGroups(std::vector<uint64_t>* bits,
                                   const std::vector<std::string>& groups) const {
-  if (grouped_slots_ == 0) return;
+  if (grouped_slots_ == 0 || (groups.empty() && !AnyGrouped(*bits))) return;
   std::unordered_set<std::string_view> keys(groups.begin(), groups.end());
   for (size_t w = 0; w < bits->size(); ++w) {
     for (uint64_t word = (*bits)[w]; word; word &= word - 1) {
@@ -240,11 +254,11 @@ void ResponseCache::WidenToGroups(std::vector<uint64_t>* bits,
 }
 
 void ResponseCache::CloseGroups(std::vector<uint64_t>* bits) const {
-  if (grouped_slots_ == 0) return;
+  if (!AnyGrouped(*bits)) return;
   std::unordered_map<std::string_view, int32_t> members;  // of each group, set in `bits`
   auto each = [this, bits](auto f) {
-    for (size_t w = 0; w < bits->size(); ++w) {
-      for (uint64_t word = (*bits)[w]; word; word &= word - 1) {
+    for (size_t w = 0; w < bits->size() && w < grouped_mask_.size(); ++w) {
+      for (uint64_t word = (*bits)[w] & grouped_mask_[w]; word; word &= word - 1) {
         const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
         if (bit < slots_.size() && slots_[bit].live && slots_[bit].request.group_size > 1) {
           f(bit, slots_[bit].request);
@@ -292,6 +306,7 @@ void ResponseCache::Touch(const Request& req,
       if (changed) changed->emplace_back(it->second, s.request);
       if (s.request.group_size > 1) --grouped_slots_;
       if (req.group_size > 1) ++grouped_slots_;
+      MarkGrouped(it->second, req.group_size > 1);
       s.request = req;
       s.since = epoch_ + 1;
       contents_ = NewContents();
@@ -320,6 +335,7 @@ void ResponseCache::Touch(const Request& req,
   }
   if (!found_free && s.request.group_size > 1) --grouped_slots_;
   if (req.group_size > 1) ++grouped_slots_;
+  MarkGrouped(bit, req.group_size > 1);
   s.live = true;
   s.request = req;
   s.since = epoch_ + 1;

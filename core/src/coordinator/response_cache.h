@@ -132,6 +132,11 @@ class ResponseCache {
   uint64_t epoch_ = 0;
   uint64_t clock_ = 0;
   size_t grouped_slots_ = 0;  // live slots whose request is a group's member
+  // Those slots' bits, a word per 64 slots: a set of bits with none of them is left alone by
+  // CloseGroups and WidenToGroups a word at a time (a round of ungrouped tensors).
+  std::vector<uint64_t> grouped_mask_;
+  void MarkGrouped(uint32_t bit, bool grouped);
+  bool AnyGrouped(const std::vector<uint64_t>& bits) const;
   uint64_t contents_;
   const bool keep_history_;
   // Evictions older than this were dropped to bound memory (a rank silent for that long);

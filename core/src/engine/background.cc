@@ -633,6 +633,8 @@ NameTable<TensorEntry>::Node* EngineImpl::PendingNode(ProcessSetState& ps, const
 void EngineImpl::LookupBits(ProcessSetState& ps,
                             const std::vector<NameTable<TensorEntry>::Node*>& nodes,
                             bool groups, std::vector<int>* bits) {
+  // (A member forced to miss below keeps the node LookupBit remembered by its bit: harmless,
+  // as no round agrees on a bit this rank has not announced.)
   bits->resize(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i) (*bits)[i] = LookupBit(ps, nodes[i]);
   for (size_t i = 0; i < nodes.size();) {
@@ -879,7 +881,8 @@ std::vector<uint64_t> EngineImpl::AgreedBits(const ProcessSetState& ps) {
   for (size_t q = 1; q < ps.ready_bits.size(); ++q) {
     for (size_t w = 0; w < agreed.size(); ++w) agreed[w] &= ps.ready_bits[q][w];
   }
-  ps.cache->CloseGroups(&agreed);
+  // (No group is among the bits here: where rank 0 answers, groups go to the coordinator,
+  // LookupBits.)
   const bool any = std::any_of(agreed.begin(), agreed.end(), [](uint64_t w) { return w != 0; });
   if (!any) agreed.clear();
   return agreed;

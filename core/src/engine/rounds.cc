@@ -39,6 +39,12 @@
 //     rank withdraws its own bits that waited longer than kBitPatience (another rank is late):
 //     there the coordinator's stall inspector names the late rank.
 //
+// Groups. A group's members (a grouped operation: Request::group) take this path whole: a rank
+// announces them only if the cache holds every one (LookupBits, background.cc), a round agrees
+// on a group only whole (ResponseCache::CloseGroups), and a member withdrawn, late or changed
+// takes the rest of its group with it (ResponseCache::WidenToGroups), so that each rank sends
+// the coordinator a group's members in one batch, as the coordinator takes a group.
+//
 // Order. Every rank must run the same responses in the same order. Rank 0 sends response lists
 // (of any set) only while it has no part of a round out (and at least after each round it
 // completes, so a stream of rounds cannot starve them); each list carries the number of rounds
