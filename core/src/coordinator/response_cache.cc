@@ -218,13 +218,15 @@ bool ResponseCache::Rebuild(const std::vector<uint32_t>& bits, Response* out) co
 }
 
 void ResponseCache::MarkGrouped(uint32_t bit, bool grouped) {
-  if (grouped_mask_.size() <= bit / 64) grouped_mask_.resize(bit / 64 + 1, 0);
+  if (grouped_mask_.size() <= bit / 64) {
+    if (!grouped) return;  // (a job without groups keeps no mask)
+    grouped_mask_.resize(bit / 64 + 1, 0);
+  }
   const uint64_t mask = uint64_t{1} << (bit % 64);
   grouped_mask_[bit / 64] = grouped ? grouped_mask_[bit / 64] | mask : grouped_mask_[bit / 64] & ~mask;
 }
 
 bool ResponseCache::AnyGrouped(const std::vector<uint64_t>& bits) const {
-  if (grouped_slots_ == 0) return false;
   for (size_t w = 0; w < bits.size() && w < grouped_mask_.size(); ++w) {
     if (bits[w] & grouped_mask_[w]) return true;
   }
@@ -233,22 +235,19 @@ bool ResponseCache::AnyGrouped(const std::vector<uint64_t>& bits) const {
 
 void ResponseCache::WidenToGroups(std::vector<uint64_t>* bits,
                                   const std::vector<std::string>& groups) const {
-  if (grouped_slots_ == 0 || (groups.empty() && !AnyGrouped(*bits))) return;
+  if (groups.empty() && !AnyGrouped(*bits)) return;
+  const size_t words = std::min(bits->size(), grouped_mask_.size());
   std::unordered_set<std::string_view> keys(groups.begin(), groups.end());
-  for (size_t w = 0; w < bits->size(); ++w) {
-    for (uint64_t word = (*bits)[w]; word; word &= word - 1) {
-      const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
-      if (bit < slots_.size() && slots_[bit].live && slots_[bit].request.group_size > 1) {
-        keys.insert(slots_[bit].request.group);
-      }
+  for (size_t w = 0; w < words; ++w) {
+    for (uint64_t word = (*bits)[w] & grouped_mask_[w]; word; word &= word - 1) {
+      keys.insert(slots_[w * 64 + __builtin_ctzll(word)].request.group);
     }
   }
-  keys.erase(std::string_view());
   if (keys.empty()) return;
-  for (uint32_t bit = 0; bit < slots_.size() && bit / 64 < bits->size(); ++bit) {
-    const Request& q = slots_[bit].request;
-    if (slots_[bit].live && q.group_size > 1 && keys.count(q.group) > 0) {
-      (*bits)[bit / 64] |= uint64_t{1} << (bit % 64);
+  for (size_t w = 0; w < words; ++w) {
+    for (uint64_t word = grouped_mask_[w]; word; word &= word - 1) {
+      const int b = __builtin_ctzll(word);
+      if (keys.count(slots_[w * 64 + b].request.group) > 0) (*bits)[w] |= uint64_t{1} << b;
     }
   }
 }
@@ -260,9 +259,7 @@ void ResponseCache::CloseGroups(std::vector<uint64_t>* bits) const {
     for (size_t w = 0; w < bits->size() && w < grouped_mask_.size(); ++w) {
       for (uint64_t word = (*bits)[w] & grouped_mask_[w]; word; word &= word - 1) {
         const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
-        if (bit < slots_.size() && slots_[bit].live && slots_[bit].request.group_size > 1) {
-          f(bit, slots_[bit].request);
-        }
+        f(bit, slots_[bit].request);
       }
     }
   };
@@ -304,8 +301,6 @@ void ResponseCache::Touch(const Request& req,
       // The tensor changed: the bit takes the new request; older epochs keep the old meaning.
       if (keep_history_) history_.push_back(Eviction{epoch_ + 1, it->second, s.request});
       if (changed) changed->emplace_back(it->second, s.request);
-      if (s.request.group_size > 1) --grouped_slots_;
-      if (req.group_size > 1) ++grouped_slots_;
       MarkGrouped(it->second, req.group_size > 1);
       s.request = req;
       s.since = epoch_ + 1;
@@ -333,8 +328,6 @@ void ResponseCache::Touch(const Request& req,
     if (changed) changed->emplace_back(bit, s.request);
     by_name_.erase(s.request.name);
   }
-  if (!found_free && s.request.group_size > 1) --grouped_slots_;
-  if (req.group_size > 1) ++grouped_slots_;
   MarkGrouped(bit, req.group_size > 1);
   s.live = true;
   s.request = req;

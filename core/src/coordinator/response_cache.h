@@ -131,9 +131,9 @@ class ResponseCache {
   std::deque<Eviction> history_;
   uint64_t epoch_ = 0;
   uint64_t clock_ = 0;
-  size_t grouped_slots_ = 0;  // live slots whose request is a group's member
-  // Those slots' bits, a word per 64 slots: a set of bits with none of them is left alone by
-  // CloseGroups and WidenToGroups a word at a time (a round of ungrouped tensors).
+  // The bits of the slots whose request is a group's member (slots are never emptied, only
+  // given another request), a word per 64 slots: a set of bits with none of them is left alone
+  // by CloseGroups and WidenToGroups a word at a time (a round of ungrouped tensors).
   std::vector<uint64_t> grouped_mask_;
   void MarkGrouped(uint32_t bit, bool grouped);
   bool AnyGrouped(const std::vector<uint64_t>& bits) const;
