@@ -127,12 +127,28 @@ StatusOr<std::unique_ptr<tcp::socket>> Dial(asio::io_context& io, const tcp::end
 StatusOr<std::unique_ptr<tcp::socket>> DialRank(asio::io_context& io, StoreClient& store,
                                                 const Options& o, int j, uint8_t kind,
                                                 Deadline deadline) {
-  Status last;
+  Status last;  // the last dial's error, once one failed
   Clock::time_point next_check = Clock::now();
   int drops = 0;  // connections rank j took and closed before its verdict
+  // The last dial's error at the deadline; where rank j is alive and listening, yet dropped
+  // this rank again and again, with a note that its own message says why (a rank short of file
+  // descriptors frees them so, TcpMesh's acceptor).
+  auto give_up = [&]() -> Status {
+    if (drops < 2) return last;
+    std::ostringstream os;
+    os << last.message() << " (rank " << j << " closed " << drops
+       << " of this rank's connections before authenticating them: it may be short of file "
+          "descriptors or overloaded; see its own message)";
+    return Status(last.code(), os.str());
+  };
   while (true) {
     auto a = store.Get(RankAddressKey(j), deadline);
-    if (!a.ok()) return a.status().WithContext("rendezvous with rank " + std::to_string(j));
+    if (!a.ok()) {
+      // The deadline fell while reading the address again after a failed dial (a slow
+      // machine): the dial's error is the news, not the store's timeout.
+      if (!last.ok() && a.status().code() == StatusCode::kTimeout) return give_up();
+      return a.status().WithContext("rendezvous with rank " + std::to_string(j));
+    }
     auto ep = ParseAddr(*a, j);
     if (!ep.ok()) return ep.status();
     bool dropped = false;
@@ -140,16 +156,8 @@ StatusOr<std::unique_ptr<tcp::socket>> DialRank(asio::io_context& io, StoreClien
                   &dropped);
     drops += dropped ? 1 : 0;
     if (s.ok()) return s;
-    if (Clock::now() + std::chrono::milliseconds(50) >= deadline) {
-      if (drops < 2) return s;
-      // Rank j is alive and listening, yet dropped this rank again and again: its own message
-      // says why (a rank short of file descriptors frees them so, TcpMesh's acceptor).
-      std::ostringstream os;
-      os << s.status().message() << " (rank " << j << " closed " << drops
-         << " of this rank's connections before authenticating them: it may be short of file "
-            "descriptors or overloaded; see its own message)";
-      return Status(s.status().code(), os.str());
-    }
+    last = s.status();
+    if (Clock::now() + std::chrono::milliseconds(50) >= deadline) return give_up();
     // Rank j may have given up forming the job (its listener is closed): pass its reason on
     // instead of retrying until the deadline. Checked at most twice a second.
     if (!store.collective() && Clock::now() >= next_check) {
@@ -160,7 +168,6 @@ StatusOr<std::unique_ptr<tcp::socket>> DialRank(asio::io_context& io, StoreClien
                                 why->substr((*why)[0] == '?' ? 1 : 0));
       }
     }
-    last = s.status();
     HVD_LOG(kDebug) << "retrying rank " << j << ": " << last.message();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
