@@ -111,6 +111,14 @@ void Coordinator::AddRequests(int rank, std::vector<Request> requests, Clock::ti
   failed_groups_.clear();
 }
 
+void Coordinator::AddRequests(int rank, std::vector<Request> requests,
+                              const std::vector<Clock::time_point>& since) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Add(rank, std::move(requests[i]), i < since.size() ? since[i] : Clock::time_point());
+  }
+  failed_groups_.clear();
+}
+
 void Coordinator::Add(int rank, Request r, Clock::time_point since) {
   if (r.type == OpType::kJoin) {
     if (!joined_[rank]) {

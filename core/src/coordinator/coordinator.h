@@ -61,6 +61,9 @@ class Coordinator {
   // of a name starts at its earliest announcement.
   void AddRequests(int rank, std::vector<Request> requests,
                    Clock::time_point since = Clock::time_point());
+  // The same, with each request's own `since` (since[i] for requests[i]).
+  void AddRequests(int rank, std::vector<Request> requests,
+                   const std::vector<Clock::time_point>& since);
   // The responses that became ready since the last call, fused, in execution order.
   std::vector<Response> ComputeResponses();
   // Logs stalled names (at most once per stall period): one line per set of missing ranks,

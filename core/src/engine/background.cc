@@ -627,12 +627,12 @@ NameTable<TensorEntry>::Node* EngineImpl::PendingNode(ProcessSetState& ps, const
 // another) are hits all or none: a group with a member the cache lacks goes to the coordinator
 // whole, which holds its members until the group is complete on every rank, while its members
 // on the fast path wait for each other there (ResponseCache::CloseGroups) and leave it together
-// (ResponseCache::WidenToGroups). Only the symmetric fast path takes groups: where rank 0
-// answers, the members it turns from bits into requests would reach its coordinator one at a
-// time, and a group that failed meanwhile would leave the later ones waiting.
+// (ResponseCache::WidenToGroups), so that a rank's members of a group reach the coordinator in
+// one batch, as it takes a group (Coordinator::AddRequests): in rounds (rounds.cc), and where
+// rank 0 answers (OfferList, DemoteBits).
 void EngineImpl::LookupBits(ProcessSetState& ps,
                             const std::vector<NameTable<TensorEntry>::Node*>& nodes,
-                            bool groups, std::vector<int>* bits) {
+                            std::vector<int>* bits) {
   // (A member forced to miss below keeps the node LookupBit remembered by its bit: harmless,
   // as no round agrees on a bit this rank has not announced.)
   bits->resize(nodes.size());
@@ -645,7 +645,7 @@ void EngineImpl::LookupBits(ProcessSetState& ps,
     }
     size_t end = i + 1;
     while (end < nodes.size() && nodes[end]->value.request.group == q.group) ++end;
-    const bool whole = groups && end - i == static_cast<size_t>(q.group_size) &&
+    const bool whole = end - i == static_cast<size_t>(q.group_size) &&
                        std::all_of(bits->begin() + i, bits->begin() + end,
                                    [](int b) { return b >= 0; });
     if (!whole) std::fill(bits->begin() + i, bits->begin() + end, -1);
@@ -660,31 +660,25 @@ void EngineImpl::Announce(ProcessSetState& ps,
   // the coordinator.
   const bool symmetric = Symmetric(ps);
   std::vector<int>& bits = announce_bits_;
-  LookupBits(ps, nodes, symmetric, &bits);
-  if (coordinator() || symmetric) {
+  LookupBits(ps, nodes, &bits);
+  if (symmetric) {
     std::vector<Request> full;
     uint64_t hits = 0;
     for (size_t i = 0; i < nodes.size(); ++i) {
-      auto* node = nodes[i];
       const int bit = bits[i];
       if (bit >= 0) {
         ++hits;
-        if (symmetric) {
-          AnnounceBit(static_cast<uint32_t>(bit), now);
-        } else {
-          OfferBit(ps, ps.rank, static_cast<uint32_t>(bit), now);
-        }
+        AnnounceBit(static_cast<uint32_t>(bit), now);
       } else {
-        full.push_back(node->value.request);
+        full.push_back(nodes[i]->value.request);
       }
     }
     cache_hits_.fetch_add(hits);
-    if (full.empty()) return;
-    if (symmetric) return SendToCoordinator(std::move(full));
-    AddFull(ps, ps.rank, std::move(full));
+    if (!full.empty()) SendToCoordinator(std::move(full));
     return;
   }
-  // Fast path: tensors whose request is cached travel as bits of a bit vector.
+  // Fast path: tensors whose request is cached travel as bits of a bit vector (rank 0 offers
+  // its own list to itself).
   RequestList list;
   list.process_set = ps.id;
   list.cache_epoch = ps.cache->epoch();
@@ -702,6 +696,15 @@ void EngineImpl::Announce(ProcessSetState& ps,
     ++hits;
   }
   cache_hits_.fetch_add(hits);
+  if (coordinator()) {
+    // (Its own bits are at its own epoch, each a hit: no error is possible.)
+    const Status s =
+        OfferList(ps, ps.rank, list.cache_epoch, list.cached_bits, std::move(list.requests), now);
+    if (!s.ok()) {
+      HVD_LOG(kError) << "rank 0's own announcement: " << s.message();
+    }
+    return;
+  }
   control_[0]->Send(static_cast<uint8_t>(MessageType::kRequests), Payload(Encode(list)));
   negotiation_messages_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -734,38 +737,14 @@ Status EngineImpl::OnRequests(int peer, RequestList&& list) {
   if (list.cache_epoch > ps.cache->epoch()) {
     return Status::InvalidArgument("request list from a future cache epoch");
   }
-  const bool current = list.cache_epoch == ps.cache->epoch();
-  const Coordinator& co = *ps.coordinator;
-  if (current && co.idle() && !co.any_joined() && !timeline_->enabled()) {
-    // The steady state of training: no name is on the coordinator's path.
-    HVD_RETURN_IF_ERROR(OfferWords(ps, q, list.cached_bits));
-    list.cached_bits.clear();
-  }
-  Clock::time_point now;
-  for (size_t w = 0; w < list.cached_bits.size(); ++w) {
-    for (uint64_t word = list.cached_bits[w]; word; word &= word - 1) {
-      uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
-      if (current ? ps.cache->At(bit) != nullptr
-                  : ps.cache->UnchangedSince(bit, list.cache_epoch)) {
-        if (now == Clock::time_point()) now = Clock::now();
-        OfferBit(ps, q, bit, now);
-        continue;
-      }
-      Request r;
-      if (!ps.cache->Decode(bit, list.cache_epoch, &r)) {
-        return Status::InvalidArgument("unknown response-cache bit " + std::to_string(bit));
-      }
-      r.process_set = ps.id;
-      list.requests.push_back(std::move(r));
-    }
-  }
+  HVD_RETURN_IF_ERROR(
+      OfferList(ps, q, list.cache_epoch, list.cached_bits, std::move(list.requests), Clock::time_point()));
   ps.worker_epochs[q] = std::max(ps.worker_epochs[q], list.cache_epoch);
   uint64_t oldest = ps.cache->epoch();
   for (size_t m = 0; m < ps.ranks.size(); ++m) {
     if (ps.ranks[m] != 0) oldest = std::min(oldest, ps.worker_epochs[m]);
   }
   ps.cache->PruneHistory(oldest);
-  if (!list.requests.empty()) AddFull(ps, q, std::move(list.requests));
   return Status::OK();
 }
 
@@ -778,9 +757,10 @@ Status EngineImpl::OnRequests(int peer, RequestList&& list) {
 // turns those bits into requests, so a step of cached tensors costs it the same bit operations
 // whatever their number. A name is on one path at a time: when the coordinator holds a request
 // for it (a first or changed request, a join), its bits are turned into requests and go there
-// too (DemoteBit); so do bits that wait longer than kBitPatience (a rank is late: the
+// too (DemoteBits); so do bits that wait longer than kBitPatience (a rank is late: the
 // coordinator's stall inspector then names it) and bits whose cache entry a response list is
-// about to change.
+// about to change. A group's members are agreed on only whole, and a member that goes to the
+// coordinator takes the rest of its group with it (LookupBits).
 
 namespace {
 constexpr auto kBitPatience = std::chrono::seconds(1);
@@ -792,23 +772,86 @@ void EngineImpl::TickReady(const ProcessSetState& ps, int rank, const Request& r
   }
 }
 
-void EngineImpl::OfferBit(ProcessSetState& ps, int rank, uint32_t bit, Clock::time_point now) {
-  const Request* r = ps.cache->At(bit);
-  if (r == nullptr) return;  // checked by the caller
-  TickReady(ps, rank, *r);
+// Rank `rank`'s announcement: the bits of `words`, at cache epoch `epoch` (rank 0's or older),
+// and its requests. A bit joins the rank's row where its entry means what it meant at `epoch`,
+// unless the coordinator must see its name (it holds a request for the name, or a rank has
+// joined); otherwise it goes to the coordinator as the request it meant. Such a bit takes the
+// rest of its group with it, so the rank's members of a group reach the coordinator in one
+// batch (LookupBits). `now`: when the bits were announced (zero: read the clock if needed).
+Status EngineImpl::OfferList(ProcessSetState& ps, int rank, uint64_t epoch,
+                             const std::vector<uint64_t>& words, std::vector<Request> requests,
+                             Clock::time_point now) {
+  const bool current = epoch == ps.cache->epoch();
   const Coordinator& co = *ps.coordinator;
-  if (co.any_joined() || (!co.idle() && co.Has(r->name))) {
-    ps.coordinator->AddRequests(rank, {*r});
-    return;
+  if (current && co.idle() && !co.any_joined() && !timeline_->enabled()) {
+    // The steady state of training: no name is on the coordinator's path.
+    HVD_RETURN_IF_ERROR(OfferWords(ps, rank, words));
+  } else if (!words.empty()) {
+    // The bits that go to the coordinator, decoded where their entry changed since `epoch`.
+    std::vector<uint64_t> out(ps.ready_bits[rank].size(), 0);
+    std::vector<uint64_t> decoded(out.size(), 0);
+    std::vector<std::string> groups;  // of the requests
+    for (const Request& r : requests) {
+      if (r.group_size > 1) groups.push_back(r.group);
+    }
+    const size_t before = requests.size();
+    auto decode = [&](uint32_t bit) -> Status {
+      Request r;
+      if (!ps.cache->Decode(bit, epoch, &r)) {
+        return Status::InvalidArgument("unknown response-cache bit " + std::to_string(bit));
+      }
+      r.process_set = ps.id;
+      if (r.group_size > 1) groups.push_back(r.group);
+      requests.push_back(std::move(r));
+      return Status::OK();
+    };
+    for (size_t w = 0; w < words.size(); ++w) {
+      for (uint64_t word = words[w]; word; word &= word - 1) {
+        const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+        const uint64_t mask = uint64_t{1} << (bit % 64);
+        if (w >= out.size()) {
+          return Status::InvalidArgument("unknown response-cache bit " + std::to_string(bit));
+        }
+        const Request* cached = ps.cache->At(bit);
+        if (cached == nullptr || (!current && !ps.cache->UnchangedSince(bit, epoch))) {
+          HVD_RETURN_IF_ERROR(decode(bit));
+          decoded[w] |= mask;
+          out[w] |= mask;
+        } else if (co.any_joined() || (!co.idle() && co.Has(cached->name))) {
+          out[w] |= mask;
+        }
+      }
+    }
+    const bool any = std::any_of(out.begin(), out.end(), [](uint64_t x) { return x != 0; });
+    if (any || requests.size() > before || !groups.empty()) {
+      ps.cache->WidenToGroups(&out, groups);
+    }
+    std::vector<uint64_t>& row = ps.ready_bits[rank];
+    for (size_t w = 0; w < words.size(); ++w) {
+      for (uint64_t word = words[w] & ~decoded[w]; word; word &= word - 1) {
+        const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+        const uint64_t mask = uint64_t{1} << (bit % 64);
+        if (out[w] & mask) {
+          HVD_RETURN_IF_ERROR(decode(bit));  // (unchanged since `epoch`: what it means now)
+          continue;
+        }
+        TickReady(ps, rank, *ps.cache->At(bit));
+        row[w] |= mask;
+        if (ps.bit_since[bit] == Clock::time_point()) {
+          if (now == Clock::time_point()) now = Clock::now();
+          ps.bit_since[bit] = now;
+        }
+        ps.bits_changed = true;
+      }
+    }
   }
-  ps.ready_bits[rank][bit / 64] |= uint64_t{1} << (bit % 64);
-  if (ps.bit_since[bit] == Clock::time_point()) ps.bit_since[bit] = now;
-  ps.bits_changed = true;
+  if (!requests.empty()) AddFull(ps, rank, std::move(requests));
+  return Status::OK();
 }
 
-// OfferBit for each bit of `words`, a word at a time: where the bits are at the cache's epoch,
-// no rank has joined and the coordinator holds no request (so none is for the bits' names), all
-// its checks but the one for an empty bit pass. The clock is read once, not per bit.
+// OfferList's bits, a word at a time: where the bits are at the cache's epoch, no rank has
+// joined and the coordinator holds no request (so none is for the bits' names), all its checks
+// but the one for an empty bit pass. The clock is read once, not per bit.
 Status EngineImpl::OfferWords(ProcessSetState& ps, int rank, const std::vector<uint64_t>& words) {
   if (const int64_t empty = ps.cache->FirstEmpty(words); empty >= 0) {
     return Status::InvalidArgument("unknown response-cache bit " + std::to_string(empty));
@@ -846,33 +889,67 @@ void EngineImpl::AddFull(ProcessSetState& ps, int rank, std::vector<Request> req
     ps.coordinator->AddRequests(rank, std::move(requests));
     return;
   }
+  // The other ranks' bits of these names (of every name, for a join) go to the coordinator
+  // first, with their groups.
+  std::vector<uint64_t> demote;
   for (const auto& r : requests) {
     if (r.type == OpType::kJoin) {
-      for (size_t bit = 0; bit < ps.bit_since.size(); ++bit) DemoteBit(ps, static_cast<uint32_t>(bit));
-    } else if (int bit = ps.cache->SlotOf(r.name); bit >= 0) {
-      DemoteBit(ps, static_cast<uint32_t>(bit));
+      demote.assign((ps.bit_since.size() + 63) / 64, ~uint64_t{0});
+      break;
+    }
+    if (int bit = ps.cache->SlotOf(r.name); bit >= 0) {
+      if (demote.empty()) demote.resize((ps.bit_since.size() + 63) / 64, 0);
+      demote[bit / 64] |= uint64_t{1} << (bit % 64);
     }
   }
+  if (!demote.empty()) DemoteBits(ps, std::move(demote));
   ps.coordinator->AddRequests(rank, std::move(requests));
 }
 
-void EngineImpl::DemoteBit(ProcessSetState& ps, uint32_t bit, const Request* as) {
-  if (bit >= ps.bit_since.size() || ps.bit_since[bit] == Clock::time_point()) return;
-  const Clock::time_point since = ps.bit_since[bit];  // the stall clock goes on from there
-  ps.bit_since[bit] = Clock::time_point();
-  Request r;
-  if (as) {
-    r = *as;
-  } else if (!ps.cache->Decode(bit, ps.cache->epoch(), &r)) {
-    return;
+// The bits of `bits` waiting in some member's row, with the rest of their groups (a group's
+// members wait or leave together), turned into the requests they meant (`was` for a changed
+// entry's bit, else what the cache says now), one batch per rank: its members of a group
+// reach the coordinator together (Coordinator::AddRequests).
+void EngineImpl::DemoteBits(ProcessSetState& ps, std::vector<uint64_t> bits,
+                            const std::vector<std::pair<uint32_t, Request>>& was) {
+  bits.resize((ps.bit_since.size() + 63) / 64, 0);
+  std::vector<std::string> groups;
+  for (const auto& [bit, r] : was) {
+    if (r.group_size > 1) groups.push_back(r.group);
   }
-  r.process_set = ps.id;
-  const uint64_t mask = uint64_t{1} << (bit % 64);
-  for (size_t q = 0; q < ps.ready_bits.size(); ++q) {
-    uint64_t& word = ps.ready_bits[q][bit / 64];
-    if (!(word & mask)) continue;
-    word &= ~mask;
-    ps.coordinator->AddRequests(static_cast<int>(q), {r}, since);
+  ps.cache->WidenToGroups(&bits, groups);
+  const size_t members = ps.ready_bits.size();
+  std::vector<std::vector<Request>> batch(members);
+  std::vector<std::vector<Clock::time_point>> since(members);
+  for (size_t w = 0; w < bits.size(); ++w) {
+    for (uint64_t word = bits[w]; word; word &= word - 1) {
+      const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+      if (ps.bit_since[bit] == Clock::time_point()) continue;  // in no row
+      const Clock::time_point t = ps.bit_since[bit];  // the stall clock goes on from there
+      ps.bit_since[bit] = Clock::time_point();
+      Request r;
+      auto changed = std::find_if(was.begin(), was.end(),
+                                  [bit](const auto& c) { return c.first == bit; });
+      if (changed != was.end()) {
+        r = changed->second;
+      } else if (!ps.cache->Decode(bit, ps.cache->epoch(), &r)) {
+        continue;
+      }
+      r.process_set = ps.id;
+      const uint64_t mask = uint64_t{1} << (bit % 64);
+      for (size_t q = 0; q < members; ++q) {
+        uint64_t& row = ps.ready_bits[q][w];
+        if (!(row & mask)) continue;
+        row &= ~mask;
+        batch[q].push_back(r);
+        since[q].push_back(t);
+      }
+    }
+  }
+  for (size_t q = 0; q < members; ++q) {
+    if (!batch[q].empty()) {
+      ps.coordinator->AddRequests(static_cast<int>(q), std::move(batch[q]), since[q]);
+    }
   }
 }
 
@@ -881,8 +958,9 @@ std::vector<uint64_t> EngineImpl::AgreedBits(const ProcessSetState& ps) {
   for (size_t q = 1; q < ps.ready_bits.size(); ++q) {
     for (size_t w = 0; w < agreed.size(); ++w) agreed[w] &= ps.ready_bits[q][w];
   }
-  // (No group is among the bits here: where rank 0 answers, groups go to the coordinator,
-  // LookupBits.)
+  // A group only whole (LookupBits): each rank announces its members together, yet one rank's
+  // may have been decoded from an older epoch.
+  ps.cache->CloseGroups(&agreed);
   const bool any = std::any_of(agreed.begin(), agreed.end(), [](uint64_t w) { return w != 0; });
   if (!any) agreed.clear();
   return agreed;
@@ -902,11 +980,14 @@ std::vector<uint64_t> EngineImpl::AgreeOnBits(ProcessSetState& ps) {
 void EngineImpl::DemoteLateBits(ProcessSetState& ps, Clock::time_point now) {
   if (now - ps.bits_checked < std::chrono::milliseconds(100)) return;
   ps.bits_checked = now;
+  std::vector<uint64_t> late;
   for (size_t bit = 0; bit < ps.bit_since.size(); ++bit) {
     if (ps.bit_since[bit] != Clock::time_point() && now - ps.bit_since[bit] > kBitPatience) {
-      DemoteBit(ps, static_cast<uint32_t>(bit));
+      if (late.empty()) late.resize((ps.bit_since.size() + 63) / 64, 0);
+      late[bit / 64] |= uint64_t{1} << (bit % 64);
     }
   }
+  if (!late.empty()) DemoteBits(ps, std::move(late));
 }
 
 Status EngineImpl::OnResponses(ResponseList&& list) {
@@ -1176,7 +1257,13 @@ void EngineImpl::ApplyOnRankZero(ProcessSetState& ps, std::vector<Response>& lis
   std::vector<std::pair<uint32_t, Request>> changed;
   ps.cache->Apply(list, &changed);
   if (Symmetric(ps)) return OnCacheChanged(changed);
-  for (const auto& [bit, was] : changed) DemoteBit(ps, bit, &was);
+  if (changed.empty()) return;
+  std::vector<uint64_t> bits;
+  for (const auto& c : changed) {
+    if (bits.size() <= c.first / 64) bits.resize(c.first / 64 + 1, 0);
+    bits[c.first / 64] |= uint64_t{1} << (c.first % 64);
+  }
+  DemoteBits(ps, std::move(bits), changed);
 }
 
 void EngineImpl::BroadcastControl(uint8_t type, std::shared_ptr<const std::vector<uint8_t>> p,

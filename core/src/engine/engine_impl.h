@@ -479,10 +479,9 @@ class EngineImpl {
                 Clock::time_point now);
   // The cache bit of a pending node's request, or -1; remembers the node by its bit.
   int LookupBit(ProcessSetState& ps, NameTable<TensorEntry>::Node* node);
-  // LookupBit of each node into *bits, a group's members all hits or all -1 (all -1 unless
-  // `groups`: where rank 0 answers, a group always goes to the coordinator).
+  // LookupBit of each node into *bits, a group's members all hits or all -1.
   void LookupBits(ProcessSetState& ps, const std::vector<NameTable<TensorEntry>::Node*>& nodes,
-                  bool groups, std::vector<int>* bits);
+                  std::vector<int>* bits);
   // The pending node of a response's i-th tensor on this rank, or null.
   NameTable<TensorEntry>::Node* PendingNode(ProcessSetState& ps, const Response& r, size_t i);
   void OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&& payload);
@@ -521,15 +520,22 @@ class EngineImpl {
   Clock::duration CycleRemaining() const;
   Status OnRequests(int peer, RequestList&& list);
   // Rank 0's fast path for cached tensors (background.cc); ranks count in the set.
-  // `now`: when it was offered (the bit's wait, kBitPatience, counts from the first offer).
-  void OfferBit(ProcessSetState& ps, int rank, uint32_t bit, Clock::time_point now);
-  // Whole words of bits at rank 0's epoch, while OfferBit's other checks cannot apply.
+  // A member's announcement: its bits at cache epoch `epoch` join its row or go to the
+  // coordinator with its requests (groups whole). `now`: when the bits were offered (a bit's
+  // wait, kBitPatience, counts from the first offer); zero: now.
+  Status OfferList(ProcessSetState& ps, int rank, uint64_t epoch,
+                   const std::vector<uint64_t>& words, std::vector<Request> requests,
+                   Clock::time_point now);
+  // Whole words of bits at rank 0's epoch, while OfferList's other checks cannot apply.
   Status OfferWords(ProcessSetState& ps, int rank, const std::vector<uint64_t>& words);
   // The timeline's tick: member `rank` of `ps` was seen ready for `name` (rank 0 sees them all).
   void TickReady(const ProcessSetState& ps, int rank, const Request& r);
   void AddFull(ProcessSetState& ps, int rank, std::vector<Request> requests);
-  void DemoteBit(ProcessSetState& ps, uint32_t bit, const Request* as = nullptr);
-  // The AND of every member's row; empty if none.
+  // The bits of `bits` (and of their groups) waiting in rows go to the coordinator, one batch
+  // per member; `was`: what changed bits meant.
+  void DemoteBits(ProcessSetState& ps, std::vector<uint64_t> bits,
+                  const std::vector<std::pair<uint32_t, Request>>& was = {});
+  // The AND of every member's row (groups only whole); empty if none.
   static std::vector<uint64_t> AgreedBits(const ProcessSetState& ps);
   std::vector<uint64_t> AgreeOnBits(ProcessSetState& ps);  // the same, taken out of the rows
   Clock::duration CycleWindow() const;
