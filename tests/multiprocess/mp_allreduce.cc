@@ -249,7 +249,8 @@ void CheckFastPathChurn(hvd::Engine& e, Checker& ck) {
 // HVD_CACHE_CAPACITY (np 7: 8 entries for 9 names) entries are evicted while bits wait. Every
 // sum matches the formula and every rank finishes every step. Then ten steps of group A alone:
 // from the second on its members are cache hits and each step takes the fast path, whether the
-// ranks agree in rounds or rank 0 answers (before, grouped operations never did).
+// ranks agree in rounds or rank 0 answers (before, grouped operations never did). Then a step
+// with one rank late past the bit patience, the last and then rank 0.
 void CheckGroupedChurn(hvd::Engine& e, Checker& ck) {
   const int r = e.rank(), n = e.size();
   struct Member {
@@ -332,6 +333,17 @@ void CheckGroupedChurn(hvd::Engine& e, Checker& ck) {
     ck.Expect(after.fast_path_steps - before.fast_path_steps >= 9,
               "group A's steps take the fast path: " +
                   std::to_string(after.fast_path_steps - before.fast_path_steps) + " of 9");
+  }
+  // A rank late past the bit patience (1 s), the last one and then rank 0: the others' members
+  // of the cached group leave the fast path together for the coordinator, where the late
+  // rank's join them as one batch; every sum is right, and so is the step after.
+  if (n > 1) {
+    int step = kSteps + 10;
+    for (int late : {n - 1, 0}) {
+      if (r == late) std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+      run(step++, {0});
+    }
+    run(step, {0});
   }
 }
 
