@@ -94,6 +94,33 @@ void CheckDuplicateInFlight(hvd::Engine& e, Checker& ck) {
   }
   ck.Expect(b[0] == 3 && b[1] == 4, "the refused 'mm.dup' left its tensor alone");
   ExpectNextWorks(e, ck, "mm.dup");
+
+  // A group with a member in flight is refused whole on that rank, naming the member; its
+  // other names are free again at once.
+  float c[2] = {5, 6}, d[2] = {7, 8};
+  TensorView cv(c, DataType::kFloat32, {2}), dv(d, DataType::kFloat32, {2});
+  a[0] = 1, a[1] = 2, b[0] = 3, b[1] = 4;
+  if (r == 0) {
+    first = e.Allreduce("mm.dup.g1", av, av, ReduceOp::kSum);
+    for (const auto& h : e.GroupedAllreduce({"mm.dup.g0", "mm.dup.g1"}, {bv, cv}, {bv, cv},
+                                            ReduceOp::kSum)) {
+      ExpectInvalid(ck, h, "mm.dup.g1", "in flight");
+    }
+  }
+  ck.ExpectOk(WaitDone(e.Barrier()), "barrier around mm.dup.g1");
+  if (r != 0) first = e.Allreduce("mm.dup.g1", av, av, ReduceOp::kSum);
+  if (ck.ExpectOk(WaitDone(first), "the first 'mm.dup.g1' completes")) {
+    ck.Expect(a[0] == n && a[1] == 2 * n, "the first 'mm.dup.g1' gives the sum");
+  }
+  ck.Expect(b[0] == 3 && b[1] == 4 && c[0] == 5 && c[1] == 6,
+            "the refused group left its tensors alone");
+  bool done = true;
+  for (const auto& h : e.GroupedAllreduce({"mm.dup.g0", "mm.dup.g2"}, {bv, dv}, {bv, dv},
+                                          ReduceOp::kSum)) {
+    done = ck.ExpectOk(WaitDone(h), "a group under the refused group's free name") && done;
+  }
+  ck.Expect(!done || (b[0] == 3 * n && b[1] == 4 * n && d[0] == 7 * n && d[1] == 8 * n),
+            "the group under the refused group's free name gives the sums");
 }
 
 // A group with one member that differs across ranks fails as a whole, on every rank: each

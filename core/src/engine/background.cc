@@ -914,7 +914,10 @@ void EngineImpl::DemoteBits(ProcessSetState& ps, std::vector<uint64_t> bits,
                             const std::vector<std::pair<uint32_t, Request>>& was) {
   bits.resize((ps.bit_since.size() + 63) / 64, 0);
   std::vector<std::string> groups;
+  std::unordered_map<uint32_t, const Request*> meant;  // what `was` says a bit meant
+  meant.reserve(was.size());
   for (const auto& [bit, r] : was) {
+    meant.emplace(bit, &r);
     if (r.group_size > 1) groups.push_back(r.group);
   }
   ps.cache->WidenToGroups(&bits, groups);
@@ -928,10 +931,8 @@ void EngineImpl::DemoteBits(ProcessSetState& ps, std::vector<uint64_t> bits,
       const Clock::time_point t = ps.bit_since[bit];  // the stall clock goes on from there
       ps.bit_since[bit] = Clock::time_point();
       Request r;
-      auto changed = std::find_if(was.begin(), was.end(),
-                                  [bit](const auto& c) { return c.first == bit; });
-      if (changed != was.end()) {
-        r = changed->second;
+      if (auto m = meant.find(bit); m != meant.end()) {
+        r = *m->second;
       } else if (!ps.cache->Decode(bit, ps.cache->epoch(), &r)) {
         continue;
       }

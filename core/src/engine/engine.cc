@@ -602,6 +602,21 @@ void RefuseArguments(Request& r, const Status& why) {
 
 }  // namespace
 
+// A group's key: its first name, its size and a digest of every member's name (name_at(i) for
+// member i), so that ranks whose groups differ in any member disagree on it (the coordinator
+// then fails them as a whole) instead of each waiting for members the others never send.
+template <typename NameAt>
+std::string GroupKey(size_t n, NameAt name_at) {
+  uint64_t digest = 1469598103934665603ull;  // FNV-1a, 64 bits
+  for (size_t i = 0; i < n; ++i) {
+    for (unsigned char c : name_at(i)) digest = (digest ^ c) * 1099511628211ull;
+    digest = (digest ^ 0xff) * 1099511628211ull;  // between names: 0xff is in no UTF-8 text
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(digest));
+  return name_at(0) + "#group/" + std::to_string(n) + "/" + hex;
+}
+
 // Refuses n entries (a group when n > 1) on this rank, or queues them; an entry whose arguments
 // are wrong is queued with its refusal, which every rank hears of (RefuseArguments).
 void EngineImpl::Submit(TensorEntry* entries, size_t n) {
@@ -695,17 +710,8 @@ void EngineImpl::Submit(TensorEntry* entries, size_t n) {
       return;
     }
     if (n > 1) {
-      // The group's key: its first name, its size and a digest of every member's name, so that
-      // ranks whose groups differ in any member disagree on it (the coordinator then fails them
-      // as a whole) instead of each waiting for members the others never send.
-      uint64_t digest = 1469598103934665603ull;  // FNV-1a, 64 bits
-      for (TensorEntry* p = entries; p != end; ++p) {
-        for (unsigned char c : p->request.name) digest = (digest ^ c) * 1099511628211ull;
-        digest = (digest ^ 0xff) * 1099511628211ull;  // between names: 0xff is in no UTF-8 text
-      }
-      char hex[17];
-      std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(digest));
-      const std::string key = entries[0].request.name + "#group/" + std::to_string(n) + "/" + hex;
+      const std::string key =
+          GroupKey(n, [entries](size_t i) -> const std::string& { return entries[i].request.name; });
       for (TensorEntry* p = entries; p != end; ++p) {
         p->request.group = key;
         p->request.group_size = static_cast<int32_t>(n);
@@ -755,6 +761,51 @@ void EngineImpl::SetWaitPolicy(TensorEntry& e, int64_t bytes) const {
   e.handle->helps_ = (small || e.input.device != kCpuDevice) && !oversubscribed_;
 }
 
+// An allreduce written into its name's node of in_flight_ (as its last release left it,
+// NameTableReset); whether its request is the one the node held (then where the response
+// cache had it stays known, TensorEntry::hint_contents).
+bool EngineImpl::FillAllreduceLocked(InFlightNode* node, const std::string& name,
+                                     const TensorView& in, const TensorView& out, ReduceOp op,
+                                     double prescale, double postscale, int32_t process_set,
+                                     const std::string& group, int32_t group_size,
+                                     const HandlePtr& h) {
+  TensorEntry& e = node->value;
+  Request& r = e.request;
+  // The name is the node's: the same wherever the rest is.
+  const bool same = e.hint_contents != 0 && r.error.empty() && r.type == OpType::kAllreduce &&
+                    r.dtype == in.dtype && r.op == op && r.root == -1 && r.device == in.device &&
+                    r.prescale == prescale && r.postscale == postscale && r.splits.empty() &&
+                    r.group_size == group_size && r.group == group &&
+                    r.process_set == process_set &&
+                    std::equal(r.shape.begin(), r.shape.end(), in.shape.begin(), in.shape.end());
+  if (!same) {
+    e.hint_contents = 0;
+    r.type = OpType::kAllreduce;
+    r.name.assign(name);
+    r.dtype = in.dtype;
+    r.op = op;
+    r.root = -1;
+    r.device = in.device;
+    r.prescale = prescale;
+    r.postscale = postscale;
+    r.shape.assign(in.shape.begin(), in.shape.end());
+    r.splits.clear();
+    r.group.assign(group);
+    r.group_size = group_size;
+    r.process_set = process_set;
+    r.error.clear();
+  }
+  // (Where it is the same, every field already holds what it would be set to, the name
+  // included: it is the node's key, or the set's key's.)
+  assert(r.name == name);
+  e.input = TensorPlace{in.data, in.dtype, in.device, in.stream};
+  e.output = TensorPlace{out.data, out.dtype, out.device, out.stream};
+  e.handle = h;
+  e.in_flight = node;
+  e.keeps_storage = true;
+  return same;
+}
+
 // Submit for one host allreduce, built in its name's node of in_flight_ instead of moved
 // there: a training step's gradients are allreduces, and the node keeps the storage of the
 // name and shape it held the last time the name was used (keeps_storage), so that a step of
@@ -781,49 +832,15 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
                           "' on rank " + std::to_string(options_.rank));  // as Describe()
     }
     if (s.ok()) {
-      TensorEntry& e = node->value;  // as its last release left it (NameTableReset)
-      Request& r = e.request;
-      // The name is the node's. Where every other field is as before, where the response
-      // cache had the request stays known (TensorEntry::hint_contents).
-      const bool same = e.hint_contents != 0 && r.error.empty() && r.type == OpType::kAllreduce &&
-                        r.dtype == in.dtype && r.op == op && r.root == -1 &&
-                        r.device == in.device && r.prescale == prescale &&
-                        r.postscale == postscale && r.splits.empty() && r.group.empty() &&
-                        r.group_size == 0 && r.process_set == process_set &&
-                        std::equal(r.shape.begin(), r.shape.end(), in.shape.begin(),
-                                   in.shape.end());
-      if (!same) {
-        e.hint_contents = 0;
-        r.type = OpType::kAllreduce;
-        r.name.assign(name);
-        r.dtype = in.dtype;
-        r.op = op;
-        r.root = -1;
-        r.device = in.device;
-        r.prescale = prescale;
-        r.postscale = postscale;
-        r.shape.assign(in.shape.begin(), in.shape.end());
-        r.splits.clear();
-        r.group.clear();
-        r.group_size = 0;
-        r.process_set = process_set;
-        r.error.clear();
-      }
-      // (Where it is the same, every field already holds what it would be set to, the name
-      // included: it is the node's key, or the set's key's.)
-      assert(r.name == name);
-      e.input = TensorPlace{in.data, in.dtype, in.device, in.stream};
-      e.output = TensorPlace{out.data, out.dtype, out.device, out.stream};
-      e.handle = h;
-      e.in_flight = node;
-      e.keeps_storage = true;
+      const bool same = FillAllreduceLocked(node, name, in, out, op, prescale, postscale,
+                                            process_set, std::string(), 0, h);
       // The same request of the global set passed every check of the request itself when it
       // was last submitted (a cached request was validated): only the places are new.
-      if (!same || process_set != kGlobalProcessSet) s = RefusalLocked(r);
+      if (!same || process_set != kGlobalProcessSet) s = RefusalLocked(node->value.request);
       if (s.ok()) {
         bad = same && process_set == kGlobalProcessSet && op != ReduceOp::kAdasum
-                  ? ValidatePlacesLocked(e)
-                  : ValidateLocked(e);
+                  ? ValidatePlacesLocked(node->value)
+                  : ValidateLocked(node->value);
       }
       if (!s.ok() || !bad.ok()) {
         // Taken before the checks (which read the entry): freed again, and swept by the
@@ -857,6 +874,63 @@ HandlePtr EngineImpl::SubmitAllreduce(const std::string& name, const TensorView&
   }
   Wake();
   return h;
+}
+
+// A grouped allreduce of host tensors whose arguments this rank has checked (n > 1), each
+// built in its name's node as SubmitAllreduce builds one: a step's group of the same tensors
+// copies no entry and hands no storage around, and where the response cache had each member
+// stays known. False, with nothing taken and nothing queued, where the group needs Submit's
+// general path: the engine refuses new operations, a name is in flight (or twice in the
+// group), or a member fails a check there (which says why).
+bool EngineImpl::SubmitGroupedAllreduce(const std::vector<std::string>& names,
+                                        const std::vector<TensorView>& inputs,
+                                        const std::vector<TensorView>& outputs, ReduceOp op,
+                                        double prescale, double postscale, int32_t process_set,
+                                        std::vector<HandlePtr>* handles) {
+  const size_t n = names.size();
+  if (n < 2 || InForkedChild()) return false;
+  const std::string group =
+      GroupKey(n, [&names](size_t i) -> const std::string& { return names[i]; });
+  handles->clear();
+  handles->reserve(n);
+  for (size_t i = 0; i < n; ++i) handles->push_back(NewHandle());
+  std::vector<InFlightNode*> nodes;
+  nodes.reserve(n);
+  const bool global = process_set == kGlobalProcessSet;
+  std::string key;
+  {
+    std::lock_guard<SpinLock> l(mu_);
+    bool ok = SubmitRefusalLocked().ok();
+    for (size_t i = 0; ok && i < n; ++i) {
+      if (!global) key = PendingKey(process_set, names[i]);
+      InFlightNode* node =
+          in_flight_.Acquire(global ? std::string_view(names[i]) : std::string_view(key));
+      if (node == nullptr) break;
+      nodes.push_back(node);
+      const bool same = FillAllreduceLocked(node, names[i], inputs[i], outputs[i], op, prescale,
+                                            postscale, process_set, group,
+                                            static_cast<int32_t>(n), (*handles)[i]);
+      // (As SubmitAllreduce: a request of the global set that is the same as before passed
+      // every check of the request itself.)
+      if (!same || !global) ok = RefusalLocked(node->value.request).ok();
+      if (ok) {
+        ok = (same && global && op != ReduceOp::kAdasum ? ValidatePlacesLocked(node->value)
+                                                        : ValidateLocked(node->value))
+                 .ok();
+      }
+    }
+    if (!ok || nodes.size() < n) {
+      for (InFlightNode* node : nodes) in_flight_.Release(node, /*sweep=*/false);
+      if (!nodes.empty()) sweep_wanted_ = true;
+      return false;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      SetWaitPolicy(nodes[i]->value, inputs[i].num_elements() * DataTypeSize(inputs[i].dtype));
+      queue_.push_back(nodes[i]);
+    }
+  }
+  Wake();
+  return true;
 }
 
 // ---------------------------------------------------------------- EngineImpl: process sets
@@ -1189,6 +1263,15 @@ std::vector<HandlePtr> Engine::GroupedAllreduce(const std::vector<std::string>& 
     std::vector<HandlePtr> hs(std::max<size_t>(names.size(), 1));
     for (auto& h : hs) h = Failed(Status::InvalidArgument("grouped allreduce: names, inputs and outputs differ in length or are empty"));
     return hs;
+  }
+  bool host = names.size() > 1;  // and every member's arguments sound
+  for (size_t i = 0; host && i < names.size(); ++i) {
+    host = inputs[i].device == kCpuDevice && AllreduceArgsProblem(inputs[i], outputs[i], op).empty();
+  }
+  std::vector<HandlePtr> handles;
+  if (host && impl_->SubmitGroupedAllreduce(names, inputs, outputs, op, prescale, postscale,
+                                            process_set, &handles)) {
+    return handles;
   }
   std::vector<TensorEntry> entries;
   entries.reserve(names.size());

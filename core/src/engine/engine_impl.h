@@ -369,6 +369,18 @@ class EngineImpl {
   void Submit(TensorEntry* entries, size_t n);
   HandlePtr SubmitAllreduce(const std::string& name, const TensorView& in, const TensorView& out,
                             ReduceOp op, double prescale, double postscale, int32_t process_set);
+  // A host group whose arguments are sound, built in its nodes; false: use Submit (engine.cc).
+  bool SubmitGroupedAllreduce(const std::vector<std::string>& names,
+                              const std::vector<TensorView>& inputs,
+                              const std::vector<TensorView>& outputs, ReduceOp op,
+                              double prescale, double postscale, int32_t process_set,
+                              std::vector<HandlePtr>* handles);
+  // Under mu_: an allreduce written into its name's node; whether it is the request the node
+  // held (engine.cc).
+  bool FillAllreduceLocked(InFlightNode* node, const std::string& name, const TensorView& in,
+                           const TensorView& out, ReduceOp op, double prescale,
+                           double postscale, int32_t process_set, const std::string& group,
+                           int32_t group_size, const HandlePtr& h);
   void SetWaitPolicy(TensorEntry& e) const;  // under mu_
   void SetWaitPolicy(TensorEntry& e, int64_t bytes) const;  // the request's bytes known
   // Under mu_: why a new operation is refused outright (failed or shut down), or OK.
