@@ -912,22 +912,34 @@ void EngineImpl::AddFull(ProcessSetState& ps, int rank, std::vector<Request> req
 // reach the coordinator together (Coordinator::AddRequests).
 void EngineImpl::DemoteBits(ProcessSetState& ps, std::vector<uint64_t> bits,
                             const std::vector<std::pair<uint32_t, Request>>& was) {
-  bits.resize((ps.bit_since.size() + 63) / 64, 0);
+  const size_t slots = ps.bit_since.size();
+  bits.resize((slots + 63) / 64, 0);
+  if (slots % 64 != 0 && !bits.empty()) bits.back() &= (uint64_t{1} << (slots % 64)) - 1;
+  // The common case costs a look at the bits only: none of them waits in a row.
+  auto waiting = [&ps, &bits] {
+    for (size_t w = 0; w < bits.size(); ++w) {
+      for (uint64_t word = bits[w]; word; word &= word - 1) {
+        if (ps.bit_since[w * 64 + __builtin_ctzll(word)] != Clock::time_point()) return true;
+      }
+    }
+    return false;
+  };
   std::vector<std::string> groups;
-  std::unordered_map<uint32_t, const Request*> meant;  // what `was` says a bit meant
-  meant.reserve(was.size());
   for (const auto& [bit, r] : was) {
-    meant.emplace(bit, &r);
     if (r.group_size > 1) groups.push_back(r.group);
   }
-  ps.cache->WidenToGroups(&bits, groups);
+  ps.cache->WidenToGroups(&bits, groups);  // (a word-by-word check where no group is cached)
+  if (!waiting()) return;
+  std::unordered_map<uint32_t, const Request*> meant;  // what `was` says a bit meant
+  meant.reserve(was.size());
+  for (const auto& [bit, r] : was) meant.emplace(bit, &r);
   const size_t members = ps.ready_bits.size();
   std::vector<std::vector<Request>> batch(members);
   std::vector<std::vector<Clock::time_point>> since(members);
   for (size_t w = 0; w < bits.size(); ++w) {
     for (uint64_t word = bits[w]; word; word &= word - 1) {
       const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
-      if (ps.bit_since[bit] == Clock::time_point()) continue;  // in no row
+      if (bit >= slots || ps.bit_since[bit] == Clock::time_point()) continue;  // in no row
       const Clock::time_point t = ps.bit_since[bit];  // the stall clock goes on from there
       ps.bit_since[bit] = Clock::time_point();
       Request r;
@@ -959,8 +971,8 @@ std::vector<uint64_t> EngineImpl::AgreedBits(const ProcessSetState& ps) {
   for (size_t q = 1; q < ps.ready_bits.size(); ++q) {
     for (size_t w = 0; w < agreed.size(); ++w) agreed[w] &= ps.ready_bits[q][w];
   }
-  // A group only whole (LookupBits): each rank announces its members together, yet one rank's
-  // may have been decoded from an older epoch.
+  // A group only whole. Each rank's row holds a group's members all or none (LookupBits,
+  // OfferList, DemoteBits), so this only guards that rule.
   ps.cache->CloseGroups(&agreed);
   const bool any = std::any_of(agreed.begin(), agreed.end(), [](uint64_t w) { return w != 0; });
   if (!any) agreed.clear();

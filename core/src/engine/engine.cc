@@ -897,14 +897,17 @@ bool EngineImpl::SubmitGroupedAllreduce(const std::vector<std::string>& names,
   std::vector<InFlightNode*> nodes;
   nodes.reserve(n);
   const bool global = process_set == kGlobalProcessSet;
-  std::string key;
+  std::vector<std::string> keys;  // of another set's names, made before the lock is taken
+  if (!global) {
+    keys.reserve(n);
+    for (const std::string& name : names) keys.push_back(PendingKey(process_set, name));
+  }
   {
     std::lock_guard<SpinLock> l(mu_);
     bool ok = SubmitRefusalLocked().ok();
     for (size_t i = 0; ok && i < n; ++i) {
-      if (!global) key = PendingKey(process_set, names[i]);
       InFlightNode* node =
-          in_flight_.Acquire(global ? std::string_view(names[i]) : std::string_view(key));
+          in_flight_.Acquire(global ? std::string_view(names[i]) : std::string_view(keys[i]));
       if (node == nullptr) break;
       nodes.push_back(node);
       const bool same = FillAllreduceLocked(node, names[i], inputs[i], outputs[i], op, prescale,

@@ -195,11 +195,12 @@ struct TensorEntry {
   int32_t announced_bit = -1;
   // The response cache's contents() when the request was last found in it, at the bit its
   // node's hint names; 0: not found, or the request changed since (every writer of the
-  // request but SubmitAllreduce, which keeps it only when it wrote the same request again).
+  // request but FillAllreduceLocked, SubmitAllreduce's and SubmitGroupedAllreduce's, which
+  // keeps it only when it wrote the same request again).
   // While the cache's contents() is still this, the bit holds this request: looking it up
   // again needs no comparison (EngineImpl::LookupBit). Kept when the node is released.
   uint64_t hint_contents = 0;
-  // Built in its node (EngineImpl::SubmitAllreduce): the node keeps its name's and shape's
+  // Built in its node (EngineImpl::FillAllreduceLocked): the node keeps its name's and shape's
   // storage when it completes, for the name's next use, instead of handing it to other entries.
   bool keeps_storage = false;
   // An operation of hvd's own under a name that starts with kOwnNamePrefix, which a caller's
@@ -534,7 +535,8 @@ class EngineImpl {
   // Rank 0's fast path for cached tensors (background.cc); ranks count in the set.
   // A member's announcement: its bits at cache epoch `epoch` join its row or go to the
   // coordinator with its requests (groups whole). `now`: when the bits were offered (a bit's
-  // wait, kBitPatience, counts from the first offer); zero: now.
+  // wait, kBitPatience, counts from the first offer), or zero; either way OfferWords, the
+  // steady state's path, reads the clock itself.
   Status OfferList(ProcessSetState& ps, int rank, uint64_t epoch,
                    const std::vector<uint64_t>& words, std::vector<Request> requests,
                    Clock::time_point now);

@@ -475,6 +475,10 @@ void EngineImpl::OnCacheChanged(const std::vector<std::pair<uint32_t, Request>>&
 
 void EngineImpl::WithdrawLateBits(Clock::time_point now) {
   Rounds& r = *rounds_;
+  // Not while this rank's part is out: the round may still agree on a bit the part holds (the
+  // late rank's part, with the bit, on its way), which would then run on the fast path while
+  // its request waited at the coordinator. Checked again once the round completes.
+  if (r.sent) return;
   if (now - r.checked < kLateCheckEvery) return;
   r.checked = now;
   const ResponseCache& cache = *World().cache;
