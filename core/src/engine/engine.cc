@@ -602,6 +602,8 @@ void RefuseArguments(Request& r, const Status& why) {
 
 }  // namespace
 
+namespace {
+
 // A group's key: its first name, its size and a digest of every member's name (name_at(i) for
 // member i), so that ranks whose groups differ in any member disagree on it (the coordinator
 // then fails them as a whole) instead of each waiting for members the others never send.
@@ -616,6 +618,8 @@ std::string GroupKey(size_t n, NameAt name_at) {
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(digest));
   return name_at(0) + "#group/" + std::to_string(n) + "/" + hex;
 }
+
+}  // namespace
 
 // Refuses n entries (a group when n > 1) on this rank, or queues them; an entry whose arguments
 // are wrong is queued with its refusal, which every rank hears of (RefuseArguments).
