@@ -699,7 +699,7 @@ void EngineImpl::Announce(ProcessSetState& ps,
   if (coordinator()) {
     // (Its own bits are at its own epoch, each a hit: no error is possible.)
     const Status s =
-        OfferList(ps, ps.rank, list.cache_epoch, list.cached_bits, std::move(list.requests), now);
+        OfferList(ps, ps.rank, list.cache_epoch, list.cached_bits, std::move(list.requests));
     if (!s.ok()) {
       HVD_LOG(kError) << "rank 0's own announcement: " << s.message();
     }
@@ -738,7 +738,7 @@ Status EngineImpl::OnRequests(int peer, RequestList&& list) {
     return Status::InvalidArgument("request list from a future cache epoch");
   }
   HVD_RETURN_IF_ERROR(
-      OfferList(ps, q, list.cache_epoch, list.cached_bits, std::move(list.requests), Clock::time_point()));
+      OfferList(ps, q, list.cache_epoch, list.cached_bits, std::move(list.requests)));
   ps.worker_epochs[q] = std::max(ps.worker_epochs[q], list.cache_epoch);
   uint64_t oldest = ps.cache->epoch();
   for (size_t m = 0; m < ps.ranks.size(); ++m) {
@@ -777,10 +777,9 @@ void EngineImpl::TickReady(const ProcessSetState& ps, int rank, const Request& r
 // unless the coordinator must see its name (it holds a request for the name, or a rank has
 // joined); otherwise it goes to the coordinator as the request it meant. Such a bit takes the
 // rest of its group with it, so the rank's members of a group reach the coordinator in one
-// batch (LookupBits). `now`: when the bits were announced (zero: read the clock if needed).
+// batch (LookupBits).
 Status EngineImpl::OfferList(ProcessSetState& ps, int rank, uint64_t epoch,
-                             const std::vector<uint64_t>& words, std::vector<Request> requests,
-                             Clock::time_point now) {
+                             const std::vector<uint64_t>& words, std::vector<Request> requests) {
   const bool current = epoch == ps.cache->epoch();
   const Coordinator& co = *ps.coordinator;
   if (current && co.idle() && !co.any_joined() && !timeline_->enabled()) {
@@ -794,7 +793,6 @@ Status EngineImpl::OfferList(ProcessSetState& ps, int rank, uint64_t epoch,
     for (const Request& r : requests) {
       if (r.group_size > 1) groups.push_back(r.group);
     }
-    const size_t before = requests.size();
     auto decode = [&](uint32_t bit) -> Status {
       Request r;
       if (!ps.cache->Decode(bit, epoch, &r)) {
@@ -822,36 +820,28 @@ Status EngineImpl::OfferList(ProcessSetState& ps, int rank, uint64_t epoch,
         }
       }
     }
-    const bool any = std::any_of(out.begin(), out.end(), [](uint64_t x) { return x != 0; });
-    if (any || requests.size() > before || !groups.empty()) {
-      ps.cache->WidenToGroups(&out, groups);
-    }
-    std::vector<uint64_t>& row = ps.ready_bits[rank];
+    ps.cache->WidenToGroups(&out, groups);
+    // The rest of `out` goes as requests (unchanged since `epoch`: what it means now); the
+    // bits left join the row.
+    std::vector<uint64_t> keep(words.size());
     for (size_t w = 0; w < words.size(); ++w) {
-      for (uint64_t word = words[w] & ~decoded[w]; word; word &= word - 1) {
-        const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
-        const uint64_t mask = uint64_t{1} << (bit % 64);
-        if (out[w] & mask) {
-          HVD_RETURN_IF_ERROR(decode(bit));  // (unchanged since `epoch`: what it means now)
-          continue;
-        }
-        TickReady(ps, rank, *ps.cache->At(bit));
-        row[w] |= mask;
-        if (ps.bit_since[bit] == Clock::time_point()) {
-          if (now == Clock::time_point()) now = Clock::now();
-          ps.bit_since[bit] = now;
-        }
-        ps.bits_changed = true;
+      for (uint64_t word = words[w] & out[w] & ~decoded[w]; word; word &= word - 1) {
+        HVD_RETURN_IF_ERROR(decode(static_cast<uint32_t>(w * 64 + __builtin_ctzll(word))));
+      }
+      keep[w] = words[w] & ~out[w];
+      for (uint64_t word = keep[w]; word; word &= word - 1) {
+        TickReady(ps, rank, *ps.cache->At(static_cast<uint32_t>(w * 64 + __builtin_ctzll(word))));
       }
     }
+    HVD_RETURN_IF_ERROR(OfferWords(ps, rank, keep));
   }
   if (!requests.empty()) AddFull(ps, rank, std::move(requests));
   return Status::OK();
 }
 
-// OfferList's bits, a word at a time: where the bits are at the cache's epoch, no rank has
-// joined and the coordinator holds no request (so none is for the bits' names), all its checks
-// but the one for an empty bit pass. The clock is read once, not per bit.
+// Bits that join rank `rank`'s row, a word at a time (OfferList: at once where the bits are at
+// the cache's epoch, no rank has joined and the coordinator holds no request, so none is for
+// the bits' names; else those its checks left). The clock is read once, not per bit.
 Status EngineImpl::OfferWords(ProcessSetState& ps, int rank, const std::vector<uint64_t>& words) {
   if (const int64_t empty = ps.cache->FirstEmpty(words); empty >= 0) {
     return Status::InvalidArgument("unknown response-cache bit " + std::to_string(empty));

@@ -534,13 +534,11 @@ class EngineImpl {
   Status OnRequests(int peer, RequestList&& list);
   // Rank 0's fast path for cached tensors (background.cc); ranks count in the set.
   // A member's announcement: its bits at cache epoch `epoch` join its row or go to the
-  // coordinator with its requests (groups whole). `now`: when the bits were offered (a bit's
-  // wait, kBitPatience, counts from the first offer), or zero; either way OfferWords, the
-  // steady state's path, reads the clock itself.
+  // coordinator with its requests (groups whole). A bit's wait, kBitPatience, counts from its
+  // first offer (OfferWords reads the clock).
   Status OfferList(ProcessSetState& ps, int rank, uint64_t epoch,
-                   const std::vector<uint64_t>& words, std::vector<Request> requests,
-                   Clock::time_point now);
-  // Whole words of bits at rank 0's epoch, while OfferList's other checks cannot apply.
+                   const std::vector<uint64_t>& words, std::vector<Request> requests);
+  // Whole words of bits joining a member's row (OfferList's checks done or not needed).
   Status OfferWords(ProcessSetState& ps, int rank, const std::vector<uint64_t>& words);
   // The timeline's tick: member `rank` of `ps` was seen ready for `name` (rank 0 sees them all).
   void TickReady(const ProcessSetState& ps, int rank, const Request& r);
