@@ -30,6 +30,10 @@
 //                          4 KiB (default 1,000), one of 4 MiB (mp_control.cc): values, each
 //                          step one collective whose responses are kept; a tensor held while
 //                          some rank has not announced another goes after the hold.
+//   --random=STEPS[,SEED] STEPS steps of operations of every kind drawn at random (the same on
+//                          every rank), submitted in an order of each rank's own; every value
+//                          checked (mp_random.cc). SEED defaults to 1; run with
+//                          HVD_DYNAMIC_PROCESS_SETS=1 to have process sets in them.
 //   --peerloss=V          rank V SIGKILLs itself after a warm-up while the others keep
 //                          submitting; every survivor must fail with PeerLost/Timeout naming
 //                          rank V within HVD_TIMEOUT_SECONDS + 10 s. Survivors print
@@ -486,8 +490,17 @@ int main(int argc, char** argv) {
   }
   if (mode.rfind("--soak=", 0) == 0) return mp::RunSoak(std::atol(mode.c_str() + 7));
   if (mode == "--chaos") return mp::RunChaos();
+  if (mode.rfind("--random=", 0) == 0) {
+    const char* arg = mode.c_str() + 9;
+    const char* comma = std::strchr(arg, ',');
+    const long long steps = std::atoll(arg);
+    const unsigned long long seed = comma ? std::strtoull(comma + 1, nullptr, 10) : 1;
+    return mp::RunGroup("random steps", [steps, seed](hvd::Engine& e, mp::Checker& ck) {
+      return mp::RunRandomSteps(e, ck, steps, seed);
+    });
+  }
   std::fprintf(stderr,
-               "usage: %s [--checks | --process-sets | --process-sets-static | --caller-progress | --steps[=N] | --steps-batched | --waiting-cpu | --memory | --memory-cycling | --soak=N | --chaos | "
+               "usage: %s [--checks | --process-sets | --process-sets-static | --caller-progress | --steps[=N] | --steps-batched | --waiting-cpu | --memory | --memory-cycling | --soak=N | --chaos | --random=STEPS[,SEED] | "
                "--peerloss=RANK | --peerloss-cached=RANK | --quit=RANK | --long-host-work=MIB]\n",
                argv[0]);
   return 2;

@@ -1,0 +1,432 @@
+// Random steps of mixed collectives (mp_collectives_worker --random=STEPS[,SEED]): each step is
+// a handful of operations drawn from one generator that every rank seeds alike (kind, process
+// set, names, dtype, op, shapes, roots, splits, scale factors), which each rank submits in an
+// order of its own, with pauses of its own between them, before it waits for them all. Names
+// come from a small pool shared by every kind, so the same name is an allreduce in one step, a
+// member of a group or an allgather of another dtype in the next (the response cache's entries
+// change, groups form and dissolve). Every result is checked against values computed here.
+//
+// A failure names the step, the operation and the seed; the same seed replays the same steps.
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "mp_checks.h"
+
+namespace mp {
+
+using hvd::DataType;
+using hvd::ReduceOp;
+using hvd::TensorView;
+
+namespace {
+
+enum class Kind {
+  kAllreduce,
+  kGroupedAllreduce,
+  kAllgather,
+  kGroupedAllgather,
+  kBroadcast,
+  kAlltoall,
+  kReducescatter,
+  kGroupedReducescatter,
+  kBarrier,
+};
+constexpr int kKinds = 9;
+
+const char* KindName(Kind k) {
+  switch (k) {
+    case Kind::kAllreduce: return "allreduce";
+    case Kind::kGroupedAllreduce: return "grouped allreduce";
+    case Kind::kAllgather: return "allgather";
+    case Kind::kGroupedAllgather: return "grouped allgather";
+    case Kind::kBroadcast: return "broadcast";
+    case Kind::kAlltoall: return "alltoall";
+    case Kind::kReducescatter: return "reducescatter";
+    case Kind::kGroupedReducescatter: return "grouped reducescatter";
+    case Kind::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+struct Set {
+  int32_t id = hvd::kGlobalProcessSet;
+  std::vector<int> ranks;  // world ranks, ascending
+  int Index(int world_rank) const {
+    auto it = std::find(ranks.begin(), ranks.end(), world_rank);
+    return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+  }
+};
+
+// One tensor of an operation: its name, salt and first dimension's rule, and this rank's
+// buffers and handle.
+struct Tensor {
+  std::string name;
+  int64_t salt = 0;
+  int64_t rows = 0;  // allreduce and reducescatter: rows (the same on every rank)
+  std::unique_ptr<Buffer> in, out;
+  hvd::HandlePtr h;
+};
+
+struct Op {
+  Kind kind;
+  const Set* set = nullptr;
+  DataType t = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int64_t width = 1;  // the dimensions after the first: {width}, or none when width == 0
+  double prescale = 1.0, postscale = 1.0;
+  int root = 0;        // broadcast: a world rank of the set
+  bool in_place = false;
+  std::vector<Tensor> tensors;
+  std::string Describe(int64_t step, uint64_t seed) const {
+    std::string s = std::string(KindName(kind)) + " of";
+    for (const auto& x : tensors) s += " '" + x.name + "'";
+    return s + " (step " + std::to_string(step) + ", seed " + std::to_string(seed) + ", set " +
+           std::to_string(set->id) + ", " + Str(t) + ", " + Str(op) + ", width " +
+           std::to_string(width) + ", prescale " + std::to_string(prescale) + ", postscale " +
+           std::to_string(postscale) + ")";
+  }
+  std::vector<int64_t> Shape(int64_t rows) const {
+    std::vector<int64_t> s = {rows};
+    if (width > 0) s.push_back(width);
+    return s;
+  }
+  int64_t Row() const { return std::max<int64_t>(width, 1); }
+};
+
+// Rows a set's rank `q` gives to an allgather, or sends to set rank `to` in an alltoall.
+int64_t GatherRows(int q, int64_t salt) { return (q * 2 + salt) % 3; }
+int64_t SplitRows(int from, int to, int64_t salt) { return (from + 2 * to + salt) % 3; }
+
+bool ScalesExactly(DataType t) {
+  return t == DataType::kFloat16 || t == DataType::kBFloat16 || t == DataType::kFloat32 ||
+         t == DataType::kFloat64;
+}
+
+class Random {
+ public:
+  explicit Random(uint64_t seed) : g_(seed) {}
+  int64_t Below(int64_t n) { return static_cast<int64_t>(g_() % static_cast<uint64_t>(n)); }
+  bool Chance(int percent) { return Below(100) < percent; }
+  template <typename T>
+  const T& Pick(const std::vector<T>& v) { return v[static_cast<size_t>(Below(static_cast<int64_t>(v.size())))]; }
+
+ private:
+  std::mt19937_64 g_;
+};
+
+// The first dimension of an allreduce or reducescatter tensor: mostly small, sometimes none or
+// one row, now and then large (past a shared-memory chunk, the fusion threshold's buffers).
+int64_t RandomRows(Random& g, int n) {
+  const int64_t pick = g.Below(20);
+  if (pick == 0) return 0;
+  if (pick == 1) return 1;
+  if (pick == 2) return 70001;
+  if (pick == 3) return 2 * n + 1;
+  return 1 + g.Below(40);
+}
+
+// Draws one operation on `set` (shared generator: every rank draws the same), its tensors
+// named from the pool, none twice in the step within a set.
+Op Draw(Random& g, const Set& set, int64_t step, std::set<std::string>* used, int64_t* salt) {
+  Op o;
+  o.kind = static_cast<Kind>(g.Below(kKinds));
+  o.set = &set;
+  const int n = static_cast<int>(set.ranks.size());
+  const std::vector<DataType> types = AllDataTypes();
+  o.t = g.Pick(types);
+  std::vector<ReduceOp> ops = AllReduceOps();
+  if (o.t == DataType::kBool) ops.erase(std::remove(ops.begin(), ops.end(), ReduceOp::kAverage), ops.end());
+  o.op = g.Pick(ops);
+  o.width = g.Below(3);  // 0: a 1-d tensor
+  o.in_place = g.Chance(50);
+  o.root = set.ranks[static_cast<size_t>(g.Below(n))];
+  const bool reduces = o.kind == Kind::kAllreduce || o.kind == Kind::kGroupedAllreduce ||
+                       o.kind == Kind::kReducescatter || o.kind == Kind::kGroupedReducescatter;
+  // (Not with average: its division by the set's size and the postscale are one factor there.)
+  if (reduces && ScalesExactly(o.t) && o.op == ReduceOp::kSum && g.Chance(30)) {
+    o.prescale = g.Pick(std::vector<double>{0.5, 1.0, 2.0});
+    o.postscale = g.Pick(std::vector<double>{0.25, 1.0, 4.0});
+  }
+  int members = 1;
+  if (o.kind == Kind::kGroupedAllreduce || o.kind == Kind::kGroupedAllgather ||
+      o.kind == Kind::kGroupedReducescatter) {
+    members = 2 + static_cast<int>(g.Below(3));
+  }
+  if (o.kind == Kind::kBarrier) members = 0;
+  for (int m = 0; m < members; ++m) {
+    Tensor x;
+    x.name = "t" + std::to_string(g.Below(8));
+    if (!used->insert(std::to_string(set.id) + "/" + x.name).second) {
+      x.name = "s" + std::to_string(step) + "." + std::to_string(used->size());  // a new name
+      used->insert(std::to_string(set.id) + "/" + x.name);
+    }
+    x.salt = ++*salt;
+    x.rows = RandomRows(g, n);
+    o.tensors.push_back(std::move(x));
+  }
+  return o;
+}
+
+// This rank's inputs (q: its index in the set) and the operation's submission.
+void Submit(hvd::Engine& e, Op& o, int q) {
+  const int n = static_cast<int>(o.set->ranks.size());
+  const int32_t ps = o.set->id;
+  const int64_t row = o.Row();
+  std::vector<std::string> names;
+  std::vector<TensorView> ins, outs;
+  for (Tensor& x : o.tensors) {
+    switch (o.kind) {
+      case Kind::kAllreduce:
+      case Kind::kGroupedAllreduce:
+      case Kind::kReducescatter:
+      case Kind::kGroupedReducescatter: {
+        const int64_t count = x.rows * row;
+        x.in = std::make_unique<Buffer>(o.t, count);
+        for (int64_t i = 0; i < count; ++i) Put(o.t, x.in->data(), i, ReduceInput(o.t, o.op, q, n, i, x.salt));
+        if (!o.in_place) x.out = std::make_unique<Buffer>(o.t, count);
+        const TensorView in(x.in->data(), o.t, o.Shape(x.rows));
+        names.push_back(x.name);
+        ins.push_back(in);
+        outs.push_back(o.in_place ? in : TensorView(x.out->data(), o.t, o.Shape(x.rows)));
+        break;
+      }
+      case Kind::kAllgather:
+      case Kind::kGroupedAllgather: {
+        const int64_t rows = GatherRows(q, x.salt), count = rows * row;
+        x.in = std::make_unique<Buffer>(o.t, count);
+        for (int64_t i = 0; i < count; ++i) Put(o.t, x.in->data(), i, Pattern(o.t, q, i, x.salt));
+        names.push_back(x.name);
+        ins.emplace_back(x.in->data(), o.t, o.Shape(rows));
+        break;
+      }
+      case Kind::kBroadcast: {
+        const int64_t count = x.rows * row;
+        x.in = std::make_unique<Buffer>(o.t, count);
+        const bool root = e.rank() == o.root;
+        for (int64_t i = 0; i < count; ++i) {
+          Put(o.t, x.in->data(), i, root ? Pattern(o.t, q, i, x.salt) : 99);
+        }
+        if (!o.in_place) {
+          x.out = std::make_unique<Buffer>(o.t, count);
+          for (int64_t i = 0; i < count; ++i) Put(o.t, x.out->data(), i, 98);
+        }
+        const TensorView in(x.in->data(), o.t, o.Shape(x.rows));
+        x.h = e.Broadcast(x.name, in,
+                          o.in_place ? in : TensorView(x.out->data(), o.t, o.Shape(x.rows)),
+                          o.root, ps);
+        break;
+      }
+      case Kind::kAlltoall: {
+        std::vector<int64_t> splits(n);
+        for (int j = 0; j < n; ++j) splits[j] = SplitRows(q, j, x.salt);
+        const int64_t rows = std::accumulate(splits.begin(), splits.end(), int64_t{0});
+        x.in = std::make_unique<Buffer>(o.t, rows * row);
+        int64_t at = 0;
+        for (int j = 0; j < n; ++j) {
+          for (int64_t k = 0; k < splits[j] * row; ++k) {
+            Put(o.t, x.in->data(), at++, Pattern(o.t, q * 7 + j, k, x.salt));
+          }
+        }
+        x.h = e.Alltoall(x.name, TensorView(x.in->data(), o.t, o.Shape(rows)), splits, nullptr, ps);
+        break;
+      }
+      case Kind::kBarrier:
+        break;
+    }
+  }
+  std::vector<hvd::HandlePtr> hs;
+  switch (o.kind) {
+    case Kind::kAllreduce:
+      hs.push_back(e.Allreduce(names[0], ins[0], outs[0], o.op, o.prescale, o.postscale, ps));
+      break;
+    case Kind::kGroupedAllreduce:
+      hs = e.GroupedAllreduce(names, ins, outs, o.op, o.prescale, o.postscale, ps);
+      break;
+    case Kind::kReducescatter:
+      hs.push_back(e.Reducescatter(names[0], ins[0], o.op, o.prescale, o.postscale, nullptr, ps));
+      break;
+    case Kind::kGroupedReducescatter:
+      hs = e.GroupedReducescatter(names, ins, o.op, o.prescale, o.postscale, ps);
+      break;
+    case Kind::kAllgather:
+      hs.push_back(e.Allgather(names[0], ins[0], nullptr, ps));
+      break;
+    case Kind::kGroupedAllgather:
+      hs = e.GroupedAllgather(names, ins, ps);
+      break;
+    case Kind::kBarrier:
+      o.tensors.emplace_back();
+      o.tensors.back().h = e.Barrier(ps);
+      return;
+    default:
+      return;  // submitted above
+  }
+  for (size_t i = 0; i < hs.size() && i < o.tensors.size(); ++i) o.tensors[i].h = hs[i];
+}
+
+// A reduction's expected element i for the set's size n, with the scale factors applied as the
+// library does for floating types (exact: powers of two on small integers).
+double Expected(const Op& o, int n, int64_t i, int64_t salt) {
+  double v = ExpectedReduce(o.t, o.op, n, i, salt);
+  if (o.prescale != 1.0 || o.postscale != 1.0) v *= o.prescale * o.postscale;
+  return v;
+}
+
+void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
+  const int n = static_cast<int>(o.set->ranks.size());
+  const int64_t row = o.Row();
+  const size_t es = hvd::DataTypeSize(o.t);
+  for (const Tensor& x : o.tensors) {
+    const std::string w = what + " '" + x.name + "'";
+    if (!ck.ExpectOk(WaitDone(x.h, 120.0), w)) continue;
+    switch (o.kind) {
+      case Kind::kAllreduce:
+      case Kind::kGroupedAllreduce: {
+        const void* got = o.in_place ? x.in->data() : x.out->data();
+        ck.ExpectElements(o.t, got, x.rows * row, [&](int64_t i) { return Expected(o, n, i, x.salt); }, w);
+        break;
+      }
+      case Kind::kReducescatter:
+      case Kind::kGroupedReducescatter: {
+        const int64_t part = x.rows / n + (q < x.rows % n ? 1 : 0);
+        const int64_t first = q * (x.rows / n) + std::min<int64_t>(q, x.rows % n);
+        if (!ck.Expect(x.h->output_shape() == o.Shape(part),
+                       w + ": output shape " + ShapeStr(x.h->output_shape()) + ", expected " +
+                           ShapeStr(o.Shape(part))) ||
+            !ck.Expect(x.h->output_bytes().size() >= static_cast<size_t>(part * row) * es,
+                       w + ": output bytes")) {
+          break;
+        }
+        ck.ExpectElements(o.t, x.h->output_bytes().data(), part * row,
+                          [&](int64_t i) { return Expected(o, n, first * row + i, x.salt); }, w);
+        break;
+      }
+      case Kind::kAllgather:
+      case Kind::kGroupedAllgather: {
+        std::vector<std::pair<int, int64_t>> origin;  // output row -> (set rank, its row)
+        for (int p = 0; p < n; ++p) {
+          for (int64_t k = 0; k < GatherRows(p, x.salt); ++k) origin.emplace_back(p, k);
+        }
+        const auto total = static_cast<int64_t>(origin.size());
+        if (!ck.Expect(x.h->output_shape() == o.Shape(total),
+                       w + ": output shape " + ShapeStr(x.h->output_shape()) + ", expected " +
+                           ShapeStr(o.Shape(total))) ||
+            !ck.Expect(x.h->output_bytes().size() >= static_cast<size_t>(total * row) * es,
+                       w + ": output bytes")) {
+          break;
+        }
+        ck.ExpectElements(o.t, x.h->output_bytes().data(), total * row,
+                          [&](int64_t i) {
+                            auto [p, k] = origin[static_cast<size_t>(i / row)];
+                            return Pattern(o.t, p, k * row + i % row, x.salt);
+                          },
+                          w);
+        break;
+      }
+      case Kind::kBroadcast: {
+        const int root = o.set->Index(o.root);
+        ck.ExpectElements(o.t, o.in_place ? x.in->data() : x.out->data(), x.rows * row,
+                          [&](int64_t i) { return Pattern(o.t, root, i, x.salt); }, w);
+        break;
+      }
+      case Kind::kAlltoall: {
+        std::vector<int64_t> recv(n);
+        for (int j = 0; j < n; ++j) recv[j] = SplitRows(j, q, x.salt);
+        const int64_t rows = std::accumulate(recv.begin(), recv.end(), int64_t{0});
+        if (!ck.Expect(x.h->received_splits() == recv,
+                       w + ": received splits " + ShapeStr(x.h->received_splits()) +
+                           ", expected " + ShapeStr(recv)) ||
+            !ck.Expect(x.h->output_shape() == o.Shape(rows),
+                       w + ": output shape " + ShapeStr(x.h->output_shape())) ||
+            !ck.Expect(x.h->output_bytes().size() >= static_cast<size_t>(rows * row) * es,
+                       w + ": output bytes")) {
+          break;
+        }
+        std::vector<std::pair<int, int64_t>> origin;  // output element -> (source, its index)
+        for (int j = 0; j < n; ++j) {
+          for (int64_t k = 0; k < recv[j] * row; ++k) origin.emplace_back(j, k);
+        }
+        ck.ExpectElements(o.t, x.h->output_bytes().data(), rows * row,
+                          [&](int64_t i) {
+                            auto [j, k] = origin[static_cast<size_t>(i)];
+                            return Pattern(o.t, j * 7 + q, k, x.salt);
+                          },
+                          w);
+        break;
+      }
+      case Kind::kBarrier:
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+int RunRandomSteps(hvd::Engine& e, Checker& ck, int64_t steps, uint64_t seed) {
+  const int r = e.rank(), n = e.size();
+  ck.Begin("random steps");
+  // The sets: the world, and where the job allows it, the even ranks and every rank but the
+  // first (distinct sets of at least two ranks from three ranks on).
+  std::vector<Set> sets(1);
+  for (int q = 0; q < n; ++q) sets[0].ranks.push_back(q);
+  if (n >= 3 && e.options().dynamic_process_sets) {
+    std::vector<std::vector<int>> lists(2);
+    for (int q = 0; q < n; ++q) {
+      if (q % 2 == 0) lists[0].push_back(q);
+      if (q > 0) lists[1].push_back(q);
+    }
+    for (auto& l : lists) {
+      auto id = e.AddProcessSet(l);
+      if (!ck.Expect(id.ok(), "adding the set " + ShapeStr(std::vector<int64_t>(l.begin(), l.end())) +
+                                  ": " + id.status().ToString())) {
+        return ck.End();
+      }
+      Set s;
+      s.id = *id;
+      s.ranks = l;
+      sets.push_back(std::move(s));
+    }
+  }
+  Random shared(seed);
+  Random own(seed * 1000003u + static_cast<uint64_t>(r) + 1);
+  int64_t salt = 0;
+  const auto t0 = Clock::now();
+  for (int64_t step = 0; step < steps; ++step) {
+    std::vector<Op> ops;
+    std::set<std::string> used;
+    const int64_t count = 1 + shared.Below(10);
+    for (int64_t k = 0; k < count; ++k) {
+      ops.push_back(Draw(shared, shared.Pick(sets), step, &used, &salt));
+    }
+    // This rank's order, and its pauses (up to 300 µs before a third of its operations).
+    std::vector<size_t> order(ops.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    for (size_t i = order.size(); i > 1; --i) {
+      std::swap(order[i - 1], order[static_cast<size_t>(own.Below(static_cast<int64_t>(i)))]);
+    }
+    for (size_t i : order) {
+      const int q = ops[i].set->Index(r);
+      if (q < 0) continue;  // not a member: the set's members run it
+      if (own.Chance(33)) std::this_thread::sleep_for(std::chrono::microseconds(own.Below(300)));
+      Submit(e, ops[i], q);
+    }
+    for (size_t i : order) {
+      const int q = ops[i].set->Index(r);
+      if (q >= 0) Verify(ck, ops[i], q, ops[i].Describe(step, seed));
+    }
+    if (ck.total_failures() > 20) break;  // (the first ones say it)
+  }
+  for (size_t s = 1; s < sets.size(); ++s) {
+    ck.ExpectOk(e.RemoveProcessSet(sets[s].id), "removing set " + std::to_string(sets[s].id));
+  }
+  std::printf("[mp] rank %d: %lld random steps (seed %llu) in %.1f s\n", r,
+              static_cast<long long>(steps), static_cast<unsigned long long>(seed),
+              SecondsSince(t0));
+  return ck.End();
+}
+
+}  // namespace mp
