@@ -29,7 +29,7 @@ int RunProcessSetChecks(hvd::Engine& e, Checker& ck);
 // With Options::process_sets = {{0, size - 1}} and no dynamic sets.
 int RunStaticProcessSetChecks(hvd::Engine& e, Checker& ck);
 // STEPS steps of random operations of every kind, on the world and (with
-// HVD_DYNAMIC_PROCESS_SETS=1, from 3 ranks) two process sets, each rank submitting them in an
+// HVD_DYNAMIC_PROCESS_SETS=1, from 3 ranks) three process sets, each rank submitting them in an
 // order and with pauses of its own; every value checked (mp_random.cc).
 int RunRandomSteps(hvd::Engine& e, Checker& ck, int64_t steps, uint64_t seed);
 // Shuts the engine down and checks that later operations fail.

@@ -369,16 +369,17 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
 int RunRandomSteps(hvd::Engine& e, Checker& ck, int64_t steps, uint64_t seed) {
   const int r = e.rank(), n = e.size();
   ck.Begin("random steps");
-  // The sets: the world, and where the job allows it, the even ranks and every rank but the
-  // first (distinct sets of at least two ranks from three ranks on).
+  // The sets: the world, and where the job allows it, the even ranks, every rank but the
+  // first, and the last rank alone (distinct sets from three ranks on).
   std::vector<Set> sets(1);
   for (int q = 0; q < n; ++q) sets[0].ranks.push_back(q);
   if (n >= 3 && e.options().dynamic_process_sets) {
-    std::vector<std::vector<int>> lists(2);
+    std::vector<std::vector<int>> lists(3);
     for (int q = 0; q < n; ++q) {
       if (q % 2 == 0) lists[0].push_back(q);
       if (q > 0) lists[1].push_back(q);
     }
+    lists[2].push_back(n - 1);
     for (auto& l : lists) {
       auto id = e.AddProcessSet(l);
       if (!ck.Expect(id.ok(), "adding the set " + ShapeStr(std::vector<int64_t>(l.begin(), l.end())) +

@@ -530,6 +530,22 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
   }
   need.scratch = adasum ? AdasumScratchBytes(total, r.dtype)
                         : PlanScratchBytes(plan, total, r.dtype, pc);
+  // A set of one rank: each result is the tensor itself, scaled as the fused path scales it
+  // (prescale, then the final factor), copied straight into its output: one pass over the bytes
+  // where the fusion buffer costs two.
+  if (c.size == 1 && !adasum) {
+    const double post = FinalScale(r, 1);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      TensorEntry* e = entries[i];
+      if (e == nullptr || counts[i] == 0) continue;  // (a world of one has no stand-in)
+      if (e->output.data != e->input.data) {
+        CopyPolling(e->output.data, e->input.data, counts[i] * esize);
+      }
+      ScalePolling(e->output.data, counts[i], r.dtype, r.prescale);
+      ScalePolling(e->output.data, counts[i], r.dtype, post);
+    }
+    return Status::OK();
+  }
   // A backend that reads and writes the tensors where they lie (shared memory between every
   // rank) takes them without the fusion buffer. The plan depends on the backend and the
   // response alone, so every rank reserves alike.
