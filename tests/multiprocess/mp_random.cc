@@ -1,7 +1,8 @@
 // Random steps of mixed collectives (mp_collectives_worker --random=STEPS[,SEED]): each step is
 // a handful of operations drawn from one generator that every rank seeds alike (kind, process
 // set, names, dtype, op, shapes, roots, splits, scale factors), which each rank submits in an
-// order of its own, with pauses of its own between them, before it waits for them all. Names
+// order of its own (some steps from two threads), with pauses of its own between them, before
+// it waits for them all; now and then a process set is removed and added again. Names
 // come from a small pool shared by every kind, so the same name is an allreduce in one step, a
 // member of a group or an allgather of another dtype in the next (the response cache's entries
 // change, groups form and dissolve). Every result is checked against values computed here.
@@ -409,17 +410,42 @@ int RunRandomSteps(hvd::Engine& e, Checker& ck, int64_t steps, uint64_t seed) {
     for (size_t i = order.size(); i > 1; --i) {
       std::swap(order[i - 1], order[static_cast<size_t>(own.Below(static_cast<int64_t>(i)))]);
     }
-    for (size_t i : order) {
-      const int q = ops[i].set->Index(r);
-      if (q < 0) continue;  // not a member: the set's members run it
-      if (own.Chance(33)) std::this_thread::sleep_for(std::chrono::microseconds(own.Below(300)));
-      Submit(e, ops[i], q);
+    // A step in three of ten is submitted by two threads, each its share in this order.
+    const int threads = own.Chance(30) ? 2 : 1;
+    auto submit = [&](int k, uint64_t pause_seed) {
+      Random pauses(pause_seed);
+      for (size_t at = static_cast<size_t>(k); at < order.size(); at += threads) {
+        const size_t i = order[at];
+        const int q = ops[i].set->Index(r);
+        if (q < 0) continue;  // not a member: the set's members run it
+        if (pauses.Chance(33)) {
+          std::this_thread::sleep_for(std::chrono::microseconds(pauses.Below(300)));
+        }
+        Submit(e, ops[i], q);
+      }
+    };
+    if (threads == 1) {
+      submit(0, static_cast<uint64_t>(own.Below(1 << 30)));
+    } else {
+      std::thread other(submit, 1, static_cast<uint64_t>(own.Below(1 << 30)));
+      submit(0, static_cast<uint64_t>(own.Below(1 << 30)));
+      other.join();
     }
     for (size_t i : order) {
       const int q = ops[i].set->Index(r);
       if (q >= 0) Verify(ck, ops[i], q, ops[i].Describe(step, seed));
     }
     if (ck.total_failures() > 20) break;  // (the first ones say it)
+    // Now and then (every rank alike) a set is removed and added again: its id may change, and
+    // its names start from nothing.
+    if (sets.size() > 1 && shared.Chance(3)) {
+      Set& s = sets[static_cast<size_t>(1 + shared.Below(static_cast<int64_t>(sets.size()) - 1))];
+      const std::string what = "set " + std::to_string(s.id) + " removed and added again";
+      if (!ck.ExpectOk(e.RemoveProcessSet(s.id), what)) break;
+      auto id = e.AddProcessSet(s.ranks);
+      if (!ck.Expect(id.ok(), what + ": " + id.status().ToString())) break;
+      s.id = *id;
+    }
   }
   for (size_t s = 1; s < sets.size(); ++s) {
     ck.ExpectOk(e.RemoveProcessSet(sets[s].id), "removing set " + std::to_string(sets[s].id));
