@@ -2,7 +2,8 @@
 // a handful of operations drawn from one generator that every rank seeds alike (kind, process
 // set, names, dtype, op, shapes, roots, splits, scale factors), which each rank submits in an
 // order of its own (some steps from two threads), with pauses of its own between them, before
-// it waits for them all; now and then a process set is removed and added again. Names
+// it waits for them all; now and then a process set is removed and added again; halfway, the
+// ranks run out of data one after another and join. Names
 // come from a small pool shared by every kind, so the same name is an allreduce in one step, a
 // member of a group or an allgather of another dtype in the next (the response cache's entries
 // change, groups form and dissolve). Every result is checked against values computed here.
@@ -365,6 +366,69 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
   }
 }
 
+// Ranks run out of data one after another: rank q takes part in extra[q] more steps of
+// allreduces (sums of float32 on the world, under the same names each step, so cached) and then
+// joins; the others' sums count zeros for it. Every rank draws every step, run or not.
+void JoinPhase(hvd::Engine& e, Checker& ck, Random& shared, Random& own, int64_t* salt,
+               const std::string& where) {
+  const int r = e.rank(), n = e.size();
+  const DataType t = DataType::kFloat32;
+  std::vector<int64_t> extra(n);
+  for (auto& x : extra) x = shared.Below(4);
+  const int64_t most = *std::max_element(extra.begin(), extra.end());
+  struct Step {
+    std::vector<int64_t> rows, salts;
+  };
+  std::vector<Step> steps(static_cast<size_t>(most));
+  for (Step& st : steps) {
+    const int64_t tensors = 1 + shared.Below(3);
+    for (int64_t m = 0; m < tensors; ++m) {
+      st.rows.push_back(RandomRows(shared, n));
+      st.salts.push_back(++*salt);
+    }
+  }
+  for (int64_t k = 0; k < extra[r]; ++k) {
+    const Step& st = steps[static_cast<size_t>(k)];
+    std::vector<Buffer> bufs;
+    std::vector<hvd::HandlePtr> hs(st.rows.size());
+    for (size_t m = 0; m < st.rows.size(); ++m) {
+      bufs.emplace_back(t, st.rows[m]);
+      for (int64_t i = 0; i < st.rows[m]; ++i) {
+        Put(t, bufs[m].data(), i, ReduceInput(t, ReduceOp::kSum, r, n, i, st.salts[m]));
+      }
+    }
+    std::vector<size_t> order(st.rows.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    if (order.size() > 1 && own.Chance(50)) std::reverse(order.begin(), order.end());
+    for (size_t m : order) {
+      const TensorView v(bufs[m].data(), t, {st.rows[m]});
+      hs[m] = e.Allreduce("j" + std::to_string(m), v, v, ReduceOp::kSum);
+    }
+    for (size_t m = 0; m < hs.size(); ++m) {
+      const std::string what = where + ": allreduce 'j" + std::to_string(m) + "' of join step " +
+                               std::to_string(k) + " (ranks' steps before they join: " +
+                               ShapeStr(extra) + ")";
+      if (!ck.ExpectOk(WaitDone(hs[m], 120.0), what)) continue;
+      ck.ExpectElements(t, bufs[m].data(), st.rows[m],
+                        [&](int64_t i) {
+                          double sum = 0;
+                          for (int q = 0; q < n; ++q) {
+                            if (extra[q] > k) sum += ReduceInput(t, ReduceOp::kSum, q, n, i, st.salts[m]);
+                          }
+                          return sum;
+                        },
+                        what);
+    }
+  }
+  auto h = e.Join();
+  if (ck.ExpectOk(WaitDone(h, 120.0), where + ": join")) {
+    const int last = h->join_last_rank();
+    ck.Expect(last >= 0 && last < n && extra[last] == most,
+              where + ": the last rank to join is " + std::to_string(last) +
+                  ", one of those with the most steps (" + ShapeStr(extra) + ")");
+  }
+}
+
 }  // namespace
 
 int RunRandomSteps(hvd::Engine& e, Checker& ck, int64_t steps, uint64_t seed) {
@@ -398,6 +462,10 @@ int RunRandomSteps(hvd::Engine& e, Checker& ck, int64_t steps, uint64_t seed) {
   int64_t salt = 0;
   const auto t0 = Clock::now();
   for (int64_t step = 0; step < steps; ++step) {
+    if (step == steps / 2) {  // the ranks join halfway; the steps after work as before
+      JoinPhase(e, ck, shared, own, &salt,
+                "join phase (step " + std::to_string(step) + ", seed " + std::to_string(seed) + ")");
+    }
     std::vector<Op> ops;
     std::set<std::string> used;
     const int64_t count = 1 + shared.Below(10);
