@@ -2,7 +2,8 @@
 // a handful of operations drawn from one generator that every rank seeds alike (kind, process
 // set, names, dtype, op, shapes, roots, splits, scale factors), which each rank submits in an
 // order of its own (some steps from two threads), with pauses of its own between them, before
-// it waits for them all; now and then a process set is removed and added again; halfway, the
+// it waits for them all; one operation in 25 has one rank give a tensor of the wrong shape, and
+// must fail on every member with InvalidArgument, as a whole, leaving the tensors alone; now and then a process set is removed and added again; halfway, the
 // ranks run out of data one after another and join. Names
 // come from a small pool shared by every kind, so the same name is an allreduce in one step, a
 // member of a group or an allgather of another dtype in the next (the response cache's entries
@@ -82,6 +83,10 @@ struct Op {
   double prescale = 1.0, postscale = 1.0;
   int root = 0;        // broadcast: a world rank of the set
   bool in_place = false;
+  // The set index of the rank that gets the first tensor's shape wrong (its dimensions after
+  // the first: one more column), or -1: every member's operation then fails with
+  // InvalidArgument, the group's other members too, and leaves the tensors alone.
+  int bad = -1;
   std::vector<Tensor> tensors;
   std::string Describe(int64_t step, uint64_t seed) const {
     std::string s = std::string(KindName(kind)) + " of";
@@ -145,6 +150,8 @@ Op Draw(Random& g, const Set& set, int64_t step, std::set<std::string>* used, in
   o.op = g.Pick(ops);
   o.width = g.Below(3);  // 0: a 1-d tensor
   o.in_place = g.Chance(50);
+  // (A set of one rank has nothing to compare a shape with.)
+  if (o.kind != Kind::kBarrier && n > 1 && g.Chance(4)) o.bad = static_cast<int>(g.Below(n));
   o.root = set.ranks[static_cast<size_t>(g.Below(n))];
   const bool reduces = o.kind == Kind::kAllreduce || o.kind == Kind::kGroupedAllreduce ||
                        o.kind == Kind::kReducescatter || o.kind == Kind::kGroupedReducescatter;
@@ -177,10 +184,15 @@ Op Draw(Random& g, const Set& set, int64_t step, std::set<std::string>* used, in
 void Submit(hvd::Engine& e, Op& o, int q) {
   const int n = static_cast<int>(o.set->ranks.size());
   const int32_t ps = o.set->id;
-  const int64_t row = o.Row();
   std::vector<std::string> names;
   std::vector<TensorView> ins, outs;
   for (Tensor& x : o.tensors) {
+    // The rank that gets it wrong gives its first tensor a column more.
+    const bool wrong = q == o.bad && &x == &o.tensors[0];
+    const int64_t row = wrong ? o.Row() + 1 : o.Row();
+    auto shape = [&](int64_t rows) {
+      return wrong ? std::vector<int64_t>{rows, row} : o.Shape(rows);
+    };
     switch (o.kind) {
       case Kind::kAllreduce:
       case Kind::kGroupedAllreduce:
@@ -190,10 +202,10 @@ void Submit(hvd::Engine& e, Op& o, int q) {
         x.in = std::make_unique<Buffer>(o.t, count);
         for (int64_t i = 0; i < count; ++i) Put(o.t, x.in->data(), i, ReduceInput(o.t, o.op, q, n, i, x.salt));
         if (!o.in_place) x.out = std::make_unique<Buffer>(o.t, count);
-        const TensorView in(x.in->data(), o.t, o.Shape(x.rows));
+        const TensorView in(x.in->data(), o.t, shape(x.rows));
         names.push_back(x.name);
         ins.push_back(in);
-        outs.push_back(o.in_place ? in : TensorView(x.out->data(), o.t, o.Shape(x.rows)));
+        outs.push_back(o.in_place ? in : TensorView(x.out->data(), o.t, shape(x.rows)));
         break;
       }
       case Kind::kAllgather:
@@ -202,7 +214,7 @@ void Submit(hvd::Engine& e, Op& o, int q) {
         x.in = std::make_unique<Buffer>(o.t, count);
         for (int64_t i = 0; i < count; ++i) Put(o.t, x.in->data(), i, Pattern(o.t, q, i, x.salt));
         names.push_back(x.name);
-        ins.emplace_back(x.in->data(), o.t, o.Shape(rows));
+        ins.emplace_back(x.in->data(), o.t, shape(rows));
         break;
       }
       case Kind::kBroadcast: {
@@ -216,9 +228,9 @@ void Submit(hvd::Engine& e, Op& o, int q) {
           x.out = std::make_unique<Buffer>(o.t, count);
           for (int64_t i = 0; i < count; ++i) Put(o.t, x.out->data(), i, 98);
         }
-        const TensorView in(x.in->data(), o.t, o.Shape(x.rows));
+        const TensorView in(x.in->data(), o.t, shape(x.rows));
         x.h = e.Broadcast(x.name, in,
-                          o.in_place ? in : TensorView(x.out->data(), o.t, o.Shape(x.rows)),
+                          o.in_place ? in : TensorView(x.out->data(), o.t, shape(x.rows)),
                           o.root, ps);
         break;
       }
@@ -233,7 +245,7 @@ void Submit(hvd::Engine& e, Op& o, int q) {
             Put(o.t, x.in->data(), at++, Pattern(o.t, q * 7 + j, k, x.salt));
           }
         }
-        x.h = e.Alltoall(x.name, TensorView(x.in->data(), o.t, o.Shape(rows)), splits, nullptr, ps);
+        x.h = e.Alltoall(x.name, TensorView(x.in->data(), o.t, shape(rows)), splits, nullptr, ps);
         break;
       }
       case Kind::kBarrier:
@@ -284,6 +296,28 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
   const size_t es = hvd::DataTypeSize(o.t);
   for (const Tensor& x : o.tensors) {
     const std::string w = what + " '" + x.name + "'";
+    if (o.bad >= 0) {  // rank o.set->ranks[o.bad] gave the first tensor a column more
+      const hvd::Status s = WaitDone(x.h, 120.0);
+      const std::string who = "rank " + std::to_string(o.set->ranks[static_cast<size_t>(o.bad)]);
+      ck.Expect(s.code() == hvd::StatusCode::kInvalidArgument &&
+                    s.message().find(o.tensors[0].name) != std::string::npos,
+                w + ", with the first tensor's shape wrong on " + who +
+                    ": fails with InvalidArgument naming '" + o.tensors[0].name + "': " +
+                    s.ToString());
+      const bool wrong = q == o.bad && &x == &o.tensors[0];
+      if (o.in_place && !wrong && x.rows > 0 && o.kind != Kind::kAllgather &&
+          o.kind != Kind::kGroupedAllgather && o.kind != Kind::kAlltoall) {
+        const bool root = o.kind == Kind::kBroadcast && o.set->ranks[static_cast<size_t>(q)] == o.root;
+        ck.ExpectElements(o.t, x.in->data(), x.rows * row,
+                          [&](int64_t i) {
+                            if (o.kind != Kind::kBroadcast) return ReduceInput(o.t, o.op, q, n, i, x.salt);
+                            // (99 as the dtype holds it: a bool stores true)
+                            return root ? Pattern(o.t, q, i, x.salt) : o.t == DataType::kBool ? 1.0 : 99.0;
+                          },
+                          w + ": a failed operation leaves its tensor alone");
+      }
+      continue;
+    }
     if (!ck.ExpectOk(WaitDone(x.h, 120.0), w)) continue;
     switch (o.kind) {
       case Kind::kAllreduce:
