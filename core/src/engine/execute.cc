@@ -537,7 +537,7 @@ Status EngineImpl::ExecuteAllreduce(const Response& r, std::vector<TensorEntry*>
     const double post = FinalScale(r, 1);
     for (size_t i = 0; i < entries.size(); ++i) {
       TensorEntry* e = entries[i];
-      if (e == nullptr || counts[i] == 0) continue;  // (a world of one has no stand-in)
+      if (e == nullptr || counts[i] == 0) continue;  // (no stand-in: its only rank is here)
       if (e->output.data != e->input.data) {
         CopyPolling(e->output.data, e->input.data, counts[i] * esize);
       }
