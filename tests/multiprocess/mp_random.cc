@@ -2,12 +2,13 @@
 // a handful of operations drawn from one generator that every rank seeds alike (kind, process
 // set, names, dtype, op, shapes, roots, splits, scale factors), which each rank submits in an
 // order of its own (some steps from two threads), with pauses of its own between them, before
-// it waits for them all; one operation in 25 has one rank give a tensor of the wrong shape, and
-// must fail on every member with InvalidArgument, as a whole, leaving the tensors alone; now and then a process set is removed and added again; halfway, the
-// ranks run out of data one after another and join. Names
-// come from a small pool shared by every kind, so the same name is an allreduce in one step, a
-// member of a group or an allgather of another dtype in the next (the response cache's entries
-// change, groups form and dissolve). Every result is checked against values computed here.
+// it waits for them all. One operation in 25 has one rank give a tensor of the wrong shape: it
+// must fail on every member with InvalidArgument, as a whole, leaving the tensors alone. Now and
+// then a process set is removed and added again; halfway, the ranks run out of data one after
+// another and join. Names come from a small pool shared by every kind, so the same name is an
+// allreduce in one step, a member of a group or an allgather of another dtype in the next (the
+// response cache's entries change, groups form and dissolve). Every result is checked against
+// values computed here.
 //
 // A failure names the step, the operation and the seed; the same seed replays the same steps.
 #include <algorithm>
@@ -69,7 +70,7 @@ struct Set {
 struct Tensor {
   std::string name;
   int64_t salt = 0;
-  int64_t rows = 0;  // allreduce and reducescatter: rows (the same on every rank)
+  int64_t rows = 0;  // an allreduce's, reducescatter's or broadcast's (the same on every rank)
   std::unique_ptr<Buffer> in, out;
   hvd::HandlePtr h;
 };
@@ -81,7 +82,7 @@ struct Op {
   ReduceOp op = ReduceOp::kSum;
   int64_t width = 1;  // the dimensions after the first: {width}, or none when width == 0
   double prescale = 1.0, postscale = 1.0;
-  int root = 0;        // broadcast: a world rank of the set
+  int root = 0;  // broadcast: a world rank of the set
   bool in_place = false;
   // The set index of the rank that gets the first tensor's shape wrong (its dimensions after
   // the first: one more column), or -1: every member's operation then fails with
@@ -119,7 +120,9 @@ class Random {
   int64_t Below(int64_t n) { return static_cast<int64_t>(g_() % static_cast<uint64_t>(n)); }
   bool Chance(int percent) { return Below(100) < percent; }
   template <typename T>
-  const T& Pick(const std::vector<T>& v) { return v[static_cast<size_t>(Below(static_cast<int64_t>(v.size())))]; }
+  const T& Pick(const std::vector<T>& v) {
+    return v[static_cast<size_t>(Below(static_cast<int64_t>(v.size())))];
+  }
 
  private:
   std::mt19937_64 g_;
@@ -146,7 +149,9 @@ Op Draw(Random& g, const Set& set, int64_t step, std::set<std::string>* used, in
   const std::vector<DataType> types = AllDataTypes();
   o.t = g.Pick(types);
   std::vector<ReduceOp> ops = AllReduceOps();
-  if (o.t == DataType::kBool) ops.erase(std::remove(ops.begin(), ops.end(), ReduceOp::kAverage), ops.end());
+  if (o.t == DataType::kBool) {
+    ops.erase(std::remove(ops.begin(), ops.end(), ReduceOp::kAverage), ops.end());
+  }
   o.op = g.Pick(ops);
   o.width = g.Below(3);  // 0: a 1-d tensor
   o.in_place = g.Chance(50);
@@ -200,7 +205,9 @@ void Submit(hvd::Engine& e, Op& o, int q) {
       case Kind::kGroupedReducescatter: {
         const int64_t count = x.rows * row;
         x.in = std::make_unique<Buffer>(o.t, count);
-        for (int64_t i = 0; i < count; ++i) Put(o.t, x.in->data(), i, ReduceInput(o.t, o.op, q, n, i, x.salt));
+        for (int64_t i = 0; i < count; ++i) {
+          Put(o.t, x.in->data(), i, ReduceInput(o.t, o.op, q, n, i, x.salt));
+        }
         if (!o.in_place) x.out = std::make_unique<Buffer>(o.t, count);
         const TensorView in(x.in->data(), o.t, shape(x.rows));
         names.push_back(x.name);
@@ -229,9 +236,9 @@ void Submit(hvd::Engine& e, Op& o, int q) {
           for (int64_t i = 0; i < count; ++i) Put(o.t, x.out->data(), i, 98);
         }
         const TensorView in(x.in->data(), o.t, shape(x.rows));
-        x.h = e.Broadcast(x.name, in,
-                          o.in_place ? in : TensorView(x.out->data(), o.t, shape(x.rows)),
-                          o.root, ps);
+        x.h =
+            e.Broadcast(x.name, in, o.in_place ? in : TensorView(x.out->data(), o.t, shape(x.rows)),
+                        o.root, ps);
         break;
       }
       case Kind::kAlltoall: {
@@ -248,8 +255,7 @@ void Submit(hvd::Engine& e, Op& o, int q) {
         x.h = e.Alltoall(x.name, TensorView(x.in->data(), o.t, shape(rows)), splits, nullptr, ps);
         break;
       }
-      case Kind::kBarrier:
-        break;
+      case Kind::kBarrier: break;
     }
   }
   std::vector<hvd::HandlePtr> hs;
@@ -266,18 +272,13 @@ void Submit(hvd::Engine& e, Op& o, int q) {
     case Kind::kGroupedReducescatter:
       hs = e.GroupedReducescatter(names, ins, o.op, o.prescale, o.postscale, ps);
       break;
-    case Kind::kAllgather:
-      hs.push_back(e.Allgather(names[0], ins[0], nullptr, ps));
-      break;
-    case Kind::kGroupedAllgather:
-      hs = e.GroupedAllgather(names, ins, ps);
-      break;
+    case Kind::kAllgather: hs.push_back(e.Allgather(names[0], ins[0], nullptr, ps)); break;
+    case Kind::kGroupedAllgather: hs = e.GroupedAllgather(names, ins, ps); break;
     case Kind::kBarrier:
       o.tensors.emplace_back();
       o.tensors.back().h = e.Barrier(ps);
       return;
-    default:
-      return;  // submitted above
+    default: return;  // submitted above
   }
   for (size_t i = 0; i < hs.size() && i < o.tensors.size(); ++i) o.tensors[i].h = hs[i];
 }
@@ -302,19 +303,21 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
       ck.Expect(s.code() == hvd::StatusCode::kInvalidArgument &&
                     s.message().find(o.tensors[0].name) != std::string::npos,
                 w + ", with the first tensor's shape wrong on " + who +
-                    ": fails with InvalidArgument naming '" + o.tensors[0].name + "': " +
-                    s.ToString());
+                    ": fails with InvalidArgument naming '" + o.tensors[0].name +
+                    "': " + s.ToString());
       const bool wrong = q == o.bad && &x == &o.tensors[0];
       if (o.in_place && !wrong && x.rows > 0 && o.kind != Kind::kAllgather &&
           o.kind != Kind::kGroupedAllgather && o.kind != Kind::kAlltoall) {
-        const bool root = o.kind == Kind::kBroadcast && o.set->ranks[static_cast<size_t>(q)] == o.root;
-        ck.ExpectElements(o.t, x.in->data(), x.rows * row,
-                          [&](int64_t i) {
-                            if (o.kind != Kind::kBroadcast) return ReduceInput(o.t, o.op, q, n, i, x.salt);
-                            // (99 as the dtype holds it: a bool stores true)
-                            return root ? Pattern(o.t, q, i, x.salt) : o.t == DataType::kBool ? 1.0 : 99.0;
-                          },
-                          w + ": a failed operation leaves its tensor alone");
+        const bool root =
+            o.kind == Kind::kBroadcast && o.set->ranks[static_cast<size_t>(q)] == o.root;
+        ck.ExpectElements(
+            o.t, x.in->data(), x.rows * row,
+            [&](int64_t i) {
+              if (o.kind != Kind::kBroadcast) return ReduceInput(o.t, o.op, q, n, i, x.salt);
+              // (99 as the dtype holds it: a bool stores true)
+              return root ? Pattern(o.t, q, i, x.salt) : o.t == DataType::kBool ? 1.0 : 99.0;
+            },
+            w + ": a failed operation leaves its tensor alone");
       }
       continue;
     }
@@ -323,7 +326,8 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
       case Kind::kAllreduce:
       case Kind::kGroupedAllreduce: {
         const void* got = o.in_place ? x.in->data() : x.out->data();
-        ck.ExpectElements(o.t, got, x.rows * row, [&](int64_t i) { return Expected(o, n, i, x.salt); }, w);
+        ck.ExpectElements(
+            o.t, got, x.rows * row, [&](int64_t i) { return Expected(o, n, i, x.salt); }, w);
         break;
       }
       case Kind::kReducescatter:
@@ -337,8 +341,9 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
                        w + ": output bytes")) {
           break;
         }
-        ck.ExpectElements(o.t, x.h->output_bytes().data(), part * row,
-                          [&](int64_t i) { return Expected(o, n, first * row + i, x.salt); }, w);
+        ck.ExpectElements(
+            o.t, x.h->output_bytes().data(), part * row,
+            [&](int64_t i) { return Expected(o, n, first * row + i, x.salt); }, w);
         break;
       }
       case Kind::kAllgather:
@@ -355,27 +360,29 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
                        w + ": output bytes")) {
           break;
         }
-        ck.ExpectElements(o.t, x.h->output_bytes().data(), total * row,
-                          [&](int64_t i) {
-                            auto [p, k] = origin[static_cast<size_t>(i / row)];
-                            return Pattern(o.t, p, k * row + i % row, x.salt);
-                          },
-                          w);
+        ck.ExpectElements(
+            o.t, x.h->output_bytes().data(), total * row,
+            [&](int64_t i) {
+              auto [p, k] = origin[static_cast<size_t>(i / row)];
+              return Pattern(o.t, p, k * row + i % row, x.salt);
+            },
+            w);
         break;
       }
       case Kind::kBroadcast: {
         const int root = o.set->Index(o.root);
-        ck.ExpectElements(o.t, o.in_place ? x.in->data() : x.out->data(), x.rows * row,
-                          [&](int64_t i) { return Pattern(o.t, root, i, x.salt); }, w);
+        ck.ExpectElements(
+            o.t, o.in_place ? x.in->data() : x.out->data(), x.rows * row,
+            [&](int64_t i) { return Pattern(o.t, root, i, x.salt); }, w);
         break;
       }
       case Kind::kAlltoall: {
         std::vector<int64_t> recv(n);
         for (int j = 0; j < n; ++j) recv[j] = SplitRows(j, q, x.salt);
         const int64_t rows = std::accumulate(recv.begin(), recv.end(), int64_t{0});
-        if (!ck.Expect(x.h->received_splits() == recv,
-                       w + ": received splits " + ShapeStr(x.h->received_splits()) +
-                           ", expected " + ShapeStr(recv)) ||
+        if (!ck.Expect(x.h->received_splits() == recv, w + ": received splits " +
+                                                           ShapeStr(x.h->received_splits()) +
+                                                           ", expected " + ShapeStr(recv)) ||
             !ck.Expect(x.h->output_shape() == o.Shape(rows),
                        w + ": output shape " + ShapeStr(x.h->output_shape())) ||
             !ck.Expect(x.h->output_bytes().size() >= static_cast<size_t>(rows * row) * es,
@@ -386,16 +393,16 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
         for (int j = 0; j < n; ++j) {
           for (int64_t k = 0; k < recv[j] * row; ++k) origin.emplace_back(j, k);
         }
-        ck.ExpectElements(o.t, x.h->output_bytes().data(), rows * row,
-                          [&](int64_t i) {
-                            auto [j, k] = origin[static_cast<size_t>(i)];
-                            return Pattern(o.t, j * 7 + q, k, x.salt);
-                          },
-                          w);
+        ck.ExpectElements(
+            o.t, x.h->output_bytes().data(), rows * row,
+            [&](int64_t i) {
+              auto [j, k] = origin[static_cast<size_t>(i)];
+              return Pattern(o.t, j * 7 + q, k, x.salt);
+            },
+            w);
         break;
       }
-      case Kind::kBarrier:
-        break;
+      case Kind::kBarrier: break;
     }
   }
 }
@@ -440,18 +447,19 @@ void JoinPhase(hvd::Engine& e, Checker& ck, Random& shared, Random& own, int64_t
     }
     for (size_t m = 0; m < hs.size(); ++m) {
       const std::string what = where + ": allreduce 'j" + std::to_string(m) + "' of join step " +
-                               std::to_string(k) + " (ranks' steps before they join: " +
-                               ShapeStr(extra) + ")";
+                               std::to_string(k) +
+                               " (ranks' steps before they join: " + ShapeStr(extra) + ")";
       if (!ck.ExpectOk(WaitDone(hs[m], 120.0), what)) continue;
-      ck.ExpectElements(t, bufs[m].data(), st.rows[m],
-                        [&](int64_t i) {
-                          double sum = 0;
-                          for (int q = 0; q < n; ++q) {
-                            if (extra[q] > k) sum += ReduceInput(t, ReduceOp::kSum, q, n, i, st.salts[m]);
-                          }
-                          return sum;
-                        },
-                        what);
+      ck.ExpectElements(
+          t, bufs[m].data(), st.rows[m],
+          [&](int64_t i) {
+            double sum = 0;
+            for (int q = 0; q < n; ++q) {
+              if (extra[q] > k) sum += ReduceInput(t, ReduceOp::kSum, q, n, i, st.salts[m]);
+            }
+            return sum;
+          },
+          what);
     }
   }
   auto h = e.Join();
@@ -481,8 +489,9 @@ int RunRandomSteps(hvd::Engine& e, Checker& ck, int64_t steps, uint64_t seed) {
     lists[2].push_back(n - 1);
     for (auto& l : lists) {
       auto id = e.AddProcessSet(l);
-      if (!ck.Expect(id.ok(), "adding the set " + ShapeStr(std::vector<int64_t>(l.begin(), l.end())) +
-                                  ": " + id.status().ToString())) {
+      if (!ck.Expect(id.ok(), "adding the set " +
+                                  ShapeStr(std::vector<int64_t>(l.begin(), l.end())) + ": " +
+                                  id.status().ToString())) {
         return ck.End();
       }
       Set s;
@@ -497,8 +506,9 @@ int RunRandomSteps(hvd::Engine& e, Checker& ck, int64_t steps, uint64_t seed) {
   const auto t0 = Clock::now();
   for (int64_t step = 0; step < steps; ++step) {
     if (step == steps / 2) {  // the ranks join halfway; the steps after work as before
-      JoinPhase(e, ck, shared, own, &salt,
-                "join phase (step " + std::to_string(step) + ", seed " + std::to_string(seed) + ")");
+      JoinPhase(
+          e, ck, shared, own, &salt,
+          "join phase (step " + std::to_string(step) + ", seed " + std::to_string(seed) + ")");
     }
     std::vector<Op> ops;
     std::set<std::string> used;
