@@ -322,6 +322,14 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
       continue;
     }
     if (!ck.ExpectOk(WaitDone(x.h, 120.0), w)) continue;
+    // An output the engine made: `rows` rows of the operation's shape.
+    auto output_is = [&](int64_t rows) {
+      return ck.Expect(x.h->output_shape() == o.Shape(rows),
+                       w + ": output shape " + ShapeStr(x.h->output_shape()) + ", expected " +
+                           ShapeStr(o.Shape(rows))) &&
+             ck.Expect(x.h->output_bytes().size() >= static_cast<size_t>(rows * row) * es,
+                       w + ": output bytes");
+    };
     switch (o.kind) {
       case Kind::kAllreduce:
       case Kind::kGroupedAllreduce: {
@@ -334,13 +342,7 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
       case Kind::kGroupedReducescatter: {
         const int64_t part = x.rows / n + (q < x.rows % n ? 1 : 0);
         const int64_t first = q * (x.rows / n) + std::min<int64_t>(q, x.rows % n);
-        if (!ck.Expect(x.h->output_shape() == o.Shape(part),
-                       w + ": output shape " + ShapeStr(x.h->output_shape()) + ", expected " +
-                           ShapeStr(o.Shape(part))) ||
-            !ck.Expect(x.h->output_bytes().size() >= static_cast<size_t>(part * row) * es,
-                       w + ": output bytes")) {
-          break;
-        }
+        if (!output_is(part)) break;
         ck.ExpectElements(
             o.t, x.h->output_bytes().data(), part * row,
             [&](int64_t i) { return Expected(o, n, first * row + i, x.salt); }, w);
@@ -353,13 +355,7 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
           for (int64_t k = 0; k < GatherRows(p, x.salt); ++k) origin.emplace_back(p, k);
         }
         const auto total = static_cast<int64_t>(origin.size());
-        if (!ck.Expect(x.h->output_shape() == o.Shape(total),
-                       w + ": output shape " + ShapeStr(x.h->output_shape()) + ", expected " +
-                           ShapeStr(o.Shape(total))) ||
-            !ck.Expect(x.h->output_bytes().size() >= static_cast<size_t>(total * row) * es,
-                       w + ": output bytes")) {
-          break;
-        }
+        if (!output_is(total)) break;
         ck.ExpectElements(
             o.t, x.h->output_bytes().data(), total * row,
             [&](int64_t i) {
@@ -383,10 +379,7 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
         if (!ck.Expect(x.h->received_splits() == recv, w + ": received splits " +
                                                            ShapeStr(x.h->received_splits()) +
                                                            ", expected " + ShapeStr(recv)) ||
-            !ck.Expect(x.h->output_shape() == o.Shape(rows),
-                       w + ": output shape " + ShapeStr(x.h->output_shape())) ||
-            !ck.Expect(x.h->output_bytes().size() >= static_cast<size_t>(rows * row) * es,
-                       w + ": output bytes")) {
+            !output_is(rows)) {
           break;
         }
         std::vector<std::pair<int, int64_t>> origin;  // output element -> (source, its index)
