@@ -12,6 +12,8 @@
 //
 // A failure names the step, the operation and the seed; the same seed replays the same steps.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -400,6 +402,16 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
   }
 }
 
+// An operation still in flight past its wait would write into buffers about to be freed: the
+// job ends here, failed (hvdrun stops the other ranks).
+void EndIfInFlight(const hvd::HandlePtr& h, const std::string& what, int rank) {
+  if (!h || h->Finished()) return;
+  std::printf("FAIL [random steps] %s: still in flight after its wait (rank %d)\n", what.c_str(),
+              rank);
+  std::fflush(stdout);
+  std::_Exit(1);
+}
+
 // Ranks run out of data one after another: rank q takes part in extra[q] more steps of
 // allreduces (sums of float32 on the world, under the same names each step, so cached) and then
 // joins; the others' sums count zeros for it. Every rank draws every step, run or not.
@@ -454,6 +466,7 @@ void JoinPhase(hvd::Engine& e, Checker& ck, Random& shared, Random& own, int64_t
           },
           what);
     }
+    for (const auto& h : hs) EndIfInFlight(h, where + ": join step " + std::to_string(k), r);
   }
   auto h = e.Join();
   if (ck.ExpectOk(WaitDone(h, 120.0), where + ": join")) {
@@ -540,16 +553,19 @@ int RunRandomSteps(hvd::Engine& e, Checker& ck, int64_t steps, uint64_t seed) {
       const int q = ops[i].set->Index(r);
       if (q >= 0) Verify(ck, ops[i], q, ops[i].Describe(step, seed));
     }
-    if (ck.total_failures() > 20) break;  // (the first ones say it)
+    // A failure does not end the loop: every rank goes through the same steps, as the others
+    // wait for it in each.
+    for (const Op& o : ops) {
+      for (const Tensor& x : o.tensors) EndIfInFlight(x.h, o.Describe(step, seed), r);
+    }
     // Now and then (every rank alike) a set is removed and added again: its id may change, and
     // its names start from nothing.
     if (sets.size() > 1 && shared.Chance(3)) {
       Set& s = sets[static_cast<size_t>(1 + shared.Below(static_cast<int64_t>(sets.size()) - 1))];
       const std::string what = "set " + std::to_string(s.id) + " removed and added again";
-      if (!ck.ExpectOk(e.RemoveProcessSet(s.id), what)) break;
+      ck.ExpectOk(e.RemoveProcessSet(s.id), what);
       auto id = e.AddProcessSet(s.ranks);
-      if (!ck.Expect(id.ok(), what + ": " + id.status().ToString())) break;
-      s.id = *id;
+      if (ck.Expect(id.ok(), what + ": " + id.status().ToString())) s.id = *id;
     }
   }
   for (size_t s = 1; s < sets.size(); ++s) {
