@@ -4,9 +4,9 @@
 # tests/multiprocess/mp_random.cc), seeds RANDOM_SEED (default 1000) on. Run k takes one of six
 # configurations in turn: 2 ranks with the defaults, 3 over TCP only, 4 with a cache of 5
 # entries, 5 with rank 0 answering, 6 with no fusion, and two faked hosts of 3 ranks with
-# hierarchical collectives. A run that
-# fails prints its seed and configuration, and the first lines of its failure; the same seed
-# and configuration replay it. Exits non-zero if any run failed.
+# hierarchical collectives. A run that fails prints its seed and configuration, and the first
+# lines of its failure; the same seed and configuration replay it. Exits non-zero if any run
+# failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
