@@ -218,6 +218,10 @@ hvd::Status WaitDone(const hvd::HandlePtr& h, double seconds) {
   return h->WaitFor(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
 }
 
+RowShare ReducescatterShare(int64_t rows, int n, int q) {
+  return {q * (rows / n) + std::min<int64_t>(q, rows % n), rows / n + (q < rows % n ? 1 : 0)};
+}
+
 double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }

@@ -39,6 +39,13 @@ double ReduceInput(hvd::DataType t, hvd::ReduceOp op, int r, int n, int64_t i, i
 // The reduction of ReduceInput(t, op, q, n, i, salt) over q = 0..n-1 (Average divides by n).
 double ExpectedReduce(hvd::DataType t, hvd::ReduceOp op, int n, int64_t i, int64_t salt);
 
+// The rows of a reducescatter of `rows` rows over `n` ranks that rank `q` gets: `count` rows from
+// row `first`; the first rows % n ranks get one row more.
+struct RowShare {
+  int64_t first, count;
+};
+RowShare ReducescatterShare(int64_t rows, int n, int q);
+
 // A small non-negative pattern value (0..49; 0/1 for bool) for data-movement collectives.
 double Pattern(hvd::DataType t, int64_t a, int64_t b, int64_t c);
 

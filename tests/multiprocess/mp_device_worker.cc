@@ -486,9 +486,8 @@ void CheckReducescatter(Env& env, Checker& ck) {
         auto h = env.e->Reducescatter("dev.rs." + std::to_string(salt), in.View(t, {rows, width}), op);
         const std::string what = "reducescatter " + Str(t) + " " + Str(op) + " rows=" + std::to_string(rows);
         if (!ck.ExpectOk(Done(env, h), what)) continue;
-        int64_t first = 0;
-        for (int q = 0; q < r; ++q) first += rows / n + (q < rows % n ? 1 : 0);
-        const int64_t mine = rows / n + (r < rows % n ? 1 : 0);
+        const RowShare share = ReducescatterShare(rows, n, r);
+        const int64_t first = share.first, mine = share.count;
         ck.Expect(h->output_shape() == std::vector<int64_t>{mine, width}, what + " shape");
         auto got = ToHost(env, h->output_data(), static_cast<size_t>(mine * width) * hvd::DataTypeSize(t));
         ck.ExpectElements(t, got.data(), mine * width, [&](int64_t i) {

@@ -312,8 +312,8 @@ void CheckReducescatter(hvd::Engine& e, Checker& ck) {
         std::string what = name + " dtype=" + Str(t) + " op=" + Str(op) + " rows=" + std::to_string(rows);
         auto h = e.Reducescatter(name, TensorView(in.data(), t, {rows, width}), op);
         if (!ck.ExpectOk(WaitDone(h), what)) continue;
-        const int64_t part = rows / n + (r < rows % n ? 1 : 0);
-        const int64_t first = r * (rows / n) + std::min<int64_t>(r, rows % n);
+        const RowShare share = ReducescatterShare(rows, n, r);
+        const int64_t first = share.first, part = share.count;
         ck.Expect(h->output_shape() == std::vector<int64_t>{part, width},
                   what + ": output shape " + ShapeStr(h->output_shape()));
         if (h->output_bytes().size() < static_cast<size_t>(part * width) * hvd::DataTypeSize(t)) {
@@ -360,8 +360,8 @@ void CheckGroupedReducescatter(hvd::Engine& e, Checker& ck) {
       const int64_t rows = members[k].second;
       const std::string what = names[k] + " dtype=" + Str(t) + " rows=" + std::to_string(rows);
       if (!ck.ExpectOk(WaitDone(hs[k]), what)) continue;
-      const int64_t part = rows / n + (r < rows % n ? 1 : 0);
-      const int64_t first = r * (rows / n) + std::min<int64_t>(r, rows % n);
+      const RowShare share = ReducescatterShare(rows, n, r);
+      const int64_t first = share.first, part = share.count;
       ck.Expect(hs[k]->output_shape() == std::vector<int64_t>{part, width},
                 what + ": output shape " + ShapeStr(hs[k]->output_shape()));
       if (hs[k]->output_bytes().size() < static_cast<size_t>(part * width) * hvd::DataTypeSize(t)) {

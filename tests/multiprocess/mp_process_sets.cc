@@ -198,9 +198,8 @@ void CheckMovement(hvd::Engine& e, Checker& ck, const Set& s) {
     auto h = e.Reducescatter("ps.rs", TensorView(in.data(), t, {rows, cols}), ReduceOp::kSum, 1.0,
                              1.0, nullptr, s.id);
     if (ck.ExpectOk(WaitDone(h), tag + "reducescatter")) {
-      // Member q gets rows [first, first + mine): the first rows % n members one row more.
-      const int64_t mine = rows / n + (q < rows % n ? 1 : 0);
-      const int64_t first = q * (rows / n) + std::min<int64_t>(q, rows % n);
+      const RowShare share = ReducescatterShare(rows, n, q);
+      const int64_t first = share.first, mine = share.count;
       ck.Expect(h->output_shape() == std::vector<int64_t>({mine, cols}), tag + "reducescatter shape");
       if (h->output_bytes().size() >= static_cast<size_t>(mine * cols * 4)) {
         ck.ExpectElements(t, h->output_bytes().data(), mine * cols,

@@ -342,8 +342,8 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
       }
       case Kind::kReducescatter:
       case Kind::kGroupedReducescatter: {
-        const int64_t part = x.rows / n + (q < x.rows % n ? 1 : 0);
-        const int64_t first = q * (x.rows / n) + std::min<int64_t>(q, x.rows % n);
+        const RowShare share = ReducescatterShare(x.rows, n, q);
+        const int64_t first = share.first, part = share.count;
         if (!output_is(part)) break;
         ck.ExpectElements(
             o.t, x.h->output_bytes().data(), part * row,
