@@ -203,6 +203,66 @@ void CheckGroupedMismatch(hvd::Engine& e, Checker& ck) {
   }
 }
 
+// A group on some ranks whose members the others submit alone, one at a time: the others'
+// lone requests come to the coordinator before or after the group failed, and each fails with
+// the group, naming the membership, instead of waiting for ranks that have moved on. Each rank
+// pairs its k-th submission of a name with the others' k-th: a member the group's failure
+// answered before this rank submitted it is answered when it does. Then the same names, in
+// agreement and with other shapes, give their sums.
+void CheckLoneMembers(hvd::Engine& e, Checker& ck) {
+  const int r = e.rank(), n = e.size();
+  const bool grouping = r % 2 == 0;
+  float a[4], b[4];
+  auto fill = [&] {
+    for (int i = 0; i < 4; ++i) a[i] = b[i] = static_cast<float>(r + i);
+  };
+  auto sums = [&](const std::string& p) {
+    // (Other shapes than the failed requests': a request left over from them cannot pass.)
+    fill();
+    TensorView a3(a, DataType::kFloat32, {3}), b3(b, DataType::kFloat32, {3});
+    bool ok = ck.ExpectOk(WaitDone(e.Allreduce(p + "0", a3, a3, ReduceOp::kSum)), p + "0 again");
+    ok = ck.ExpectOk(WaitDone(e.Allreduce(p + "1", b3, b3, ReduceOp::kSum)), p + "1 again") && ok;
+    const float ranks = static_cast<float>(n * (n - 1) / 2);
+    for (int i = 0; ok && i < 3; ++i) ok = a[i] == ranks + n * i && b[i] == ranks + n * i;
+    ck.Expect(ok, p + "0 and " + p + "1 in agreement give their sums");
+  };
+  fill();
+  TensorView a4(a, DataType::kFloat32, {4}), b4(b, DataType::kFloat32, {4});
+
+  // Late: the lone ranks submit the second member only after the first one's error, when the
+  // group has failed on every rank.
+  if (grouping) {
+    for (const auto& h : e.GroupedAllreduce({"lone.late.0", "lone.late.1"}, {a4, b4}, {a4, b4},
+                                            ReduceOp::kSum)) {
+      ExpectInvalid(ck, h, "lone.late.", "group membership");
+    }
+  } else {
+    ExpectInvalid(ck, e.Allreduce("lone.late.0", a4, a4, ReduceOp::kSum), "lone.late.0",
+                  "group membership");
+    hvd::Status s = WaitDone(e.Allreduce("lone.late.1", b4, b4, ReduceOp::kSum), 20.0);
+    ck.Expect(s.code() == StatusCode::kInvalidArgument &&
+                  s.message().find("group membership") != std::string::npos,
+              "the lone member submitted after its group failed fails with it: " + s.ToString());
+  }
+  ck.Expect(a[0] == r && b[0] == r, "lone.late: nothing ran");
+  sums("lone.late.");
+
+  // Early: the lone ranks' requests wait at the coordinator before the group comes.
+  fill();
+  std::vector<hvd::HandlePtr> hs;
+  if (!grouping) {
+    hs.push_back(e.Allreduce("lone.early.0", a4, a4, ReduceOp::kSum));
+    hs.push_back(e.Allreduce("lone.early.1", b4, b4, ReduceOp::kSum));
+  }
+  ck.ExpectOk(WaitDone(e.Barrier()), "barrier before lone.early");
+  if (grouping) {
+    hs = e.GroupedAllreduce({"lone.early.0", "lone.early.1"}, {a4, b4}, {a4, b4}, ReduceOp::kSum);
+  }
+  for (const auto& h : hs) ExpectInvalid(ck, h, "lone.early.", "group membership");
+  ck.Expect(a[0] == r && b[0] == r, "lone.early: nothing ran");
+  sums("lone.early.");
+}
+
 // The same on the response cache's fast path: a group run twice (its members cached with their
 // group), then with one member's shape different on every rank but rank 0, fails as a whole on
 // every rank, naming the member and the shape, with nothing run and nothing waiting; then the
@@ -487,6 +547,7 @@ int RunMismatchChecks(hvd::Engine& e, Checker& ck) {
     CheckDuplicateInFlight(e, ck);
     CheckGroupedMismatch(e, ck);
     CheckCachedGroupMismatch(e, ck);
+    CheckLoneMembers(e, ck);
     CheckOneSided(e, ck);
     CheckCachedTensors(e, ck);
   }

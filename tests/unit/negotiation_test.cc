@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <thread>
@@ -421,6 +422,94 @@ TEST(Coordinator, GroupsOfDifferentSizesFailWholeAtOnce) {
       ASSERT_EQ(rs.size(), 1u);
       EXPECT_EQ(rs[0].type, OpType::kAllreduce);
     }
+  }
+}
+
+// A member that fails with its group before some rank announced it (that rank submits the
+// group's names alone, one by one) is owed by that rank: its announcement, whenever it comes,
+// pairs with the failed one and gets the error, for that rank only, instead of waiting for
+// ranks that have moved on. The failure itself is only for the ranks that had announced the
+// name: another's announcement may be on its way. Requests the failure came after (waiting at
+// the coordinator) leave nothing behind.
+TEST(Coordinator, MemberFailedBeforeARankAnnouncedItAnswersItWhenItComes) {
+  auto ranks_of = [](const Response& r) { return std::vector<int64_t>(r.sizes); };
+  auto by_name = [](std::vector<Response> rs) {
+    std::map<std::string, Response> out;
+    for (auto& r : rs) {
+      EXPECT_EQ(r.type, OpType::kError);
+      EXPECT_NE(r.error.find("group membership"), std::string::npos) << r.error;
+      out[r.names.at(0)] = std::move(r);
+    }
+    return out;
+  };
+  auto agreed = [](Coordinator& c, int size, const std::string& name, int64_t rows) {
+    for (int r = 0; r < size; ++r) c.AddRequests(r, {Allreduce(name, {rows})});
+    auto rs = c.ComputeResponses();
+    ASSERT_EQ(rs.size(), 1u) << name;
+    EXPECT_EQ(rs[0].type, OpType::kAllreduce) << rs[0].error;
+    EXPECT_EQ(rs[0].shapes.at(0), std::vector<int64_t>{rows});
+  };
+  {  // Late: rank 1 sends y after the group failed.
+    Coordinator c(2, 0, 0);
+    c.AddRequests(1, {Allreduce("x", {1})});
+    c.AddRequests(0, {Grouped("x", {1}, 2), Grouped("y", {1}, 2)});
+    auto rs = by_name(c.ComputeResponses());
+    ASSERT_EQ(rs.size(), 2u);
+    EXPECT_EQ(ranks_of(rs["x"]), std::vector<int64_t>{});   // every rank announced it
+    EXPECT_EQ(ranks_of(rs["y"]), std::vector<int64_t>{0});  // rank 1 has not yet
+    EXPECT_TRUE(c.idle());
+    c.AddRequests(1, {Allreduce("y", {1})});
+    rs = by_name(c.ComputeResponses());
+    ASSERT_EQ(rs.count("y"), 1u);
+    EXPECT_EQ(ranks_of(rs["y"]), std::vector<int64_t>{1});
+    EXPECT_TRUE(c.idle());
+    agreed(c, 2, "y", 3);  // the next step's y is its own
+  }
+  {  // Early: rank 1's x and y wait at the coordinator when rank 0's group comes.
+    Coordinator c(2, 0, 0);
+    c.AddRequests(1, {Allreduce("x", {1})});
+    c.AddRequests(1, {Allreduce("y", {1})});
+    c.AddRequests(0, {Grouped("x", {1}, 2), Grouped("y", {1}, 2)});
+    auto rs = by_name(c.ComputeResponses());
+    ASSERT_EQ(rs.size(), 2u);
+    EXPECT_EQ(ranks_of(rs["y"]), std::vector<int64_t>{});
+    EXPECT_TRUE(c.idle());
+    agreed(c, 2, "y", 3);  // nothing of rank 1's y is left to pair with rank 0's next
+    agreed(c, 2, "x", 3);
+  }
+  {  // Three ranks: 0 and 2 group x and y, 1 sends x alone first, y after.
+    Coordinator c(3, 0, 0);
+    c.AddRequests(0, {Grouped("x", {1}, 2), Grouped("y", {1}, 2)});
+    c.AddRequests(1, {Allreduce("x", {1})});
+    EXPECT_TRUE(c.ComputeResponses().empty());  // x waits on rank 2
+    c.AddRequests(2, {Grouped("x", {1}, 2)});  // rank 2's y is on its way
+    auto rs = by_name(c.ComputeResponses());
+    ASSERT_EQ(rs.size(), 2u);
+    EXPECT_EQ(ranks_of(rs["x"]), std::vector<int64_t>{});
+    EXPECT_EQ(ranks_of(rs["y"]), std::vector<int64_t>{0});
+    c.AddRequests(2, {Grouped("y", {1}, 2)});
+    c.AddRequests(1, {Allreduce("y", {1})});
+    const auto ys = c.ComputeResponses();  // one for each rank
+    ASSERT_EQ(ys.size(), 2u);
+    EXPECT_EQ(by_name({ys[0]}).count("y"), 1u);
+    EXPECT_EQ(ranks_of(ys[0]), std::vector<int64_t>{2});
+    EXPECT_EQ(by_name({ys[1]}).count("y"), 1u);
+    EXPECT_EQ(ranks_of(ys[1]), std::vector<int64_t>{1});
+    EXPECT_TRUE(c.idle());
+    agreed(c, 3, "y", 2);
+    agreed(c, 3, "x", 2);
+  }
+  {  // A rank that joins owes nothing more.
+    Coordinator c(2, 0, 0);
+    c.AddRequests(1, {Allreduce("x", {1})});
+    c.AddRequests(0, {Grouped("x", {1}, 2), Grouped("y", {1}, 2)});
+    EXPECT_EQ(c.ComputeResponses().size(), 2u);
+    c.AddRequests(1, {Join()});
+    c.AddRequests(0, {Join()});
+    auto rs = c.ComputeResponses();
+    ASSERT_EQ(rs.size(), 1u);
+    EXPECT_EQ(rs[0].type, OpType::kJoin);
+    agreed(c, 2, "y", 2);
   }
 }
 

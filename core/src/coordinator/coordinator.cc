@@ -126,18 +126,38 @@ void Coordinator::Add(int rank, Request r, Clock::time_point since) {
       ++joined_count_;
       last_joined_ = rank;
     }
+    // A rank that joins has no more tensors for this round: what it owed is excused.
+    for (auto it = owed_.begin(); it != owed_.end();) {
+      it->second.total -= it->second.count[rank];
+      it->second.count[rank] = 0;
+      it = it->second.total == 0 ? owed_.erase(it) : std::next(it);
+    }
     // Everything that waited only on joined ranks is ready now.
     const std::vector<std::string> names(arrival_order_.begin(), arrival_order_.end());
     for (const auto& n : names) MarkReadyIfComplete(n);
     if (joined_count_ == size_) PushReady(BuildJoinResponse());
     return;
   }
+  if (!owed_.empty()) {
+    auto owed = owed_.find(r.name);
+    if (owed != owed_.end() && owed->second.count[rank] > 0) {
+      // The announcement that pairs with one failed before this rank made it (FailName).
+      Response e = owed->second.error;
+      --owed->second.count[rank];
+      if (--owed->second.total == 0) owed_.erase(owed);
+      // The rest of this rank's group, in this batch, fails with it.
+      if (r.group_size > 1) failed_groups_.emplace(r.group, e);
+      e.names = {r.name};
+      e.sizes = {rank};
+      PushReady(std::move(e));
+      return;
+    }
+  }
   if (!r.group.empty()) {
     auto failed = failed_groups_.find(r.group);
     if (failed != failed_groups_.end()) {  // a member after its group failed (FailGroup)
-      Response e = failed->second;
-      e.names = {r.name};
-      PushReady(std::move(e));
+      const Response error = failed->second;  // (FailName may add to failed_groups_)
+      FailName(r.name, rank, error);
       return;
     }
   }
@@ -213,36 +233,77 @@ void Coordinator::MarkReadyIfComplete(const std::string& name) {
 }
 
 void Coordinator::FailGroup(const std::string& key, const Response& cause) {
+  if (failed_groups_.count(key) > 0) return;  // failed already (FailName goes round)
   const std::string why = "grouped operation '" + key + "'" + Where() +
                           " failed as a whole (every member fails with it): " + cause.error;
   Response error;
   error.type = OpType::kError;
   error.error = why;
   error.error_code = cause.error_code;
-  auto fail = [&](std::vector<std::string> names) {
-    Response e = error;
-    e.names = std::move(names);
-    PushReady(std::move(e));
-  };
   // Members still to come in the batch being added (AddRequests) fail as they come.
   failed_groups_[key] = error;
-  // Its members already agreed on and held back, and those waiting on some rank.
+  // Its members already agreed on and held back (every rank announced them)...
   auto held = groups_.find(key);
   if (held != groups_.end()) {
-    for (auto& m : held->second.members) fail(m.names);
+    for (auto& m : held->second.members) {
+      Response e = error;
+      e.names = std::move(m.names);
+      PushReady(std::move(e));
+    }
     groups_.erase(held);
   }
-  for (auto it = table_.begin(); it != table_.end();) {
-    bool member = false;
-    for (const auto& q : it->second.per_rank) member = member || (q && q->group == key);
-    if (!member) {
-      ++it;
-      continue;
+  // ... and those waiting on some rank.
+  std::vector<std::string> members;
+  for (const auto& [name, entry] : table_) {
+    for (const auto& q : entry.per_rank) {
+      if (q && q->group == key) {
+        members.push_back(name);
+        break;
+      }
     }
-    fail({it->first});
-    arrival_order_.erase(it->second.order);
-    it = table_.erase(it);
   }
+  for (const auto& name : members) {
+    if (table_.count(name) > 0) FailName(name, -1, error);  // (not failed with another group)
+  }
+}
+
+void Coordinator::FailName(const std::string& name, int rank, const Response& error) {
+  std::vector<bool> announced(size_, false);
+  if (rank >= 0) announced[rank] = true;
+  std::vector<std::string> groups;  // other groups of the entry's requests
+  auto it = table_.find(name);
+  if (it != table_.end()) {
+    for (int q = 0; q < size_; ++q) {
+      const auto& req = it->second.per_rank[q];
+      if (!req) continue;
+      announced[q] = true;
+      if (req->group_size > 1) groups.push_back(req->group);
+    }
+    arrival_order_.erase(it->second.order);
+    table_.erase(it);
+  }
+  // The error is for the ranks that announced the name (a rank whose announcement is on its
+  // way must not take it for its own: that one pairs with this failure when it comes).
+  Response e = error;
+  e.names = {name};
+  std::vector<int> owing;
+  for (int q = 0; q < size_; ++q) {
+    if (announced[q]) {
+      e.sizes.push_back(q);
+    } else if (!joined_[q]) {
+      owing.push_back(q);
+    }
+  }
+  if (static_cast<int>(e.sizes.size()) == size_) e.sizes.clear();  // every rank
+  if (!owing.empty()) {
+    Owed& o = owed_[name];
+    o.error = error;
+    o.count.resize(size_, 0);
+    for (int q : owing) ++o.count[q];
+    o.total += static_cast<int>(owing.size());
+  }
+  PushReady(std::move(e));
+  for (const auto& key : groups) FailGroup(key, error);
 }
 
 void Coordinator::ReleaseGroup(const Request& first, Response r) {

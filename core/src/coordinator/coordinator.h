@@ -17,6 +17,8 @@
 //      the planner (same op, dtype, reduce op and factors; up to the fusion threshold). Rank 0
 //      calls it at once, or HVD_CYCLE_TIME after the oldest became ready, and broadcasts that
 //      list; every rank executes it in that order.
+//      A member failed before some rank announced it is owed by that rank: its announcement,
+//      when it comes, gets the same error (it pairs with the failed one, not the next step's).
 //   6. CheckStalls() logs names that some ranks have announced and others have not, longer
 //      than the stall time, with the missing ranks, and groups held back that long with the
 //      members they wait for. Past the stall shutdown time (if set) such a name shuts the job
@@ -99,6 +101,10 @@ class Coordinator {
   Response BuildResponse(const std::string& name, Entry& e);
   // Fails every member of group `key` held back or still pending, with `cause`'s reason.
   void FailGroup(const std::string& key, const Response& cause);
+  // Fails `name` with `error` for the ranks that have announced it (its entry's, and `rank`
+  // where >= 0, whose request is not filed), and leaves it owed by the others (owed_). Other
+  // groups the entry's requests are in fail with it.
+  void FailName(const std::string& name, int rank, const Response& error);
   std::string Validate(const std::string& name, const Entry& e) const;
   // "; rank R refused it: <why>" for the first rank that sent the tensor as a refusal
   // (Request::error), "" if none did: for the messages of a tensor still waiting.
@@ -138,6 +144,17 @@ class Coordinator {
   std::map<std::string, Group> groups_;  // group key -> members held back
   // Groups failed while the current batch of requests is added: its later members fail too.
   std::map<std::string, Response> failed_groups_;
+  // Names failed before some ranks announced them (a group failed as a whole while a member
+  // waited on others): each rank pairs its k-th announcement of a name with the others' k-th,
+  // so such a rank's next announcement of the name is the one that failed, and gets the error
+  // at once instead of waiting for ranks that have moved on. Per name: the error and, per
+  // rank, how many announcements it owes.
+  struct Owed {
+    Response error;
+    std::vector<int> count;
+    int total = 0;
+  };
+  std::unordered_map<std::string, Owed> owed_;
   std::vector<bool> joined_;
   int joined_count_ = 0;
   int last_joined_ = -1;
