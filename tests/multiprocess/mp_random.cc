@@ -3,7 +3,9 @@
 // set, names, dtype, op, shapes, roots, splits, scale factors), which each rank submits in an
 // order of its own (some steps from two threads), with pauses of its own between them, before
 // it waits for them all. One operation in 25 has one rank give a tensor of the wrong shape: it
-// must fail on every member with InvalidArgument, as a whole, leaving the tensors alone. Now and
+// must fail on every member with InvalidArgument, as a whole, leaving the tensors alone. One
+// grouped operation in 25 has one rank submit its members alone, one by one: it fails the same
+// way, naming the group membership, however late that rank's members come. Now and
 // then a process set is removed and added again; halfway, the ranks run out of data one after
 // another and join. Names come from a small pool shared by every kind, so the same name is an
 // allreduce in one step, a member of a group or an allgather of another dtype in the next (the
@@ -90,6 +92,11 @@ struct Op {
   // the first: one more column), or -1: every member's operation then fails with
   // InvalidArgument, the group's other members too, and leaves the tensors alone.
   int bad = -1;
+  // A grouped operation's set index of the rank that submits its members alone, one by one,
+  // or -1: every member's operation then fails with InvalidArgument naming the group
+  // membership, on every member rank, and leaves the tensors alone.
+  int lone = -1;
+  bool Fails() const { return bad >= 0 || lone >= 0; }
   std::vector<Tensor> tensors;
   std::string Describe(int64_t step, uint64_t seed) const {
     std::string s = std::string(KindName(kind)) + " of";
@@ -173,6 +180,7 @@ Op Draw(Random& g, const Set& set, int64_t step, std::set<std::string>* used, in
     members = 2 + static_cast<int>(g.Below(3));
   }
   if (o.kind == Kind::kBarrier) members = 0;
+  if (members > 1 && o.bad < 0 && n > 1 && g.Chance(4)) o.lone = static_cast<int>(g.Below(n));
   for (int m = 0; m < members; ++m) {
     Tensor x;
     x.name = "t" + std::to_string(g.Below(8));
@@ -261,26 +269,42 @@ void Submit(hvd::Engine& e, Op& o, int q) {
     }
   }
   std::vector<hvd::HandlePtr> hs;
-  switch (o.kind) {
-    case Kind::kAllreduce:
-      hs.push_back(e.Allreduce(names[0], ins[0], outs[0], o.op, o.prescale, o.postscale, ps));
-      break;
-    case Kind::kGroupedAllreduce:
-      hs = e.GroupedAllreduce(names, ins, outs, o.op, o.prescale, o.postscale, ps);
-      break;
-    case Kind::kReducescatter:
-      hs.push_back(e.Reducescatter(names[0], ins[0], o.op, o.prescale, o.postscale, nullptr, ps));
-      break;
-    case Kind::kGroupedReducescatter:
-      hs = e.GroupedReducescatter(names, ins, o.op, o.prescale, o.postscale, ps);
-      break;
-    case Kind::kAllgather: hs.push_back(e.Allgather(names[0], ins[0], nullptr, ps)); break;
-    case Kind::kGroupedAllgather: hs = e.GroupedAllgather(names, ins, ps); break;
-    case Kind::kBarrier:
-      o.tensors.emplace_back();
-      o.tensors.back().h = e.Barrier(ps);
-      return;
-    default: return;  // submitted above
+  if (q == o.lone) {
+    // Each member alone, with pauses between them that differ by the member (0-300 µs): some
+    // come after the others' group has failed.
+    for (size_t i = 0; i < names.size(); ++i) {
+      const int64_t pause_us = o.tensors[i].salt % 4 * 100;
+      if (i > 0) std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+      if (o.kind == Kind::kGroupedAllreduce) {
+        hs.push_back(e.Allreduce(names[i], ins[i], outs[i], o.op, o.prescale, o.postscale, ps));
+      } else if (o.kind == Kind::kGroupedReducescatter) {
+        hs.push_back(e.Reducescatter(names[i], ins[i], o.op, o.prescale, o.postscale, nullptr, ps));
+      } else {
+        hs.push_back(e.Allgather(names[i], ins[i], nullptr, ps));
+      }
+    }
+  } else {
+    switch (o.kind) {
+      case Kind::kAllreduce:
+        hs.push_back(e.Allreduce(names[0], ins[0], outs[0], o.op, o.prescale, o.postscale, ps));
+        break;
+      case Kind::kGroupedAllreduce:
+        hs = e.GroupedAllreduce(names, ins, outs, o.op, o.prescale, o.postscale, ps);
+        break;
+      case Kind::kReducescatter:
+        hs.push_back(e.Reducescatter(names[0], ins[0], o.op, o.prescale, o.postscale, nullptr, ps));
+        break;
+      case Kind::kGroupedReducescatter:
+        hs = e.GroupedReducescatter(names, ins, o.op, o.prescale, o.postscale, ps);
+        break;
+      case Kind::kAllgather: hs.push_back(e.Allgather(names[0], ins[0], nullptr, ps)); break;
+      case Kind::kGroupedAllgather: hs = e.GroupedAllgather(names, ins, ps); break;
+      case Kind::kBarrier:
+        o.tensors.emplace_back();
+        o.tensors.back().h = e.Barrier(ps);
+        return;
+      default: break;  // submitted above
+    }
   }
   for (size_t i = 0; i < hs.size() && i < o.tensors.size(); ++i) o.tensors[i].h = hs[i];
 }
@@ -299,14 +323,22 @@ void Verify(Checker& ck, const Op& o, int q, const std::string& what) {
   const size_t es = hvd::DataTypeSize(o.t);
   for (const Tensor& x : o.tensors) {
     const std::string w = what + " '" + x.name + "'";
-    if (o.bad >= 0) {  // rank o.set->ranks[o.bad] gave the first tensor a column more
+    if (o.Fails()) {
       const hvd::Status s = WaitDone(x.h, 120.0);
-      const std::string who = "rank " + std::to_string(o.set->ranks[static_cast<size_t>(o.bad)]);
-      ck.Expect(s.code() == hvd::StatusCode::kInvalidArgument &&
-                    s.message().find(o.tensors[0].name) != std::string::npos,
-                w + ", with the first tensor's shape wrong on " + who +
-                    ": fails with InvalidArgument naming '" + o.tensors[0].name +
-                    "': " + s.ToString());
+      if (o.bad >= 0) {  // rank o.set->ranks[o.bad] gave the first tensor a column more
+        const std::string who = "rank " + std::to_string(o.set->ranks[static_cast<size_t>(o.bad)]);
+        ck.Expect(s.code() == hvd::StatusCode::kInvalidArgument &&
+                      s.message().find(o.tensors[0].name) != std::string::npos,
+                  w + ", with the first tensor's shape wrong on " + who +
+                      ": fails with InvalidArgument naming '" + o.tensors[0].name +
+                      "': " + s.ToString());
+      } else {
+        const std::string who = "rank " + std::to_string(o.set->ranks[static_cast<size_t>(o.lone)]);
+        ck.Expect(s.code() == hvd::StatusCode::kInvalidArgument &&
+                      s.message().find("group membership") != std::string::npos,
+                  w + ", with its members submitted alone on " + who +
+                      ": fails with InvalidArgument naming the group membership: " + s.ToString());
+      }
       const bool wrong = q == o.bad && &x == &o.tensors[0];
       if (o.in_place && !wrong && x.rows > 0 && o.kind != Kind::kAllgather &&
           o.kind != Kind::kGroupedAllgather && o.kind != Kind::kAlltoall) {
@@ -568,6 +600,9 @@ int RunRandomSteps(hvd::Engine& e, Checker& ck, int64_t steps, uint64_t seed) {
       if (ck.Expect(id.ok(), what + ": " + id.status().ToString())) s.id = *id;
     }
   }
+  // Every rank has its last step's answers before any shuts down: a rank that submits a group's
+  // members alone is answered as each comes, after the others have theirs.
+  ck.ExpectOk(WaitDone(e.Barrier(), 120.0), "the barrier after the last step");
   for (size_t s = 1; s < sets.size(); ++s) {
     ck.ExpectOk(e.RemoveProcessSet(sets[s].id), "removing set " + std::to_string(sets[s].id));
   }
