@@ -261,6 +261,25 @@ void CheckLoneMembers(hvd::Engine& e, Checker& ck) {
   for (const auto& h : hs) ExpectInvalid(ck, h, "lone.early.", "group membership");
   ck.Expect(a[0] == r && b[0] == r, "lone.early: nothing ran");
   sums("lone.early.");
+
+  // Fewer: the lone ranks group the first member only, then every rank groups both: the
+  // second member left out of the failed step is not owed by the ranks that left it out.
+  fill();
+  hs = e.GroupedAllreduce(grouping ? std::vector<std::string>{"lone.fewer.0", "lone.fewer.1"}
+                                   : std::vector<std::string>{"lone.fewer.0"},
+                          grouping ? std::vector<TensorView>{a4, b4} : std::vector<TensorView>{a4},
+                          grouping ? std::vector<TensorView>{a4, b4} : std::vector<TensorView>{a4},
+                          ReduceOp::kSum);
+  for (const auto& h : hs) ExpectInvalid(ck, h, "lone.fewer.", "group membership");
+  fill();
+  bool ok = true;
+  for (const auto& h : e.GroupedAllreduce({"lone.fewer.0", "lone.fewer.1"}, {a4, b4}, {a4, b4},
+                                          ReduceOp::kSum)) {
+    ok = ck.ExpectOk(WaitDone(h, 20.0), "lone.fewer: the next step's group") && ok;
+  }
+  const float ranks = static_cast<float>(n * (n - 1) / 2);
+  for (int i = 0; ok && i < 4; ++i) ok = a[i] == ranks + n * i && b[i] == ranks + n * i;
+  ck.Expect(ok, "lone.fewer: the next step's group gives its sums");
 }
 
 // The same on the response cache's fast path: a group run twice (its members cached with their

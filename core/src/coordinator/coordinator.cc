@@ -141,23 +141,30 @@ void Coordinator::Add(int rank, Request r, Clock::time_point since) {
   if (!owed_.empty()) {
     auto owed = owed_.find(r.name);
     if (owed != owed_.end() && owed->second.count[rank] > 0) {
-      // The announcement that pairs with one failed before this rank made it (FailName).
+      // The announcement that pairs with one failed before this rank made it (FailName),
+      // unless it is a member of the very group that failed, in a later batch than the failure:
+      // a rank's members of a group come in one batch, so that one is the next step's, and this
+      // rank left the name out of the failed step (a group of fewer tensors).
+      const bool next_step = r.group_size > 1 && r.group == owed->second.group &&
+                             failed_groups_.count(r.group) == 0;
       Response e = owed->second.error;
       --owed->second.count[rank];
       if (--owed->second.total == 0) owed_.erase(owed);
-      // The rest of this rank's group, in this batch, fails with it.
-      if (r.group_size > 1) failed_groups_.emplace(r.group, e);
-      e.names = {r.name};
-      e.sizes = {rank};
-      PushReady(std::move(e));
-      return;
+      if (!next_step) {
+        // The rest of this rank's group, in this batch, fails with it.
+        if (r.group_size > 1) failed_groups_.emplace(r.group, e);
+        e.names = {r.name};
+        e.sizes = {rank};
+        PushReady(std::move(e));
+        return;
+      }
     }
   }
   if (!r.group.empty()) {
     auto failed = failed_groups_.find(r.group);
     if (failed != failed_groups_.end()) {  // a member after its group failed (FailGroup)
       const Response error = failed->second;  // (FailName may add to failed_groups_)
-      FailName(r.name, rank, error);
+      FailName(r.name, rank, error, r.group);
       return;
     }
   }
@@ -263,11 +270,12 @@ void Coordinator::FailGroup(const std::string& key, const Response& cause) {
     }
   }
   for (const auto& name : members) {
-    if (table_.count(name) > 0) FailName(name, -1, error);  // (not failed with another group)
+    if (table_.count(name) > 0) FailName(name, -1, error, key);  // (not failed with another)
   }
 }
 
-void Coordinator::FailName(const std::string& name, int rank, const Response& error) {
+void Coordinator::FailName(const std::string& name, int rank, const Response& error,
+                           const std::string& key) {
   std::vector<bool> announced(size_, false);
   if (rank >= 0) announced[rank] = true;
   std::vector<std::string> groups;  // other groups of the entry's requests
@@ -298,6 +306,7 @@ void Coordinator::FailName(const std::string& name, int rank, const Response& er
   if (!owing.empty()) {
     Owed& o = owed_[name];
     o.error = error;
+    o.group = key;
     o.count.resize(size_, 0);
     for (int q : owing) ++o.count[q];
     o.total += static_cast<int>(owing.size());
