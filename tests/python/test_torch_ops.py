@@ -428,6 +428,12 @@ def test_grouped_ops_of_different_sizes_fail_whole():
     with pytest.raises(hvd.InvalidArgumentError, match="group membership"):
         hvd.grouped_allreduce(xs, name="grouped.sizes", op=hvd.Sum)
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="grouped.sizes.after").item() == n
+    # The same group name, every rank with both tensors now: the second tensor, left out of the
+    # failed step by the others, is this step's on every rank.
+    ys = hvd.grouped_allreduce([torch.ones(2), torch.full((3,), float(r))], name="grouped.sizes",
+                               op=hvd.Sum)
+    assert torch.equal(ys[0], torch.full((2,), float(n)))
+    assert torch.equal(ys[1], torch.full((3,), float(n * (n - 1) // 2)))
 
 
 @pytest.mark.parametrize("kind", ["allreduce", "allgather", "broadcast", "reducescatter"])
