@@ -312,7 +312,7 @@ void Coordinator::FailName(const std::string& name, int rank, const Response& er
     o.total += static_cast<int>(owing.size());
   }
   PushReady(std::move(e));
-  for (const auto& key : groups) FailGroup(key, error);
+  for (const auto& other : groups) FailGroup(other, error);
 }
 
 void Coordinator::ReleaseGroup(const Request& first, Response r) {
