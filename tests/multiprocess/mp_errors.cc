@@ -262,24 +262,65 @@ void CheckLoneMembers(hvd::Engine& e, Checker& ck) {
   ck.Expect(a[0] == r && b[0] == r, "lone.early: nothing ran");
   sums("lone.early.");
 
-  // Fewer: the lone ranks group the first member only, then every rank groups both: the
-  // second member left out of the failed step is not owed by the ranks that left it out.
-  fill();
-  hs = e.GroupedAllreduce(grouping ? std::vector<std::string>{"lone.fewer.0", "lone.fewer.1"}
-                                   : std::vector<std::string>{"lone.fewer.0"},
-                          grouping ? std::vector<TensorView>{a4, b4} : std::vector<TensorView>{a4},
-                          grouping ? std::vector<TensorView>{a4, b4} : std::vector<TensorView>{a4},
-                          ReduceOp::kSum);
-  for (const auto& h : hs) ExpectInvalid(ck, h, "lone.fewer.", "group membership");
-  fill();
+  // Fewer: the lone ranks group the first two members only, then every rank groups all three:
+  // the member left out of the failed step is not owed by the ranks that left it out.
+  float c[4];
+  auto fill3 = [&] {
+    fill();
+    for (int i = 0; i < 4; ++i) c[i] = static_cast<float>(r + i);
+  };
+  TensorView c4(c, DataType::kFloat32, {4});
+  std::vector<std::string> names = {"lone.fewer.0", "lone.fewer.1", "lone.fewer.2"};
+  std::vector<TensorView> views = {a4, b4, c4};
+  fill3();
+  if (!grouping) {
+    names.pop_back();
+    views.pop_back();
+  }
+  for (const auto& h : e.GroupedAllreduce(names, views, views, ReduceOp::kSum)) {
+    ExpectInvalid(ck, h, "lone.fewer.", "group membership");
+  }
+  fill3();
   bool ok = true;
-  for (const auto& h : e.GroupedAllreduce({"lone.fewer.0", "lone.fewer.1"}, {a4, b4}, {a4, b4},
-                                          ReduceOp::kSum)) {
+  for (const auto& h : e.GroupedAllreduce({"lone.fewer.0", "lone.fewer.1", "lone.fewer.2"},
+                                          {a4, b4, c4}, {a4, b4, c4}, ReduceOp::kSum)) {
     ok = ck.ExpectOk(WaitDone(h, 20.0), "lone.fewer: the next step's group") && ok;
   }
   const float ranks = static_cast<float>(n * (n - 1) / 2);
-  for (int i = 0; ok && i < 4; ++i) ok = a[i] == ranks + n * i && b[i] == ranks + n * i;
+  for (int i = 0; ok && i < 4; ++i) {
+    ok = a[i] == ranks + n * i && b[i] == ranks + n * i && c[i] == ranks + n * i;
+  }
   ck.Expect(ok, "lone.fewer: the next step's group gives its sums");
+
+  // Cached: the second member has run alone on every rank before (the response cache holds it),
+  // so the lone ranks' late submission of it could travel as a cached bit and be agreed on with
+  // the grouping ranks' next, identical submission. It fails as the group did; the next one
+  // pairs with the next.
+  auto lone_sum = [&](float base) {
+    for (int i = 0; i < 4; ++i) b[i] = base + static_cast<float>(r + i);
+    return WaitDone(e.Allreduce("lone.cached.1", b4, b4, ReduceOp::kSum), 20.0);
+  };
+  auto expect_sum = [&](const std::string& what, float base, const hvd::Status& s) {
+    bool right = ck.ExpectOk(s, what);
+    for (int i = 0; right && i < 4; ++i) right = b[i] == n * base + ranks + n * i;
+    ck.Expect(right, what + " gives the sum of the same step on every rank");
+  };
+  for (int k = 0; k < 2; ++k) expect_sum("lone.cached.1 before", 0.0f, lone_sum(0.0f));
+  fill();
+  if (grouping) {
+    for (const auto& h : e.GroupedAllreduce({"lone.cached.0", "lone.cached.1"}, {a4, b4},
+                                            {a4, b4}, ReduceOp::kSum)) {
+      ExpectInvalid(ck, h, "lone.cached.", "group membership");
+    }
+  } else {
+    ExpectInvalid(ck, e.Allreduce("lone.cached.0", a4, a4, ReduceOp::kSum), "lone.cached.0",
+                  "group membership");
+    const hvd::Status s = lone_sum(1000.0f);
+    ck.Expect(s.code() == StatusCode::kInvalidArgument &&
+                  s.message().find("group membership") != std::string::npos,
+              "the cached member submitted after its group failed fails with it: " + s.ToString());
+  }
+  expect_sum("lone.cached.1 after", 0.0f, lone_sum(0.0f));
 }
 
 // The same on the response cache's fast path: a group run twice (its members cached with their

@@ -500,20 +500,36 @@ TEST(Coordinator, MemberFailedBeforeARankAnnouncedItAnswersItWhenItComes) {
     agreed(c, 3, "y", 2);
     agreed(c, 3, "x", 2);
   }
-  {  // A group of fewer tensors on rank 1 (it left y out); the next step's groups agree.
+  {  // A group of fewer tensors on rank 1 (it left z out); the next step's groups agree.
     Coordinator c(2, 0, 0);
-    c.AddRequests(0, {Grouped("x", {1}, 2, "g/xy"), Grouped("y", {1}, 2, "g/xy")});
-    c.AddRequests(1, {Grouped("x", {1}, 1, "g/x")});
+    c.AddRequests(0, {Grouped("x", {1}, 3, "g/xyz"), Grouped("y", {1}, 3, "g/xyz"),
+                      Grouped("z", {1}, 3, "g/xyz")});
+    c.AddRequests(1, {Grouped("x", {1}, 2, "g/xy"), Grouped("y", {1}, 2, "g/xy")});
     auto rs = by_name(c.ComputeResponses());
-    ASSERT_EQ(rs.size(), 2u);
-    EXPECT_EQ(ranks_of(rs["y"]), std::vector<int64_t>{0});
+    ASSERT_EQ(rs.size(), 3u);
+    EXPECT_EQ(ranks_of(rs["z"]), std::vector<int64_t>{0});
     for (int r = 0; r < 2; ++r) {
-      c.AddRequests(r, {Grouped("x", {2}, 2, "g/xy"), Grouped("y", {2}, 2, "g/xy")});
+      c.AddRequests(r, {Grouped("x", {2}, 3, "g/xyz"), Grouped("y", {2}, 3, "g/xyz"),
+                        Grouped("z", {2}, 3, "g/xyz")});
+    }
+    const auto next = c.ComputeResponses();
+    ASSERT_EQ(next.size(), 3u);
+    for (const auto& r : next) EXPECT_EQ(r.type, OpType::kAllreduce) << r.error;
+    EXPECT_TRUE(c.idle());
+  }
+  {  // Rank 1 never sends the y it owes; the next step groups y with another tensor.
+    Coordinator c(2, 0, 0);
+    c.AddRequests(1, {Allreduce("x", {1})});
+    c.AddRequests(0, {Grouped("x", {1}, 2, "g/xy"), Grouped("y", {1}, 2, "g/xy")});
+    EXPECT_EQ(c.ComputeResponses().size(), 2u);
+    for (int r = 0; r < 2; ++r) {
+      c.AddRequests(r, {Grouped("y", {2}, 2, "g/yz"), Grouped("z", {2}, 2, "g/yz")});
     }
     const auto next = c.ComputeResponses();
     ASSERT_EQ(next.size(), 2u);
     for (const auto& r : next) EXPECT_EQ(r.type, OpType::kAllreduce) << r.error;
     EXPECT_TRUE(c.idle());
+    agreed(c, 2, "y", 3);  // and nothing is owed any more
   }
   {  // A rank that joins owes nothing more.
     Coordinator c(2, 0, 0);

@@ -141,18 +141,21 @@ void Coordinator::Add(int rank, Request r, Clock::time_point since) {
   if (!owed_.empty()) {
     auto owed = owed_.find(r.name);
     if (owed != owed_.end() && owed->second.count[rank] > 0) {
-      // The announcement that pairs with one failed before this rank made it (FailName),
-      // unless it is a member of the very group that failed, in a later batch than the failure:
-      // a rank's members of a group come in one batch, so that one is the next step's, and this
-      // rank left the name out of the failed step (a group of fewer tensors).
-      const bool next_step = r.group_size > 1 && r.group == owed->second.group &&
-                             failed_groups_.count(r.group) == 0;
-      Response e = owed->second.error;
-      --owed->second.count[rank];
-      if (--owed->second.total == 0) owed_.erase(owed);
-      if (!next_step) {
-        // The rest of this rank's group, in this batch, fails with it.
-        if (r.group_size > 1) failed_groups_.emplace(r.group, e);
+      Owed& o = owed->second;
+      if (r.group_size > 1 && failed_groups_.count(r.group) == 0) {
+        // A member of a group that has not failed in this batch: a rank's members of a group
+        // reach the coordinator in one batch, and this rank's group of the failed step failed
+        // with it (the dispute named every group of the name), so this is a later step's. The
+        // rank left the name out of the failed step (a group of fewer tensors): it owes nothing.
+        o.total -= o.count[rank];
+        o.count[rank] = 0;
+        if (o.total == 0) owed_.erase(owed);
+      } else {
+        // The announcement that pairs with one failed before this rank made it (FailName): alone,
+        // or a member of this rank's group that failed earlier in this batch.
+        Response e = o.error;
+        --o.count[rank];
+        if (--o.total == 0) owed_.erase(owed);
         e.names = {r.name};
         e.sizes = {rank};
         PushReady(std::move(e));
@@ -164,7 +167,7 @@ void Coordinator::Add(int rank, Request r, Clock::time_point since) {
     auto failed = failed_groups_.find(r.group);
     if (failed != failed_groups_.end()) {  // a member after its group failed (FailGroup)
       const Response error = failed->second;  // (FailName may add to failed_groups_)
-      FailName(r.name, rank, error, r.group);
+      FailName(r.name, rank, error);
       return;
     }
   }
@@ -249,7 +252,7 @@ void Coordinator::FailGroup(const std::string& key, const Response& cause) {
   error.error_code = cause.error_code;
   // Members still to come in the batch being added (AddRequests) fail as they come.
   failed_groups_[key] = error;
-  // Its members already agreed on and held back (every rank announced them)...
+  // Its members already agreed on and held back (answered as one response each)...
   auto held = groups_.find(key);
   if (held != groups_.end()) {
     for (auto& m : held->second.members) {
@@ -270,12 +273,11 @@ void Coordinator::FailGroup(const std::string& key, const Response& cause) {
     }
   }
   for (const auto& name : members) {
-    if (table_.count(name) > 0) FailName(name, -1, error, key);  // (not failed with another)
+    if (table_.count(name) > 0) FailName(name, -1, error);  // (not failed with another group)
   }
 }
 
-void Coordinator::FailName(const std::string& name, int rank, const Response& error,
-                           const std::string& key) {
+void Coordinator::FailName(const std::string& name, int rank, const Response& error) {
   std::vector<bool> announced(size_, false);
   if (rank >= 0) announced[rank] = true;
   std::vector<std::string> groups;  // other groups of the entry's requests
@@ -306,7 +308,6 @@ void Coordinator::FailName(const std::string& name, int rank, const Response& er
   if (!owing.empty()) {
     Owed& o = owed_[name];
     o.error = error;
-    o.group = key;
     o.count.resize(size_, 0);
     for (int q : owing) ++o.count[q];
     o.total += static_cast<int>(owing.size());

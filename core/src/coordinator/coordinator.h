@@ -101,11 +101,10 @@ class Coordinator {
   Response BuildResponse(const std::string& name, Entry& e);
   // Fails every member of group `key` held back or still pending, with `cause`'s reason.
   void FailGroup(const std::string& key, const Response& cause);
-  // Fails `name`, a member of group `key`, with `error` for the ranks that have announced it
-  // (its entry's, and `rank` where >= 0, whose request is not filed), and leaves it owed by the
-  // others (owed_). Other groups the entry's requests are in fail with it.
-  void FailName(const std::string& name, int rank, const Response& error,
-                const std::string& key);
+  // Fails `name` with `error` for the ranks that have announced it (its entry's, and `rank`
+  // where >= 0, whose request is not filed), and leaves it owed by the others (owed_). Other
+  // groups the entry's requests are in fail with it.
+  void FailName(const std::string& name, int rank, const Response& error);
   std::string Validate(const std::string& name, const Entry& e) const;
   // "; rank R refused it: <why>" for the first rank that sent the tensor as a refusal
   // (Request::error), "" if none did: for the messages of a tensor still waiting.
@@ -148,11 +147,10 @@ class Coordinator {
   // Names failed before some ranks announced them (a group failed as a whole while a member
   // waited on others): each rank pairs its k-th announcement of a name with the others' k-th,
   // so such a rank's next announcement of the name is the one that failed, and gets the error
-  // at once instead of waiting for ranks that have moved on. Per name: the error, the group
-  // that failed and, per rank, how many announcements it owes.
+  // at once instead of waiting for ranks that have moved on. Per name: the error and, per
+  // rank, how many announcements it owes.
   struct Owed {
     Response error;
-    std::string group;
     std::vector<int> count;
     int total = 0;
   };

@@ -80,7 +80,8 @@ struct Response {
   // alltoall: the splits matrix, [src * size + dst] rows sent from src to dst.
   // kProcessSet: the ranks of the set to add (empty: remove the set `root`).
   // kError: when not empty, the ranks it is for (an operation refused while a rank has joined,
-  // before the other ranks submitted it); the others' entries of the name stay in flight.
+  // or a group's member failed, before the other ranks submitted it); the others' entries of
+  // the name stay in flight and are answered on their own.
   std::vector<int64_t> sizes;
   std::string error;           // kError: what differed and where
   StatusCode error_code = StatusCode::kInvalidArgument;  // kError: the status the ranks get

@@ -582,6 +582,7 @@ bool EngineImpl::DrainQueue() {
 int EngineImpl::LookupBit(ProcessSetState& ps, NameTable<TensorEntry>::Node* node) {
   TensorEntry& e = node->value;
   if (!e.request.error.empty()) return -1;  // a refusal goes to the coordinator (Request::error)
+  if (!ps.announce_in_full.empty() && ps.announce_in_full.erase(e.request.name) > 0) return -1;
   const uint64_t contents = ps.cache->contents();
   int bit;
   if (e.hint_contents == contents && node->hint != 0) {

@@ -269,6 +269,11 @@ struct ProcessSetState {
   // response's name (a guard: every agreed bit was announced by this rank as that node).
   std::vector<NameTable<TensorEntry>::Node*> node_of_bit;
   uint64_t nodes_generation = 0;
+  // Members: names failed for other ranks before this rank announced them (an error response
+  // whose `sizes` leave this rank out, Coordinator::FailName). The coordinator owes this rank
+  // that failure, so its next announcement of such a name goes there as a request, never as a
+  // cached tensor's bit, which could be agreed on with the others' next step (LookupBit).
+  std::unordered_set<std::string> announce_in_full;
   // Rank 0 only: the set's coordinator (null once its removal is negotiated), each member's
   // cache epoch, and the fast path for cached tensors (background.cc): [rank][word] cached
   // tensors announced and not yet agreed on; [bit] when the first rank announced it (zero: no

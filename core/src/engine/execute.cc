@@ -394,8 +394,13 @@ void EngineImpl::Execute(const Response& r) {
   }
   if (r.type == OpType::kError && !r.sizes.empty() &&
       std::find(r.sizes.begin(), r.sizes.end(), comm_->rank) == r.sizes.end()) {
-    // An error for the ranks that had submitted the name when a rank had joined: this rank's
-    // entry of it came later and gets an answer of its own.
+    // An error for the ranks that had announced the name (refused while a rank had joined, or
+    // failed with its group before this rank announced it): this rank's entry of it, on its
+    // way or still to come, gets an answer of its own. One still to come goes to the
+    // coordinator in full (ProcessSetState::announce_in_full).
+    for (size_t i = 0; i < r.names.size(); ++i) {
+      if (entries[i] == nullptr) ps->announce_in_full.insert(r.names[i]);
+    }
     entries.assign(entries.size(), nullptr);
     mine = false;
   }
