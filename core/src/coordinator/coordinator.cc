@@ -143,10 +143,11 @@ void Coordinator::Add(int rank, Request r, Clock::time_point since) {
     if (owed != owed_.end() && owed->second.count[rank] > 0) {
       Owed& o = owed->second;
       if (r.group_size > 1 && failed_groups_.count(r.group) == 0) {
-        // A member of a group that has not failed in this batch: a rank's members of a group
-        // reach the coordinator in one batch, and this rank's group of the failed step failed
-        // with it (the dispute named every group of the name), so this is a later step's. The
-        // rank left the name out of the failed step (a group of fewer tensors): it owes nothing.
+        // A member of a group that has not failed in this batch is taken as a later step's: the
+        // rank left the name out of the failed step (a group of fewer tensors) and owes nothing.
+        // A rank's members of a group reach the coordinator in one batch, so where its group of
+        // the failed step held the disputed name too, it failed in that batch. (One that did
+        // not, and came after the failure, is taken as a later step's as well.)
         o.total -= o.count[rank];
         o.count[rank] = 0;
         if (o.total == 0) owed_.erase(owed);
@@ -306,6 +307,9 @@ void Coordinator::FailName(const std::string& name, int rank, const Response& er
   }
   if (static_cast<int>(e.sizes.size()) == size_) e.sizes.clear();  // every rank
   if (!owing.empty()) {
+    // (Debts of names that never come back, such as numbered unnamed groups of a program that
+    // goes on after every failure, are bounded: past kMaxOwed names one is forgotten.)
+    if (owed_.size() >= kMaxOwed && owed_.count(name) == 0) owed_.erase(owed_.begin());
     Owed& o = owed_[name];
     o.error = error;
     o.count.resize(size_, 0);

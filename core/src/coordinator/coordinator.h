@@ -155,6 +155,7 @@ class Coordinator {
     int total = 0;
   };
   std::unordered_map<std::string, Owed> owed_;
+  static constexpr size_t kMaxOwed = 4096;
   std::vector<bool> joined_;
   int joined_count_ = 0;
   int last_joined_ = -1;

@@ -398,6 +398,9 @@ void EngineImpl::Execute(const Response& r) {
     // failed with its group before this rank announced it): this rank's entry of it, on its
     // way or still to come, gets an answer of its own. One still to come goes to the
     // coordinator in full (ProcessSetState::announce_in_full).
+    // (Bounded: names that never come back, such as numbered unnamed operations refused while
+    // a rank has joined, are forgotten past 4096.)
+    if (ps->announce_in_full.size() >= 4096) ps->announce_in_full.clear();
     for (size_t i = 0; i < r.names.size(); ++i) {
       if (entries[i] == nullptr) ps->announce_in_full.insert(r.names[i]);
     }
