@@ -293,34 +293,45 @@ void CheckLoneMembers(hvd::Engine& e, Checker& ck) {
   ck.Expect(ok, "lone.fewer: the next step's group gives its sums");
 
   // Cached: the second member has run alone on every rank before (the response cache holds it),
-  // so the lone ranks' late submission of it could travel as a cached bit and be agreed on with
-  // the grouping ranks' next, identical submission. It fails as the group did; the next one
-  // pairs with the next.
-  auto lone_sum = [&](float base) {
-    for (int i = 0; i < 4; ++i) b[i] = base + static_cast<float>(r + i);
-    return WaitDone(e.Allreduce("lone.cached.1", b4, b4, ReduceOp::kSum), 20.0);
-  };
-  auto expect_sum = [&](const std::string& what, float base, const hvd::Status& s) {
-    bool right = ck.ExpectOk(s, what);
-    for (int i = 0; right && i < 4; ++i) right = b[i] == n * base + ranks + n * i;
-    ck.Expect(right, what + " gives the sum of the same step on every rank");
-  };
-  for (int k = 0; k < 2; ++k) expect_sum("lone.cached.1 before", 0.0f, lone_sum(0.0f));
-  fill();
-  if (grouping) {
-    for (const auto& h : e.GroupedAllreduce({"lone.cached.0", "lone.cached.1"}, {a4, b4},
-                                            {a4, b4}, ReduceOp::kSum)) {
-      ExpectInvalid(ck, h, "lone.cached.", "group membership");
+  // so the lone ranks' submission of it may travel as a cached bit, which could be agreed on
+  // with the grouping ranks' next, identical submission. Late (after the first member's error)
+  // or at once with the first (its bit may reach rank 0 before or after the group fails), it
+  // fails as the group did; the next one pairs with the next.
+  for (const std::string p : {"lone.cached.", "lone.together."}) {
+    const bool together = p == "lone.together.";
+    auto lone_sum = [&](float base) {
+      for (int i = 0; i < 4; ++i) b[i] = base + static_cast<float>(r + i);
+      return WaitDone(e.Allreduce(p + "1", b4, b4, ReduceOp::kSum), 20.0);
+    };
+    auto expect_sum = [&](const std::string& what, float base, const hvd::Status& s) {
+      bool right = ck.ExpectOk(s, what);
+      for (int i = 0; right && i < 4; ++i) right = b[i] == n * base + ranks + n * i;
+      ck.Expect(right, what + " gives the sum of the same step on every rank");
+    };
+    for (int k = 0; k < 2; ++k) expect_sum(p + "1 before", 0.0f, lone_sum(0.0f));
+    fill();
+    if (grouping) {
+      for (const auto& h : e.GroupedAllreduce({p + "0", p + "1"}, {a4, b4}, {a4, b4},
+                                              ReduceOp::kSum)) {
+        ExpectInvalid(ck, h, p, "group membership");
+      }
+    } else {
+      hvd::HandlePtr first = e.Allreduce(p + "0", a4, a4, ReduceOp::kSum);
+      hvd::HandlePtr second;
+      for (int i = 0; together && i < 4; ++i) b[i] = 1000.0f + static_cast<float>(r + i);
+      if (together) second = e.Allreduce(p + "1", b4, b4, ReduceOp::kSum);
+      ExpectInvalid(ck, first, p + "0", "group membership");
+      if (!together) {
+        for (int i = 0; i < 4; ++i) b[i] = 1000.0f + static_cast<float>(r + i);
+        second = e.Allreduce(p + "1", b4, b4, ReduceOp::kSum);
+      }
+      const hvd::Status s = WaitDone(second, 20.0);
+      ck.Expect(s.code() == StatusCode::kInvalidArgument &&
+                    s.message().find("group membership") != std::string::npos,
+                p + "1, the cached member submitted alone, fails with its group: " + s.ToString());
     }
-  } else {
-    ExpectInvalid(ck, e.Allreduce("lone.cached.0", a4, a4, ReduceOp::kSum), "lone.cached.0",
-                  "group membership");
-    const hvd::Status s = lone_sum(1000.0f);
-    ck.Expect(s.code() == StatusCode::kInvalidArgument &&
-                  s.message().find("group membership") != std::string::npos,
-              "the cached member submitted after its group failed fails with it: " + s.ToString());
+    expect_sum(p + "1 after", 0.0f, lone_sum(0.0f));
   }
-  expect_sum("lone.cached.1 after", 0.0f, lone_sum(0.0f));
 }
 
 // The same on the response cache's fast path: a group run twice (its members cached with their

@@ -311,6 +311,7 @@ void Coordinator::FailName(const std::string& name, int rank, const Response& er
     // goes on after every failure, are bounded: past kMaxOwed names one is forgotten.)
     if (owed_.size() >= kMaxOwed && owed_.count(name) == 0) owed_.erase(owed_.begin());
     Owed& o = owed_[name];
+    if (o.total == 0) newly_owed_.push_back(name);
     o.error = error;
     o.count.resize(size_, 0);
     for (int q : owing) ++o.count[q];
@@ -506,6 +507,13 @@ std::vector<Response> Coordinator::ComputeResponses() {
 
 std::vector<std::string> Coordinator::PendingNames() const {
   return std::vector<std::string>(arrival_order_.begin(), arrival_order_.end());
+}
+
+std::vector<std::string> Coordinator::OwedNames() const {
+  std::vector<std::string> out;
+  out.reserve(owed_.size());
+  for (const auto& kv : owed_) out.push_back(kv.first);
+  return out;
 }
 
 void Coordinator::CheckStallShutdown(Clock::time_point now) {

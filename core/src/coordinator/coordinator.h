@@ -35,6 +35,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/time.h"
@@ -87,6 +88,12 @@ class Coordinator {
   Clock::time_point ready_since() const { return ready_since_; }
   // Names some rank has announced but that are not ready yet (for shutdown messages).
   std::vector<std::string> PendingNames() const;
+  // Names some rank owes an announcement of (owed_): their cached bits must come here, where
+  // the debt is paid, not be agreed on with the other ranks' next step. TakeNewlyOwed: those
+  // owed since its last call.
+  bool owes_any() const { return !owed_.empty(); }
+  std::vector<std::string> OwedNames() const;
+  std::vector<std::string> TakeNewlyOwed() { return std::exchange(newly_owed_, {}); }
 
  private:
   struct Entry {
@@ -156,6 +163,7 @@ class Coordinator {
   };
   std::unordered_map<std::string, Owed> owed_;
   static constexpr size_t kMaxOwed = 4096;
+  std::vector<std::string> newly_owed_;
   std::vector<bool> joined_;
   int joined_count_ = 0;
   int last_joined_ = -1;

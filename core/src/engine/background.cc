@@ -783,7 +783,21 @@ Status EngineImpl::OfferList(ProcessSetState& ps, int rank, uint64_t epoch,
                              const std::vector<uint64_t>& words, std::vector<Request> requests) {
   const bool current = epoch == ps.cache->epoch();
   const Coordinator& co = *ps.coordinator;
-  if (current && co.idle() && !co.any_joined() && !timeline_->enabled()) {
+  // Bits of names some rank owes go to the coordinator, where the debt is paid
+  // (Coordinator::OwedNames): a late rank's bit must not be agreed on with the next step's.
+  std::vector<uint64_t> owed;
+  if (co.owes_any() && !words.empty()) {
+    for (const std::string& name : co.OwedNames()) {
+      const int bit = ps.cache->SlotOf(name);
+      if (bit < 0 || static_cast<size_t>(bit) / 64 >= words.size() ||
+          !(words[bit / 64] & (uint64_t{1} << (bit % 64)))) {
+        continue;
+      }
+      if (owed.empty()) owed.resize(words.size(), 0);
+      owed[bit / 64] |= uint64_t{1} << (bit % 64);
+    }
+  }
+  if (current && co.idle() && !co.any_joined() && owed.empty() && !timeline_->enabled()) {
     // The steady state of training: no name is on the coordinator's path.
     HVD_RETURN_IF_ERROR(OfferWords(ps, rank, words));
   } else if (!words.empty()) {
@@ -816,7 +830,8 @@ Status EngineImpl::OfferList(ProcessSetState& ps, int rank, uint64_t epoch,
           HVD_RETURN_IF_ERROR(decode(bit));
           decoded[w] |= mask;
           out[w] |= mask;
-        } else if (co.any_joined() || (!co.idle() && co.Has(cached->name))) {
+        } else if (co.any_joined() || (!co.idle() && co.Has(cached->name)) ||
+                   (!owed.empty() && (owed[w] & mask))) {
           out[w] |= mask;
         }
       }
@@ -878,6 +893,8 @@ void EngineImpl::AddFull(ProcessSetState& ps, int rank, std::vector<Request> req
       }
     }
     ps.coordinator->AddRequests(rank, std::move(requests));
+    // Names some rank has come to owe: rank 0's next part of a round withdraws their bits.
+    if (!ps.coordinator->TakeNewlyOwed().empty()) rounds_->coordinator_news = true;
     return;
   }
   // The other ranks' bits of these names (of every name, for a join) go to the coordinator
@@ -895,6 +912,20 @@ void EngineImpl::AddFull(ProcessSetState& ps, int rank, std::vector<Request> req
   }
   if (!demote.empty()) DemoteBits(ps, std::move(demote));
   ps.coordinator->AddRequests(rank, std::move(requests));
+  // Bits of names some rank has come to owe that wait in a row go to the coordinator too, where
+  // the debt is paid, instead of being agreed on with the others' next step (each batch they
+  // bring may fail more names).
+  for (auto owed = ps.coordinator->TakeNewlyOwed(); !owed.empty();
+       owed = ps.coordinator->TakeNewlyOwed()) {
+    std::vector<uint64_t> bits((ps.bit_since.size() + 63) / 64, 0);
+    for (const std::string& name : owed) {
+      const int bit = ps.cache->SlotOf(name);
+      if (bit >= 0 && static_cast<size_t>(bit) < ps.bit_since.size()) {
+        bits[bit / 64] |= uint64_t{1} << (bit % 64);
+      }
+    }
+    DemoteBits(ps, std::move(bits));
+  }
 }
 
 // The bits of `bits` waiting in some member's row, with the rest of their groups (a group's
