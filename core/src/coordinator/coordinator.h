@@ -13,12 +13,12 @@
 //      or fails as a whole: when one member's requests differ across ranks (or it is
 //      abandoned, step 6), every member gets an error response naming that member, what
 //      differed and the ranks, so no member waits for the others.
+//      A member failed before some rank announced it is owed by that rank: its announcement,
+//      when it comes, gets the same error (it pairs with the failed one, not the next step's).
 //   5. ComputeResponses() returns the ready Responses in the order they became ready, fused by
 //      the planner (same op, dtype, reduce op and factors; up to the fusion threshold). Rank 0
 //      calls it at once, or HVD_CYCLE_TIME after the oldest became ready, and broadcasts that
 //      list; every rank executes it in that order.
-//      A member failed before some rank announced it is owed by that rank: its announcement,
-//      when it comes, gets the same error (it pairs with the failed one, not the next step's).
 //   6. CheckStalls() logs names that some ranks have announced and others have not, longer
 //      than the stall time, with the missing ranks, and groups held back that long with the
 //      members they wait for. Past the stall shutdown time (if set) such a name shuts the job
