@@ -50,6 +50,16 @@ int ResponseCache::SlotOf(const std::string& name) const {
   return it == by_name_.end() ? -1 : static_cast<int>(it->second);
 }
 
+void ResponseCache::SetBitsOf(const std::vector<std::string>& names,
+                              std::vector<uint64_t>* bits) const {
+  for (const std::string& name : names) {
+    const int bit = SlotOf(name);
+    if (bit >= 0 && static_cast<size_t>(bit) / 64 < bits->size()) {
+      (*bits)[bit / 64] |= uint64_t{1} << (bit % 64);
+    }
+  }
+}
+
 bool ResponseCache::RebuildAll(const std::vector<uint64_t>& bits, size_t fusion_threshold,
                                std::vector<Response>* out, std::vector<Response>* spare) {
   size_t n = 0;

@@ -52,6 +52,8 @@ class ResponseCache {
   int Lookup(const Request& r, uint32_t* hint = nullptr) const;
   // The bit that holds `name` now, else -1.
   int SlotOf(const std::string& name) const;
+  // Sets in `bits` (within its size) the bit of each of `names` that the cache holds.
+  void SetBitsOf(const std::vector<std::string>& names, std::vector<uint64_t>* bits) const;
   // The request a bit holds now, or null if it is empty; valid until the next Apply.
   const Request* At(uint32_t bit) const {
     return bit < slots_.size() && slots_[bit].live ? &slots_[bit].request : nullptr;

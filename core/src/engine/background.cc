@@ -787,15 +787,11 @@ Status EngineImpl::OfferList(ProcessSetState& ps, int rank, uint64_t epoch,
   // (Coordinator::OwedNames): a late rank's bit must not be agreed on with the next step's.
   std::vector<uint64_t> owed;
   if (co.owes_any() && !words.empty()) {
-    for (const std::string& name : co.OwedNames()) {
-      const int bit = ps.cache->SlotOf(name);
-      if (bit < 0 || static_cast<size_t>(bit) / 64 >= words.size() ||
-          !(words[bit / 64] & (uint64_t{1} << (bit % 64)))) {
-        continue;
-      }
-      if (owed.empty()) owed.resize(words.size(), 0);
-      owed[bit / 64] |= uint64_t{1} << (bit % 64);
-    }
+    owed.assign(words.size(), 0);
+    ps.cache->SetBitsOf(co.OwedNames(), &owed);
+    bool any = false;
+    for (size_t w = 0; w < owed.size(); ++w) any = (owed[w] &= words[w]) != 0 || any;
+    if (!any) owed.clear();
   }
   if (current && co.idle() && !co.any_joined() && owed.empty() && !timeline_->enabled()) {
     // The steady state of training: no name is on the coordinator's path.
@@ -918,13 +914,8 @@ void EngineImpl::AddFull(ProcessSetState& ps, int rank, std::vector<Request> req
   for (auto owed = ps.coordinator->TakeNewlyOwed(); !owed.empty();
        owed = ps.coordinator->TakeNewlyOwed()) {
     std::vector<uint64_t> bits((ps.bit_since.size() + 63) / 64, 0);
-    for (const std::string& name : owed) {
-      const int bit = ps.cache->SlotOf(name);
-      if (bit >= 0 && static_cast<size_t>(bit) < ps.bit_since.size()) {
-        bits[bit / 64] |= uint64_t{1} << (bit % 64);
-      }
-    }
-    DemoteBits(ps, std::move(bits));
+    ps.cache->SetBitsOf(owed, &bits);
+    DemoteBits(ps, std::move(bits));  // (which masks bits past the slots)
   }
 }
 

@@ -212,20 +212,10 @@ void EngineImpl::SendPart() {
     if (co.any_joined()) {
       c.withdraw.assign(r.ready.size(), ~uint64_t{0});
     } else {
-      if (!co.idle()) {
-        for (const std::string& name : co.PendingNames()) {
-          const int bit = world.cache->SlotOf(name);
-          if (bit >= 0) c.withdraw[bit / 64] |= Mask(static_cast<uint32_t>(bit));
-        }
-      }
+      if (!co.idle()) world.cache->SetBitsOf(co.PendingNames(), &c.withdraw);
       // And of names some rank owes (Coordinator::OwedNames): a late rank's bit pays its debt
       // there instead of being agreed on with the next step's.
-      if (co.owes_any()) {
-        for (const std::string& name : co.OwedNames()) {
-          const int bit = world.cache->SlotOf(name);
-          if (bit >= 0) c.withdraw[bit / 64] |= Mask(static_cast<uint32_t>(bit));
-        }
-      }
+      if (co.owes_any()) world.cache->SetBitsOf(co.OwedNames(), &c.withdraw);
     }
     r.coordinator_news = false;
   }
