@@ -329,6 +329,35 @@ TEST(Coordinator, RefusedWhileJoinedFailsAtOnce) {
   EXPECT_EQ(rs[0].type, OpType::kAllreduce);
 }
 
+TEST(Coordinator, GroupRefusedWhileJoinedFailsOnlyTheRanksThatSubmittedIt) {
+  // A grouped allgather refused while rank 1 has joined: the group's error is for rank 0, which
+  // submitted it; rank 2's submission, on its way, is answered on its own when it comes.
+  Coordinator c(3, 0, 0);
+  c.AddRequests(1, {Join()});
+  auto grouped = [](const std::string& n) {
+    Request q = Allreduce(n, {2});
+    q.type = OpType::kAllgather;
+    q.group = "g";
+    q.group_size = 2;
+    return q;
+  };
+  for (int rank : {0, 2}) {
+    c.AddRequests(rank, {grouped("a"), grouped("b")});
+    auto rs = c.ComputeResponses();
+    ASSERT_EQ(rs.size(), 2u) << "rank " << rank;
+    std::set<std::string> names;
+    for (const auto& r : rs) {
+      EXPECT_EQ(r.type, OpType::kError);
+      EXPECT_EQ(r.sizes, std::vector<int64_t>{rank}) << r.names[0];
+      EXPECT_NE(r.error.find("failed as a whole"), std::string::npos) << r.error;
+      EXPECT_NE(r.error.find("is not supported with Join at this time"), std::string::npos)
+          << r.error;
+      names.insert(r.names.begin(), r.names.end());
+    }
+    EXPECT_EQ(names, (std::set<std::string>{"a", "b"}));
+  }
+}
+
 TEST(Coordinator, GroupIsReleasedWhole) {
   Coordinator c(2, 0, 0);
   auto grouped = [](const std::string& n) {

@@ -259,6 +259,7 @@ void Coordinator::FailGroup(const std::string& key, const Response& cause) {
     for (auto& m : held->second.members) {
       Response e = error;
       e.names = std::move(m.names);
+      e.sizes = std::move(m.sizes);  // for the ranks the member's own response was for
       PushReady(std::move(e));
     }
     groups_.erase(held);
@@ -347,6 +348,7 @@ void Coordinator::ReleaseGroup(const Request& first, Response r) {
       Response e;
       e.type = OpType::kError;
       e.names = m.names;
+      e.sizes = m.sizes;  // a member refused while a rank has joined: the ranks that submitted it
       e.error = os.str();
       e.error_code = code;
       m = std::move(e);
