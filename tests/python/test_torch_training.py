@@ -483,7 +483,8 @@ def test_join_allreduce_as_horovod(first_join, caching):
 
 
 @pytest.mark.parametrize("named", [True, False])
-@pytest.mark.parametrize("kind", ["allgather", "broadcast", "alltoall", "reducescatter"])
+@pytest.mark.parametrize("kind", ["allgather", "broadcast", "alltoall", "reducescatter",
+                                  "grouped_allgather", "grouped_reducescatter"])
 def test_join_refuses_other_collectives_as_horovod(kind, named):
     """While rank 0 has joined, allgather, broadcast, alltoall and reducescatter fail on the
     others with Horovod's message, nothing hangs and nobody shuts the job down; join then
@@ -505,7 +506,11 @@ def test_join_refuses_other_collectives_as_horovod(kind, named):
                "broadcast": lambda: hvd.broadcast(x, 1, name=name("jr.bc")),
                "alltoall": lambda: hvd.alltoall(torch.ones(n, 2), name=name("jr.a2a")),
                "reducescatter": lambda: hvd.reducescatter(torch.ones(n, 2),
-                                                          name=name("jr.rs"))}[kind]
+                                                          name=name("jr.rs")),
+               "grouped_allgather": lambda: hvd.grouped_allgather([x, x[:5]],
+                                                                  name=name("jr.gag")),
+               "grouped_reducescatter": lambda: hvd.grouped_reducescatter(
+                   [torch.ones(n, 2), torch.ones(n)], name=name("jr.grs"))}[kind]
         with pytest.raises((RuntimeError, ValueError)) as err:
             run()
         assert "is not supported with Join at this time" in str(err.value)
