@@ -333,14 +333,25 @@ TEST(Coordinator, GroupRefusedWhileJoinedFailsOnlyTheRanksThatSubmittedIt) {
   // A grouped allgather refused while rank 1 has joined: the group's error is for rank 0, which
   // submitted it; rank 2's submission, on its way, is answered on its own when it comes.
   Coordinator c(3, 0, 0);
-  c.AddRequests(1, {Join()});
-  auto grouped = [](const std::string& n) {
-    Request q = Allreduce(n, {2});
+  auto grouped = [](const std::string& n, std::vector<int64_t> shape = {2}) {
+    Request q = Allreduce(n, std::move(shape));
     q.type = OpType::kAllgather;
     q.group = "g";
     q.group_size = 2;
     return q;
   };
+  // Before any rank joins: a member that mismatches fails the group on every rank (the other
+  // member's rows, which its response carried in `sizes`, are no list of ranks).
+  c.AddRequests(0, {grouped("p", {3, 2}), grouped("q", {1, 2})});
+  c.AddRequests(1, {grouped("p", {1, 2}), grouped("q", {1, 2})});
+  c.AddRequests(2, {grouped("p", {2, 2}), grouped("q", {1, 3})});
+  auto whole = c.ComputeResponses();
+  ASSERT_EQ(whole.size(), 2u);
+  for (const auto& r : whole) {
+    EXPECT_EQ(r.type, OpType::kError) << r.names[0];
+    EXPECT_TRUE(r.sizes.empty()) << r.names[0] << ": for every rank";
+  }
+  c.AddRequests(1, {Join()});
   for (int rank : {0, 2}) {
     c.AddRequests(rank, {grouped("a"), grouped("b")});
     auto rs = c.ComputeResponses();

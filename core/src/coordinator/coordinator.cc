@@ -259,7 +259,8 @@ void Coordinator::FailGroup(const std::string& key, const Response& cause) {
     for (auto& m : held->second.members) {
       Response e = error;
       e.names = std::move(m.names);
-      e.sizes = std::move(m.sizes);  // for the ranks the member's own response was for
+      // An error's sizes are the ranks it is for (an allgather's its rows: for every rank).
+      if (m.type == OpType::kError) e.sizes = std::move(m.sizes);
       PushReady(std::move(e));
     }
     groups_.erase(held);
@@ -348,7 +349,9 @@ void Coordinator::ReleaseGroup(const Request& first, Response r) {
       Response e;
       e.type = OpType::kError;
       e.names = m.names;
-      e.sizes = m.sizes;  // a member refused while a rank has joined: the ranks that submitted it
+      // A member refused while a rank has joined: for the ranks that submitted it. (Where a
+      // member's response is not an error, its sizes are no ranks: an allgather's rows.)
+      if (m.type == OpType::kError) e.sizes = m.sizes;
       e.error = os.str();
       e.error_code = code;
       m = std::move(e);
