@@ -210,7 +210,7 @@ ElasticDriver::ElasticDriver(const ElasticOptions& options, Supervisor* supervis
       start_(std::move(start)), next_discovery_(Clock::now()) {}
 
 void ElasticDriver::Say(const std::string& line) const {
-  WriteAll(STDERR_FILENO, "hvdrun: elastic: " + line + "\n");
+  WriteAll(Console(STDERR_FILENO), "hvdrun: elastic: " + line + "\n");
 }
 
 void ElasticDriver::Fail(const std::string& why) {

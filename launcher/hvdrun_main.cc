@@ -17,6 +17,7 @@
 #include "elastic.h"
 #include "hvd/config.h"
 #include "mpi_launch.h"
+#include "output.h"
 #include "bootstrap/store.h"
 #include "common/descriptors.h"
 #include "common/logging.h"
@@ -385,6 +386,7 @@ int RunElasticJob(const LaunchOptions& opts) {
 }  // namespace
 
 int Main(int argc, char** argv) {
+  SetUpConsole();  // before any descriptor of hvdrun's own is made (output.h)
   LaunchOptions opts;
   try {
     opts = ParseArgs(argc, argv);

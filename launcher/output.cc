@@ -1,15 +1,79 @@
 #include "output.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <ctime>
 
 namespace hvd {
 namespace launcher {
 
+namespace {
+
+int g_console[3] = {0, 1, 2};
+// Steady-clock nanoseconds after which a full console is no longer waited for (0: not stopping).
+std::atomic<int64_t> g_stop_waiting_after{0};
+
+int64_t NowNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A signal that stops hvdrun waits to be read from its signalfd (they are blocked: spawn.cc).
+bool StopSignalPending() {
+  sigset_t pending;
+  sigemptyset(&pending);
+  if (::sigpending(&pending) != 0) return false;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    if (sigismember(&pending, sig) == 1) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void SetUpConsole() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
+    // The lowest free number, which is fd: the ones below it are open by now.
+    const int null = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (null >= 0 && null != fd) {
+      ::dup2(null, fd);
+      ::close(null);
+    }
+  }
+  for (int fd = 1; fd <= 2; ++fd) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !(S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode))) continue;
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || (flags & O_NONBLOCK) != 0) continue;  // non-blocking already
+    // A new open file description of the same pipe or terminal, with its own O_NONBLOCK (the
+    // flag on fd's would be the shell's too). A regular file never waits; a socket cannot be
+    // opened so, and stays as it is.
+    char path[32];
+    std::snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    const int own = ::open(path, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (own >= 0) g_console[fd] = own;
+  }
+}
+
+int Console(int std_fd) { return std_fd >= 0 && std_fd <= 2 ? g_console[std_fd] : std_fd; }
+
+void StopWaitingForConsole() {
+  int64_t none = 0;
+  g_stop_waiting_after.compare_exchange_strong(none, NowNanos() + 2'000'000'000);
+}
+
 void WriteAll(int fd, const std::string& s) {
+  const bool console = fd == g_console[1] || fd == g_console[2];
   size_t done = 0;
   int waits = 0;
   while (done < s.size()) {
@@ -19,10 +83,17 @@ void WriteAll(int fd, const std::string& s) {
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    // A non-blocking stdout that is full: wait for it, but not forever (10 x 1 s).
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && waits++ < 10) {
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (console) {
+        // Its reader is slow or stopped: wait for it while the job runs (the ranks' output
+        // waits in their pipes meanwhile); not past a signal that stops hvdrun.
+        const int64_t after = g_stop_waiting_after.load();
+        if (StopSignalPending() || (after != 0 && NowNanos() > after)) return;
+      } else if (waits++ >= 10) {
+        return;  // 10 x 1 s
+      }
       pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, 1000);
+      ::poll(&p, 1, console ? 100 : 1000);
       continue;
     }
     return;  // EPIPE or another error: the output is lost, the job goes on

@@ -45,8 +45,24 @@ class LinePump {
   std::string partial_;
 };
 
-// Writes all of `s` to `fd`, retrying on EINTR/EAGAIN for a bounded time; gives up silently
-// when the reader is gone (EPIPE).
+// hvdrun's console, set up first thing in main:
+// - stdin, stdout and stderr opened on /dev/null where the caller closed them, so that no pipe
+//   of hvdrun's takes their numbers (its watchdog's pipe on 2 read rank output as process groups);
+// - where stdout or stderr is a pipe or a terminal, hvdrun writes through a descriptor of its own
+//   on it that does not block (the file's other users, ranks started through mpirun included,
+//   keep theirs as they were): a reader that stops reading (`| less`, a stalled terminal) holds
+//   the output back, but not the signals that stop the job.
+void SetUpConsole();
+// The descriptor hvdrun writes its stdout (1) or its stderr (2) through.
+int Console(int std_fd);
+// hvdrun was asked to stop (a signal): from now on a write to the console that cannot go out
+// waits at most a second or two, then drops what is left.
+void StopWaitingForConsole();
+
+// Writes all of `s` to `fd`, retrying on EINTR/EAGAIN; gives up silently when the reader is gone
+// (EPIPE). A full console waits for its reader for as long as it takes, until a signal that
+// stops hvdrun is pending (hvdrun then handles it, and drops the rest); any other descriptor
+// that is full for 10 s is given up on.
 void WriteAll(int fd, const std::string& s);
 
 }  // namespace launcher

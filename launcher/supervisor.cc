@@ -84,7 +84,9 @@ std::vector<pid_t> StoppedInGroup(pid_t pgid) {
 Supervisor::Supervisor(const SupervisorOptions& options, int signal_fd)
     : options_(options), signal_fd_(signal_fd) {}
 
-void Supervisor::Say(const std::string& line) const { WriteAll(STDERR_FILENO, "hvdrun: " + line + "\n"); }
+void Supervisor::Say(const std::string& line) const {
+  WriteAll(Console(STDERR_FILENO), "hvdrun: " + line + "\n");
+}
 
 void Supervisor::Verbose(const std::string& line) const {
   if (options_.verbose) Say(line);
@@ -107,10 +109,10 @@ int Supervisor::OutputFile(int rank, const char* stream) const {
 
 void Supervisor::Add(RankProcess rank) {
   int r = rank.label >= 0 ? rank.label : rank.placement.rank;
-  out_pumps_.push_back(std::make_unique<LinePump>(r, "stdout", STDOUT_FILENO,
+  out_pumps_.push_back(std::make_unique<LinePump>(r, "stdout", Console(STDOUT_FILENO),
                                                   options_.prefix_output, OutputFile(r, "stdout"),
                                                   options_.prefix_timestamp));
-  err_pumps_.push_back(std::make_unique<LinePump>(r, "stderr", STDERR_FILENO,
+  err_pumps_.push_back(std::make_unique<LinePump>(r, "stderr", Console(STDERR_FILENO),
                                                   options_.prefix_output, OutputFile(r, "stderr"),
                                                   options_.prefix_timestamp));
   const bool remote = rank.remote;
@@ -433,6 +435,7 @@ bool Supervisor::NoteOf(const RankProcess& r, std::string* note, bool* started) 
 }
 
 void Supervisor::OnHvdrunSignal(int sig) {
+  StopWaitingForConsole();  // a reader that stopped reading holds the stop back no more
   if (!exit_code_set_) {
     exit_code_ = 128 + sig;
     exit_code_set_ = true;

@@ -2,6 +2,7 @@
 // environment contract, output prefixes, exit codes, failure and signal handling, usage errors.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -50,37 +51,58 @@ class TempDir {
   std::string path_;
 };
 
+// Where a Job's hvdrun writes: files; no stdout and no stderr (closed); no stdin and no stderr;
+// stdout a pipe that nobody reads (stderr a file).
+enum class Console { kFiles, kClosed, kClosedInAndErr, kUnreadPipe };
+
 // hvdrun running in the background with stdout and stderr going to files.
 class Job {
  public:
   // own_group: hvdrun leads a process group of its own (as a shell's job does).
-  explicit Job(const std::vector<std::string>& args, bool own_group = false) {
+  explicit Job(const std::vector<std::string>& args, bool own_group = false,
+               Console console = Console::kFiles) {
     out_ = dir_.path() + "/out";
     err_ = dir_.path() + "/err";
     std::vector<std::string> argv = {HVDRUN_PATH};
     argv.insert(argv.end(), args.begin(), args.end());
+    int unread[2] = {-1, -1};
+    if (console == Console::kUnreadPipe && ::pipe(unread) != 0) unread[0] = unread[1] = -1;
     start_ = Clock::now();
     pid_ = ::fork();
     if (pid_ == 0) {
       if (own_group) ::setpgid(0, 0);
       int o = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       int e = ::open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(o, 1);
+      ::dup2(console == Console::kUnreadPipe ? unread[1] : o, 1);
       ::dup2(e, 2);
+      if (console == Console::kClosed) ::close(1);
+      if (console == Console::kClosedInAndErr) ::close(0);
+      if (console == Console::kClosed || console == Console::kClosedInAndErr) ::close(2);
+      for (int fd : {o, e, unread[0], unread[1]}) {
+        if (fd > 2) ::close(fd);
+      }
       std::vector<char*> cargv;
       for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
       cargv.push_back(nullptr);
       ::execv(cargv[0], cargv.data());
       ::_exit(126);
     }
+    if (unread[1] >= 0) ::close(unread[1]);
+    unread_ = unread[0];
   }
   ~Job() {
     if (pid_ > 0) {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
     }
+    if (unread_ >= 0) ::close(unread_);
   }
   pid_t pid() const { return pid_; }
+  // Console::kUnreadPipe: how many bytes wait in hvdrun's stdout.
+  int Unread() const {
+    int n = 0;
+    return unread_ >= 0 && ::ioctl(unread_, FIONREAD, &n) == 0 ? n : 0;
+  }
 
   // What hvdrun has written so far (hvdrun still running).
   Result Peek() const {
@@ -113,6 +135,7 @@ class Job {
   TempDir dir_;
   std::string out_, err_;
   pid_t pid_ = -1;
+  int unread_ = -1;
   Clock::time_point start_;
 };
 
@@ -534,6 +557,48 @@ TEST(Hvdrun, RankStoppedAfterTheOthersExitedIsNamed) {
   ASSERT_EQ(0, ::kill(job.pid(), SIGTERM));
   r = job.Wait(30);
   EXPECT_EQ(128 + SIGTERM, r.code) << r.err;
+}
+
+// Started with stdout and stderr closed (or stdin and stderr), hvdrun runs the job as any other:
+// no pipe of its own takes those numbers (its watchdog's did, read the ranks' stderr as process
+// groups, and stopped the job at the first line of a length that is not a multiple of 4).
+TEST(Hvdrun, ClosedStdioRunsTheJobAsAny) {
+  for (Console closed : {Console::kClosed, Console::kClosedInAndErr}) {
+    TempDir dir;
+    Job job({"-np", "2", "sh", "-c",
+             "sleep 0.3; for w in a ab abc abcd; do echo $w >&2; done; echo out; sleep 0.5; "
+             "touch " + dir.path() + "/done.$HVD_RANK; exit 3"},
+            false, closed);
+    Result r = job.Wait(30);
+    EXPECT_EQ(3, r.code);
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_EQ(0, ::access((dir.path() + "/done." + std::to_string(rank)).c_str(), F_OK))
+          << rank;
+    }
+  }
+}
+
+// A stdout that nobody reads holds the ranks' output back, not the signal that stops the job.
+TEST(Hvdrun, SigtermStopsAJobWhoseOutputNobodyReads) {
+  TempDir dir;
+  Job job({"-np", "2", "sh", "-c",
+           "echo $$ > " + dir.path() + "/pid.$HVD_RANK; yes 'spam spam spam' | head -c 4000000; "
+           "exec sleep 60"},
+          false, Console::kUnreadPipe);
+  std::vector<pid_t> ranks = WaitForPidFiles(dir.path(), "pid", 2);
+  ASSERT_EQ(2u, ranks.size());
+  // Until hvdrun's stdout is full (64 KiB by default), so that its writes wait.
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (job.Unread() < 60000 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(job.Unread(), 60000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(0, ::kill(job.pid(), SIGTERM));
+  Result r = job.Wait(40);
+  EXPECT_EQ(128 + SIGTERM, r.code) << r.err;
+  EXPECT_TRUE(Contains(r.err, "received SIGTERM, stopping all ranks")) << r.err;
+  for (pid_t pid : ranks) EXPECT_FALSE(Alive(pid)) << pid;
 }
 
 TEST(Hvdrun, SigintExits130) {
