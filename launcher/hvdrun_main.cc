@@ -1,12 +1,15 @@
 // hvdrun: starts the ranks of an hvd job, here and over ssh, and supervises them.
 // See `hvdrun --help` and supervisor.h for the failure policy.
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <exception>
 #include <iostream>
@@ -203,6 +206,23 @@ JobEnvironment JobOf(const LaunchOptions& opts, const Addresses& addrs, int stor
   job.secret = secret;
   job.knobs = opts.knobs;
   return job;
+}
+
+// mkdir -p: every missing folder of `path`, which must end up a folder; false (errno set) where
+// one cannot be made.
+bool MakeFolders(const std::string& path) {
+  for (size_t at = path.find('/', 1);; at = path.find('/', at + 1)) {
+    const std::string part = path.substr(0, at);
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return false;
+    if (at == std::string::npos) break;
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  if (!S_ISDIR(st.st_mode)) {
+    errno = ENOTDIR;
+    return false;
+  }
+  return ::access(path.c_str(), W_OK | X_OK) == 0;
 }
 
 SupervisorOptions SupervisorOptionsOf(const LaunchOptions& opts, int ranks) {
@@ -428,6 +448,11 @@ int Main(int argc, char** argv) {
       }
       if (opts.verbose) std::cerr << "hvdrun: using interface " << chosen << " on every host\n";
       opts.network_interface = chosen;
+    }
+    // As horovodrun, which makes the folder first: not a job whose output files go missing.
+    if (!opts.output_dir.empty() && !MakeFolders(opts.output_dir)) {
+      throw std::runtime_error("--output-filename " + opts.output_dir +
+                               ": cannot make or write the folder: " + std::strerror(errno));
     }
     if (opts.elastic) return RunElasticJob(opts);
     return RunJob(opts);

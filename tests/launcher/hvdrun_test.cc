@@ -816,7 +816,7 @@ namespace {
 TEST(Hvdrun, OutputFilenameWritesAFolderPerRank) {
   char tmpl[] = "/tmp/hvdrun_out_XXXXXX";
   ASSERT_NE(nullptr, mkdtemp(tmpl));
-  const std::string dir = std::string(tmpl) + "/logs";
+  const std::string dir = std::string(tmpl) + "/logs/of/the/job";  // made as mkdir -p makes it
   Result r = RunHvdrun({"-np", "11", "--output-filename", dir, "sh", "-c",
                         "echo out$HVD_RANK; echo err$HVD_RANK >&2"});
   ASSERT_EQ(0, r.code) << r.err;
@@ -828,6 +828,22 @@ TEST(Hvdrun, OutputFilenameWritesAFolderPerRank) {
   }
   std::string cleanup = "rm -rf " + std::string(tmpl);
   EXPECT_EQ(0, std::system(cleanup.c_str()));
+}
+
+// A folder that cannot be made (or is a file) stops the job before it starts, as in horovodrun:
+// not a job whose output files go missing.
+TEST(Hvdrun, OutputFilenameThatCannotBeMadeIsAnError) {
+  TempDir dir;
+  const std::string file = dir.path() + "/file";
+  std::ofstream(file) << "x";
+  for (const std::string& bad : {file, file + "/sub", std::string("/proc/no-such-folder")}) {
+    Result r = RunHvdrun({"-np", "2", "--output-filename", bad, "sh", "-c",
+                          "touch " + dir.path() + "/ran.$HVD_RANK"});
+    EXPECT_NE(0, r.code) << bad;
+    EXPECT_TRUE(Contains(r.err, "--output-filename " + bad + ": cannot make or write the folder"))
+        << r.err;
+    EXPECT_NE(0, ::access((dir.path() + "/ran.0").c_str(), F_OK)) << bad;
+  }
 }
 
 TEST(Hvdrun, CheckBuildListsWhatThisBuildHas) {
