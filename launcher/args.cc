@@ -174,12 +174,15 @@ std::string FlagName(const std::string& arg, bool* inline_value) {
   return arg.substr(1, 1);
 }
 
-// Splits argv into hvdrun's flags (normalised for cxxopts) and the command.
+// Splits argv into hvdrun's flags (normalised for cxxopts) and the command. `last_value`: where
+// the flags end with a flag and its value as two words, those words (the value may have been
+// meant as the command: `hvdrun -np ./train`).
 void SplitArgs(int argc, const char* const* argv, std::vector<std::string>* flags,
-               std::vector<std::string>* command) {
+               std::vector<std::string>* command, std::string* last_value) {
   flags->push_back("hvdrun");
   int i = 1;
   for (; i < argc; ++i) {
+    last_value->clear();
     std::string a = argv[i];
     if (a == "--") {
       ++i;
@@ -217,6 +220,9 @@ void SplitArgs(int argc, const char* const* argv, std::vector<std::string>* flag
         value += std::string(" ") + argv[++i];
       }
       flags->push_back(value);
+      if (value.find_first_not_of("0123456789.,: ") != std::string::npos) {  // not a count
+        *last_value = "'" + value + "' was taken as the value of " + argv[i - 1];
+      }
     }
   }
   for (; i < argc; ++i) command->push_back(argv[i]);
@@ -723,12 +729,17 @@ void ParseFlags(const std::vector<std::string>& flags, LaunchOptions* out) {
 LaunchOptions ParseArgs(int argc, const char* const* argv) {
   std::vector<std::string> flags;
   LaunchOptions out;
-  SplitArgs(argc, argv, &flags, &out.command);
+  std::string last_value;
+  SplitArgs(argc, argv, &flags, &out.command, &last_value);
   const ConfigFlags config = AddConfigFile(&flags);
   try {
     ParseFlags(flags, &out);
   } catch (const LaunchError& e) {
-    throw LaunchError(NameConfigOrigin(e.what(), config));
+    std::string what = e.what();
+    if (out.command.empty() && !last_value.empty() && what.rfind("missing COMMAND", 0) == 0) {
+      what = "missing COMMAND: " + last_value + what.substr(std::string("missing COMMAND").size());
+    }
+    throw LaunchError(NameConfigOrigin(what, config));
   }
   if (out.help || out.check_build || out.version) return out;
   // A setting of the file that has no effect is named as the file has it.

@@ -302,7 +302,10 @@ TEST(Args, Help) {
 TEST(Args, Errors) {
   struct Case { std::vector<std::string> args; const char* message; };
   std::vector<Case> cases = {
-      {{"-np", "2"}, "missing COMMAND"},
+      {{"-np", "2"}, "missing COMMAND (usage"},
+      {{"-np", "./train.sh"}, "missing COMMAND: './train.sh' was taken as the value of -np"},
+      {{"-np", "2", "--timeline", "./train.sh"},
+       "missing COMMAND: './train.sh' was taken as the value of --timeline"},
       {{"x"}, "missing -np"},
       {{"--bogus", "x"}, "unknown flag '--bogus'"},
       {{"-np"}, "needs a value"},
