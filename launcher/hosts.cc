@@ -25,7 +25,7 @@ int ParseSlots(const std::string& text, const std::string& context) {
   if (text.empty() || text.size() > 9 ||
       text.find_first_not_of("0123456789") != std::string::npos) {
     throw LaunchError("bad slot count '" + text + "' in " + context +
-                      " (expected a positive integer)");
+                      " (expected a positive integer below 1000000000)");
   }
   int n = std::atoi(text.c_str());
   if (n <= 0) throw LaunchError("slot count must be positive in " + context);
