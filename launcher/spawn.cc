@@ -159,8 +159,11 @@ void WatchGroup(pid_t pgid) { TellWatchdog(pgid); }
 namespace {
 
 // Runs in the child between fork and exec: async-signal-safe calls only.
+// `sh_argv`: the command as /bin/sh's script, for a file exec cannot start (ENOEXEC: a script
+// without a "#!" line), which /bin/sh runs, as execvp and horovodrun's shell do.
 [[noreturn]] void ExecChild(int in_r, int out_w, int err_w, int report_w, pid_t parent,
-                            const char* path, char* const* argv, char* const* envp) {
+                            const char* path, char* const* argv, char* const* sh_argv,
+                            char* const* envp) {
   ::setpgid(0, 0);
   // Should hvdrun itself be SIGKILLed, its ranks do not outlive it.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -182,6 +185,7 @@ namespace {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::execve(path, argv, envp);
   int err = errno;
+  if (err == ENOEXEC) ::execve(sh_argv[0], sh_argv, envp);
   ssize_t ignored = ::write(report_w, &err, sizeof(err));
   (void)ignored;
   ::_exit(127);
@@ -310,12 +314,16 @@ RankProcess SpawnRank(const Placement& p, const std::vector<std::string>& comman
   if (::pipe2(err, O_CLOEXEC) != 0) Fail("pipe");
   if (::pipe2(report, O_CLOEXEC) != 0) Fail("pipe");
   std::vector<char*> argv = CStrings(command);
+  std::vector<std::string> as_script = {"/bin/sh"};
+  as_script.insert(as_script.end(), command.begin(), command.end());
+  std::vector<char*> sh_argv = CStrings(as_script);
   std::vector<char*> envp = CStrings(env);
   pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) Fail("fork");
   if (pid == 0) {
-    ExecChild(stdin_fd, out[1], err[1], report[1], parent, argv[0], argv.data(), envp.data());
+    ExecChild(stdin_fd, out[1], err[1], report[1], parent, argv[0], argv.data(), sh_argv.data(),
+              envp.data());
   }
   ::setpgid(pid, pid);  // also here, so the group exists before we might signal it
   TellWatchdog(pid);

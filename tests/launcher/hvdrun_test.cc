@@ -807,6 +807,19 @@ TEST(Hvdrun, CommandNotFound) {
   EXPECT_TRUE(Contains(r.err, "command not found: no-such-program-for-hvdrun")) << r.err;
 }
 
+// An executable script without a "#!" line runs under /bin/sh, as execvp and horovodrun's shell
+// run it, with its arguments.
+TEST(Hvdrun, ScriptWithoutAnInterpreterLineRunsUnderSh) {
+  TempDir dir;
+  const std::string script = dir.path() + "/plain.sh";
+  std::ofstream(script) << "echo \"plain $HVD_RANK: $#: $2\"\n";
+  ASSERT_EQ(0, ::chmod(script.c_str(), 0755));
+  Result r = RunHvdrun({"-np", "2", script, "a", "b c"});
+  EXPECT_EQ(0, r.code) << r.err;
+  EXPECT_TRUE(Contains(r.out, "[0]<stdout>:plain 0: 2: b c\n")) << r.out << r.err;
+  EXPECT_TRUE(Contains(r.out, "[1]<stdout>:plain 1: 2: b c\n")) << r.out << r.err;
+}
+
 }  // namespace
 
 namespace {
