@@ -199,7 +199,9 @@ class HVD_EXPORT Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Finishes the background thread; pending operations fail with Aborted. Idempotent.
+  // Finishes the background thread; operations still pending when it ends fail with Aborted
+  // (where every rank shuts down with the same operations submitted, they may finish first).
+  // Idempotent.
   Status Shutdown();
 
   int rank() const;
