@@ -387,15 +387,18 @@ void ElasticDriver::Reform(const std::string& why, bool again) {
                            " never did): see their output above for why they failed to start");
     return;
   }
-  // Once a world has formed, the state lives in the workers that joined one: the new world's
-  // rank 0, whose state every rank takes, must be one of them. Workers started for a world
-  // that never formed hold only the initial state.
-  auto holds = [this](int w) { return workers_[w].joined; };
+  // Once a world has formed, the state lives in the workers that hold it (Worker::holds): the
+  // new world's rank 0, whose state every rank takes, must be one of them. Workers started
+  // for a world that never formed, or that joined one but never took its state, hold only the
+  // initial state.
+  for (int w : keep) RefreshHolds(workers_[w]);
+  auto holds = [this](int w) { return workers_[w].holds; };
   std::stable_partition(keep.begin(), keep.end(), holds);
   if (formed_ > 0 && !holds(keep.front())) {
     Fail("every worker that holds the committed state is gone (the " +
-         std::to_string(keep.size()) + " left were started for world " +
-         std::to_string(generation_) + ", which never formed)");
+         std::to_string(keep.size()) + " left never took it: started for world " +
+         std::to_string(generation_) + ", which never formed, or their rank 0 was lost " +
+         "before its broadcast of the state reached them)");
     return;
   }
   std::vector<std::pair<std::string, int>> free = FreeSlots();
@@ -552,13 +555,24 @@ void ElasticDriver::RefreshFormed() {
       }
     }
     if (!all) continue;
+    const bool first = formed_ == 0;  // its members start from the initial state: they hold it
     formed_ = std::max(formed_, g);
-    for (int w : world) workers_[w].joined = true;
+    for (int w : world) {
+      workers_[w].joined = true;
+      if (first) workers_[w].holds = true;
+    }
   }
   const int64_t formed = formed_;
   unformed_.erase(std::remove_if(unformed_.begin(), unformed_.end(),
                                  [formed](const auto& u) { return u.first <= formed; }),
                   unformed_.end());
+}
+
+void ElasticDriver::RefreshHolds(Worker& w) {
+  if (w.holds || !w.joined) return;
+  std::string v;
+  auto said = store_->TryGet(ElasticHoldsKey(w.id), &v, Clock::now() + std::chrono::seconds(2));
+  if (said.ok() && *said) w.holds = true;
 }
 
 // Training is over once every worker that joined a world has exited 0: workers started for a

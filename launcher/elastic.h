@@ -126,9 +126,14 @@ class ElasticDriver : public RankEvents {
     pid_t pid = -1;
     bool alive = true;
     bool retired = false;  // stopped by hvdrun (host blacklisted or removed): its exit is no failure
-    // A member of a world that formed: it went on from the committed state (or the initial
-    // state, in the first world). A worker started for a world that never formed holds none.
+    // A member of a world that formed. A worker started for a world that never formed holds
+    // no state.
     bool joined = false;
+    // It holds the job's state: a member of the first world that formed (the initial state),
+    // or a worker that said it took the state rank 0 broadcast, or reached a commit
+    // (ElasticHoldsKey). A new worker whose world formed but whose rank 0 died before the
+    // broadcast reached it holds only the initial state.
+    bool holds = false;
   };
   struct Blacklisted {
     int failures = 0;
@@ -137,6 +142,8 @@ class ElasticDriver : public RankEvents {
   };
 
   bool Discover(bool first);
+  // Worker::holds from the worker's word in the store, where it has not been seen yet.
+  void RefreshHolds(Worker& w);
   bool TakeHosts(const std::string& output, bool first);
   bool DiscoveryFailed(const LaunchError& e, bool first);
   bool PollDiscovery();

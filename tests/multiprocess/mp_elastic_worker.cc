@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
     hvd::Status failed;
     bool hosts_updated = false;
     if (sync) failed = Sync(*e, &state);
+    if (sync && failed.ok()) failed = e->StateSynced();  // hvdrun may make it a later rank 0
     if (sync && failed.ok() && e->rank() == 0) {
       std::printf("ELASTIC-NATIVE-WORLD generation %lld size %d\n",
                   static_cast<long long>(e->elastic_generation()), e->size());

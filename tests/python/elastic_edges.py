@@ -5,6 +5,10 @@ committed steps in an hvd.elastic.TorchState:
                      it), then that first host's rank 0 fails while hvdrun's grown world has
                      not formed: the only workers holding the commit are gone, and the new
                      ones must not train from the initial state
+  --mode sync-lost   one worker adds a host at step 5 and goes on; the grown world forms, and
+                     the first worker dies in its reset callback, before its broadcast of the
+                     state reached the new one: the new worker, which joined a world that
+                     formed but never took the state, must not train from the initial state
   --mode late-host   training ends at step 5; then rank 0 appends a host and the ranks take a
                      while to exit: the workers hvdrun starts for the grown world never join
                      one, and the finished job must still end with 0
@@ -25,7 +29,8 @@ import torch
 import hvd.torch as hvd
 
 p = argparse.ArgumentParser()
-p.add_argument("--mode", required=True, choices=["state-lost", "late-host", "internal-error"])
+p.add_argument("--mode", required=True, choices=["state-lost", "sync-lost", "late-host",
+                                                     "internal-error"])
 p.add_argument("--add-host")
 args = p.parse_args()
 
@@ -55,10 +60,20 @@ def add_host():
 attempts = []
 
 
+def die_before_the_broadcast():
+    # The first worker, reset into the grown world (a new worker's first attempt has no reset).
+    if args.mode == "sync-lost" and attempts and hvd.size() > 1:
+        print("EDGE-HOLDER-DIES step %d" % state.step, flush=True)
+        os._exit(1)
+
+
+state.register_reset_callbacks([die_before_the_broadcast])
+
+
 @hvd.elastic.run
 def train(state):
     attempts.append(hvd.size())
-    last = {"state-lost": 20, "late-host": 5, "internal-error": 10}[args.mode]
+    last = {"state-lost": 20, "sync-lost": 200, "late-host": 5, "internal-error": 10}[args.mode]
     while state.step < last:
         if args.mode == "internal-error" and state.step == 5 and len(attempts) == 1:
             raise hvd.HorovodInternalError("a failure the script simulates")
@@ -70,6 +85,8 @@ def train(state):
         if args.mode == "state-lost" and state.step == 10 and hvd.rank() == 0:
             add_host()  # hvdrun publishes the grown world and starts its new workers
             raise RuntimeError("the first host fails before the grown world formed")
+        if args.mode == "sync-lost" and state.step == 5 and hvd.size() == 1:
+            add_host()  # the next commit raises HostsUpdatedInterrupt
         time.sleep(0.05)
 
 

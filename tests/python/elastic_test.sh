@@ -22,6 +22,10 @@
 #     state-lost  the only host holding the commit fails before the grown world hvdrun started
 #                 workers for has formed: the job fails, saying why, instead of training the
 #                 new workers from the initial state (elastic_edges.py)
+#     sync-lost   the only worker holding the commit dies after the grown world formed, before
+#                 its broadcast of the state reached the new worker: the job fails, saying
+#                 why, instead of training the new worker from the initial state
+#                 (elastic_edges.py)
 #     late-host   a host appears after training ended: hvdrun stops the workers it started for
 #                 it, and the job ends with 0 (elastic_edges.py)
 #     internal-error  every rank raises HorovodInternalError with no peer lost: hvdrun forms
@@ -170,6 +174,20 @@ case "$CASE" in
       || fail "hvdrun did not say the committed state was lost"
     if grep -q "EDGE-STEP host localhost" "$DIR/a.log"; then
       fail "the new host's workers trained from the initial state"
+    fi
+    ;;
+  sync-lost)
+    discovery "127.0.0.1:1"
+    HOSTS_FILE="$DIR/hosts" SEEN_FILE="$DIR/seen" run "$DIR/a.log" -np 1 --min-np 1 \
+      --max-np 2 --host-discovery-script "$DIR/discover.sh" "$PY" "$EDGES" --mode sync-lost \
+      --add-host localhost:1
+    rc=$?
+    [ $rc -ne 0 ] || fail "hvdrun exited 0"
+    grep -q "EDGE-HOLDER-DIES" "$DIR/a.log" || fail "the first worker did not die in its reset"
+    grep -q "every worker that holds the committed state is gone" "$DIR/a.log" \
+      || fail "hvdrun did not say the committed state was lost"
+    if grep -q "EDGE-STEP host localhost" "$DIR/a.log"; then
+      fail "the new host's worker trained from the initial state"
     fi
     ;;
   late-host)

@@ -129,6 +129,8 @@ def run_fn(func, reset):
             try:
                 if not skip_sync:
                     state.sync()
+                    # hvdrun may now make this worker the rank 0 of a later world.
+                    _core.elastic_state_synced()
                 return func(state, *args, **kwargs)
             except HvdError as e:
                 # A mismatch or a bad argument (InvalidArgumentError, FailedPreconditionError:

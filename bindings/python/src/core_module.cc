@@ -395,6 +395,15 @@ void BindEngine(py::module_& m) {
     if (!updated.ok()) throw StatusError(updated.status());
     return *updated;
   }, "Collective: whether hvdrun has published a newer world than this engine's (elastic).");
+  m.def("elastic_state_synced", [] {
+    hvd::Status s;
+    hvd::Engine& e = Eng();
+    {
+      py::gil_scoped_release release;
+      s = e.StateSynced();
+    }
+    if (!s.ok()) throw StatusError(s);
+  }, "Elastic: this worker holds the job's state now (after state.sync()).");
   m.def("elastic_generation", [] { return Eng().elastic_generation(); });
   m.def("rank", [] { return Eng().rank(); });
   m.def("size", [] { return Eng().size(); });

@@ -192,6 +192,13 @@ class HVD_EXPORT Engine {
   // than this engine's (rank 0 reads the store and broadcasts what it read). Always false,
   // without communicating, outside an elastic job.
   StatusOr<bool> HostsUpdated();
+  // After the broadcast of the state from rank 0 that follows a Reset (or the start of a
+  // worker that joins a running job): this worker now holds the job's state, and hvdrun may
+  // make it rank 0 of a later world, whose state every rank takes. A worker that has neither
+  // called this nor reached a commit (HostsUpdated) holds only what it started with: should
+  // every worker that holds the state die, the job fails instead of training from the start.
+  // OK and nothing done outside an elastic job.
+  Status StateSynced();
   // The generation of this engine's world (1, 2, ...); 0 outside an elastic job.
   int64_t elastic_generation() const;
 

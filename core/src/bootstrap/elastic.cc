@@ -149,6 +149,8 @@ std::string ElasticReadyKey(int64_t generation, const std::string& id) {
   return "elastic/ready/" + std::to_string(generation) + "/" + id;
 }
 
+std::string ElasticHoldsKey(const std::string& id) { return "elastic/holds/" + id; }
+
 std::string ElasticLeftKey(int64_t generation, const std::string& id) {
   return "elastic/left/" + std::to_string(generation) + "/" + id;
 }

@@ -48,6 +48,11 @@ Status ReportLeft(StoreClient& store, int64_t generation, const std::string& id,
 // Set by a worker once it has its place in world `generation`; the world forms once every
 // worker of it has set its key.
 std::string ElasticReadyKey(int64_t generation, const std::string& id);
+// Set by a worker (to the generation it was in) once it holds the job's state: it took the
+// state rank 0 broadcast after a reset (Engine::StateSynced), or reached a commit
+// (Engine::HostsUpdated). A worker of the first world that formed holds the initial state
+// without it.
+std::string ElasticHoldsKey(const std::string& id);
 constexpr const char* kElasticLatestKey = "elastic/latest";
 
 // The newest generation hvdrun has published; 0 when none yet.

@@ -1079,6 +1079,17 @@ StatusOr<int64_t> EngineImpl::LatestGeneration() {
   return std::max(*g, options_.elastic_generation);
 }
 
+Status EngineImpl::MarkHoldsState() {
+  std::lock_guard<std::mutex> l(elastic_mu_);
+  if (!elastic_store_ || holds_marked_) return Status::OK();
+  Status s = elastic_store_->Set(ElasticHoldsKey(options_.elastic_id),
+                                 std::to_string(options_.elastic_generation),
+                                 DeadlineAfterSeconds(options_.timeout_seconds));
+  if (!s.ok()) return s.WithContext("telling hvdrun this worker holds the state");
+  holds_marked_ = true;
+  return Status::OK();
+}
+
 void EngineImpl::ReportLeftWorld(const Status& why) {
   std::lock_guard<std::mutex> l(elastic_mu_);
   if (!elastic_store_) return;
@@ -1183,8 +1194,12 @@ StatusOr<bool> Engine::HostsUpdated() {
   e.own_name = true;
   Status s = impl_->Enqueue(std::move(e))->Wait();
   if (!s.ok()) return s;
+  // A commit: this worker went on from the state it was given (StateSynced).
+  HVD_RETURN_IF_ERROR(impl_->MarkHoldsState());
   return latest > o.elastic_generation;
 }
+
+Status Engine::StateSynced() { return impl_->MarkHoldsState(); }
 
 int64_t Engine::elastic_generation() const { return impl_->options().elastic_generation; }
 

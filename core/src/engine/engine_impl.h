@@ -418,6 +418,8 @@ class EngineImpl {
     elastic_store_ = std::move(store);
   }
   StatusOr<int64_t> LatestGeneration();
+  // Tells hvdrun, once, that this worker holds the job's state (ElasticHoldsKey).
+  Status MarkHoldsState();
   // Tells hvdrun that this worker left its world (the world broke under it), so that hvdrun
   // can tell a worker that never does (stopped, cut off) from a slow one (bootstrap/elastic.h).
   void ReportLeftWorld(const Status& why);
@@ -728,6 +730,7 @@ class EngineImpl {
 
   std::mutex elastic_mu_;  // serialises callers' use of elastic_store_
   std::unique_ptr<StoreClient> elastic_store_;  // guarded by elastic_mu_; null unless elastic
+  bool holds_marked_ = false;                     // guarded by elastic_mu_
 
   // Background side.
   asio::io_context io_;
