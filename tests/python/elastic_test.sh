@@ -60,6 +60,21 @@ discovery() {
     "$DIR/hosts" "$DIR/seen" "$DIR/seen" "$DIR/seen" >"$DIR/discover.sh"
   chmod +x "$DIR/discover.sh"
 }
+# state_lost SLOTS MODE: NP = SLOTS ranks on host 127.0.0.1; elastic_edges.py's MODE adds host
+# localhost (SLOTS slots) and loses the workers holding the commit: the job must fail, saying
+# so, and the new host's workers must not train from the initial state.
+state_lost() {
+  discovery "127.0.0.1:$1"
+  HOSTS_FILE="$DIR/hosts" SEEN_FILE="$DIR/seen" run "$DIR/a.log" -np "$1" --min-np "$1" \
+    --max-np $(($1 * 2)) --host-discovery-script "$DIR/discover.sh" "$PY" "$EDGES" --mode "$2" \
+    --add-host "localhost:$1"
+  [ $? -ne 0 ] || fail "hvdrun exited 0"
+  grep -q "every worker that holds the committed state is gone" "$DIR/a.log" \
+    || fail "hvdrun did not say the committed state was lost"
+  if grep -q "EDGE-STEP host localhost" "$DIR/a.log"; then
+    fail "the new host's workers trained from the initial state"
+  fi
+}
 # grow_by_one SLOTS NP FLAGS...: NP ranks on host 127.0.0.1 (SLOTS slots); rank 0 adds host
 # localhost (SLOTS slots) at step 5, and the job, whose FLAGS allow one rank more, grows to
 # NP + 1 ranks without losing a sample.
@@ -164,31 +179,11 @@ case "$CASE" in
     grow_by_one 1 1 --min-num-proc 1 --max-num-proc 2
     ;;
   state-lost)
-    discovery "127.0.0.1:2"
-    HOSTS_FILE="$DIR/hosts" SEEN_FILE="$DIR/seen" run "$DIR/a.log" -np 2 --min-np 2 \
-      --max-np 4 --host-discovery-script "$DIR/discover.sh" "$PY" "$EDGES" --mode state-lost \
-      --add-host localhost:2
-    rc=$?
-    [ $rc -ne 0 ] || fail "hvdrun exited 0"
-    grep -q "every worker that holds the committed state is gone" "$DIR/a.log" \
-      || fail "hvdrun did not say the committed state was lost"
-    if grep -q "EDGE-STEP host localhost" "$DIR/a.log"; then
-      fail "the new host's workers trained from the initial state"
-    fi
+    state_lost 2 state-lost
     ;;
   sync-lost)
-    discovery "127.0.0.1:1"
-    HOSTS_FILE="$DIR/hosts" SEEN_FILE="$DIR/seen" run "$DIR/a.log" -np 1 --min-np 1 \
-      --max-np 2 --host-discovery-script "$DIR/discover.sh" "$PY" "$EDGES" --mode sync-lost \
-      --add-host localhost:1
-    rc=$?
-    [ $rc -ne 0 ] || fail "hvdrun exited 0"
+    state_lost 1 sync-lost
     grep -q "EDGE-HOLDER-DIES" "$DIR/a.log" || fail "the first worker did not die in its reset"
-    grep -q "every worker that holds the committed state is gone" "$DIR/a.log" \
-      || fail "hvdrun did not say the committed state was lost"
-    if grep -q "EDGE-STEP host localhost" "$DIR/a.log"; then
-      fail "the new host's worker trained from the initial state"
-    fi
     ;;
   late-host)
     discovery "127.0.0.1:1"
