@@ -686,7 +686,9 @@ std::string NameConfigOrigin(const std::string& message, const ConfigFlags& conf
   return message;
 }
 
-void ParseFlags(const std::vector<std::string>& flags, LaunchOptions* out) {
+// `last_value`: SplitArgs's, for a missing command.
+void ParseFlags(const std::vector<std::string>& flags, const std::string& last_value,
+                LaunchOptions* out) {
   std::vector<const char*> ptrs;
   for (const auto& f : flags) ptrs.push_back(f.c_str());
   cxxopts::Options spec = BuildOptions();
@@ -711,7 +713,8 @@ void ParseFlags(const std::vector<std::string>& flags, LaunchOptions* out) {
       if (r.count("np")) throw LaunchError("give either -np or --num-proc, not both");
     }
     if (out->command.empty()) {
-      throw LaunchError("missing COMMAND (usage: hvdrun -np N [options] COMMAND [ARGS...]; see hvdrun --help)");
+      throw LaunchError("missing COMMAND" + (last_value.empty() ? "" : ": " + last_value) +
+                        " (usage: hvdrun -np N [options] COMMAND [ARGS...]; see hvdrun --help)");
     }
     ParseJobFlags(r, out);
     ParseHorovodFlags(r, out);  // first: its refusals say more than a missing -np would
@@ -733,13 +736,9 @@ LaunchOptions ParseArgs(int argc, const char* const* argv) {
   SplitArgs(argc, argv, &flags, &out.command, &last_value);
   const ConfigFlags config = AddConfigFile(&flags);
   try {
-    ParseFlags(flags, &out);
+    ParseFlags(flags, last_value, &out);
   } catch (const LaunchError& e) {
-    std::string what = e.what();
-    if (out.command.empty() && !last_value.empty() && what.rfind("missing COMMAND", 0) == 0) {
-      what = "missing COMMAND: " + last_value + what.substr(std::string("missing COMMAND").size());
-    }
-    throw LaunchError(NameConfigOrigin(what, config));
+    throw LaunchError(NameConfigOrigin(e.what(), config));
   }
   if (out.help || out.check_build || out.version) return out;
   // A setting of the file that has no effect is named as the file has it.

@@ -92,14 +92,14 @@ void Supervisor::Verbose(const std::string& line) const {
   if (options_.verbose) Say(line);
 }
 
-// DIR/rank.N/<stream>, created (with DIR) as needed; -1 with a message when it cannot be.
+// DIR/rank.N/<stream>, its folder created as needed (DIR itself was made before the job
+// started: hvdrun_main.cc); -1 with a message when it cannot be.
 int Supervisor::OutputFile(int rank, const char* stream) const {
   if (options_.output_dir.empty()) return -1;
   std::string n = std::to_string(rank);
   const size_t width = std::to_string(std::max(0, options_.ranks - 1)).size();
   if (n.size() < width) n.insert(0, width - n.size(), '0');
   const std::string dir = options_.output_dir + "/rank." + n;
-  ::mkdir(options_.output_dir.c_str(), 0755);
   ::mkdir(dir.c_str(), 0755);
   const std::string path = dir + "/" + stream;
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
