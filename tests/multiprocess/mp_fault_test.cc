@@ -308,9 +308,9 @@ TEST(PeerStopped, CoordinatorStopped) { StopScenario(3, 0); }
 // Rank 0's output allocator does not return for three timeouts (a framework's memory pool
 // wedged) while rank 0 runs an allgather of a set of its own; ranks 1 and 2 wait on an allreduce
 // of the world, which rank 0, their coordinator, cannot answer from inside the allocator. The
-// control keeper sends rank 0's heartbeats for HVD_TIMEOUT_SECONDS, then stops
-// (engine/control_keeper.h): the workers fail, naming rank 0, within the bound, instead of
-// hearing a live rank until the allocator returns.
+// control keeper sends rank 0's heartbeats for HVD_TIMEOUT_SECONDS, then tells every rank that
+// rank 0 is stuck (engine/control_keeper.h): the workers fail, naming rank 0, within the
+// bound, instead of hearing a live rank until the allocator returns.
 TEST(StuckAllocator, TheOthersFailNamingTheRankInsideIt) {
   constexpr int size = 3;
   ForkedWorld w(size, kTimeout);
@@ -357,6 +357,58 @@ TEST(StuckAllocator, TheOthersFailNamingTheRankInsideIt) {
     EXPECT_EQ(value("destroyed"), "yes");
   }
   EXPECT_EQ(w.result(0).values.count("destroyed"), 1u) << Describe(w.result(0));
+}
+
+// Rank 1's output allocator holds the world's allgather for two timeouts, while the other
+// ranks wait for it inside the same allgather, their data-plane waits stalled as long. Every
+// rank must fail naming rank 1 as the stuck one, over shared memory and over TCP: before the
+// keeper told them, each survivor's wait timed out blaming the peer it waited on (in the ring,
+// mostly another survivor), and rank 1's own allgather succeeded once its allocator returned.
+void StuckInsideItsOwnCollective(hvd::Options::Toggle shm) {
+  constexpr int size = 4, stuck = 1;
+  ForkedWorld w(size, kTimeout);
+  ASSERT_TRUE(w.store_ok());
+  ASSERT_TRUE(w.Start([shm](int r, const hvd::Options& base, const Reporter& out) {
+    hvd::Options o = base;
+    o.shm = shm;
+    auto e = CreateIn(o, out);
+    if (!e || !WarmUp(*e, out)) return 3;
+    std::vector<float> x(1000, static_cast<float>(r)), got;
+    TensorView v(x.data(), DataType::kFloat32, {1000});
+    hvd::OutputAllocator alloc = [&got, r](const std::vector<int64_t>& shape) -> void* {
+      if (r == stuck) std::this_thread::sleep_for(std::chrono::duration<double>(2 * kTimeout));
+      got.assign(static_cast<size_t>(shape[0]), 0.0f);
+      return got.data();
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    auto h = e->Allgather("held", v, alloc);
+    Status s = WaitBounded(h, 2 * kTimeout + kBound);
+    SayOutcome(out, h->Finished(), s, t0);
+    e.reset();
+    out.Say("destroyed", "yes");
+    return 0;
+  }));
+  EXPECT_TRUE(w.WaitAll(2 * kTimeout + kBound + 15)) << "some rank is still running";
+  for (int r = 0; r < size; ++r) {
+    const ChildResult& c = w.result(r);
+    SCOPED_TRACE("rank " + std::to_string(r) + ": " + Describe(c));
+    auto value = [&c](const char* key) { return ValueOf(c, key); };
+    std::printf("[mp] rank %d: %s after %s s: %s\n", r, value("code").c_str(),
+                value("seconds").c_str(), value("message").c_str());
+    EXPECT_EQ(value("finished"), "yes");
+    EXPECT_EQ(value("code"), hvd::StatusCodeName(StatusCode::kTimeout));
+    EXPECT_NE(value("message").find("rank 1 stuck"), std::string::npos);
+    // The survivors by the timeout (and the keeper's second), the stuck rank once it returns.
+    EXPECT_LT(std::atof(value("seconds").c_str()), r == stuck ? 2 * kTimeout + 5 : kBound);
+    EXPECT_EQ(value("destroyed"), "yes");
+  }
+}
+
+TEST(StuckAllocator, EveryRankNamesTheRankStuckInItsOwnCollectiveShm) {
+  StuckInsideItsOwnCollective(hvd::Options::Toggle::kAuto);
+}
+TEST(StuckAllocator, EveryRankNamesTheRankStuckInItsOwnCollectiveTcp) {
+  StuckInsideItsOwnCollective(hvd::Options::Toggle::kOff);
 }
 
 }  // namespace

@@ -106,8 +106,8 @@ TEST(ControlKeeper, AnExceptionEndsTheCall) {
   EXPECT_EQ(o.outside.load(), 0);
 }
 
-// A call that lasts the limit is taken as stuck: polling stops (the rank falls silent, and its
-// peers count it lost at their timeout), and resumes with the next call.
+// A call that lasts the limit is taken as stuck: the keeper gives up on it once (the engine
+// tells every rank that this one is stuck), polling stops, and resumes with the next call.
 TEST(ControlKeeper, StopsPollingAStuckCallAtTheLimit) {
   Observed o;
   std::atomic<int64_t> last_us{0};  // the last poll's start, from the call's start
@@ -118,7 +118,13 @@ TEST(ControlKeeper, StopsPollingAStuckCallAtTheLimit) {
                   .count();
     o.polls.fetch_add(1);
   };
-  ControlKeeper k(poll, std::chrono::milliseconds(150));
+  std::atomic<int> gave_up{0};
+  std::atomic<int64_t> ran_us{0};  // what the keeper said the stuck call had run
+  auto give_up = [&](hvd::Clock::duration ran) {
+    ran_us = std::chrono::duration_cast<std::chrono::microseconds>(ran).count();
+    gave_up.fetch_add(1);
+  };
+  ControlKeeper k(poll, std::chrono::milliseconds(150), give_up);
   start = std::chrono::steady_clock::now();
   k.Call([] { std::this_thread::sleep_for(std::chrono::milliseconds(900)); });
   const int first = o.polls.load();
@@ -126,9 +132,13 @@ TEST(ControlKeeper, StopsPollingAStuckCallAtTheLimit) {
   // The keeper decides each poll before the limit; a loaded machine may start one late, but
   // not by the 600 ms left of the call.
   EXPECT_LT(last_us.load(), 600 * 1000) << "polls went on past the limit";
+  EXPECT_EQ(gave_up.load(), 1) << "the stuck call was not given up on exactly once";
+  EXPECT_GE(ran_us.load(), 150 * 1000);
+  EXPECT_LT(ran_us.load(), 900 * 1000);
   start = std::chrono::steady_clock::now();
   k.Call([] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); });
   EXPECT_GT(o.polls.load(), first) << "the next call was not polled";
+  EXPECT_EQ(gave_up.load(), 1) << "a call within the limit was given up on";
 }
 
 TEST(ControlKeeper, DestroyedWithAndWithoutItsThread) {

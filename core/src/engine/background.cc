@@ -1520,6 +1520,36 @@ void EngineImpl::KeeperPoll() {
   }
 }
 
+// Said to every rank before the job's links close, so that each survivor names this rank:
+// their data-plane waits stalled as long as the call ran, and each would blame the peer it
+// waits on (in a ring, mostly another survivor). This rank's own operation fails too once the
+// call returns (its transport is aborted), instead of succeeding where the others failed. A
+// world of one has no one to wait for it: the call goes on, as slow as it is.
+void EngineImpl::KeeperGaveUp(Clock::duration ran) {
+  if (!abort_.ok() || options_.size <= 1 || shutdown_by_ >= 0 || done_) return;
+  std::ostringstream os;
+  os << "rank " << options_.rank << " stuck: code that is not hvd's (a framework's output "
+     << "allocator, or CUDA allocating or freeing memory) ran on it for "
+     << std::chrono::duration<double>(ran).count()
+     << " s, HVD_TIMEOUT_SECONDS or more, inside a collective; the job's collectives are "
+        "abandoned";
+  try {
+    abort_ = Status::Timeout(os.str());
+    failing_on_own_ = true;
+    HVD_LOG(kError) << abort_.message();
+    if (coordinator()) {
+      BroadcastControl(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(abort_));
+    } else if (control_.size() == 1 && control_[0] && control_[0]->open()) {
+      control_[0]->Send(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(abort_));
+    }
+    FlushControl(Clock::now() + std::chrono::seconds(1));
+    transport_->Abort(abort_);
+  } catch (...) {
+    HVD_LOG(kError) << "rank " << options_.rank << ": telling the others that this rank is "
+                    << "stuck failed: " << ExceptionMessage(std::current_exception());
+  }
+}
+
 // A collective that broke because a survivor closed its connections names that survivor;
 // the rank that saw the real loss tells the coordinator, which tells everyone. Wait briefly
 // for that message so that every survivor reports the rank that was actually lost.

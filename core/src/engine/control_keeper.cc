@@ -69,8 +69,9 @@ void ControlKeeper::Run() {
       HVD_LOG(kWarning) << "code that is not hvd's (a framework's output allocator, or CUDA "
                            "allocating or freeing memory) has run for "
                         << std::chrono::duration<double>(now - since_).count()
-                        << " s (HVD_TIMEOUT_SECONDS): this rank's heartbeats stop until it "
-                           "returns, and the other ranks will count it lost";
+                        << " s (HVD_TIMEOUT_SECONDS): this rank is taken as stuck, and its "
+                           "heartbeats stop until it returns";
+      if (give_up_) give_up_(now - since_);
       const uint64_t stuck = calls_;
       asleep_ = true;
       cv_.wait(l, [&] { return stop_ || calls_ != stuck; });

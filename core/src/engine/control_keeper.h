@@ -19,10 +19,11 @@
 //      holder, or the keeper on its behalf while the holder is away.
 //   4. `poll` is what the engine already runs between slices of long host work (at the same
 //      points of an execution), so what it may change is what those polls may change.
-//   5. A call that lasts `limit` (HVD_TIMEOUT_SECONDS) is taken as stuck: the keeper stops
-//      polling, with a warning, so that this rank falls silent and the others count it lost at
-//      their timeout, as they would without the keeper, instead of waiting on its heartbeats
-//      for ever. Polling resumes with the next call.
+//   5. A call that lasts `limit` (HVD_TIMEOUT_SECONDS) is taken as stuck: the keeper runs
+//      `give_up` once, under its lock as a poll (the engine tells every rank that this one is
+//      stuck and fails the job: its peers' data-plane waits, which stalled as long, would
+//      otherwise each blame the neighbour they wait on), then stops polling, with a warning.
+//      Polling resumes with the next call.
 //
 // Thread-safety: Call() from the thread that holds the engine's work only; the destructor
 // after the last Call() has returned.
@@ -46,8 +47,9 @@ class ControlKeeper {
   // How long the keeper stays awake after a call (a burst of allocations wakes it once).
   static constexpr auto kWatch = std::chrono::seconds(1);
 
-  ControlKeeper(std::function<void()> poll, Clock::duration limit)
-      : poll_(std::move(poll)), limit_(limit) {}
+  ControlKeeper(std::function<void()> poll, Clock::duration limit,
+                std::function<void(Clock::duration)> give_up = nullptr)
+      : poll_(std::move(poll)), give_up_(std::move(give_up)), limit_(limit) {}
   ~ControlKeeper();
   ControlKeeper(const ControlKeeper&) = delete;
   ControlKeeper& operator=(const ControlKeeper&) = delete;
@@ -72,6 +74,7 @@ class ControlKeeper {
   void Run();
 
   const std::function<void()> poll_;
+  const std::function<void(Clock::duration)> give_up_;  // with how long the call has run
   const Clock::duration limit_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

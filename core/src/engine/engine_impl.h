@@ -515,6 +515,9 @@ class EngineImpl {
   // The keeper's poll (ControlKeeper): PollControlPlane, an exception in it stopping the engine
   // as one on the background thread does.
   void KeeperPoll();
+  // The keeper's verdict on a foreign call that ran for `ran`, HVD_TIMEOUT_SECONDS or more:
+  // every rank hears that this one is stuck, and the job fails (control_keeper.h).
+  void KeeperGaveUp(Clock::duration ran);
   // Host work on this thread over many bytes (a copy, a fill, a scaling) in slices, with the
   // control plane polled between them (execute.cc): heartbeats go out and aborts are heard
   // however long it takes.
@@ -808,7 +811,8 @@ class EngineImpl {
   // the transport and the control links: its thread is joined before they go.
   ControlKeeper keeper_{[this] { KeeperPoll(); },
                         std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(options_.timeout_seconds))};
+                            std::chrono::duration<double>(options_.timeout_seconds)),
+                        [this](Clock::duration ran) { KeeperGaveUp(ran); }};
   bool abandon_ = false;       // this rank failed alone inside the response being executed
   bool joined_ = false;
   int join_device_ = kCpuDevice;  // Join(device): where a joined rank's zeros go (execute_device.cc)
