@@ -10,7 +10,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
 #include <ctime>
+#include <map>
+#include <utility>
 
 namespace hvd {
 namespace launcher {
@@ -104,6 +107,14 @@ LinePump::LinePump(int rank, const char* stream_name, int out_fd, bool prefix, i
                    bool timestamp)
     : out_fd_(out_fd), file_fd_(file_fd), timestamp_(timestamp) {
   if (prefix) prefix_ = "[" + std::to_string(rank) + "]<" + stream_name + ">:";
+  // The console by what it is (stdout and stderr on one terminal are one), else by descriptor.
+  static std::map<std::pair<uint64_t, uint64_t>, ConsoleLine> consoles;
+  struct stat st {};
+  const auto key = ::fstat(out_fd, &st) == 0
+                       ? std::make_pair(static_cast<uint64_t>(st.st_dev),
+                                        static_cast<uint64_t>(st.st_ino))
+                       : std::make_pair(~uint64_t{0}, static_cast<uint64_t>(out_fd));
+  console_ = &consoles[key];
 }
 
 LinePump::~LinePump() {
@@ -123,23 +134,33 @@ static std::string TimeStamp() {
 
 void LinePump::Emit(const char* data, size_t len, char end) {
   // The rank's prefix and the time at the start of a line only: a line longer than kMaxLine
-  // goes out in pieces, with nothing added between them.
+  // goes out in pieces, with nothing added between them unless another stream wrote to the
+  // console in between (output.h).
   // `stamp`: the time, where asked; `head`: it and the rank's prefix (a space between the time
   // and a line that has no prefix).
+  ConsoleLine& c = *console_;
+  const bool someone_else = c.last != nullptr && c.last != this;
   std::string stamp, head;
-  if (!mid_line_) {
+  if (!mid_line_ || someone_else) {
     if (timestamp_) stamp = TimeStamp();
     head = stamp + (prefix_.empty() && timestamp_ ? " " : "") + prefix_;
   }
   std::string line;
-  line.reserve(head.size() + len + 1);
+  line.reserve(1 + head.size() + len + 1);
+  if (someone_else && c.open) line.push_back('\n');  // the other stream's piece, ended
   line += head;
   line.append(data, len);
   if (end != 0) line.push_back(end);
+  c.last = this;
+  c.open = end == 0;
+  const bool started = !mid_line_;
   mid_line_ = end == 0;
   WriteAll(out_fd_, line);
-  if (file_fd_ >= 0) {  // the file: the time and a space, never the rank's prefix
-    WriteAll(file_fd_, (stamp.empty() ? "" : stamp + " ") + line.substr(head.size()));
+  if (file_fd_ >= 0) {  // the file: the time and a space at a line's start, never the prefix
+    std::string piece = started && timestamp_ ? stamp + " " : std::string();
+    piece.append(data, len);
+    if (end != 0) piece.push_back(end);
+    WriteAll(file_fd_, piece);
   }
 }
 

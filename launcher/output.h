@@ -3,7 +3,10 @@
 // writes it, where asked), and, with --output-filename, the lines without the rank's prefix to
 // a file as well. Each line of up to kMaxLine bytes goes out in one write, so lines of
 // different ranks never interleave inside it; a longer one goes out in pieces as it comes,
-// whole (nothing is inserted into it), and may interleave with other ranks' lines. As in
+// with nothing inserted between them while no other stream writes to the same console. Where
+// another rank's line comes between two pieces, the piece before it is ended with a newline
+// and the next piece starts with the rank's prefix again, so that every piece says whose it
+// is (the --output-filename file gets the line unbroken). As in
 // horovodrun, a carriage return ends a line too (a progress bar redrawn in place goes out as
 // it is drawn, each redraw with the prefix), kept as it is: "\r\n" stays one line end.
 //
@@ -36,8 +39,16 @@ class LinePump {
   // `end`: what ends the line here ('\n' or '\r'); 0: it goes on.
   void Emit(const char* data, size_t len, char end);
 
+  // Of everything written to one console (a file, a pipe or a terminal, however many
+  // descriptors hvdrun has on it): the stream that wrote last, and whether it left a line open.
+  struct ConsoleLine {
+    const LinePump* last = nullptr;
+    bool open = false;
+  };
+
   std::string prefix_;
   int out_fd_;
+  ConsoleLine* console_;  // out_fd_'s (shared by every pump that writes there; never freed)
   int file_fd_;
   bool timestamp_;
   bool mid_line_ = false;  // the last Emit ended inside a line

@@ -352,6 +352,37 @@ TEST(Hvdrun, LinesLongerThanTheBufferComeWholeInPieces) {
   EXPECT_EQ("[0]<stdout>:end", lines[1]);
 }
 
+TEST(Hvdrun, PiecesOfLongLinesFromSeveralRanksEachSayWhose) {
+  // 3 MB lines from 3 ranks at once, more than hvdrun holds of a line: where another rank's
+  // piece comes between two pieces of a line, the line is broken there and goes on under its
+  // rank's prefix again; every byte is there, under the prefix of the rank that wrote it.
+  std::string script =
+      "awk -v r=$HVD_RANK 'BEGIN { s = r; while (length(s) < 3000000) s = s s; "
+      "print substr(s, 1, 3000000); print \"end\" }'";
+  Result r = RunHvdrun({"-np", "3", "sh", "-c", script});
+  ASSERT_EQ(0, r.code) << r.err;
+  std::vector<size_t> digits(3, 0), ends(3, 0);
+  for (const auto& line : Lines(r.out)) {
+    ASSERT_GE(line.size(), 12u) << line.substr(0, 40);
+    ASSERT_EQ("[", line.substr(0, 1));
+    const int rank = line[1] - '0';
+    ASSERT_TRUE(rank >= 0 && rank < 3) << line.substr(0, 40);
+    ASSERT_EQ("]<stdout>:", line.substr(2, 10)) << line.substr(0, 40);
+    const std::string text = line.substr(12);
+    if (text == "end") {
+      ++ends[rank];
+      continue;
+    }
+    ASSERT_EQ(std::string(text.size(), line[1]), text)
+        << "rank " << rank << "'s line holds another's bytes: " << text.substr(0, 40);
+    digits[rank] += text.size();
+  }
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(3000000u, digits[k]) << "rank " << k;
+    EXPECT_EQ(1u, ends[k]) << "rank " << k;
+  }
+}
+
 TEST(Hvdrun, TimestampPrefix) {
   // horovodrun's -prefix-timestamp: "Fri Nov 27 06:30:12 2026[0]<stdout>:text".
   Result r = RunHvdrun({"-np", "1", "-prefix-timestamp", "sh", "-c", "echo stamped"});
