@@ -297,6 +297,9 @@ Status CheckKnobsAgree(Transport& t, const Options& o, Deadline deadline) {
          return std::string(static_cast<Options::CpuOperations>(v) ==
                                     Options::CpuOperations::kMpi ? "mpi" : "tcp");
        }},
+      // A rank without it refuses to add a set that the others wait for it to add.
+      {"HVD_DYNAMIC_PROCESS_SETS", o.dynamic_process_sets ? 1 : 0,
+       [](int64_t v) { return std::string(v ? "1" : "0"); }},
   };
   constexpr size_t k = sizeof(knobs) / sizeof(knobs[0]);
   const int n = t.size();
