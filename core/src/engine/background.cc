@@ -1608,6 +1608,14 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
   } else if (mt == MessageType::kAbort) {
     if (!abort_.ok()) return;  // the first cause is the one reported
     Status why = AbortStatus(payload);
+    if (why.message().find("rank " + std::to_string(options_.rank) + " lost") !=
+        std::string::npos) {
+      // Heard by the rank the others gave up on (stopped, or held up, for longer than
+      // HVD_TIMEOUT_SECONDS, and going on now): say that it is this one.
+      why = Status(why.code(), why.message() +
+                                   " (that is this rank: the others heard nothing from it for "
+                                   "HVD_TIMEOUT_SECONDS and ended the job's collectives)");
+    }
     if (coordinator()) {
       // A worker saw the communicator break: tell everyone else.
       BroadcastControl(type, Payload(std::move(payload)));
