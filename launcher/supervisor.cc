@@ -404,22 +404,33 @@ void Supervisor::NameAbsentRanks() const {
       Clock::now() - created_ < std::chrono::duration<double>(options_.start_timeout_seconds)) {
     return;
   }
-  std::vector<std::string> absent;
+  // Still running, and gone already (an exit of 0: a failing one would be the first failure).
+  std::vector<std::string> absent, left;
   for (const auto& r : ranks_) {
     std::string note;
     bool started = true;
-    if (!r.running || !NoteOf(r, &note, &started) || started) continue;
-    absent.push_back(std::to_string(r.placement.rank) +
-                     (r.remote ? " on host " + r.placement.host : std::string()));
+    if (!NoteOf(r, &note, &started) || started) continue;
+    (r.running ? absent : left)
+        .push_back(std::to_string(r.placement.rank) +
+                   (r.remote ? " on host " + r.placement.host : std::string()));
   }
-  if (absent.empty()) return;
-  std::string list;
-  for (size_t i = 0; i < absent.size() && i < 8; ++i) list += (i ? ", " : "") + absent[i];
-  if (absent.size() > 8) list += " and " + std::to_string(absent.size() - 8) + " more";
-  Say(std::string(absent.size() == 1 ? "rank " : "ranks ") + list +
-      (absent.size() == 1 ? " is" : " are") + " still running but never reached the "
-      "rendezvous (hvd's init not called yet, or stuck before it): the likely cause of the "
-      "failure above, which waited --start-timeout for " + (absent.size() == 1 ? "it" : "them"));
+  auto list = [](const std::vector<std::string>& ranks) {
+    std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < ranks.size() && i < 8; ++i) text += (i ? ", " : "") + ranks[i];
+    if (ranks.size() > 8) text += " and " + std::to_string(ranks.size() - 8) + " more";
+    return text;
+  };
+  const std::string waited = "the likely cause of the failure above, which waited "
+                             "--start-timeout for ";
+  if (!absent.empty()) {
+    Say(list(absent) + (absent.size() == 1 ? " is" : " are") +
+        " still running but never reached the rendezvous (hvd's init not called yet, or stuck "
+        "before it): " + waited + (absent.size() == 1 ? "it" : "them"));
+  }
+  if (!left.empty()) {
+    Say(list(left) + " exited without having reached the rendezvous (hvd's init never "
+        "called): " + waited + (left.size() == 1 ? "it" : "them"));
+  }
 }
 
 // The rank's failure note, its first line and at most 400 characters.
