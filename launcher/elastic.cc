@@ -117,11 +117,17 @@ DiscoveryRun::DiscoveryRun(const std::string& script, double timeout_seconds)
 DiscoveryRun::~DiscoveryRun() {
   // The group is still the script's while its shell holds the status pipe open (its end is
   // read within a tick of the shell's exit; the shell is reaped, by the supervisor, after).
-  if (status_fd_ >= 0) ::killpg(pid_, SIGKILL);
+  Kill();
   for (int fd : {out_fd_, status_fd_}) {
     if (fd >= 0) ::close(fd);
   }
-  ForgetGroupIfGone(pid_);
+  if (!forgotten_) ForgetGroupIfGone(pid_);
+}
+
+void DiscoveryRun::Kill() {
+  if (status_fd_ < 0 || forgotten_ || ::killpg(pid_, SIGKILL) != 0) return;
+  ForgetKilledGroup(pid_);
+  forgotten_ = true;
 }
 
 void DiscoveryRun::Reap() {
@@ -138,7 +144,7 @@ bool DiscoveryRun::Poll(int wait_ms) {
       timed_out_ = true;
       // While the status pipe is open the group is still the script's. Once its shell has
       // ended, whatever still holds its output is left be (it may have left the group).
-      if (status_fd_ >= 0) ::killpg(pid_, SIGKILL);
+      Kill();
       for (int* fd : {&out_fd_, &status_fd_}) {
         if (*fd >= 0) ::close(*fd);
         *fd = -1;

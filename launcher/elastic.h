@@ -87,6 +87,9 @@ class DiscoveryRun {
   void Reap();
 
  private:
+  // SIGKILLs the script's group while its shell runs, and has the watchdog forget it.
+  void Kill();
+
   std::string script_;
   double timeout_seconds_;
   pid_t pid_ = -1;
@@ -94,6 +97,7 @@ class DiscoveryRun {
   std::string out_, status_;
   std::chrono::steady_clock::time_point deadline_;
   bool timed_out_ = false;
+  bool forgotten_ = false;  // the watchdog was told to forget the group (hvdrun killed it)
 };
 
 // Runs `script` with /bin/sh, waiting at most `timeout_seconds`. Returns its output, or throws

@@ -355,5 +355,7 @@ bool ForgetGroupIfGone(pid_t pgid) {
   return true;
 }
 
+void ForgetKilledGroup(pid_t pgid) { TellWatchdog(-pgid); }
+
 }  // namespace launcher
 }  // namespace hvd

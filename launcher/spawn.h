@@ -65,6 +65,10 @@ void WatchGroup(pid_t pgid);
 // Once process group `pgid` (a rank's, or one given to WatchGroup) has no process left, the
 // watchdog forgets it (its number may be reused); returns whether it was gone.
 bool ForgetGroupIfGone(pid_t pgid);
+// hvdrun SIGKILLed every process of group `pgid` itself: the watchdog forgets it now, though
+// its processes may not be reaped yet (else, hvdrun ending meanwhile, the watchdog found the
+// group alive, said hvdrun was gone and stopped what was left of it).
+void ForgetKilledGroup(pid_t pgid);
 
 // Forks and execs `command` (command[0] already resolved) as one rank. The child gets its own
 // process group, stdin from `stdin_fd` (not owned; -1: /dev/null), default signal handling,

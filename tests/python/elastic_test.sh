@@ -28,6 +28,8 @@
 #                 (elastic_edges.py)
 #     late-host   a host appears after training ended: hvdrun stops the workers it started for
 #                 it, and the job ends with 0 (elastic_edges.py)
+#     slow-discovery  a discovery script still running when the job ends is killed, and
+#                 hvdrun's watchdog does not take the end for hvdrun's death
 #     internal-error  every rank raises HorovodInternalError with no peer lost: hvdrun forms
 #                 the next world of the same workers at once and training goes on from the
 #                 commit (elastic_edges.py); it waited for good before
@@ -207,6 +209,21 @@ case "$CASE" in
     [ "$(grep -c "EDGE-DONE rank [01] step 10 attempts 2" "$DIR/a.log")" = 2 ] \
       || fail "training did not go on from the commit in the new world"
     [ $(($(date +%s) - start)) -lt 30 ] || fail "the job took too long (hvdrun waited)"
+    ;;
+  slow-discovery)
+    # A discovery script that takes 0.7 s is mostly running when the job ends: hvdrun kills
+    # it and exits 0, and its watchdog must stay quiet. It said "hvdrun ... is gone; stopping
+    # the processes its ranks left" in most such jobs (the killed script's processes were not
+    # yet reaped when it looked), as if hvdrun had died.
+    printf '#!/bin/sh\nsleep 0.7\necho 127.0.0.1:2\n' >"$DIR/slow.sh"
+    chmod +x "$DIR/slow.sh"
+    for i in 1 2 3 4; do
+      run "$DIR/a.log" -np 2 --min-np 2 --max-np 2 --host-discovery-script "$DIR/slow.sh" \
+        "$PY" "$JOB" --epochs 1 --step-sleep 0.05 || fail "the elastic job failed"
+      grep -q "ELASTIC-DONE size 2 " "$DIR/a.log" || fail "training did not finish"
+      sleep 1.5  # the watchdog speaks within a tick of hvdrun's end
+      ! grep -q "is gone" "$DIR/a.log" || fail "the watchdog took a finished job for a dead hvdrun"
+    done
     ;;
   *)
     fail "unknown case"
