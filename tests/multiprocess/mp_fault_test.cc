@@ -338,6 +338,49 @@ TEST(PeerStopped, TheResumedRankHearsThatItIsTheOneLost) {
   }
 }
 
+// The same with rank 0, the coordinator, stopped: the workers' verdicts blaming rank 0 reach it
+// as it resumes. Rank 0 was held up itself (its heartbeat timer ran late), so it keeps their
+// verdict and says that rank 0 is this rank, rather than take its own stale silences for a
+// peer's (it reads the verdicts of ranks across a healed network cut that way: they name a
+// rank beyond the cut, not rank 0).
+TEST(PeerStopped, TheResumedCoordinatorHearsThatItIsTheOneLost) {
+  const int size = 3, victim = 0;
+  ForkedWorld w(size, kTimeout);
+  ASSERT_TRUE(w.store_ok());
+  ASSERT_TRUE(w.Start([](int r, const hvd::Options& o, const Reporter& out) {
+    auto e = CreateIn(o, out);
+    if (!e || !WarmUp(*e, out)) return 3;
+    if (r == victim) {
+      const pid_t me = getpid();
+      if (fork() == 0) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(kTimeout + 3));
+        kill(me, SIGCONT);
+        _exit(0);
+      }
+      raise(SIGSTOP);
+    }
+    float x = 1;
+    TensorView v(&x, DataType::kFloat32, {1});
+    Status s = WaitBounded(e->Allreduce("after", v, v, ReduceOp::kSum), kBound);
+    out.Say("code", hvd::StatusCodeName(s.code()));
+    out.Say("message", s.message());
+    e.reset();
+    out.Say("destroyed", "yes");
+    return 0;
+  }));
+  EXPECT_TRUE(w.WaitAll(2 * kBound + 15)) << "some rank is still running";
+  for (int r = 0; r < size; ++r) {
+    const ChildResult& c = w.result(r);
+    SCOPED_TRACE("rank " + std::to_string(r) + ": " + Describe(c));
+    auto value = [&c](const char* key) { return ValueOf(c, key); };
+    std::printf("[mp] rank %d: %s: %s\n", r, value("code").c_str(), value("message").c_str());
+    EXPECT_EQ(value("code"), hvd::StatusCodeName(StatusCode::kTimeout));
+    EXPECT_NE(value("message").find("rank 0 (the coordinator) lost"), std::string::npos);
+    EXPECT_EQ(value("message").find("that is this rank") != std::string::npos, r == victim);
+    EXPECT_EQ(value("destroyed"), "yes");
+  }
+}
+
 TEST(PeerStopped, WorkerStoppedInCollective) { StopScenario(3, 1); }
 TEST(PeerStopped, WorkerStoppedInCollectiveOfTwo) { StopScenario(2, 1); }
 // The coordinator stops without closing its connections: the workers' pending operations

@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <sstream>
 
@@ -98,6 +99,25 @@ Status AbortStatus(const std::vector<uint8_t>& p) {
     return Status::Timeout(std::move(why));
   }
   return Status::PeerLost(std::move(why));
+}
+
+// Whether a failure's message names `rank` as the lost one, or as the peer a data-plane wait
+// gave up on ("... bytes from rank 2").
+bool BlamesRank(const std::string& message, int rank) {
+  const std::string r = "rank " + std::to_string(rank);
+  for (const char* verdict : {" lost", " (the coordinator) lost"}) {
+    if (message.find(r + verdict) != std::string::npos) return true;
+  }
+  for (const char* side : {"from ", "to "}) {
+    const std::string at = side + r;
+    for (size_t i = message.find(at); i != std::string::npos; i = message.find(at, i + 1)) {
+      const size_t end = i + at.size();
+      if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 std::vector<uint8_t> IntPayload(int v) {
@@ -1458,12 +1478,19 @@ Status EngineImpl::ExecuteProcessSet(const Response& r, std::vector<TensorEntry*
 void EngineImpl::StartHeartbeat() {
   last_heard_.assign(control_.size(), Clock::now());
   heartbeat_ = std::make_unique<asio::steady_timer>(io_);
+  heartbeat_->expires_at(Clock::now());  // (the first run is not a late one)
   OnHeartbeatTimer();
 }
 
 void EngineImpl::OnHeartbeatTimer() {
   if (done_ || !abort_.ok()) return;
   auto now = Clock::now();
+  last_tick_ = now;
+  if (heartbeat_ &&
+      std::chrono::duration<double>(now - heartbeat_->expiry()).count() >=
+          options_.timeout_seconds / 2) {
+    held_up_until_ = now + std::chrono::seconds(1);
+  }
   auto limit = std::chrono::duration<double>(options_.timeout_seconds);
   const auto limit_d = std::chrono::duration_cast<Clock::duration>(limit);
   auto empty = Payload({});
@@ -1608,23 +1635,69 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
   } else if (mt == MessageType::kAbort) {
     if (!abort_.ok()) return;  // the first cause is the one reported
     Status why = AbortStatus(payload);
-    if (why.message().find("rank " + std::to_string(options_.rank) + " lost") !=
-        std::string::npos) {
-      // Heard by the rank the others gave up on (stopped, or held up, for longer than
-      // HVD_TIMEOUT_SECONDS, and going on now): say that it is this one.
-      why = Status(why.code(), why.message() +
-                                   " (that is this rank: the others heard nothing from it for "
-                                   "HVD_TIMEOUT_SECONDS and ended the job's collectives)");
-    }
+    // Heard by the rank the others gave up on (stopped, or held up, for longer than
+    // HVD_TIMEOUT_SECONDS, and going on now): it says that it is this one.
+    auto this_one = [](const Status& s) {
+      return Status(s.code(), s.message() +
+                                  " (that is this rank: the others heard nothing from it for "
+                                  "HVD_TIMEOUT_SECONDS and ended the job's collectives)");
+    };
     if (coordinator()) {
-      // A worker saw the communicator break: tell everyone else.
-      BroadcastControl(type, Payload(std::move(payload)));
+      // A worker saw the communicator break: tell everyone else. Where it blames rank 0, what
+      // rank 0 sees instead, unless rank 0 was held up itself (its heartbeat timer ran that
+      // long ago: the silences it sees are its own, and the verdict stands).
+      Status relay = why;
+      if (BlamesRank(why.message(), 0)) {
+        if (HeldUp()) {
+          why = this_one(why);
+        } else {
+          relay = why = BlameSeenByCoordinator(peer, why);
+        }
+      }
+      BroadcastControl(type, AbortPayload(relay));
+    } else if (why.message().find("rank " + std::to_string(options_.rank) + " lost") !=
+               std::string::npos) {
+      why = this_one(why);
     }
     abort_ = std::move(why);
     transport_->Abort(abort_);
   } else {
     OnControlError(peer, "unexpected control message type " + std::to_string(type));
   }
+}
+
+bool EngineImpl::HeldUp() const {
+  const auto now = Clock::now();
+  return now < held_up_until_ ||
+         std::chrono::duration<double>(now - last_tick_).count() >= options_.timeout_seconds / 2;
+}
+
+// A worker's verdict that blames rank 0 (it heard nothing from rank 0, or its data-plane wait
+// on rank 0 timed out) comes to rank 0, which is running: relayed as it is, every rank, rank 0
+// included, reported rank 0 lost, and hvdrun pointed at rank 0's host. After a network cut
+// between hosts heals, the verdicts of the ranks beyond the cut reach rank 0 as it judges them
+// itself: the rank that rank 0 has not heard from longest is named where that silence is half
+// of HVD_TIMEOUT_SECONDS or more (the cut host's), else the worker that lost touch with rank 0.
+// (Not where rank 0 itself was held up: OnControlMessage.)
+Status EngineImpl::BlameSeenByCoordinator(int from, const Status& why) const {
+  const auto now = Clock::now();
+  int quiet = -1;
+  for (size_t q = 1; q < last_heard_.size(); ++q) {
+    if (static_cast<int>(q) == from || q >= control_.size() || !control_[q]) continue;
+    if (quiet < 0 || last_heard_[q] < last_heard_[quiet]) quiet = static_cast<int>(q);
+  }
+  const double silent =
+      quiet < 0 ? 0 : std::chrono::duration<double>(now - last_heard_[quiet]).count();
+  std::ostringstream os;
+  if (quiet >= 0 && silent >= options_.timeout_seconds / 2) {
+    os << "rank " << quiet << " lost: control connection: nothing heard for " << silent
+       << " s (rank " << from << ", which lost touch with rank 0 meanwhile, said: "
+       << why.message() << ")";
+  } else {
+    os << "rank " << from << " lost touch with rank 0 (the coordinator), which runs: "
+       << why.message();
+  }
+  return Status(why.code(), os.str());
 }
 
 void EngineImpl::OnControlError(int peer, const std::string& what, StatusCode code) {
@@ -1648,6 +1721,11 @@ void EngineImpl::FailAll(const Status& status, bool notify) {
   if (notify && !coordinator() && control_.size() == 1 && control_[0] && control_[0]->open()) {
     // Tell the coordinator, which relays it, so that every rank fails fast.
     control_[0]->Send(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(status));
+  } else if (notify && coordinator()) {
+    // Rank 0's own failure (a data-plane wait that timed out, say): the workers fail with its
+    // cause rather than with its links closing ("rank 0 (the coordinator) lost"). One that
+    // already failed ignores it.
+    BroadcastControl(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(status));
   }
   transport_->Abort(status);
   std::vector<HandlePtr> handles;  // of every entry, queued or drained

@@ -515,6 +515,8 @@ class EngineImpl {
   // The keeper's poll (ControlKeeper): PollControlPlane, an exception in it stopping the engine
   // as one on the background thread does.
   void KeeperPoll();
+  // Rank 0's reading of a worker's abort that blames rank 0 itself (background.cc).
+  Status BlameSeenByCoordinator(int from, const Status& why) const;
   // The keeper's verdict on a foreign call that ran for `ran`, HVD_TIMEOUT_SECONDS or more:
   // every rank hears that this one is stuck, and the job fails (control_keeper.h).
   void KeeperGaveUp(Clock::duration ran);
@@ -843,6 +845,10 @@ class EngineImpl {
   static constexpr size_t kSmallWaitBytes = 64 << 10;
   Clock::time_point last_work_;
   std::vector<Clock::time_point> last_heard_;  // per control peer
+  // The heartbeat timer's last run, and until when a run that came HVD_TIMEOUT_SECONDS / 2 or
+  // more late (this rank was held up: stopped, say) counts as recent (HeldUp).
+  Clock::time_point last_tick_, held_up_until_;
+  bool HeldUp() const;
   bool done_ = false;
   std::atomic<uint64_t> responses_executed_{0};
   std::atomic<uint64_t> cache_hits_{0};
