@@ -297,19 +297,19 @@ TEST(PeerStopped, AnIdleSurvivorReportsTheCodeOfTheCause) {
   }
 }
 
-// A stopped worker that resumes after rank 0 counted it lost hears rank 0's verdict, which
-// names it as the lost rank: its error says that the lost rank is this one (it read as though
-// some other rank 1 had gone).
-TEST(PeerStopped, TheResumedRankHearsThatItIsTheOneLost) {
-  const int size = 2, victim = 1;
+// Rank `victim` stops itself for longer than the timeout, then resumes (a child it forked
+// continues it), and submits an allreduce, as the others do. Every rank must fail with Timeout
+// and `verdict`, the others' verdict on the victim; the victim's error alone must add that the
+// lost rank is this one (it read as though some other rank had gone).
+void ResumedScenario(int size, int victim, const std::string& verdict) {
   ForkedWorld w(size, kTimeout);
   ASSERT_TRUE(w.store_ok());
-  ASSERT_TRUE(w.Start([](int r, const hvd::Options& o, const Reporter& out) {
+  ASSERT_TRUE(w.Start([victim](int r, const hvd::Options& o, const Reporter& out) {
     auto e = CreateIn(o, out);
     if (!e || !WarmUp(*e, out)) return 3;
     if (r == victim) {
       const pid_t me = getpid();
-      if (fork() == 0) {  // resumes it once rank 0 has given up on it
+      if (fork() == 0) {  // resumes it once the others have given up on it
         std::this_thread::sleep_for(std::chrono::duration<double>(kTimeout + 3));
         kill(me, SIGCONT);
         _exit(0);
@@ -332,53 +332,22 @@ TEST(PeerStopped, TheResumedRankHearsThatItIsTheOneLost) {
     auto value = [&c](const char* key) { return ValueOf(c, key); };
     std::printf("[mp] rank %d: %s: %s\n", r, value("code").c_str(), value("message").c_str());
     EXPECT_EQ(value("code"), hvd::StatusCodeName(StatusCode::kTimeout));
-    EXPECT_NE(value("message").find("rank 1 lost"), std::string::npos);
+    EXPECT_NE(value("message").find(verdict), std::string::npos);
     EXPECT_EQ(value("message").find("that is this rank") != std::string::npos, r == victim);
     EXPECT_EQ(value("destroyed"), "yes");
   }
 }
 
-// The same with rank 0, the coordinator, stopped: the workers' verdicts blaming rank 0 reach it
-// as it resumes. Rank 0 was held up itself (its heartbeat timer ran late), so it keeps their
-// verdict and says that rank 0 is this rank, rather than take its own stale silences for a
-// peer's (it reads the verdicts of ranks across a healed network cut that way: they name a
-// rank beyond the cut, not rank 0).
+// A stopped worker that resumes after rank 0 counted it lost hears rank 0's verdict.
+TEST(PeerStopped, TheResumedRankHearsThatItIsTheOneLost) { ResumedScenario(2, 1, "rank 1 lost"); }
+
+// The same with rank 0, the coordinator: the workers' verdicts blaming rank 0 reach it as it
+// resumes. Rank 0 was held up itself (its heartbeat timer ran late), so it keeps their verdict
+// and says that rank 0 is this rank, rather than take its own stale silences for a peer's (it
+// reads the verdicts of ranks across a healed network cut that way: they name a rank beyond
+// the cut, not rank 0).
 TEST(PeerStopped, TheResumedCoordinatorHearsThatItIsTheOneLost) {
-  const int size = 3, victim = 0;
-  ForkedWorld w(size, kTimeout);
-  ASSERT_TRUE(w.store_ok());
-  ASSERT_TRUE(w.Start([](int r, const hvd::Options& o, const Reporter& out) {
-    auto e = CreateIn(o, out);
-    if (!e || !WarmUp(*e, out)) return 3;
-    if (r == victim) {
-      const pid_t me = getpid();
-      if (fork() == 0) {
-        std::this_thread::sleep_for(std::chrono::duration<double>(kTimeout + 3));
-        kill(me, SIGCONT);
-        _exit(0);
-      }
-      raise(SIGSTOP);
-    }
-    float x = 1;
-    TensorView v(&x, DataType::kFloat32, {1});
-    Status s = WaitBounded(e->Allreduce("after", v, v, ReduceOp::kSum), kBound);
-    out.Say("code", hvd::StatusCodeName(s.code()));
-    out.Say("message", s.message());
-    e.reset();
-    out.Say("destroyed", "yes");
-    return 0;
-  }));
-  EXPECT_TRUE(w.WaitAll(2 * kBound + 15)) << "some rank is still running";
-  for (int r = 0; r < size; ++r) {
-    const ChildResult& c = w.result(r);
-    SCOPED_TRACE("rank " + std::to_string(r) + ": " + Describe(c));
-    auto value = [&c](const char* key) { return ValueOf(c, key); };
-    std::printf("[mp] rank %d: %s: %s\n", r, value("code").c_str(), value("message").c_str());
-    EXPECT_EQ(value("code"), hvd::StatusCodeName(StatusCode::kTimeout));
-    EXPECT_NE(value("message").find("rank 0 (the coordinator) lost"), std::string::npos);
-    EXPECT_EQ(value("message").find("that is this rank") != std::string::npos, r == victim);
-    EXPECT_EQ(value("destroyed"), "yes");
-  }
+  ResumedScenario(3, 0, "rank 0 (the coordinator) lost");
 }
 
 TEST(PeerStopped, WorkerStoppedInCollective) { StopScenario(3, 1); }
