@@ -273,6 +273,14 @@ std::string RanksText(const std::vector<int>& ranks) {
   return "ranks [" + RankList(ranks, 8) + "]";
 }
 
+std::string ToggleText(int64_t v) {
+  switch (static_cast<Options::Toggle>(v)) {
+    case Options::Toggle::kOn: return "on";
+    case Options::Toggle::kOff: return "off";
+    default: return "auto";
+  }
+}
+
 // Knobs that every rank must set alike: a difference makes the ranks disagree on the response
 // cache's bits or on how bytes move, and the job would fail later (or crash, or hang) with a
 // message that names neither. Every rank finds the same difference and says so.
@@ -284,19 +292,15 @@ Status CheckKnobsAgree(Transport& t, const Options& o, Deadline deadline) {
   };
   const Knob knobs[] = {
       {"HVD_CACHE_CAPACITY", o.cache_capacity, [](int64_t v) { return std::to_string(v); }},
-      {"HVD_SHM", static_cast<int64_t>(o.shm),
-       [](int64_t v) {
-         switch (static_cast<Options::Toggle>(v)) {
-           case Options::Toggle::kOn: return std::string("on");
-           case Options::Toggle::kOff: return std::string("off");
-           default: return std::string("auto");
-         }
-       }},
+      {"HVD_SHM", static_cast<int64_t>(o.shm), ToggleText},
       {"HVD_CPU_OPERATIONS", static_cast<int64_t>(o.cpu_operations),
        [](int64_t v) {
          return std::string(static_cast<Options::CpuOperations>(v) ==
                                     Options::CpuOperations::kMpi ? "mpi" : "tcp");
        }},
+      // Where it decides which links form (worker to worker over TCP), the connections find
+      // a difference first; elsewhere the ranks would agree on the lowest without a word.
+      {"HVD_SYMMETRIC_NEGOTIATION", static_cast<int64_t>(o.symmetric_negotiation), ToggleText},
       // A rank without it refuses to add a set that the others wait for it to add.
       {"HVD_DYNAMIC_PROCESS_SETS", o.dynamic_process_sets ? 1 : 0,
        [](int64_t v) { return std::string(v ? "1" : "0"); }},
