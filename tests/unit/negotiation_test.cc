@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <list>
 #include <map>
 #include <random>
 #include <set>
@@ -1062,6 +1063,64 @@ TEST(ResponseCache, MarkUsedOrdersEvictionsAsRebuildAllDoes) {
   c.Apply({ResponseFor(Allreduce("a", {4}))});
   EXPECT_FALSE(c.MarkUsed({uint64_t{1} << 1}));  // an empty bit
   EXPECT_FALSE(c.MarkUsed({0, 1}));              // beyond the cache
+}
+
+// Eviction takes the least recently used entry, as a list kept in order of use says (a
+// reference written here: a name moves to the back when used or inserted, the front one
+// goes), over random steps of uses (Apply of cached names, RebuildAll, MarkUsed), changed
+// shapes and new names, at capacities 1, 2, 7 and 64.
+TEST(ResponseCache, EvictsTheLeastRecentlyUsedAsAListInOrderOfUseDoes) {
+  for (uint32_t capacity : {1u, 2u, 7u, 64u}) {
+    ResponseCache c(static_cast<int>(capacity), true);
+    std::list<std::string> order;  // least recently used first
+    auto use = [&order](const std::string& name) {
+      order.remove(name);
+      order.push_back(name);
+    };
+    std::mt19937 rng(capacity);
+    int fresh = 0;
+    for (int step = 0; step < 2000; ++step) {
+      const int what = static_cast<int>(rng() % 4);
+      if (what == 0 || order.empty()) {  // a new name
+        const std::string name = "n" + std::to_string(fresh++);
+        std::string gone;
+        if (order.size() == capacity) {
+          gone = order.front();
+          order.pop_front();
+        }
+        use(name);
+        c.Apply({ResponseFor(Allreduce(name, {4}))});
+        ASSERT_GE(c.SlotOf(name), 0);
+        if (!gone.empty()) ASSERT_EQ(c.SlotOf(gone), -1) << gone << " stayed at step " << step;
+        continue;
+      }
+      auto it = order.begin();
+      std::advance(it, rng() % order.size());
+      const std::string name = *it;
+      const int bit = c.SlotOf(name);
+      ASSERT_GE(bit, 0) << name << " at step " << step;
+      const Request* held = c.At(static_cast<uint32_t>(bit));
+      ASSERT_NE(held, nullptr);
+      const Request now = *held;
+      use(name);
+      std::vector<uint64_t> bits(bit / 64 + 1, 0);
+      bits[bit / 64] = uint64_t{1} << (bit % 64);
+      if (what == 1) {
+        c.Apply({ResponseFor(now)});
+      } else if (what == 2) {
+        std::vector<Response> out;
+        ASSERT_TRUE(c.RebuildAll(bits, 1 << 20, &out));
+        c.Apply(out);
+      } else if (rng() % 2) {
+        ASSERT_TRUE(c.MarkUsed(bits));
+      } else {  // the same name, another shape: its bit, used
+        c.Apply({ResponseFor(Allreduce(name, {static_cast<int64_t>(5 + step)}))});
+      }
+    }
+    for (const auto& name : order) EXPECT_GE(c.SlotOf(name), 0) << name;
+    EXPECT_EQ(order.size(), std::min<size_t>(capacity, static_cast<size_t>(fresh)));
+    EXPECT_EQ(c.slots(), order.size());
+  }
 }
 
 // contents() changes exactly when a bit is given a request, to a number no cache had before;

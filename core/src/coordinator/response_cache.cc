@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <unordered_set>
 
 #include "planner/fusion.h"
@@ -328,9 +329,7 @@ void ResponseCache::Touch(const Request& req,
     slots_.emplace_back();
     last_used_.push_back(0);
   } else {
-    for (uint32_t b = 1; b < slots_.size(); ++b) {
-      if (last_used_[b] < last_used_[bit]) bit = b;
-    }
+    bit = LeastRecentlyUsed();
   }
   Slot& s = slots_[bit];
   if (!found_free) {
@@ -344,7 +343,24 @@ void ResponseCache::Touch(const Request& req,
   s.since = epoch_ + 1;
   contents_ = NewContents();
   last_used_[bit] = clock_;
+  lru_.emplace_back(clock_, bit);
+  std::push_heap(lru_.begin(), lru_.end(), std::greater<>());
   by_name_[req.name] = bit;
+}
+
+// Pops the heap's top; the slot it names is the least recently used once its time is current
+// (uses are unique ticks of clock_, so there are no ties).
+uint32_t ResponseCache::LeastRecentlyUsed() {
+  for (;;) {
+    std::pop_heap(lru_.begin(), lru_.end(), std::greater<>());
+    const uint32_t bit = lru_.back().second;
+    if (lru_.back().first == last_used_[bit]) {
+      lru_.pop_back();
+      return bit;
+    }
+    lru_.back().first = last_used_[bit];
+    std::push_heap(lru_.begin(), lru_.end(), std::greater<>());
+  }
 }
 
 void ResponseCache::Apply(const std::vector<Response>& list,

@@ -40,6 +40,9 @@ class ResponseCache {
 
   bool enabled() const { return capacity_ > 0; }
   uint64_t epoch() const { return epoch_; }
+  // The bits given a request so far (each bit set anywhere is below it): it grows with the
+  // names taken, up to the capacity, and never shrinks.
+  size_t slots() const { return slots_.size(); }
   // The lowest bit set in `bits` that holds no request, or -1. A word at a time, without
   // reading the slots: a bit, once given a request, only ever changes to another (an
   // eviction), and the free bits are taken lowest first, so the empty ones are those from
@@ -128,6 +131,12 @@ class ResponseCache {
   // [bit] when it was last used (clock_): apart from the slots, so that marking a step's
   // tensors used touches a few cache lines, not one per slot.
   std::vector<uint64_t> last_used_;
+  // The eviction order: a min-heap of (last_used_ when pushed, bit), one entry per slot. A use
+  // only writes last_used_; an entry it made stale is pushed again with its time when it
+  // reaches the top, so the entry found current at the top is the least recently used, and an
+  // eviction costs the log of the slots, not a look at each of them.
+  std::vector<std::pair<uint64_t, uint32_t>> lru_;
+  uint32_t LeastRecentlyUsed();
   const uint32_t capacity_;
   std::unordered_map<std::string, uint32_t> by_name_;
   std::deque<Eviction> history_;

@@ -1068,9 +1068,11 @@ Status EngineImpl::OnResponses(ResponseList&& list) {
   if (Symmetric(ps)) {
     std::vector<std::pair<uint32_t, Request>> changed;
     ps.cache->Apply(list.responses, &changed);
+    FitBits(ps);
     OnCacheChanged(changed);
   } else {
     ps.cache->Apply(list.responses);
+    FitBits(ps);
   }
   if (ps.id == kGlobalProcessSet) ApplyProcessSets(list.responses);
   for (auto& r : list.responses) to_execute_.push_back(QueuedResponse{std::move(r)});
@@ -1302,6 +1304,7 @@ bool EngineImpl::CoordinatorStep(ProcessSetState& ps, Clock::time_point now) {
 void EngineImpl::ApplyOnRankZero(ProcessSetState& ps, std::vector<Response>& list) {
   std::vector<std::pair<uint32_t, Request>> changed;
   ps.cache->Apply(list, &changed);
+  FitBits(ps);
   if (Symmetric(ps)) return OnCacheChanged(changed);
   if (changed.empty()) return;
   std::vector<uint64_t> bits;
@@ -1383,12 +1386,30 @@ std::unique_ptr<ProcessSetState> EngineImpl::NewSet(int32_t id, std::vector<int>
                                                     options_.stall_check_seconds,
                                                     options_.stall_shutdown_seconds);
     if (id != kGlobalProcessSet) ps->coordinator->SetProcessSet(id, ps->ranks);
-    const size_t bits = static_cast<size_t>(std::max(0, options_.cache_capacity));
-    ps->ready_bits.assign(n, std::vector<uint64_t>((bits + 63) / 64, 0));
-    ps->bit_since.assign(bits, Clock::time_point());
+    ps->ready_bits.assign(n, std::vector<uint64_t>());  // (FitBits: none given out yet)
     ps->worker_epochs.assign(n, 0);
   }
   return ps;
+}
+
+// The fast path's bit vectors span the bits the set's cache has given out, not
+// HVD_CACHE_CAPACITY: a step's bit operations (the AND, the copies, the checks for late bits)
+// cost the names in use, however large the capacity (sized to it, a 4-byte allreduce took
+// milliseconds at a capacity of 4 Mi). The cache gives bits out lowest first and never takes
+// one back, so they only grow, as an Apply gives new names bits.
+void EngineImpl::FitBits(ProcessSetState& ps) {
+  const size_t slots = ps.cache->slots();
+  const size_t words = (slots + 63) / 64;
+  if (ps.coordinator && ps.bit_since.size() < slots) {
+    for (auto& row : ps.ready_bits) row.resize(words, 0);
+    ps.bit_since.resize(slots, Clock::time_point());
+  }
+  if (rounds_ && ps.id == kGlobalProcessSet && rounds_->since.size() < slots) {
+    rounds_->ready.resize(words, 0);
+    rounds_->withdraw.resize(words, 0);
+    rounds_->missing.resize(words, 0);
+    rounds_->since.resize(slots, Clock::time_point());
+  }
 }
 
 // As a list of the global set is applied. On rank 0 (before the list goes out) an addition

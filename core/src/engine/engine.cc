@@ -266,12 +266,7 @@ Status EngineImpl::Connect() {
     HVD_LOG(kInfo) << "negotiation of cached tensors: " << how << " (HVD_SYMMETRIC_NEGOTIATION)";
   }
   if (*symmetric) {  // engine/rounds.cc
-    rounds_ = std::make_unique<Rounds>();
-    const size_t bits = static_cast<size_t>(std::max(0, options_.cache_capacity));
-    rounds_->ready.assign((bits + 63) / 64, 0);
-    rounds_->withdraw = rounds_->ready;
-    rounds_->missing = rounds_->ready;
-    rounds_->since.assign(bits, Clock::time_point());
+    rounds_ = std::make_unique<Rounds>();  // (its bit vectors grow with the cache: FitBits)
     rounds_->parts.resize(options_.size);
     rounds_->early.resize(options_.size);
     rounds_->arrived.resize(options_.size);

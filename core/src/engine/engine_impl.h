@@ -564,6 +564,9 @@ class EngineImpl {
   std::vector<uint64_t> AgreeOnBits(ProcessSetState& ps);  // the same, taken out of the rows
   Clock::duration CycleWindow() const;
   void DemoteLateBits(ProcessSetState& ps, Clock::time_point now);
+  // Grows the set's bit vectors (rank 0's rows and their clocks; the world's rounds) to the
+  // slots its cache has given out, after each Apply.
+  void FitBits(ProcessSetState& ps);
   Clock::time_point AgreedGoAt(const ProcessSetState& ps) const;
   void ApplyOnRankZero(ProcessSetState& ps, std::vector<Response>& list);
   Status OnResponses(ResponseList&& list);

@@ -258,9 +258,12 @@ Status EngineImpl::OnRoundPart(int peer, const std::vector<uint8_t>& payload) {
   if (c.rank != peer) {
     return Status::InvalidArgument(what + " names rank " + std::to_string(c.rank));
   }
-  if (c.ready.size() > r.ready.size() || c.withdraw.size() > r.ready.size()) {
+  // (A part of the next round may come from a rank whose cache has given out more bits than
+  // this one's: the capacity bounds it.)
+  const size_t capacity = static_cast<size_t>(std::max(0, options_.cache_capacity));
+  if (c.ready.size() > (capacity + 63) / 64 || c.withdraw.size() > (capacity + 63) / 64) {
     return Status::InvalidArgument(what + ": more bits than the response cache holds (" +
-                                   std::to_string(r.since.size()) + ", HVD_CACHE_CAPACITY)");
+                                   std::to_string(capacity) + ", HVD_CACHE_CAPACITY)");
   }
   std::optional<RoundContribution>* slot = nullptr;
   if (c.round == r.done + 1) slot = &r.parts[peer];
@@ -399,6 +402,7 @@ Status EngineImpl::CompleteRound() {
                                      " of the fast path agreed on an empty response-cache bit");
     }
     cache.Apply(*step);  // every rank alike: the epoch moves with a round that agreed
+    FitBits(World());
     CountBookkeeping(Clock::now() - rebuild);
     if (autotune_) {
       autotune_->Record(bytes, Clock::now());
