@@ -114,6 +114,23 @@ def test_allreduce_fp16_compression():
     assert torch.equal(y, torch.full((10,), n * (n - 1) / 2))
 
 
+def test_reducescatter_fp16_compression():
+    """compression= as horovod.torch's reducescatter takes it (third, after name): 1 + 2**-12
+    is 1 in float16, so a sum that travelled compressed is exactly the number of ranks; the part
+    comes back as float32."""
+    r, n = world()
+    x = torch.full((2 * n, 3), 1 + 2.0 ** -12, dtype=torch.float32)
+    y = hvd.reducescatter(x, "rs.fp16", hvd.Compression.fp16, hvd.Sum)
+    assert y.dtype == torch.float32
+    assert torch.equal(y, torch.full((2, 3), float(n)))
+    ys = hvd.grouped_reducescatter([x, x[:n]], compression=hvd.Compression.fp16, op=hvd.Sum)
+    assert [t.dtype for t in ys] == [torch.float32, torch.float32]
+    assert torch.equal(ys[0], torch.full((2, 3), float(n)))
+    assert torch.equal(ys[1], torch.full((1, 3), float(n)))
+    plain = hvd.reducescatter(x, op=hvd.Sum)
+    assert torch.equal(plain, torch.full((2, 3), n * (1 + 2.0 ** -12)))
+
+
 def test_deprecated_average_flag():
     r, n = world()
     x = torch.ones(3)

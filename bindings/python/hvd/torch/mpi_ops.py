@@ -560,13 +560,16 @@ class HvdReducescatter(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
-def reducescatter(tensor, name=None, op=None, process_set=global_process_set,
-                  prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(tensor, name=None, compression=Compression.none, op=None,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces over ranks (default op: Average); rank r gets its part of dimension 0 (parts
-    differ by at most one row; the first rows % size ranks get the extra one)."""
+    differ by at most one row; the first rows % size ranks get the extra one). compression
+    as in allreduce: what travels is compressed, the part comes back in the input's dtype."""
     _process_set_id(process_set)
-    return HvdReducescatter.apply(tensor, name, _ops.check_op(op), prescale_factor,
+    compressed, cctx = compression.compress(tensor)
+    part = HvdReducescatter.apply(compressed, name, _ops.check_op(op), prescale_factor,
                                   postscale_factor, process_set)
+    return compression.decompress(part, cctx)
 
 
 def grouped_reducescatter_async(tensors, name=None, op=None, process_set=global_process_set,
@@ -594,16 +597,18 @@ class HvdGroupedReducescatter(torch.autograd.Function):
         return (None, None, None, None, None) + tuple(gathered)
 
 
-def grouped_reducescatter(tensors, name=None, op=None, process_set=global_process_set,
-                          prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=None,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
     """Reducescatters a list of tensors negotiated as one group; returns a list. A member
     that differs across ranks fails the whole group on every rank."""
     _process_set_id(process_set)
-    tensors = list(tensors)
-    if not tensors:
+    pairs = [compression.compress(t) for t in tensors]
+    if not pairs:
         return []
-    return list(HvdGroupedReducescatter.apply(name, _ops.check_op(op), prescale_factor,
-                                              postscale_factor, process_set, *tensors))
+    parts = HvdGroupedReducescatter.apply(name, _ops.check_op(op), prescale_factor,
+                                          postscale_factor, process_set, *[p[0] for p in pairs])
+    return [compression.decompress(t, p[1]) for t, p in zip(parts, pairs)]
 
 
 # ---------------------------------------------------------------- barrier, join
