@@ -530,6 +530,20 @@ bool ElasticDriver::OnRankExit(const RankProcess& r, bool ok, const std::string&
   it->alive = false;
   if (it->retired) return true;
   if (ok) {
+    if (!finishing_) {
+      // A worker still training when another finished (its loop ran to another step) leaves
+      // its world as its allreduces fail, and would wait for the next one until
+      // --elastic-timeout: this tells it that none comes, and why.
+      std::ostringstream os;
+      os << "worker " << it->id;
+      const auto place = std::find(world_.begin(), world_.end(),
+                                   static_cast<int>(it - workers_.begin()));
+      if (place != world_.end()) {
+        os << " (rank " << place - world_.begin() << " of world " << generation_ << ")";
+      }
+      os << " finished (exited 0)";
+      (void)store_->Set(kElasticFinishedKey, os.str(), Clock::now() + std::chrono::seconds(2));
+    }
     finishing_ = true;  // step 5: the others are expected to finish too
     StopUnjoinedIfFinished();
     return false;

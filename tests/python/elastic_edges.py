@@ -16,6 +16,10 @@ committed steps in an hvd.elastic.TorchState:
                      (as Horovod's elastic tests simulate a failure): no peer is lost and no
                      process dies, yet hvd.elastic.run must go on in a new world of the same
                      workers, from the commit, to step 10
+  --mode early-finish  rank 1 ends its loop at step 5, rank 0 goes on to 20: rank 1 exits 0,
+                     rank 0's next allreduce fails and it leaves its world, and no world comes
+                     after a worker finished, which rank 0 must hear at once (it waited for
+                     --elastic-timeout before, and then blamed too few workers)
 
 Every committed step prints "EDGE-STEP host H rank R size N step S".
 """
@@ -30,7 +34,7 @@ import hvd.torch as hvd
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", required=True, choices=["state-lost", "sync-lost", "late-host",
-                                                     "internal-error"])
+                                                     "internal-error", "early-finish"])
 p.add_argument("--add-host")
 args = p.parse_args()
 
@@ -73,7 +77,8 @@ state.register_reset_callbacks([die_before_the_broadcast])
 @hvd.elastic.run
 def train(state):
     attempts.append(hvd.size())
-    last = {"state-lost": 20, "sync-lost": 200, "late-host": 5, "internal-error": 10}[args.mode]
+    last = {"state-lost": 20, "sync-lost": 200, "late-host": 5, "internal-error": 10,
+            "early-finish": 5 if hvd.rank() == 1 else 20}[args.mode]
     while state.step < last:
         if args.mode == "internal-error" and state.step == 5 and len(attempts) == 1:
             raise hvd.HorovodInternalError("a failure the script simulates")

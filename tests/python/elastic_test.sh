@@ -30,6 +30,10 @@
 #                 it, and the job ends with 0 (elastic_edges.py)
 #     slow-discovery  a discovery script still running when the job ends is killed, and
 #                 hvdrun's watchdog does not take the end for hvdrun's death
+#     early-finish  rank 1 ends its loop at step 5 and exits 0 while rank 0 trains on: rank 0
+#                 leaves its world and hears at once that none comes (a worker finished), the
+#                 job ends non-zero naming both; it waited --elastic-timeout (600 s) before
+#                 (elastic_edges.py)
 #     internal-error  every rank raises HorovodInternalError with no peer lost: hvdrun forms
 #                 the next world of the same workers at once and training goes on from the
 #                 commit (elastic_edges.py); it waited for good before
@@ -209,6 +213,17 @@ case "$CASE" in
     [ "$(grep -c "EDGE-DONE rank [01] step 10 attempts 2" "$DIR/a.log")" = 2 ] \
       || fail "training did not go on from the commit in the new world"
     [ $(($(date +%s) - start)) -lt 30 ] || fail "the job took too long (hvdrun waited)"
+    ;;
+  early-finish)
+    start=$(date +%s)
+    run "$DIR/a.log" -np 2 --min-np 1 --max-np 2 -H 127.0.0.1:2 "$PY" "$EDGES" \
+      --mode early-finish && fail "a job whose workers ended at different steps ended with 0"
+    grep -q "EDGE-DONE rank 1 step 5" "$DIR/a.log" || fail "rank 1 did not finish at step 5"
+    grep -q "no new world will form: worker 127.0.0.1:[01]#[01] (rank 1 of world 1) finished" \
+      "$DIR/a.log" || fail "rank 0 was not told that a worker finished"
+    grep -q "hvdrun: worker 0 (pid [0-9]*) exited with code 1" "$DIR/a.log" \
+      || fail "hvdrun did not name the worker still training"
+    [ $(($(date +%s) - start)) -lt 60 ] || fail "the job took too long to end (it waited)"
     ;;
   slow-discovery)
     # A discovery script that takes 0.7 s is mostly running when the job ends: hvdrun kills

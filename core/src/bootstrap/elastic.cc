@@ -65,6 +65,15 @@ StatusOr<int64_t> WaitNewer(StoreClient& store, int64_t after, Deadline deadline
       return none(" (the last look: " + g.status().message() + ")");
     }
     if (!g.ok() || *g > after) return g;
+    std::string finished;
+    auto over = store.TryGet(kElasticFinishedKey, &finished, deadline);
+    if (over.ok() && *over) {
+      // (A peer that ends its loop early: its allreduces fail the others', who leave.)
+      return Status::FailedPrecondition(
+          "no new world will form: " + finished + " while this worker was still training (it "
+          "left world " + std::to_string(after) + "); an elastic job ends once a worker has "
+          "finished, so every worker must end its training at the same step");
+    }
     if (Clock::now() + kPollEvery >= deadline) return none("");
     std::this_thread::sleep_for(kPollEvery);
   }

@@ -54,6 +54,10 @@ std::string ElasticReadyKey(int64_t generation, const std::string& id);
 // without it.
 std::string ElasticHoldsKey(const std::string& id);
 constexpr const char* kElasticLatestKey = "elastic/latest";
+// Set by hvdrun once a worker has exited 0 ("worker <id> (rank r of world g) finished ..."):
+// training is over and no world forms after it, so a worker waiting for one fails at once
+// with that, instead of at HVD_ELASTIC_TIMEOUT.
+constexpr const char* kElasticFinishedKey = "elastic/finished";
 
 // The newest generation hvdrun has published; 0 when none yet.
 StatusOr<int64_t> LatestGeneration(StoreClient& store, Deadline deadline);
