@@ -6,6 +6,7 @@
 // are read and written where they lie), so there it succeeds with the right values.
 // An output too small to be agreed on that the allocator does not give fails on that rank
 // alone: it receives into a stand-in, and the others' operation completes.
+#include <malloc.h>
 #include <sys/resource.h>
 
 #include <cstdio>
@@ -217,6 +218,37 @@ TEST(OutOfMemory, ASmallOutputTheAllocatorRefusesFailsOnThatRankAlone) {
     EXPECT_EQ(value("later.values"), "ok");
     EXPECT_EQ(value("done"), "yes");
   }
+}
+
+}  // namespace
+}  // namespace mp
+
+namespace mp {
+namespace {
+
+// Heap in use (glibc's count of bytes handed out and not freed).
+size_t HeapInUse() { return mallinfo2().uordblks; }
+
+// An engine created and destroyed again and again (init and shutdown in a loop, an elastic
+// job's resets) leaves nothing behind: each one's progress helper, which its handles may
+// outlive, is taken again by the next engine (each cycle kept about 190 bytes before, 57 KB
+// over these 300). One allreduce per engine, with its value checked.
+TEST(Lifecycle, EnginesCreatedAndDestroyedKeepNoMemory) {
+  auto cycle = [](int i) {
+    hvd::Options o;  // a world of one
+    auto created = hvd::Engine::Create(o);
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    double v = i;
+    TensorView t(&v, DataType::kFloat64, {1});
+    ASSERT_TRUE((*created)->Allreduce("x", t, t, ReduceOp::kSum)->Wait().ok());
+    EXPECT_EQ(v, i);
+  };
+  for (int i = 0; i < 50; ++i) cycle(i);  // the pools of handles and buffers fill
+  const size_t before = HeapInUse();
+  for (int i = 0; i < 300; ++i) cycle(i);
+  const size_t after = HeapInUse();
+  EXPECT_LT(after, before + 16 * 1024) << "bytes in use grew from " << before << " to " << after
+                                       << " over 300 engines";
 }
 
 }  // namespace

@@ -137,6 +137,23 @@ ProgressHelper* ProgressHelper::New() {
   static std::vector<std::unique_ptr<ProgressHelper>>* all =
       new std::vector<std::unique_ptr<ProgressHelper>>();
   std::lock_guard<std::mutex> l(mu);
+  for (auto& p : *all) {
+    // A retired one that no caller is inside (the fields the next engine sets anew go back
+    // to their start).
+    if (!p->retired.load() || p->waiting.load() != 0 || p->blocked.load() != 0) continue;
+    std::unique_lock<std::mutex> run(p->run, std::try_to_lock);
+    if (!run.owns_lock()) continue;
+    p->engine = nullptr;
+    p->pin_aside.store(false);
+    p->caller_cpu.store(-1);
+    p->pause_idle.store(false);
+    {
+      std::lock_guard<std::mutex> a(p->aside_mu);
+      p->aside = false;
+    }
+    p->retired.store(false);
+    return p.get();
+  }
   all->push_back(std::make_unique<ProgressHelper>());
   return all->back().get();
 }

@@ -344,7 +344,10 @@ Status EngineImpl::SetUpViews(Comm& comm, const Topology& topo, const std::strin
   return Status::OK();
 }
 
-EngineImpl::~EngineImpl() { Shutdown(); }
+EngineImpl::~EngineImpl() {
+  Shutdown();
+  helper_->Retire();  // the next engine of this process takes it (ProgressHelper)
+}
 
 // The caller raises queued_ after queueing, then posts a wake-up only if the background thread
 // is asleep (or about to be): it raises sleeping_ before its last look at queued_, so with both

@@ -99,11 +99,17 @@ std::string PendingKey(int32_t process_set, const std::string& name);
 HandlePtr NewHandle();
 
 // What an engine and its handles share for caller-driven progress (see the file comment). It
-// outlives both: one per engine, never freed, so a handle may point at it after the engine is
-// gone.
+// outlives both: never freed, so a handle may point at it after the engine is gone. An engine
+// that is destroyed retires its helper, and the next engine of the process takes it again
+// (init and shutdown in a loop, an elastic job's resets, keep one or two helpers, not one per
+// engine). A handle of the old engine finished at its shutdown, so it only looks at the
+// helper (its Wait returns at once); one that still waited would help the new engine's work
+// while it waits, which is harmless.
 class ProgressHelper {
  public:
   static ProgressHelper* New();
+  void Retire() { retired.store(true); }
+  std::atomic<bool> retired{false};
   std::mutex run;                 // held by the thread that runs the engine's work
   EngineImpl* engine = nullptr;   // guarded by run; null once the engine has stopped
   std::atomic<int> waiting{0};    // callers that ask for `run`
