@@ -49,6 +49,23 @@ std::unique_ptr<hvd::Engine> g_engine;  // guarded by the GIL
 std::mutex g_init_mu;
 int64_t g_elastic_generation = 0;  // the world this process last ran (elastic jobs); GIL
 
+// Runs fn() with the GIL released, and takes the GIL back by hand rather than in
+// py::gil_scoped_release's destructor: at interpreter exit Python ends a daemon thread that
+// takes the GIL back with pthread_exit, whose unwinding must not pass a noexcept frame, and a
+// destructor is one (std::terminate: a rank whose daemon thread waited in an allreduce as its
+// script ended died with SIGABRT, about one job in four). pybind11 lets that unwinding through.
+template <typename F>
+void WithoutGil(F&& fn) {
+  PyThreadState* state = PyEval_SaveThread();
+  try {
+    fn();
+  } catch (...) {
+    PyEval_RestoreThread(state);
+    throw;
+  }
+  PyEval_RestoreThread(state);
+}
+
 // A failed Status on its way to Python; translated into the exception class of its code.
 struct StatusError : std::exception {
   explicit StatusError(hvd::Status s) : status(std::move(s)), text(status.ToString()) {}
@@ -121,10 +138,7 @@ class PyHandle {
   void Wait() {
     hvd::Status s;
     for (;;) {
-      {
-        py::gil_scoped_release release;
-        s = h_->WaitFor(kSignalSlice);
-      }
+      WithoutGil([&] { s = h_->WaitFor(kSignalSlice); });
       // Finished since (while this thread took the GIL back, say): the final status, not the
       // slice's Timeout.
       if (h_->Finished()) {
@@ -233,15 +247,11 @@ PyHandle* Wrap(hvd::HandlePtr h, py::object keep) {
 void Init(std::vector<std::vector<int>> process_sets, bool dynamic,
           std::optional<int64_t> mpi_comm, std::vector<int> mpi_world_ranks) {
   if (g_engine) return;
-  {
-    py::gil_scoped_release release;
-    g_init_mu.lock();
-  }
+  WithoutGil([&] { g_init_mu.lock(); });
   std::lock_guard<std::mutex> one(g_init_mu, std::adopt_lock);
   if (g_engine) return;  // another thread's init started it meanwhile: as Horovod, one engine
   hvd::StatusOr<std::unique_ptr<hvd::Engine>> e = hvd::Status::Internal("not started");
-  {
-    py::gil_scoped_release release;
+  WithoutGil([&] {
     auto o = hvd::Options::FromEnvironment();
     if (o.ok()) {
       o->process_sets = std::move(process_sets);
@@ -254,7 +264,7 @@ void Init(std::vector<std::vector<int>> process_sets, bool dynamic,
     } else {
       e = o.status();
     }
-  }
+  });
   if (!e.ok()) throw StatusError(e.status());
   g_engine = std::move(*e);
   g_elastic_generation = g_engine->elastic_generation();
@@ -263,11 +273,10 @@ void Init(std::vector<std::vector<int>> process_sets, bool dynamic,
 void Shutdown() {
   std::unique_ptr<hvd::Engine> e = std::move(g_engine);
   if (!e) return;
-  {
-    py::gil_scoped_release release;
+  WithoutGil([&] {
     e->Shutdown();
     e.reset();
-  }
+  });
   SweepOrphans();
 }
 
@@ -348,20 +357,14 @@ void BindEngine(py::module_& m) {
   m.def("add_process_set", [](std::vector<int> ranks) {
     hvd::StatusOr<int32_t> id = hvd::Status::Internal("not run");
     hvd::Engine& e = Eng();
-    {
-      py::gil_scoped_release release;
-      id = e.AddProcessSet(std::move(ranks));
-    }
+    WithoutGil([&] { id = e.AddProcessSet(std::move(ranks)); });
     if (!id.ok()) throw StatusError(id.status());
     return *id;
   });
   m.def("remove_process_set", [](int32_t id) {
     hvd::Status s;
     hvd::Engine& e = Eng();
-    {
-      py::gil_scoped_release release;
-      s = e.RemoveProcessSet(id);
-    }
+    WithoutGil([&] { s = e.RemoveProcessSet(id); });
     if (!s.ok()) throw StatusError(s);
   });
   m.def("process_set_ranks", [](int32_t id) { return Eng().ProcessSetRanks(id); });
@@ -388,20 +391,14 @@ void BindEngine(py::module_& m) {
   m.def("hosts_updated", [] {
     hvd::StatusOr<bool> updated = false;
     hvd::Engine& e = Eng();
-    {
-      py::gil_scoped_release release;
-      updated = e.HostsUpdated();
-    }
+    WithoutGil([&] { updated = e.HostsUpdated(); });
     if (!updated.ok()) throw StatusError(updated.status());
     return *updated;
   }, "Collective: whether hvdrun has published a newer world than this engine's (elastic).");
   m.def("elastic_state_synced", [] {
     hvd::Status s;
     hvd::Engine& e = Eng();
-    {
-      py::gil_scoped_release release;
-      s = e.StateSynced();
-    }
+    WithoutGil([&] { s = e.StateSynced(); });
     if (!s.ok()) throw StatusError(s);
   }, "Elastic: this worker holds the job's state now (after state.sync()).");
   m.def("elastic_generation", [] { return Eng().elastic_generation(); });
