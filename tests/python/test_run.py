@@ -101,6 +101,61 @@ def test_the_ranks_output_passes_through_and_the_result_lines_do_not(capfd):
     assert "hvd.run result" not in out, out
 
 
+def _alive(pid):
+    """Whether process pid runs (a zombie does not)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGKILL"])
+def test_the_job_ends_with_the_process_that_called_run(tmp_path, how):
+    """The process that called hvd.run interrupted (a notebook's interrupt: SIGINT to it alone)
+    or killed: hvdrun and the ranks stop within seconds, as horovod.run's do. They trained on
+    to the end of the function before (here 60 s), the result going nowhere."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import hvd\n"
+        "def train(d):\n"
+        "    import os, time\n"
+        "    with open(os.path.join(d, 'rank.' + os.environ['HVD_RANK']), 'w') as f:\n"
+        "        f.write(str(os.getpid()))\n"
+        "    time.sleep(60)\n"
+        "hvd.run(train, args=(%r,), num_proc=2)\n" % str(tmp_path))
+    proc = subprocess.Popen([sys.executable, str(driver)], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids) < 2 and time.monotonic() < deadline:
+            pids = []
+            for r in (0, 1):
+                try:
+                    pids.append(int((tmp_path / ("rank.%d" % r)).read_text()))
+                except (OSError, ValueError):
+                    pass
+            time.sleep(0.1)
+        assert len(pids) == 2, "the ranks did not start"
+        os.kill(proc.pid, getattr(signal, how))
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids), "ranks still running after the %s" % how
+    finally:
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_a_failing_rank_raises():
     def fail():
         import os

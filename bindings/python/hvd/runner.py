@@ -17,6 +17,7 @@ import pickle
 import re
 import secrets
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -208,6 +209,39 @@ def _flags(np, min_np, max_np, slots, reset_limit, cooldown_range, hosts, hostfi
     return f
 
 
+def _end_with_this_process():
+    """A preexec_fn for hvdrun: it gets SIGTERM (and stops the job's ranks) when the thread
+    that started it ends with this process, a driver killed or a notebook's kernel restarted,
+    as horovod.run's ranks end with their driver. None where prctl cannot be reached."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def hook():
+        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it ended before the call: no signal would come
+            os.kill(os.getpid(), signal.SIGTERM)
+    return hook
+
+
+def _stop(job):
+    """Stops hvdrun, which stops the job's ranks (SIGTERM: within a second or so; SIGKILL
+    after 15 s), and waits for it."""
+    if job.poll() is not None:
+        return
+    try:
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.wait()
+
+
 def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=None,
         slots=None, reset_limit=None, cooldown_range=None, hosts=None, hostfile=None,
         start_timeout=None, ssh_port=None, ssh_identity_file=None, disable_cache=None,
@@ -271,19 +305,23 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     env[RESULT_TOKEN_VAR] = server.token
     try:
         with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True,
-                              errors="replace") as job:
-            for line in job.stdout:
-                at = line.find(RESULT_MARK)
-                if at < 0:
-                    sys.stdout.write(line)
-                    continue
-                if not _RANK_PREFIX.fullmatch(line[:at]):  # the rank's last line had no end
-                    sys.stdout.write(line[:at] + "\n")
-                problem = _take_piece(pieces, line[at + len(RESULT_MARK):].strip())
-                if problem:
-                    problems.append(problem)
-            sys.stdout.flush()
-            rc = job.wait()
+                              errors="replace", preexec_fn=_end_with_this_process()) as job:
+            try:
+                for line in job.stdout:
+                    at = line.find(RESULT_MARK)
+                    if at < 0:
+                        sys.stdout.write(line)
+                        continue
+                    if not _RANK_PREFIX.fullmatch(line[:at]):  # its last line had no end
+                        sys.stdout.write(line[:at] + "\n")
+                    problem = _take_piece(pieces, line[at + len(RESULT_MARK):].strip())
+                    if problem:
+                        problems.append(problem)
+                sys.stdout.flush()
+                rc = job.wait()
+            except BaseException:  # KeyboardInterrupt (a notebook's interrupt), a broken stdout
+                _stop(job)  # the job ends with this call, as horovod.run's does
+                raise
     finally:
         server.close()
         if task_file:
