@@ -760,7 +760,8 @@ void EngineImpl::SetWaitPolicy(TensorEntry& e, int64_t bytes) const {
   // A device tensor's host work is mostly a launch whatever its size (its collective runs on
   // the GPU): the caller that waits launches it, sparing two hand-offs between threads
   // (CallerMayExecute leaves responses with large host work to the background thread).
-  e.handle->helps_ = (small || e.input.device != kCpuDevice) && !oversubscribed_;
+  e.handle->helps_ = (bytes <= static_cast<int64_t>(kCallerRunsBytes) ||
+                      e.input.device != kCpuDevice) && !oversubscribed_;
 }
 
 // An allreduce written into its name's node of in_flight_ (as its last release left it,
