@@ -397,6 +397,19 @@ TEST(Elastic, JoinWorldTakesTheNewerWorldWhenOneNeverFills) {
   Status s = JoinWorld(*c, &late, DeadlineAfterSeconds(0.3));
   EXPECT_EQ(StatusCode::kTimeout, s.code());
   EXPECT_NE(std::string::npos, s.message().find("generation 2")) << s.message();
+  // Once hvdrun says a worker finished, no world comes: a worker that trained (a reset) hears
+  // it at once; one that never did (started for a world that did not form) waits on, for
+  // hvdrun to stop it.
+  const std::string finished = "worker y (rank 0 of world 2) finished (exited 0)";
+  ASSERT_TRUE(driver->Set(kElasticFinishedKey, finished, DeadlineAfterSeconds(5)).ok());
+  const auto start = std::chrono::steady_clock::now();
+  s = JoinWorld(*c, &late, DeadlineAfterSeconds(20), /*trained=*/true);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
+  EXPECT_NE(std::string::npos, s.message().find("no new world will form: " + finished))
+      << s.message();
+  s = JoinWorld(*c, &late, DeadlineAfterSeconds(0.3), /*trained=*/false);
+  EXPECT_EQ(StatusCode::kTimeout, s.code()) << s.ToString();
 }
 
 }  // namespace

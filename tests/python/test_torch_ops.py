@@ -129,6 +129,8 @@ def test_reducescatter_fp16_compression():
     assert torch.equal(ys[1], torch.full((1, 3), float(n)))
     plain = hvd.reducescatter(x, op=hvd.Sum)
     assert torch.equal(plain, torch.full((2, 3), n * (1 + 2.0 ** -12)))
+    with pytest.raises(TypeError, match="the third argument is the compression"):
+        hvd.reducescatter(x, "rs.op3", hvd.Sum)
 
 
 def test_deprecated_average_flag():

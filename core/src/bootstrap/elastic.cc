@@ -51,7 +51,8 @@ StatusOr<int64_t> ParseGeneration(const std::string& text) {
 }
 
 // Step 1: polls until a generation newer than `after` is published.
-StatusOr<int64_t> WaitNewer(StoreClient& store, int64_t after, Deadline deadline) {
+StatusOr<int64_t> WaitNewer(StoreClient& store, int64_t after, Deadline deadline,
+                            bool trained) {
   auto none = [after](const std::string& more) {
     return Status::Timeout(
         "no new world from hvdrun within HVD_ELASTIC_TIMEOUT (the last one this worker ran "
@@ -66,7 +67,8 @@ StatusOr<int64_t> WaitNewer(StoreClient& store, int64_t after, Deadline deadline
     }
     if (!g.ok() || *g > after) return g;
     std::string finished;
-    auto over = store.TryGet(kElasticFinishedKey, &finished, deadline);
+    StatusOr<bool> over = false;
+    if (trained) over = store.TryGet(kElasticFinishedKey, &finished, deadline);
     if (over.ok() && *over) {
       // (A peer that ends its loop early: its allreduces fail the others', who leave.)
       return Status::FailedPrecondition(
@@ -184,8 +186,8 @@ Status PlaceInWorld(const std::string& world, const std::string& id, int64_t gen
   return PlaceInLines(lines, id, generation, o);
 }
 
-Status JoinWorld(StoreClient& store, Options* o, Deadline deadline) {
-  auto g = WaitNewer(store, o->elastic_after_generation, deadline);
+Status JoinWorld(StoreClient& store, Options* o, Deadline deadline, bool trained) {
+  auto g = WaitNewer(store, o->elastic_after_generation, deadline, trained);
   while (true) {
     if (!g.ok()) return g.status().WithContext("worker " + o->elastic_id + " joining a world");
     auto world = store.Get(ElasticWorldKey(*g), deadline);
@@ -210,7 +212,7 @@ Status JoinWorld(StoreClient& store, Options* o, Deadline deadline) {
       HVD_LOG(kWarning) << why << "; waiting for hvdrun's next world";
       Status told = ReportLeft(store, *g, o->elastic_id, why);
       if (!told.ok()) return told.WithContext("worker " + o->elastic_id + " leaving a world");
-      ready = WaitNewer(store, *g, deadline);
+      ready = WaitNewer(store, *g, deadline, trained);
     }
     g = ready;  // superseded: join the newer world instead
   }

@@ -69,7 +69,10 @@ Status PlaceInWorld(const std::string& world, const std::string& id, int64_t gen
                     Options* o);
 
 // Steps 1-3. On success o holds the place, elastic_generation and store_prefix of the world.
-Status JoinWorld(StoreClient& store, Options* o, Deadline deadline);
+// `trained`: this process ran a world before (a reset); once hvdrun says a worker has finished
+// (kElasticFinishedKey) it fails at once instead of waiting for a world. A new worker waits
+// on: hvdrun stops it (the job ends with 0) once the workers that trained have all finished.
+Status JoinWorld(StoreClient& store, Options* o, Deadline deadline, bool trained = false);
 
 // A store whose keys all live under `prefix` (one generation's engine).
 class PrefixStore : public StoreClient {

@@ -1132,10 +1132,11 @@ StatusOr<std::unique_ptr<EngineImpl>> CreateElastic(const Options& options) {
       }
     }
   }
+  const bool trained = after > 0;  // (a new worker's world that never formed does not count)
   while (true) {
     Options o = options;
     o.elastic_after_generation = after;
-    HVD_RETURN_IF_ERROR(JoinWorld(**store, &o, deadline));
+    HVD_RETURN_IF_ERROR(JoinWorld(**store, &o, deadline, trained));
     auto impl = EngineImpl::Create(o);
     if (impl.ok()) {
       (*impl)->set_elastic_store(std::move(*store));

@@ -560,12 +560,20 @@ class HvdReducescatter(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+def _check_compression(compression, fn):
+    if not hasattr(compression, "compress"):  # an op given third, as before compression came
+        raise TypeError("%s(tensor, name, compression, op, ...): the third argument is the "
+                        "compression, as in horovod.torch; got %r (give op= by name)"
+                        % (fn, compression))
+
+
 def reducescatter(tensor, name=None, compression=Compression.none, op=None,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces over ranks (default op: Average); rank r gets its part of dimension 0 (parts
     differ by at most one row; the first rows % size ranks get the extra one). compression
     as in allreduce: what travels is compressed, the part comes back in the input's dtype."""
     _process_set_id(process_set)
+    _check_compression(compression, "reducescatter")
     compressed, cctx = compression.compress(tensor)
     part = HvdReducescatter.apply(compressed, name, _ops.check_op(op), prescale_factor,
                                   postscale_factor, process_set)
@@ -603,6 +611,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=N
     """Reducescatters a list of tensors negotiated as one group; returns a list. A member
     that differs across ranks fails the whole group on every rank."""
     _process_set_id(process_set)
+    _check_compression(compression, "grouped_reducescatter")
     pairs = [compression.compress(t) for t in tensors]
     if not pairs:
         return []
