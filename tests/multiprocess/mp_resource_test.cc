@@ -220,12 +220,6 @@ TEST(OutOfMemory, ASmallOutputTheAllocatorRefusesFailsOnThatRankAlone) {
   }
 }
 
-}  // namespace
-}  // namespace mp
-
-namespace mp {
-namespace {
-
 // Heap in use (glibc's count of bytes handed out and not freed).
 size_t HeapInUse() { return mallinfo2().uordblks; }
 
