@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
+#include <iomanip>
 #include <sstream>
 
 #include "common/cpu_relax.h"
@@ -1691,10 +1693,12 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
         } else {
           relay = why = BlameSeenByCoordinator(peer, why);
         }
+      } else if (why.code() == StatusCode::kTimeout) {
+        relay = why = BlameSeenByWorker(peer, why);
       }
       BroadcastControl(type, AbortPayload(relay));
-    } else if (why.message().find("rank " + std::to_string(options_.rank) + " lost") !=
-               std::string::npos) {
+    } else if (why.message().find("rank " + std::to_string(options_.rank) + " lost:") !=
+               std::string::npos) {  // (not "rank N lost touch with rank 0")
       why = this_one(why);
     }
     abort_ = std::move(why);
@@ -1736,6 +1740,76 @@ Status EngineImpl::BlameSeenByCoordinator(int from, const Status& why) const {
        << why.message();
   }
   return Status(why.code(), os.str());
+}
+
+// The rank named by a data-plane verdict ("... from rank 3", "... to rank 3"), or -1.
+static int NamedPeer(const std::string& message) {
+  for (const char* side : {"from rank ", "to rank "}) {
+    const size_t i = message.find(side);
+    if (i == std::string::npos) continue;
+    const char* at = message.c_str() + i + std::strlen(side);
+    if (!std::isdigit(static_cast<unsigned char>(*at))) continue;
+    return static_cast<int>(std::strtol(at, nullptr, 10));
+  }
+  return -1;
+}
+
+// A wait of rank `from` on worker X timed out (no byte moved for HVD_TIMEOUT_SECONDS). Rank 0
+// hears heartbeats from every worker, so it can tell the cases apart that the ranks in the
+// data plane cannot: X silent to rank 0 too (stopped, gone: the verdict stands); X heard, but
+// another worker silent for half of HVD_TIMEOUT_SECONDS or more (X waited on that one in turn:
+// it is named instead); X heard and no worker silent (X runs: the link between the two carried
+// nothing, or X waits on a rank that waits in turn). The verdict says which rank saw it, so
+// that every rank, and hvdrun's summary, reports it as that rank's, not as its own.
+Status EngineImpl::BlameSeenByWorker(int from, const Status& why) const {
+  const int x = NamedPeer(why.message());
+  std::string msg = why.message();
+  const std::string seen = "(rank " + std::to_string(from) + ")";
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1);
+  if (msg.find(seen) == std::string::npos) os << " (seen by rank " << from << ")";
+  auto silence = [&](int q) {
+    return std::chrono::duration<double>(Clock::now() - last_heard_[q]).count();
+  };
+  auto heard = [&](int q) {
+    return q > 0 && static_cast<size_t>(q) < last_heard_.size() &&
+           static_cast<size_t>(q) < control_.size() && control_[q];
+  };
+  // (Named already where this rank's own connection drops what it sends: tcp_transport.cc.)
+  if (x == from || !heard(x) || msg.find("drops what is sent on it") != std::string::npos) {
+    return Status(why.code(), msg + os.str());
+  }
+  const double half = options_.timeout_seconds / 2;
+  if (silence(x) >= half) {
+    os << "; rank 0 has heard nothing from rank " << x << " for " << silence(x) << " s either";
+    return Status(why.code(), msg + os.str());
+  }
+  int quiet = -1;
+  for (int q = 1; q < static_cast<int>(last_heard_.size()); ++q) {
+    if (q == from || q == x || !heard(q)) continue;
+    if (quiet < 0 || last_heard_[q] < last_heard_[quiet]) quiet = q;
+  }
+  if (quiet >= 0 && silence(quiet) >= half) {
+    std::ostringstream lost;
+    lost << std::fixed << std::setprecision(1) << "rank " << quiet
+         << " lost: control connection: nothing heard for " << silence(quiet)
+         << " s (rank " << from << " said: " << msg << ")";
+    return Status(why.code(), lost.str());
+  }
+  os << "; rank " << x << " is running (rank 0 heard from it " << silence(x)
+     << " s ago): the link between ranks " << from << " and " << x
+     << " moved nothing, or rank " << x << " itself waited on another rank";
+  return Status(why.code(), msg + os.str());
+}
+
+void EngineImpl::TellCoordinatorFirst(const Status& why) {
+  if (coordinator() || !abort_.ok() || control_.size() != 1 || !control_[0] ||
+      !control_[0]->open()) {
+    return;
+  }
+  control_[0]->Send(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(why));
+  if (io_.stopped()) io_.restart();
+  io_.poll();  // (on its way before this rank's wait for the root cause)
 }
 
 void EngineImpl::OnControlError(int peer, const std::string& what, StatusCode code) {

@@ -523,6 +523,11 @@ class EngineImpl {
   void KeeperPoll();
   // Rank 0's reading of a worker's abort that blames rank 0 itself (background.cc).
   Status BlameSeenByCoordinator(int from, const Status& why) const;
+  // Rank 0's reading of a data-plane timeout seen by rank `from` (rank 0 itself included) that
+  // names another worker: what rank 0's heartbeats say of that worker (background.cc).
+  Status BlameSeenByWorker(int from, const Status& why) const;
+  // A data-plane wait of this worker's timed out: rank 0 hears it at once (Execute).
+  void TellCoordinatorFirst(const Status& why);
   // The keeper's verdict on a foreign call that ran for `ran`, HVD_TIMEOUT_SECONDS or more:
   // every rank hears that this one is stuck, and the job fails (control_keeper.h).
   void KeeperGaveUp(Clock::duration ran);

@@ -428,16 +428,27 @@ void EngineImpl::Execute(const Response& r) {
   timeline_->End(s.ok() ? "ok" : StatusCodeName(s.code()));
   bool comm_gone = r.type != OpType::kError &&
                    (s.code() == StatusCode::kPeerLost || s.code() == StatusCode::kTimeout);
-  if (comm_gone) s = AwaitRootCause(s);
-  if (!s.ok() && r.type != OpType::kError) {
+  auto in_context = [&r](Status st) {
+    if (st.ok() || r.type == OpType::kError) return st;
     // (Not twice: the root cause another rank relayed may already name this operation.)
     const std::string op = std::string(OpTypeName(r.type)) + " '" + r.names[0] + "'";
-    if (s.message().find(op) == std::string::npos) {
-      s = s.WithContext(op + (r.names.size() > 1
-                                  ? " (fused with " + std::to_string(r.names.size() - 1) + " more)"
-                                  : ""));
+    if (st.message().find(op) != std::string::npos) return st;
+    return st.WithContext(op + (r.names.size() > 1
+                                    ? " (fused with " + std::to_string(r.names.size() - 1) + " more)"
+                                    : ""));
+  };
+  if (comm_gone) {
+    // A wait that timed out saw the silence first-hand (a rank that gives up closes its links:
+    // its peers see them closed, not silent). Rank 0 hears it now, not after this rank's wait
+    // for a root cause: the peers whose links this rank's failure closes wait for one as long.
+    // Rank 0's own reads what its heartbeats say of the rank it names.
+    if (s.code() == StatusCode::kTimeout && abort_.ok()) TellCoordinatorFirst(in_context(s));
+    s = AwaitRootCause(s);
+    if (coordinator() && abort_.ok() && s.code() == StatusCode::kTimeout) {
+      s = BlameSeenByWorker(0, s);
     }
   }
+  s = in_context(std::move(s));
   if (abandon_ && !comm_gone) {
     Abandon(s);
     if (!abort_.ok()) s = abort_;  // names this rank, as the others' errors do

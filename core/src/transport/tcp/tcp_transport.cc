@@ -1,6 +1,9 @@
 #include "transport/tcp/tcp_transport.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sched.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <sstream>
@@ -20,6 +23,33 @@ auto Whole(size_t len, Clock::time_point* moved) {
     if (done > 0) *moved = Clock::now();
     return ec ? 0 : len - done;
   };
+}
+
+// Where this rank's wait timed out: a connection of its own whose sent bytes go unacknowledged
+// while the kernel retransmits them (the link, or the route to the peer's host, drops them).
+// Named, since the wait that timed out may be on a rank that only waits in turn (in a ring,
+// each rank waits on the one before it, whichever link broke). A peer that merely stopped
+// reading acknowledges what it got and closes its window instead: not named here.
+std::string DroppingLinkHint(int me, const std::vector<int>& fds) {
+  int worst = -1;
+  uint32_t worst_unacked = 0;
+  for (size_t q = 0; q < fds.size(); ++q) {
+    if (fds[q] < 0) continue;
+    tcp_info info{};
+    socklen_t len = sizeof(info);
+    if (::getsockopt(fds[q], IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;
+    if (info.tcpi_unacked == 0 || info.tcpi_retransmits == 0) continue;
+    if (worst < 0 || info.tcpi_unacked > worst_unacked) {
+      worst = static_cast<int>(q);
+      worst_unacked = info.tcpi_unacked;
+    }
+  }
+  if (worst < 0) return "";
+  std::ostringstream os;
+  os << "; the link between ranks " << me << " and " << worst << " drops what is sent on it (the "
+     << "kernel retransmits " << worst_unacked << " unacknowledged segment"
+     << (worst_unacked == 1 ? "" : "s") << " to rank " << worst << ")";
+  return os.str();
 }
 
 }  // namespace
@@ -178,8 +208,12 @@ Status TcpTransport::CheckDeadline(TransportRequest r, Deadline deadline) {
   if (Clock::now() < Stretched(deadline, peers_[st.peer].moved, progress_window_)) {
     return Status::OK();
   }
-  Status timeout =
-      Status::Timeout(StallMessage(st.is_send, st.len, st.peer, "", progress_window_));
+  std::vector<int> fds(peers_.size(), -1);
+  for (size_t q = 0; q < peers_.size(); ++q) {
+    if (peers_[q].sock && peers_[q].sock->is_open()) fds[q] = peers_[q].sock->native_handle();
+  }
+  Status timeout = Status::Timeout(StallMessage(st.is_send, st.len, st.peer, "", progress_window_) +
+                                   DroppingLinkHint(rank_, fds));
   if (broken_.ok()) lost_peer_ = st.peer;
   Abort(timeout);
   return timeout;
