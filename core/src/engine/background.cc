@@ -1620,8 +1620,8 @@ void EngineImpl::KeeperGaveUp(Clock::duration ran) {
 // A collective that broke because a survivor closed its connections names that survivor;
 // the rank that saw the real loss tells the coordinator, which tells everyone. Wait briefly
 // for that message so that every survivor reports the rank that was actually lost.
-Status EngineImpl::AwaitRootCause(const Status& local) {
-  auto limit = Clock::now() + std::chrono::seconds(1);
+Status EngineImpl::AwaitRootCause(const Status& local, Clock::duration wait) {
+  auto limit = Clock::now() + wait;
   while (abort_.ok() && Clock::now() < limit) {
     if (io_.stopped()) io_.restart();
     io_.run_one_for(std::chrono::milliseconds(50));
@@ -1693,8 +1693,11 @@ void EngineImpl::OnControlMessage(int peer, uint8_t type, std::vector<uint8_t>&&
         } else {
           relay = why = BlameSeenByCoordinator(peer, why);
         }
-      } else if (why.code() == StatusCode::kTimeout) {
-        relay = why = BlameSeenByWorker(peer, why);
+      } else if (why.code() == StatusCode::kTimeout &&
+                 why.message().rfind("rank " + std::to_string(peer) + " stuck:", 0) != 0) {
+        bool unsure = false;
+        relay = why = BlameSeenByWorker(peer, why, &unsure);
+        if (unsure) return HoldVerdict(why);
       }
       BroadcastControl(type, AbortPayload(relay));
     } else if (why.message().find("rank " + std::to_string(options_.rank) + " lost:") !=
@@ -1761,7 +1764,7 @@ static int NamedPeer(const std::string& message) {
 // it is named instead); X heard and no worker silent (X runs: the link between the two carried
 // nothing, or X waits on a rank that waits in turn). The verdict says which rank saw it, so
 // that every rank, and hvdrun's summary, reports it as that rank's, not as its own.
-Status EngineImpl::BlameSeenByWorker(int from, const Status& why) const {
+Status EngineImpl::BlameSeenByWorker(int from, const Status& why, bool* unsure) const {
   const int x = NamedPeer(why.message());
   std::string msg = why.message();
   const std::string seen = "(rank " + std::to_string(from) + ")";
@@ -1796,10 +1799,35 @@ Status EngineImpl::BlameSeenByWorker(int from, const Status& why) const {
          << " s (rank " << from << " said: " << msg << ")";
     return Status(why.code(), lost.str());
   }
+  if (unsure) *unsure = true;
   os << "; rank " << x << " is running (rank 0 heard from it " << silence(x)
      << " s ago): the link between ranks " << from << " and " << x
      << " moved nothing, or rank " << x << " itself waited on another rank";
   return Status(why.code(), msg + os.str());
+}
+
+// A worker's timeout that names a rank rank 0 hears from is held briefly before it goes to
+// every rank: the rank named may be stuck in code that is not hvd's (a framework's allocator),
+// and its own report of that (KeeperGaveUp) comes at about the same time, as its keeper counts
+// the same HVD_TIMEOUT_SECONDS as the others' waits. That report, or any other verdict that
+// comes meanwhile (a rank lost), is the one every rank gets; else the first one held.
+void EngineImpl::HoldVerdict(const Status& why) {
+  if (!held_verdict_.ok()) return;  // the first held stands
+  held_verdict_ = why;
+  if (!verdict_timer_) verdict_timer_ = std::make_unique<asio::steady_timer>(io_);
+  verdict_timer_->expires_after(kVerdictHold);
+  verdict_timer_->async_wait([this](const asio::error_code& ec) {
+    if (!ec) ReleaseVerdict();
+  });
+}
+
+void EngineImpl::ReleaseVerdict() {
+  Status why = std::move(held_verdict_);
+  held_verdict_ = Status::OK();
+  if (why.ok() || !abort_.ok() || shutdown_by_ >= 0 || done_) return;
+  BroadcastControl(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(why));
+  abort_ = std::move(why);
+  transport_->Abort(abort_);
 }
 
 void EngineImpl::TellCoordinatorFirst(const Status& why) {

@@ -525,7 +525,13 @@ class EngineImpl {
   Status BlameSeenByCoordinator(int from, const Status& why) const;
   // Rank 0's reading of a data-plane timeout seen by rank `from` (rank 0 itself included) that
   // names another worker: what rank 0's heartbeats say of that worker (background.cc).
-  Status BlameSeenByWorker(int from, const Status& why) const;
+  // `unsure`, where given, turns true where that worker runs (rank 0 hears from it).
+  Status BlameSeenByWorker(int from, const Status& why, bool* unsure = nullptr) const;
+  // Rank 0: a worker's timeout naming a running rank waits kVerdictHold for a better cause
+  // before every rank hears it (background.cc).
+  void HoldVerdict(const Status& why);
+  void ReleaseVerdict();
+  static constexpr std::chrono::milliseconds kVerdictHold{500};
   // A data-plane wait of this worker's timed out: rank 0 hears it at once (Execute).
   void TellCoordinatorFirst(const Status& why);
   // The keeper's verdict on a foreign call that ran for `ran`, HVD_TIMEOUT_SECONDS or more:
@@ -537,7 +543,8 @@ class EngineImpl {
   void CopyPolling(void* dst, const void* src, size_t bytes);
   void FillZeroPolling(void* dst, size_t bytes);
   void ScalePolling(void* buf, size_t count, DataType dtype, double factor);
-  Status AwaitRootCause(const Status& local);
+  // Runs the control plane for up to `wait` until a cause comes (an abort): that, else `local`.
+  Status AwaitRootCause(const Status& local, Clock::duration wait = std::chrono::seconds(1));
   bool coordinator() const { return options_.rank == 0; }
   void CoordinatorStep();
   bool CoordinatorStep(ProcessSetState& ps, Clock::time_point now);  // whether it sent a list
@@ -852,6 +859,8 @@ class EngineImpl {
   std::atomic<int> note_state_{kNoNote};  // owed under mu_ as well
   Status owed_note_;  // written before note_state_ turns kNoteOwed
   std::unique_ptr<asio::steady_timer> heartbeat_;
+  Status held_verdict_;  // rank 0 (HoldVerdict)
+  std::unique_ptr<asio::steady_timer> verdict_timer_;
   std::chrono::microseconds spin_{0};  // polling window before sleeping (HVD_SPIN_MICROSECONDS)
   // More ranks on this host than cores: callers' Wait polls only for operations of up to
   // kSmallWaitBytes (engine.cc).

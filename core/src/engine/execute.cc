@@ -442,8 +442,12 @@ void EngineImpl::Execute(const Response& r) {
     // its peers see them closed, not silent). Rank 0 hears it now, not after this rank's wait
     // for a root cause: the peers whose links this rank's failure closes wait for one as long.
     // Rank 0's own reads what its heartbeats say of the rank it names.
-    if (s.code() == StatusCode::kTimeout && abort_.ok()) TellCoordinatorFirst(in_context(s));
-    s = AwaitRootCause(s);
+    // (It waits longer for the answer: rank 0 holds such a verdict up to kVerdictHold.)
+    const bool told = s.code() == StatusCode::kTimeout && abort_.ok() && !coordinator();
+    if (told) TellCoordinatorFirst(in_context(s));
+    s = AwaitRootCause(s, told ? std::chrono::seconds(2) : std::chrono::seconds(1));
+    if (coordinator() && abort_.ok() && !held_verdict_.ok()) ReleaseVerdict();
+    if (coordinator() && !abort_.ok()) s = abort_;
     if (coordinator() && abort_.ok() && s.code() == StatusCode::kTimeout) {
       s = BlameSeenByWorker(0, s);
     }
