@@ -145,6 +145,7 @@ TEST(Strangers, JobFormsAndComputesDespiteThem) {
 // instead of a start timeout that blames a rank that never came or "died".
 struct Identity {
   int rank, size;
+  const char* secret = kSecret;
 };
 
 // Starts one process per identity and returns what each one's engine creation said ("ok" or the
@@ -168,7 +169,7 @@ std::vector<std::string> StartWith(const std::vector<Identity>& ids) {
       o.local_size = ids[i].size;
       o.rendezvous_addr = "127.0.0.1";
       o.rendezvous_port = port;
-      o.secret = kSecret;
+      o.secret = ids[i].secret;
       o.timeout_seconds = 10;
       o.start_timeout_seconds = 30;
       auto e = hvd::Engine::Create(o);
@@ -226,6 +227,20 @@ TEST(Identities, ARankGivenToTwoProcessesIsNamed) {
     EXPECT_NE(s, "ok");
     EXPECT_NE(s.find("two processes claim rank 1"), std::string::npos) << s;
   }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+// A process given another job's secret: the store refuses it at once, and the error names the
+// store once and says what to check.
+TEST(Identities, ARankWithAnotherSecretIsRefusedByTheStore) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto said = StartWith({{0, 2, "the-secret-of-another-job-entirely"}});
+  ASSERT_EQ(said.size(), 1u);
+  const std::string& s = said[0];
+  const size_t at = s.find("rendezvous store at 127.0.0.1:");
+  ASSERT_NE(at, std::string::npos) << s;
+  EXPECT_EQ(s.find("rendezvous store at", at + 1), std::string::npos) << "said twice: " << s;
+  EXPECT_NE(s.find("secret"), std::string::npos) << s;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 

@@ -65,7 +65,7 @@ std::string DescribeDiff(const Request& a, const Request& b, bool first_dim_may_
     auto of = [](const Request& q) {
       return q.group_size > 1 ? "a group of " + std::to_string(q.group_size) + " tensors ('" +
                                     q.group + "')"
-                              : std::string("no group");
+                              : std::string("the tensor alone (no group, or a group of one)");
     };
     return "group membership: " + of(a) + " vs " + of(b);
   }
