@@ -663,6 +663,70 @@ TEST(Coordinator, StallWarningsAreOneLinePerSetOfMissingRanks) {
                            "ranks [0, 1]", 0), 0u) << lines[1];
 }
 
+Request SetOp(const std::string& name, std::vector<int64_t> ranks, int32_t remove) {
+  Request r;
+  r.type = OpType::kProcessSet;
+  r.name = name;
+  r.splits = std::move(ranks);
+  r.root = remove;
+  return r;
+}
+
+// A process set added or removed by some ranks only: the stall messages say which call waits
+// (its internal name's number counts such calls and reads like a set's id).
+TEST(Coordinator, StallMessagesSayWhichProcessSetCallWaits) {
+  auto set_op = SetOp;
+  Coordinator c(4, 0, /*stall_seconds=*/0.001, /*stall_shutdown_seconds=*/0.002);
+  c.AddRequests(3, {set_op("__hvd.process_set.0", {2, 3}, -1)});
+  c.AddRequests(1, {set_op("__hvd.process_set.1", {}, 2)});
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(c.CheckStalls(Clock::now()), 2);
+  const auto& lines = c.stall_warnings();
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].rfind("stall: add_process_set([2, 3]) ('__hvd.process_set.0') has waited 0 "
+                           "s; ready on ranks [3], missing on ranks [0, 1, 2]", 0),
+            0u)
+      << lines[0];
+  EXPECT_EQ(lines[1].rfind("stall: remove_process_set(2) ('__hvd.process_set.1') has waited", 0),
+            0u)
+      << lines[1];
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  c.CheckStalls(Clock::now());
+  EXPECT_EQ(c.stall_shutdown().rfind("hvd shut down: add_process_set([2, 3]) "
+                                     "('__hvd.process_set.0') waited",
+                                     0),
+            0u)
+      << c.stall_shutdown();
+}
+
+// Ranks that add different sets: every rank's error lists each rank's call, so that a rank
+// whose list is not one of the first two that differ reads its own.
+TEST(Coordinator, DifferentProcessSetsNameEveryRanksCall) {
+  Coordinator c(4, 0, 0);
+  const std::string n = "__hvd.process_set.0";
+  c.AddRequests(0, {SetOp(n, {0, 1}, -1)});
+  c.AddRequests(1, {SetOp(n, {0, 1}, -1)});
+  c.AddRequests(2, {SetOp(n, {0, 2}, -1)});
+  c.AddRequests(3, {SetOp(n, {1, 2, 3}, -1)});
+  auto rs = c.ComputeResponses();
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].type, OpType::kError);
+  EXPECT_NE(rs[0].error.find("process set ranks [0, 1] vs [0, 2] (rank 0 vs rank 2); each "
+                             "rank's call: [0, 1] on ranks [0, 1], [0, 2] on rank [2], "
+                             "[1, 2, 3] on rank [3]"),
+            std::string::npos)
+      << rs[0].error;
+  Coordinator d(2, 0, 0);
+  d.AddRequests(0, {SetOp(n, {}, 1)});
+  d.AddRequests(1, {SetOp(n, {}, 2)});
+  rs = d.ComputeResponses();
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_NE(rs[0].error.find("each rank's call: remove set 1 on rank [0], remove set 2 on rank "
+                             "[1]"),
+            std::string::npos)
+      << rs[0].error;
+}
+
 // As Horovod: a shutdown time below the stall check time shuts nothing down.
 TEST(Coordinator, ShutdownTimeBelowTheCheckTimeIsOff) {
   EXPECT_EQ(StallShutdownSeconds(10, 3), 0);

@@ -360,6 +360,37 @@ void Coordinator::ReleaseGroup(const Request& first, Response r) {
   for (auto& m : members) PushReady(std::move(m));
 }
 
+// Every rank's call, where ranks added or removed different process sets: a rank whose call
+// is neither of the first two that differ reads its own too. "; each rank's call: [0, 1] on
+// ranks [0, 1], [0, 2] on rank [2], ..."
+std::string Coordinator::EachRanksSet(const Entry& e) const {
+  std::vector<std::pair<const Request*, std::vector<int>>> calls;
+  for (int r = 0; r < size_; ++r) {
+    if (!e.per_rank[r]) continue;
+    const Request& q = *e.per_rank[r];
+    auto same = std::find_if(calls.begin(), calls.end(), [&](const auto& c) {
+      return c.first->splits == q.splits && c.first->root == q.root;
+    });
+    if (same == calls.end()) {
+      calls.push_back({&q, {World(r)}});
+    } else {
+      same->second.push_back(World(r));
+    }
+  }
+  std::ostringstream os;
+  os << "; each rank's call:";
+  for (size_t i = 0; i < calls.size() && i < kStallNamesShown; ++i) {
+    const Request& q = *calls[i].first;
+    std::vector<int> ranks(q.splits.begin(), q.splits.end());
+    os << (i ? ", " : " ")
+       << (ranks.empty() ? "remove set " + std::to_string(q.root) : "[" + RankList(ranks, 16) + "]")
+       << " on rank" << (calls[i].second.size() > 1 ? "s" : "") << " ["
+       << RankList(calls[i].second, 16) << "]";
+  }
+  if (calls.size() > kStallNamesShown) os << " and " << calls.size() - kStallNamesShown << " more";
+  return os.str();
+}
+
 std::string Coordinator::Validate(const std::string& name, const Entry& e) const {
   int ref = -1;
   for (int r = 0; r < size_; ++r) {
@@ -375,7 +406,8 @@ std::string Coordinator::Validate(const std::string& name, const Entry& e) const
     if (!diff.empty()) {
       return std::string(OpTypeName(a.type)) + " '" + name + "'" + Where() +
              ": mismatch across ranks: " + diff + " (rank " + std::to_string(World(ref)) +
-             " vs rank " + std::to_string(World(r)) + ")";
+             " vs rank " + std::to_string(World(r)) + ")" +
+             (a.type == OpType::kProcessSet ? EachRanksSet(e) : "");
     }
   }
   const Request& a = *e.per_rank[ref];
@@ -488,6 +520,17 @@ std::string Coordinator::RefusalOf(const Entry& e) const {
   return "";
 }
 
+std::string Coordinator::Label(const std::string& name, const Entry& e) const {
+  for (const auto& q : e.per_rank) {
+    if (!q || q->type != OpType::kProcessSet) continue;
+    std::vector<int> ranks(q->splits.begin(), q->splits.end());
+    return (ranks.empty() ? "remove_process_set(" + std::to_string(q->root) + ")"
+                          : "add_process_set([" + RankList(ranks) + "])") +
+           " ('" + name + "')";
+  }
+  return "'" + name + "'";
+}
+
 Response Coordinator::BuildJoinResponse() {
   Response resp;
   resp.type = OpType::kJoin;
@@ -535,7 +578,8 @@ void Coordinator::CheckStallShutdown(Clock::time_point now) {
     ReadyAndMissing(e, &ready, &missing);
     const OpType type = ready.empty() ? OpType::kAllreduce : e.per_rank[ready.back()]->type;
     std::ostringstream os;
-    os << "hvd shut down: " << OpTypeName(type) << " '" << name << "'" << Where()
+    os << "hvd shut down: " << (type == OpType::kProcessSet ? "" : OpTypeName(type) + std::string(" "))
+       << Label(name, e) << Where()
        << " waited " << std::chrono::duration_cast<std::chrono::seconds>(now - e.first_seen).count()
        << " s, past HVD_STALL_SHUTDOWN_TIME_SECONDS (" << stall_shutdown_seconds_
        << " s), for ranks [" << RankList(World(missing))
@@ -577,7 +621,7 @@ int Coordinator::CheckStalls(Clock::time_point now) {
                             RefusalOf(e);
     auto [it, fresh] = lines.try_emplace(key);
     if (fresh) order.push_back(key);
-    it->second.names.push_back(name);
+    it->second.names.push_back(Label(name, e));
     it->second.longest = std::max<long>(
         it->second.longest,
         std::chrono::duration_cast<std::chrono::seconds>(now - e.first_seen).count());
@@ -587,11 +631,11 @@ int Coordinator::CheckStalls(Clock::time_point now) {
     std::ostringstream os;
     const size_t shown = std::min<size_t>(s.names.size(), kStallNamesShown);
     if (s.names.size() == 1) {
-      os << "stall: '" << s.names[0] << "'" << Where() << " has waited " << s.longest << " s; ";
+      os << "stall: " << s.names[0] << Where() << " has waited " << s.longest << " s; ";
     } else {
       os << "stall: " << s.names.size() << " tensors" << Where() << " have waited up to "
          << s.longest << " s (";
-      for (size_t i = 0; i < shown; ++i) os << (i ? ", " : "") << "'" << s.names[i] << "'";
+      for (size_t i = 0; i < shown; ++i) os << (i ? ", " : "") << s.names[i];
       if (shown < s.names.size()) os << " and " << s.names.size() - shown << " more";
       os << "); ";
     }

@@ -116,6 +116,12 @@ class Coordinator {
   // "; rank R refused it: <why>" for the first rank that sent the tensor as a refusal
   // (Request::error), "" if none did: for the messages of a tensor still waiting.
   std::string RefusalOf(const Entry& e) const;
+  // How the stall messages call an entry: 'name', or for the engine's own request that adds or
+  // removes a process set, which call it is (its name's number counts such calls; it is not a
+  // set's id).
+  std::string Label(const std::string& name, const Entry& e) const;
+  // Each distinct process set that ranks added or removed, with its ranks (Validate).
+  std::string EachRanksSet(const Entry& e) const;
   // The ranks that announced e's name, and those that have not and have not joined.
   void ReadyAndMissing(const Entry& e, std::vector<int>* ready, std::vector<int>* missing) const;
   Response BuildJoinResponse();
