@@ -541,6 +541,21 @@ def test_what_one_rank_alone_cannot_pass_fails_on_every_rank():
            TypeError, "prescale_factor must be a number")
     expect(lambda: hvd.broadcast(torch.ones(2), root_rank=0.5 if bad else 0, name="one.root"),
            TypeError, "root_rank must be an integer")
+    # An op that is none, and op with the deprecated average: plain, async, grouped and
+    # reducescatter.
+    expect(lambda: hvd.allreduce(torch.ones(2), op=42 if bad else hvd.Sum, name="one.op"),
+           ValueError, "unknown reduce op 42; use hvd.Sum, hvd.Average, hvd.Adasum")
+    expect(lambda: hvd.synchronize(hvd.allreduce_async(torch.ones(2), op="sum" if bad else hvd.Sum,
+                                                       name="one.op.async")),
+           ValueError, "unknown reduce op 'sum'")
+    expect(lambda: hvd.grouped_allreduce([torch.ones(2)] * 2, op=-1 if bad else hvd.Sum,
+                                         name="one.op.group"),
+           ValueError, "unknown reduce op -1")
+    expect(lambda: hvd.reducescatter(torch.ones(n), op=7 if bad else hvd.Sum, name="one.op.rs"),
+           ValueError, "unknown reduce op 7")
+    expect(lambda: hvd.allreduce(torch.ones(2), average=True if bad else None, op=hvd.Sum,
+                                 name="one.average"),
+           ValueError, "pass either op or the deprecated average, not both")
     assert time.monotonic() - started < 30
 
 

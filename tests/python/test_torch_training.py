@@ -293,6 +293,32 @@ def test_broadcast_optimizer_state_adam():
         assert torch.allclose(st["exp_avg_sq"], torch.full_like(p, (1 - b2) * g * g))
 
 
+def test_broadcast_optimizer_state_that_cannot_fit_fails_on_every_rank():
+    """Optimizers that differ from the root's on the last rank (param groups, a parameter's
+    shape, the class): every rank raises, naming that rank and what differs, instead of the
+    root waiting in broadcasts the others never make, or the state of one shape landing on
+    parameters of another; the next operation works."""
+    r, n = world()
+    if n < 2:
+        return
+    bad = r == n - 1
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2 + (bad and 1)))
+    cases = [
+        (torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[1].parameters()}]
+                         if bad else model.parameters(), lr=0.1, momentum=0.9),
+         "rank %d: 2 param groups, not the root's 1" % (n - 1)),
+        (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+         "rank %d: shape [3, 2] for parameter 2 of param group 0, not the root's [2, 2]" % (n - 1)),
+        (torch.optim.Adam(model.parameters()) if bad else torch.optim.SGD(model.parameters(), lr=1),
+         "rank %d: Adam, not the root's SGD" % (n - 1)),
+    ]
+    for opt, text in cases:
+        with pytest.raises(ValueError, match="differs from root rank 0's") as got:
+            hvd.broadcast_optimizer_state(opt, root_rank=0)
+        assert text in str(got.value), got.value
+        assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after.mismatch").item() == n
+
+
 def test_broadcast_optimizer_state_created_lazily_on_root_only():
     r, n = world()
     root = 0

@@ -21,6 +21,7 @@ Memory handed to the core stays referenced by the core handle until the operatio
 """
 
 import itertools
+import numbers
 import operator
 import threading
 
@@ -175,15 +176,42 @@ class Handle:
                 p.stream_wait(stream)
 
 
+class _BadOp:
+    """An op that check_op could not take, raised by valid_op inside the operation's refusal:
+    every rank hears it, where raising it at once would leave the others waiting."""
+    __slots__ = ("error",)
+
+    def __init__(self, error):
+        self.error = error
+
+
+_KNOWN_OPS = frozenset((_core.SUM, _core.AVERAGE, _core.ADASUM, _core.MIN, _core.MAX,
+                        _core.PRODUCT))
+
+
 def check_op(op, average=None):
-    """Horovod's rules: op defaults to Average; the deprecated ``average`` flag maps to it."""
+    """Horovod's rules: op defaults to Average; the deprecated ``average`` flag maps to it.
+    What is wrong is raised later, by valid_op."""
     if average is not None:
         if op is not None:
-            raise ValueError("pass either op or the deprecated average, not both")
+            return _BadOp(ValueError("pass either op or the deprecated average, not both"))
         return _core.AVERAGE if average else _core.SUM
     if op is None:
         return _core.AVERAGE
     return op
+
+
+def valid_op(op):
+    """check_op's op as the engine takes it (an int), else its error: call it where an error is
+    refused on every rank."""
+    if op.__class__ is int and op in _KNOWN_OPS:
+        return op
+    if isinstance(op, _BadOp):
+        raise op.error
+    if isinstance(op, numbers.Integral) and not isinstance(op, bool) and int(op) in _KNOWN_OPS:
+        return int(op)
+    raise ValueError("unknown reduce op %r; use hvd.Sum, hvd.Average, hvd.Adasum, hvd.Min, "
+                     "hvd.Max or hvd.Product" % (op,))
 
 
 def _stream(A, t):
@@ -281,6 +309,7 @@ def factor(x, what):
 def allreduce_async(A, tensor, name, op, prescale, postscale, inplace, ps=0):
     try:  # (not `refusing`: this is every gradient's path, and a try costs nothing)
         c, ptr, dt, shape, out, out_ptr = _in_out(A, tensor, inplace)
+        op = valid_op(op)
         prescale = factor(prescale, "prescale_factor")
         postscale = factor(postscale, "postscale_factor")
     except (TypeError, ValueError, HvdError) as e:
@@ -301,6 +330,7 @@ def grouped_allreduce_async(A, tensors, name, op, prescale, postscale, inplace, 
     with refusing("grouped_allreduce", name, ps, len(tensors)):
         prepared = [A.prepare(t) for t in tensors]
         _one_device(A, "grouped_allreduce", [p[0] for p in prepared])
+        op = valid_op(op)
         prescale = factor(prescale, "prescale_factor")
         postscale = factor(postscale, "postscale_factor")
     _check_adasum(A, op, prepared[0][0], ps)
@@ -383,6 +413,7 @@ def alltoall_async(A, tensor, splits, name, ps=0):
 def reducescatter_async(A, tensor, name, op, prescale, postscale, ps=0):
     with refusing("reducescatter", name, ps):
         c, ptr, dt, shape = A.prepare(tensor)
+        op = valid_op(op)
         prescale = factor(prescale, "prescale_factor")
         postscale = factor(postscale, "postscale_factor")
     h = _core.reducescatter(op_name("reducescatter", name, ps), ptr, dt, shape, op,
@@ -393,6 +424,7 @@ def reducescatter_async(A, tensor, name, op, prescale, postscale, ps=0):
 def grouped_reducescatter_async(A, tensors, name, op, prescale, postscale, ps=0):
     tensors = list(tensors)
     with refusing("grouped_reducescatter", name, ps, len(tensors)):
+        op = valid_op(op)
         prescale = factor(prescale, "prescale_factor")
         postscale = factor(postscale, "postscale_factor")
 

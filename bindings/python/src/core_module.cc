@@ -209,7 +209,7 @@ hvd::ReduceOp ToReduceOp(int code) {
   if (code < 0 || code >= hvd::kNumReduceOps) {
     throw StatusError(hvd::Status::InvalidArgument(
         "unknown reduce op " + std::to_string(code) +
-        "; use hvd.Sum, hvd.Average, hvd.Min, hvd.Max or hvd.Product"));
+        "; use hvd.Sum, hvd.Average, hvd.Adasum, hvd.Min, hvd.Max or hvd.Product"));
   }
   return static_cast<hvd::ReduceOp>(code);
 }

@@ -118,7 +118,31 @@ def _state_layout(optimizer):
             if entry:
                 state[index] = entry
             index += 1
-    return {"groups": groups, "state": state}
+    return {"groups": groups, "state": state, "params": _params_layout(optimizer)}
+
+
+def _params_layout(optimizer):
+    """What must be the same on every rank for the root's state to fit: the optimizer's class
+    and each group's parameters' shapes."""
+    return (type(optimizer).__name__,
+            [[tuple(p.shape) for p in g["params"]] for g in optimizer.param_groups])
+
+
+def _params_difference(root, mine):
+    """How this rank's _params_layout differs from the root's, or "" where it does not."""
+    if root[0] != mine[0]:
+        return "%s, not the root's %s" % (mine[0], root[0])
+    if len(root[1]) != len(mine[1]):
+        return "%d param groups, not the root's %d" % (len(mine[1]), len(root[1]))
+    for g, (theirs, ours) in enumerate(zip(root[1], mine[1])):
+        if len(theirs) != len(ours):
+            return ("%d parameters in param group %d, not the root's %d"
+                    % (len(ours), g, len(theirs)))
+        for i, (a, b) in enumerate(zip(theirs, ours)):
+            if a != b:
+                return ("shape %s for parameter %d of param group %d, not the root's %s"
+                        % (list(b), i, g, list(a)))
+    return ""
 
 
 def _take_first_step(optimizer, step=True):
@@ -164,9 +188,16 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
         primed = True
     layout = broadcast_object(dict(_state_layout(optimizer), primed=primed) if root else None,
                               root_rank, name="optimizer_state", process_set=process_set)
-    if len(layout["groups"]) != len(optimizer.param_groups):
-        raise ValueError("broadcast_optimizer_state: root has %d param groups, this rank %d"
-                         % (len(layout["groups"]), len(optimizer.param_groups)))
+    # Every rank raises where one differs (the root too: it would wait in the broadcasts for
+    # the ranks that raised), naming each such rank and what differs.
+    problems = allgather_object(_params_difference(layout["params"], _params_layout(optimizer)),
+                                name="optimizer_state.check", process_set=process_set)
+    ps = _process_set_id(process_set)
+    world = _core.process_set_ranks(ps) if ps else range(len(problems))
+    differ = ["rank %d: %s" % (r, p) for r, p in zip(world, problems) if p]
+    if differ:
+        raise ValueError("broadcast_optimizer_state: the optimizer differs from root rank %d's: %s"
+                         % (root_rank, "; ".join(differ)))
     if not root and len(optimizer.state) == 0:
         for group, options in zip(optimizer.param_groups, layout["groups"]):
             group.update(options)
