@@ -122,6 +122,20 @@ def test_set_backward_passes_per_step_as_horovod():
     assert_same_params(model, train_reference("sgd", 2))
 
 
+def test_backward_passes_per_step_is_a_whole_number_of_at_least_one():
+    model = make_model()
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="backward_passes_per_step must be an integer"):
+            hvd.DistributedOptimizer(make_opt("sgd", model.parameters()),
+                                     named_parameters=model.named_parameters(),
+                                     backward_passes_per_step=bad)
+    opt = hvd.DistributedOptimizer(make_opt("sgd", model.parameters()),
+                                   named_parameters=model.named_parameters())
+    with pytest.raises(ValueError, match="got 0"):
+        opt.set_backward_passes_per_step(0)
+    assert opt.backward_passes_per_step == 1
+
+
 def train_shards(model, opt, passes):
     """STEPS steps of `passes` backward passes each, on this rank's shards of the global batch
     (the training of train_distributed, for an optimizer made elsewhere)."""

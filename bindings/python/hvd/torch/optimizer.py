@@ -26,6 +26,7 @@ Thread-safety: like the torch optimizer it wraps, one per training loop.
 """
 
 import contextlib
+import numbers
 import warnings
 
 import torch
@@ -36,6 +37,14 @@ from hvd.torch.functions import broadcast_object
 from hvd.torch.mpi_ops import (allreduce_async_, grouped_allreduce_async_,
                                sparse_allreduce_async, synchronize)
 
+
+def _passes(n):
+    """backward_passes_per_step: a whole number of passes, at least 1 (anything else ran as 1
+    without a word)."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError("backward_passes_per_step must be an integer of at least 1, got %r"
+                         % (n,))
+    return int(n)
 
 class _Group(tuple):
     """A group's parameters, a dictionary key by identity: hashing a plain tuple goes over
@@ -60,7 +69,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set if process_set is not None else global_process_set
         self._compression = compression
-        self.backward_passes_per_step = backward_passes_per_step
+        self.backward_passes_per_step = _passes(backward_passes_per_step)
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         if gradient_predivide_factor != 1.0 and op != _core.AVERAGE:
@@ -122,7 +131,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def set_backward_passes_per_step(self, passes):
         """Horovod's: from now on, gradients accumulate locally for ``passes`` backward passes
         before they go out (the current count starts again)."""
-        self.backward_passes_per_step = passes
+        self.backward_passes_per_step = passes = _passes(passes)
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = passes
 
