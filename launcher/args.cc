@@ -632,7 +632,8 @@ double ParsePositive(const std::string& flag, const std::string& text) {
 int ParseCount(const std::string& flag, const std::string& text) {
   if (text.empty() || text.size() > 9 ||
       text.find_first_not_of("0123456789") != std::string::npos || std::atoi(text.c_str()) <= 0) {
-    throw LaunchError("bad value '" + text + "' for " + flag + " (expected a positive integer)");
+    throw LaunchError("bad value '" + text + "' for " + flag +
+                      " (expected a positive integer below 1000000000)");
   }
   return std::atoi(text.c_str());
 }

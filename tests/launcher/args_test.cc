@@ -311,6 +311,7 @@ TEST(Args, Errors) {
       {{"-np"}, "needs a value"},
       {{"-np", "0", "x"}, "-np"},
       {{"-np", "two", "x"}, "'two'"},
+      {{"-np", "99999999999999", "x"}, "(expected a positive integer below 1000000000)"},
       {{"-np", "3", "-H", "localhost:2", "x"}, "larger than the 2 slot"},
       {{"-np", "1", "-p", "0", "x"}, "--ssh-port"},
       {{"-np", "1", "--ssh-port", "70000", "x"}, "1 to 65535"},
