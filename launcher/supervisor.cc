@@ -424,8 +424,9 @@ void Supervisor::NameAbsentRanks() const {
                              "--start-timeout for ";
   if (!absent.empty()) {
     Say(list(absent) + (absent.size() == 1 ? " is" : " are") +
-        " still running but never reached the rendezvous (hvd's init not called yet, or stuck "
-        "before it): " + waited + (absent.size() == 1 ? "it" : "them"));
+        " still running but never reached the rendezvous (hvd's init not called yet, failed "
+        "before it connected, or stuck before it): " + waited +
+        (absent.size() == 1 ? "it" : "them"));
   }
   if (!left.empty()) {
     Say(list(left) + " exited without having reached the rendezvous (hvd's init never "

@@ -578,8 +578,9 @@ void Coordinator::CheckStallShutdown(Clock::time_point now) {
     ReadyAndMissing(e, &ready, &missing);
     const OpType type = ready.empty() ? OpType::kAllreduce : e.per_rank[ready.back()]->type;
     std::ostringstream os;
-    os << "hvd shut down: " << (type == OpType::kProcessSet ? "" : OpTypeName(type) + std::string(" "))
-       << Label(name, e) << Where()
+    os << "hvd shut down: ";
+    if (type != OpType::kProcessSet) os << OpTypeName(type) << " ";
+    os << Label(name, e) << Where()
        << " waited " << std::chrono::duration_cast<std::chrono::seconds>(now - e.first_seen).count()
        << " s, past HVD_STALL_SHUTDOWN_TIME_SECONDS (" << stall_shutdown_seconds_
        << " s), for ranks [" << RankList(World(missing))

@@ -68,7 +68,9 @@ bool NameAbsentRanks(StoreClient& store, const Options& o, std::ostringstream& o
     if (!*there) absent.push_back(j);
   }
   if (absent.empty()) return false;
-  os << "; ranks [" << RankList(absent) << "] never reached the rendezvous (not started, or died)";
+  os << "; ranks [" << RankList(absent)
+     << "] never reached the rendezvous (not started, died, or its init failed before it "
+        "connected: see its own output)";
   if (unasked >= 0) os << " (the store did not answer about ranks " << unasked << " and up)";
   return true;
 }
