@@ -8,6 +8,9 @@
 // Argument: --expect-bootstrap=store|mpi|slurm and --expect-ops=tcp|mpi fail the run when the
 // engine chose differently.
 //
+// --two-engines instead: a second engine beside the first, shut down first; the first works on
+// (MPI was finalized under it). "[mpi-worker] rank R: two engines: all checks passed ...".
+//
 // --rounds also: an allgather, an alltoall and a reducescatter of tens of MiB a block, unequal
 // (see CheckRounds).
 //
@@ -433,6 +436,28 @@ int ExitAfterTheOtherSurvivor(int rank) {
   return 3;
 }
 
+// A second engine alive beside the first (a program's second hvd_init): shutting it down
+// leaves MPI to the first, which works on, and MPI is finalized as the last one ends.
+int TwoEngines(std::unique_ptr<hvd::Engine> first) {
+  auto second = hvd::Engine::CreateFromEnvironment();
+  if (!second.ok()) {
+    std::printf("FAIL second init: %s\n", second.status().ToString().c_str());
+    return 2;
+  }
+  CheckAllreduceFloat(**second, 7, ReduceOp::kSum);
+  ExpectOk((*second)->Shutdown(), "the second engine's shutdown");
+  second->reset();
+  CheckAllreduceFloat(*first, 1000, ReduceOp::kSum);
+  CheckBroadcast(*first, 3);
+  ExpectOk(first->Barrier()->Wait(), "barrier");
+  const int rank = first->rank();
+  ExpectOk(first->Shutdown(), "shutdown");
+  first.reset();
+  std::printf("[mpi-worker] rank %d: two engines: %s (%d of %d checks failed)\n", rank,
+              g_failures ? "FAILED" : "all checks passed", g_failures, g_checks);
+  return g_failures ? 1 : 0;
+}
+
 const char* BootstrapName(hvd::Options::Bootstrap b) {
   switch (b) {
     case hvd::Options::Bootstrap::kStore: return "store";
@@ -447,7 +472,7 @@ const char* BootstrapName(hvd::Options::Bootstrap b) {
 int main(int argc, char** argv) {
   std::string want_bootstrap, want_ops;
   bool refused_output = false, leave_early = false, stop_last = false, stop_in_allgather = false,
-       rounds = false;
+       rounds = false, two_engines = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--refused-output") refused_output = true;
@@ -455,6 +480,7 @@ int main(int argc, char** argv) {
     if (a == "--stop-last") stop_last = true;
     if (a == "--stop-in-allgather") stop_in_allgather = true;
     if (a == "--rounds") rounds = true;
+    if (a == "--two-engines") two_engines = true;
     if (a.rfind("--expect-bootstrap=", 0) == 0) want_bootstrap = a.substr(19);
     if (a.rfind("--expect-ops=", 0) == 0) want_ops = a.substr(13);
   }
@@ -466,6 +492,7 @@ int main(int argc, char** argv) {
   if (leave_early) return LeaveEarly(std::move(*created));
   if (stop_last) return StopLast(std::move(*created));
   if (stop_in_allgather) return StopInAllgather(std::move(*created));
+  if (two_engines) return TwoEngines(std::move(*created));
   hvd::Engine& e = **created;
   if (refused_output) return RefusedOutput(e);
   const char* bootstrap = BootstrapName(e.options().bootstrap);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <iterator>
 #include <limits>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -47,6 +48,12 @@ namespace {
 
 // Whether hvd called MPI_Init_thread (then it finalizes MPI). MPI starts once per process.
 bool g_hvd_initialised_mpi = false;
+
+// The contexts alive in this process (a program may hold two engines): MPI is finalized as the
+// last one ends, not under the others. A broken context stays counted (MPI is then never
+// finalized: a collective may be pending on a lost peer).
+std::mutex g_live_mu;
+int g_live = 0;
 
 // A tag of hvd's own for MPI_Comm_create_group.
 constexpr int kCreateGroupTag = 0x6876;
@@ -229,6 +236,11 @@ StatusOr<std::unique_ptr<MpiContext>> MpiContext::Create(const Options& options,
         std::to_string(options.size) + " (MPI bootstrap and HVD_CPU_OPERATIONS=mpi need the job "
         "started by mpirun, with one process per rank)");
   }
+  {
+    std::lock_guard<std::mutex> l(g_live_mu);
+    ++g_live;
+    ctx->counted_ = true;
+  }
   HVD_LOG(kDebug) << "MPI ready: " << MpiThreadLevelName(provided)
                   << (ctx->finalize_ ? ", initialised by hvd" : ", initialised by the program")
                   << (options.MpiWorldGiven()
@@ -237,11 +249,18 @@ StatusOr<std::unique_ptr<MpiContext>> MpiContext::Create(const Options& options,
   return ctx;
 }
 
+bool MpiContext::Leave() {
+  std::lock_guard<std::mutex> l(g_live_mu);
+  if (counted_) --g_live;
+  counted_ = false;
+  return g_live == 0;
+}
+
 void MpiContext::FinishEarly() {
   if (!CanFinishEarly()) return;
   finished_ = true;
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-  MPI_Finalize();
+  if (Leave()) MPI_Finalize();
 }
 
 MpiContext::~MpiContext() {
@@ -253,7 +272,8 @@ MpiContext::~MpiContext() {
     return;
   }
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-  if (finalize_) MPI_Finalize();
+  const bool last = Leave();
+  if (finalize_ && last) MPI_Finalize();
 }
 
 Status MpiContext::Break(Status why) {

@@ -51,7 +51,8 @@ class MpiContext {
   // size and this process at options.rank. need_threads: the background thread will call MPI
   // (fail with FailedPrecondition when MPI provides less than MPI_THREAD_SERIALIZED).
   static StatusOr<std::unique_ptr<MpiContext>> Create(const Options& options, bool need_threads);
-  // Frees the communicator and calls MPI_Finalize if hvd initialised MPI and nothing broke.
+  // Frees the communicator and calls MPI_Finalize if hvd initialised MPI, nothing broke and no
+  // other context is alive in the process (a second engine).
   ~MpiContext();
   // The same, now and from any thread, where hvd initialised MPI (at a level that allows it):
   // the engine calls it as its shutdown ends on every rank, as Horovod's background thread
@@ -60,7 +61,8 @@ class MpiContext {
   // Horovod, a program that uses MPI itself after hvd shuts down (on any rank) initialises MPI
   // before hvd does; then hvd leaves it alone. MPI asks for MPI_Finalize on the thread that
   // initialised it; Open MPI (MPI_THREAD_MULTIPLE, which hvd asks for) takes it from another.
-  // Nothing may use MPI through this context afterwards. Idempotent.
+  // Nothing may use MPI through this context afterwards. Idempotent. With another context alive
+  // (a second engine in the process) it frees the communicator only: the last one finalizes.
   void FinishEarly();
   // Whether FinishEarly finalizes (else it does nothing, and MPI is left to the destructor).
   bool CanFinishEarly() const {
@@ -86,13 +88,16 @@ class MpiContext {
  private:
   MpiContext() = default;
   Status Break(Status why);
+  // Leaves the process's count of live contexts; whether none is left (MPI may finalize).
+  bool Leave();
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
   bool finalize_ = false;  // hvd called MPI_Init_thread, so it calls MPI_Finalize
   int provided_ = 0;       // the thread level MPI provides
-  bool finished_ = false;  // FinishEarly has freed the communicator and finalized
+  bool finished_ = false;  // FinishEarly has freed the communicator (and finalized, if last)
+  bool counted_ = false;   // among the live contexts (Create succeeded; not yet left)
   Status broken_;
   std::function<Status()> poll_;
 };
