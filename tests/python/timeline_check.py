@@ -1,7 +1,8 @@
 """The timeline under hvdrun -np 2, as Horovod users read it (Horovod's test_timeline and its
 start_timeline / stop_timeline). Prints TIMELINE-OK on success.
 
-1. HOROVOD_TIMELINE=<file> and HOROVOD_TIMELINE_MARK_CYCLES=1 set before hvd.init(): after an
+1. HOROVOD_TIMELINE=<file> and HOROVOD_TIMELINE_MARK_CYCLES=1 set before hvd.init(): once
+   init returns, rank 0's file is whole JSON with the process's start time; after an
    allreduce named 'test_allreduce', rank 0's file (written while the job runs) holds
    'allreduce.test_allreduce', NEGOTIATE_ALLREDUCE, ALLREDUCE and CYCLE_START; at shutdown it is
    a JSON array whose ALLREDUCE event of that tensor has its bytes and the algorithm it ran
@@ -39,6 +40,11 @@ static_path = os.path.join(workdir, "hvd_timeline_static_%d.json" % os.getpid())
 for key, value in {"HOROVOD_TIMELINE": static_path, "HOROVOD_TIMELINE_MARK_CYCLES": "1"}.items():
     os.environ[key] = value
 hvd.init()
+if rank == 0:
+    # Whole JSON from the start: a job stopped before its first operation left "[" alone.
+    with open(static_path) as f:
+        first = json.load(f)
+    assert "start_time_since_epoch_in_micros" in json.dumps(first), first
 hvd.allreduce(torch.tensor([1, 2, 3], dtype=torch.float32), name="test_allreduce")
 if rank == 0:
     # Horovod's test reads it after 0.1 s; the engine writes within 10 ms of going idle. A

@@ -46,7 +46,10 @@ Timeline::Timeline(const std::string& pattern, int rank, bool mark_cycles)
     HVD_LOG(kWarning) << "HVD_TIMELINE: cannot write " << path << "; no timeline";
     return;
   }
-  std::fputs("[\n", file_);
+  // Unbuffered: each Flush is one write of what it adds, the bracket included, so the file is
+  // cut short only where the process dies inside that write (with stdio's buffer it went out
+  // in pieces of 4 KiB, and a job stopped meanwhile left a file cut in an event).
+  std::setvbuf(file_, nullptr, _IONBF, 0);
   seekable_ = std::fseek(file_, 0, SEEK_END) == 0;
   // Horovod's first events: the process's name with the wall-clock time the timestamps count
   // from, which tools use to line up the files of several ranks.
@@ -58,6 +61,7 @@ Timeline::Timeline(const std::string& pattern, int rank, bool mark_cycles)
      << "\",\"start_time_since_epoch_in_micros\":" << epoch_us << "}}";
   Emit(os.str());
   Emit("{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":0,\"args\":{\"sort_index\":0}}");
+  Flush();  // whole JSON from the start
 }
 
 Timeline::~Timeline() {
@@ -113,17 +117,18 @@ void Timeline::Flush() {
     HVD_LOG(kWarning) << "HVD_TIMELINE: cannot seek in the file; it ends with ']' only where the "
                          "engine stops";
   }
+  std::string chunk;
   for (const auto& e : buffer_) {
-    std::fputs(first_ ? "" : ",\n", file_);
-    std::fputs(e.c_str(), file_);
+    chunk += first_ ? "[\n" : ",\n";
+    chunk += e;
     first_ = false;
   }
   if (seekable_) {
-    std::fputs(kTail, file_);
+    chunk += kTail;
     closed_ = true;
   }
   buffer_.clear();
-  std::fflush(file_);
+  std::fwrite(chunk.data(), 1, chunk.size(), file_);
 }
 
 std::string Timeline::Tid(int32_t set, const std::string& name) {
