@@ -139,6 +139,10 @@ TEST(BadEnvironment, OtherKnobsNotParsable) {
                 "HVD_SHM='yes please': expected auto, 1 (on, true) or 0 (off, false)");
   ExpectRefused({{"HVD_SYMMETRIC_NEGOTIATION", "both"}},
                 "HVD_SYMMETRIC_NEGOTIATION='both': expected auto, 1 (on, true) or 0 (off, false)");
+  // Every knob's HOROVOD_ spelling is read, hvd's own included (they were ignored).
+  ExpectRefused({{"HOROVOD_SHM", "bogus"}}, "HOROVOD_SHM='bogus': expected auto");
+  ExpectRefused({{"HOROVOD_SYMMETRIC_NEGOTIATION", "bogus"}},
+                "HOROVOD_SYMMETRIC_NEGOTIATION='bogus': expected auto");
   ExpectRefused({{"HVD_START_TIMEOUT", "soon"}}, "HVD_START_TIMEOUT");
   ExpectRefused({{"HVD_RANK", "0"}, {"HVD_SIZE", "2"}, {"HVD_RENDEZVOUS_ADDR", "127.0.0.1"},
                  {"HVD_RENDEZVOUS_PORT", "99999"}},

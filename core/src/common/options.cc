@@ -357,11 +357,9 @@ Status ReadKnobs(Options* o) {
   if (const char* v = Knob("HIERARCHICAL_ALLGATHER", &var)) {
     HVD_RETURN_IF_ERROR(ParseToggle(var, v, &o->hierarchical_allgather));
   }
-  if (const char* v = std::getenv("HVD_SHM")) {
-    HVD_RETURN_IF_ERROR(ParseToggle("HVD_SHM", v, &o->shm));
-  }
-  if (const char* v = std::getenv("HVD_SYMMETRIC_NEGOTIATION")) {
-    HVD_RETURN_IF_ERROR(ParseToggle("HVD_SYMMETRIC_NEGOTIATION", v, &o->symmetric_negotiation));
+  if (const char* v = Knob("SHM", &var)) HVD_RETURN_IF_ERROR(ParseToggle(var, v, &o->shm));
+  if (const char* v = Knob("SYMMETRIC_NEGOTIATION", &var)) {
+    HVD_RETURN_IF_ERROR(ParseToggle(var, v, &o->symmetric_negotiation));
   }
   if (const char* v = Knob("TIMELINE", &var)) o->timeline_path = v;
   if (const char* v = Knob("TIMELINE_MARK_CYCLES", &var)) {
