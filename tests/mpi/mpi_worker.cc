@@ -9,7 +9,8 @@
 // engine chose differently.
 //
 // --two-engines instead: a second engine beside the first, shut down first; the first works on
-// (MPI was finalized under it). "[mpi-worker] rank R: two engines: all checks passed ...".
+// (before, the second's shutdown finalized MPI under it), and MPI is finalized as it ends.
+// "[mpi-worker] rank R: two engines: all checks passed ...".
 //
 // --rounds also: an allgather, an alltoall and a reducescatter of tens of MiB a block, unequal
 // (see CheckRounds).

@@ -311,7 +311,7 @@ def test_broadcast_optimizer_state_that_cannot_fit_fails_on_every_rank():
     """Optimizers that differ from the root's on the last rank (param groups, a parameter's
     shape, the class): every rank raises, naming that rank and what differs, instead of the
     root waiting in broadcasts the others never make, or the state of one shape landing on
-    parameters of another; the next operation works."""
+    parameters of another; nothing has changed, and the next operation works."""
     r, n = world()
     if n < 2:
         return
@@ -330,6 +330,7 @@ def test_broadcast_optimizer_state_that_cannot_fit_fails_on_every_rank():
         with pytest.raises(ValueError, match="differs from root rank 0's") as got:
             hvd.broadcast_optimizer_state(opt, root_rank=0)
         assert text in str(got.value), got.value
+        assert len(opt.state) == 0  # the root has not taken its first step either
         assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after.mismatch").item() == n
 
 

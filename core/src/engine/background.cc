@@ -1745,9 +1745,10 @@ Status EngineImpl::BlameSeenByCoordinator(int from, const Status& why) const {
   return Status(why.code(), os.str());
 }
 
-// The rank named by a data-plane verdict ("... from rank 3", "... to rank 3"), or -1.
+// The rank named by a data-plane verdict ("... from rank 3", "... to rank 3", "waiting for
+// rank 3"), or -1.
 static int NamedPeer(const std::string& message) {
-  for (const char* side : {"from rank ", "to rank "}) {
+  for (const char* side : {"from rank ", "to rank ", "waiting for rank "}) {
     const size_t i = message.find(side);
     if (i == std::string::npos) continue;
     const char* at = message.c_str() + i + std::strlen(side);
@@ -1778,8 +1779,16 @@ Status EngineImpl::BlameSeenByWorker(int from, const Status& why, bool* unsure) 
     return q > 0 && static_cast<size_t>(q) < last_heard_.size() &&
            static_cast<size_t>(q) < control_.size() && control_[q];
   };
+  // Rank 0 held up itself (stopped, say): what it heard last says nothing of the others now.
+  if (HeldUp()) return Status(why.code(), msg + os.str());
   // (Named already where this rank's own connection drops what it sends: tcp_transport.cc.)
-  if (x == from || !heard(x) || msg.find("drops what is sent on it") != std::string::npos) {
+  if (x == from || msg.find("drops what is sent on it") != std::string::npos) {
+    return Status(why.code(), msg + os.str());
+  }
+  if (!heard(x)) {
+    // A wait that names no rank (an MPI or device collective's): a rank stuck in code that is
+    // not hvd's may yet report itself (HoldVerdict).
+    if (unsure && x < 0) *unsure = true;
     return Status(why.code(), msg + os.str());
   }
   const double half = options_.timeout_seconds / 2;
@@ -1806,8 +1815,8 @@ Status EngineImpl::BlameSeenByWorker(int from, const Status& why, bool* unsure) 
   return Status(why.code(), msg + os.str());
 }
 
-// A worker's timeout that names a rank rank 0 hears from is held briefly before it goes to
-// every rank: the rank named may be stuck in code that is not hvd's (a framework's allocator),
+// A worker's timeout that names a rank rank 0 hears from (or names no rank) is held briefly
+// before it goes to every rank: the rank named may be stuck in code that is not hvd's (a framework's allocator),
 // and its own report of that (KeeperGaveUp) comes at about the same time, as its keeper counts
 // the same HVD_TIMEOUT_SECONDS as the others' waits. That report, or any other verdict that
 // comes meanwhile (a rank lost), is the one every rank gets; else the first one held.
@@ -1817,11 +1826,12 @@ void EngineImpl::HoldVerdict(const Status& why) {
   if (!verdict_timer_) verdict_timer_ = std::make_unique<asio::steady_timer>(io_);
   verdict_timer_->expires_after(kVerdictHold);
   verdict_timer_->async_wait([this](const asio::error_code& ec) {
-    if (!ec) ReleaseVerdict();
+    if (!ec && !done_) ReleaseVerdict();  // (done_: the members may be gone; Loop's end)
   });
 }
 
 void EngineImpl::ReleaseVerdict() {
+  if (done_) return;
   Status why = std::move(held_verdict_);
   held_verdict_ = Status::OK();
   if (why.ok() || !abort_.ok() || shutdown_by_ >= 0 || done_) return;

@@ -118,7 +118,7 @@ def _state_layout(optimizer):
             if entry:
                 state[index] = entry
             index += 1
-    return {"groups": groups, "state": state, "params": _params_layout(optimizer)}
+    return {"groups": groups, "state": state}
 
 
 def _params_layout(optimizer):
@@ -181,6 +181,22 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     _process_set_id(process_set)
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("broadcast_optimizer_state does not support LBFGS")
+    # Every rank raises where one's optimizer differs from the root's (the root too: it would
+    # wait in the broadcasts for the ranks that raised), naming each such rank and what
+    # differs, before anything changes (the root's first step below).
+    ps = _process_set_id(process_set)
+    layouts = allgather_object(_params_layout(optimizer), name="optimizer_state.check",
+                               process_set=process_set)
+    world = list(_core.process_set_ranks(ps)) if ps else list(range(len(layouts)))
+    if root_rank not in world:
+        raise ValueError("broadcast_optimizer_state: root_rank %r is not a rank of the process "
+                         "set %s" % (root_rank, world))
+    theirs = layouts[world.index(root_rank)]
+    differ = ["rank %d: %s" % (r, _params_difference(theirs, mine))
+              for r, mine in zip(world, layouts) if _params_difference(theirs, mine)]
+    if differ:
+        raise ValueError("broadcast_optimizer_state: the optimizer differs from root rank %d's: %s"
+                         % (root_rank, "; ".join(differ)))
     root = _core.rank() == root_rank
     primed = False
     if root and len(optimizer.state) == 0:
@@ -188,16 +204,6 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
         primed = True
     layout = broadcast_object(dict(_state_layout(optimizer), primed=primed) if root else None,
                               root_rank, name="optimizer_state", process_set=process_set)
-    # Every rank raises where one differs (the root too: it would wait in the broadcasts for
-    # the ranks that raised), naming each such rank and what differs.
-    problems = allgather_object(_params_difference(layout["params"], _params_layout(optimizer)),
-                                name="optimizer_state.check", process_set=process_set)
-    ps = _process_set_id(process_set)
-    world = _core.process_set_ranks(ps) if ps else range(len(problems))
-    differ = ["rank %d: %s" % (r, p) for r, p in zip(world, problems) if p]
-    if differ:
-        raise ValueError("broadcast_optimizer_state: the optimizer differs from root rank %d's: %s"
-                         % (root_rank, "; ".join(differ)))
     if not root and len(optimizer.state) == 0:
         for group, options in zip(optimizer.param_groups, layout["groups"]):
             group.update(options)

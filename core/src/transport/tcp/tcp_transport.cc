@@ -48,7 +48,7 @@ std::string DroppingLinkHint(int me, const std::vector<int>& fds) {
   std::ostringstream os;
   os << "; the link between ranks " << me << " and " << worst << " drops what is sent on it (the "
      << "kernel retransmits " << worst_unacked << " unacknowledged segment"
-     << (worst_unacked == 1 ? "" : "s") << " to rank " << worst << ")";
+     << (worst_unacked == 1 ? "" : "s") << " on it)";  // (not "to rank N": read as a wait's)
   return os.str();
 }
 
