@@ -553,6 +553,13 @@ def test_what_one_rank_alone_cannot_pass_fails_on_every_rank():
            ValueError, "unknown reduce op -1")
     expect(lambda: hvd.reducescatter(torch.ones(n), op=7 if bad else hvd.Sum, name="one.op.rs"),
            ValueError, "unknown reduce op 7")
+    expect(lambda: hvd.reducescatter(torch.ones(n), prescale_factor="2" if bad else 2.0,
+                                     name="one.rs.factor"),
+           TypeError, "prescale_factor must be a number")
+    expect(lambda: hvd.grouped_reducescatter([torch.ones(n)] * 2,
+                                             postscale_factor="2" if bad else 2.0,
+                                             name="one.grs.factor"),
+           TypeError, "postscale_factor must be a number")
     expect(lambda: hvd.allreduce(torch.ones(2), average=True if bad else None, op=hvd.Sum,
                                  name="one.average"),
            ValueError, "pass either op or the deprecated average, not both")

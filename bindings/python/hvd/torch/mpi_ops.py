@@ -547,10 +547,12 @@ class HvdReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ps = _process_set_id(process_set)
+        out = _ops.reducescatter_async(_A, tensor, name, op, prescale_factor,
+                                       postscale_factor, ps=ps).wait()
+        # After the op: a bad factor is refused there, on every rank, not raised here alone.
         ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, ps)
         ctx.process_set = process_set
-        return _ops.reducescatter_async(_A, tensor, name, op, prescale_factor,
-                                        postscale_factor, ps=ps).wait()
+        return out
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -591,10 +593,11 @@ class HvdGroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
         ps = _process_set_id(process_set)
-        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, ps)
+        out = tuple(_ops.grouped_reducescatter_async(_A, tensors, name, op, prescale_factor,
+                                                     postscale_factor, ps=ps).wait())
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, ps)  # (after)
         ctx.ps = ps
-        return tuple(_ops.grouped_reducescatter_async(_A, tensors, name, op, prescale_factor,
-                                                      postscale_factor, ps=ps).wait())
+        return out
 
     @staticmethod
     def backward(ctx, *grads):
