@@ -1816,10 +1816,11 @@ Status EngineImpl::BlameSeenByWorker(int from, const Status& why, bool* unsure) 
 }
 
 // A worker's timeout that names a rank rank 0 hears from (or names no rank) is held briefly
-// before it goes to every rank: the rank named may be stuck in code that is not hvd's (a framework's allocator),
-// and its own report of that (KeeperGaveUp) comes at about the same time, as its keeper counts
-// the same HVD_TIMEOUT_SECONDS as the others' waits. That report, or any other verdict that
-// comes meanwhile (a rank lost), is the one every rank gets; else the first one held.
+// before it goes to every rank: the rank named may be stuck in code that is not hvd's (a
+// framework's allocator), and its own report of that (KeeperGaveUp) comes at about the same
+// time, as its keeper counts the same HVD_TIMEOUT_SECONDS as the others' waits. That report,
+// or any other verdict that comes meanwhile (a rank lost), is the one every rank gets; else
+// the first one held.
 void EngineImpl::HoldVerdict(const Status& why) {
   if (!held_verdict_.ok()) return;  // the first held stands
   held_verdict_ = why;

@@ -525,10 +525,11 @@ class EngineImpl {
   Status BlameSeenByCoordinator(int from, const Status& why) const;
   // Rank 0's reading of a data-plane timeout seen by rank `from` (rank 0 itself included) that
   // names another worker: what rank 0's heartbeats say of that worker (background.cc).
-  // `unsure`, where given, turns true where that worker runs (rank 0 hears from it).
+  // `unsure`, where given, turns true where that worker runs (rank 0 hears from it) or the
+  // timeout names no rank.
   Status BlameSeenByWorker(int from, const Status& why, bool* unsure = nullptr) const;
-  // Rank 0: a worker's timeout naming a running rank waits kVerdictHold for a better cause
-  // before every rank hears it (background.cc).
+  // Rank 0: a worker's timeout naming a running rank (or none) waits kVerdictHold for a better
+  // cause before every rank hears it (background.cc).
   void HoldVerdict(const Status& why);
   void ReleaseVerdict();
   static constexpr std::chrono::milliseconds kVerdictHold{500};
