@@ -275,7 +275,8 @@ StatusOr<std::unique_ptr<StoreClient>> StoreClient::Connect(const std::string& h
                                                             Deadline deadline,
                                                             const std::string& secret) {
   if (port <= 0 || port > 65535) {
-    return Status::InvalidArgument("rendezvous store port out of range: " + std::to_string(port));
+    return Status::InvalidArgument("rendezvous store at " + host + ":" + std::to_string(port) +
+                                   ": port out of range");
   }
   auto client = std::make_unique<StoreClientImpl>(host, port, secret);
   HVD_RETURN_IF_ERROR(client->ConnectLoop(deadline));

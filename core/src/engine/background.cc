@@ -1827,15 +1827,15 @@ void EngineImpl::HoldVerdict(const Status& why) {
   if (!verdict_timer_) verdict_timer_ = std::make_unique<asio::steady_timer>(io_);
   verdict_timer_->expires_after(kVerdictHold);
   verdict_timer_->async_wait([this](const asio::error_code& ec) {
-    if (!ec && !done_) ReleaseVerdict();  // (done_: the members may be gone; Loop's end)
+    if (!ec) ReleaseVerdict();
   });
 }
 
 void EngineImpl::ReleaseVerdict() {
-  if (done_) return;
+  if (done_) return;  // (after Loop's end the members may be gone: the timer's late run)
   Status why = std::move(held_verdict_);
   held_verdict_ = Status::OK();
-  if (why.ok() || !abort_.ok() || shutdown_by_ >= 0 || done_) return;
+  if (why.ok() || !abort_.ok() || shutdown_by_ >= 0) return;
   BroadcastControl(static_cast<uint8_t>(MessageType::kAbort), AbortPayload(why));
   abort_ = std::move(why);
   transport_->Abort(abort_);

@@ -446,7 +446,7 @@ void EngineImpl::Execute(const Response& r) {
     const bool told = s.code() == StatusCode::kTimeout && abort_.ok() && !coordinator();
     if (told) TellCoordinatorFirst(in_context(s));
     s = AwaitRootCause(s, told ? std::chrono::seconds(2) : std::chrono::seconds(1));
-    if (coordinator() && abort_.ok() && !held_verdict_.ok()) ReleaseVerdict();
+    if (coordinator()) ReleaseVerdict();  // one still held goes out now
     if (coordinator() && !abort_.ok()) s = abort_;
     if (coordinator() && abort_.ok() && s.code() == StatusCode::kTimeout) {
       s = BlameSeenByWorker(0, s);

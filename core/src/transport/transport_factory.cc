@@ -141,14 +141,8 @@ StatusOr<std::unique_ptr<StoreClient>> MeetingPlace(Options* o, JobBackendsImpl*
   }
   auto store = StoreClient::Connect(store_addr, o->rendezvous_port, deadline, o->secret);
   if (!store.ok()) {
-    if (o->bootstrap != Options::Bootstrap::kSlurm) {
-      // The client's own errors name the store already; say it once.
-      if (store.status().message().find("rendezvous store at ") != std::string::npos) {
-        return store.status();
-      }
-      return store.status().WithContext("rendezvous store at " + store_addr + ":" +
-                                        std::to_string(o->rendezvous_port));
-    }
+    // (The client's errors name the store and its address.)
+    if (o->bootstrap != Options::Bootstrap::kSlurm) return store.status();
     return store.status().WithContext(
         "under Slurm rank 0 hosts the store on the step's first node, at a port derived from the "
         "job and step ids (a store that refuses this task is another step's on that port: set "

@@ -192,8 +192,8 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
         raise ValueError("broadcast_optimizer_state: root_rank %r is not a rank of the process "
                          "set %s" % (root_rank, world))
     theirs = layouts[world.index(root_rank)]
-    differ = ["rank %d: %s" % (r, _params_difference(theirs, mine))
-              for r, mine in zip(world, layouts) if _params_difference(theirs, mine)]
+    differences = [(r, _params_difference(theirs, mine)) for r, mine in zip(world, layouts)]
+    differ = ["rank %d: %s" % (r, d) for r, d in differences if d]
     if differ:
         raise ValueError("broadcast_optimizer_state: the optimizer differs from root rank %d's: %s"
                          % (root_rank, "; ".join(differ)))

@@ -46,6 +46,7 @@ def _passes(n):
                          % (n,))
     return int(n)
 
+
 class _Group(tuple):
     """A group's parameters, a dictionary key by identity: hashing a plain tuple goes over
     every member, and the hook of each gradient looks its group up, which made a step cost the
