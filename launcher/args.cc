@@ -5,7 +5,6 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <set>
 #include <utility>
 #include <sstream>
@@ -256,8 +255,7 @@ void ParseHosts(const cxxopts::ParseResult& r, LaunchOptions* out) {
     out->hosts = ParseHostList(r["hosts"].as<std::string>());
   } else if (r.count("hostfile")) {
     std::string path = r["hostfile"].as<std::string>();
-    std::ifstream in(path);
-    if (!in) throw LaunchError("cannot read hostfile '" + path + "'");
+    std::istringstream in(ReadUserFile("--hostfile", path));
     out->hosts = ParseHostfile(in, path);
   }
   if (r.count("np") || r.count("num-proc")) {
@@ -426,8 +424,7 @@ void ParseElasticFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {
 }
 
 void RequireReadable(const std::string& flag, const std::string& path) {
-  std::ifstream in(path);
-  if (path.empty() || !in) throw LaunchError("cannot read '" + path + "' given to " + flag);
+  ReadUserFile(flag, path);
 }
 
 void ParseSshFlags(const cxxopts::ParseResult& r, LaunchOptions* out) {

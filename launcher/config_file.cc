@@ -1,7 +1,6 @@
 #include "config_file.h"
 
 #include <cctype>
-#include <fstream>
 #include <sstream>
 
 #include "hosts.h"  // LaunchError
@@ -234,11 +233,7 @@ ConfigFlags ConfigFileFlags(const std::string& text, const std::string& path,
 }
 
 ConfigFlags ReadConfigFile(const std::string& path, const std::set<std::string>& given) {
-  std::ifstream in(path);
-  if (path.empty() || !in) throw LaunchError("cannot read '" + path + "' given to --config-file");
-  std::stringstream text;
-  text << in.rdbuf();
-  return ConfigFileFlags(text.str(), path, given);
+  return ConfigFileFlags(ReadUserFile("--config-file", path), path, given);
 }
 
 }  // namespace launcher

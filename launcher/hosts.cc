@@ -3,11 +3,15 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <sstream>
 
 namespace hvd {
@@ -103,7 +107,18 @@ std::vector<HostSlots> ParseHostfile(std::istream& in, const std::string& source
     const std::string context = source + ":" + std::to_string(lineno);
     size_t hash = line.find('#');
     if (hash != std::string::npos) line.resize(hash);
-    std::istringstream words(Trim(line));
+    // `slots = N` as well as `slots=N` (Horovod reads what follows the '=').
+    std::string joined;
+    for (size_t i = 0; i < line.size(); ++i) {
+      if (std::isspace(static_cast<unsigned char>(line[i]))) {
+        const size_t next = line.find_first_not_of(" \t\r\v\f", i);
+        const bool before = next != std::string::npos && line[next] == '=';
+        const bool after = !joined.empty() && joined.back() == '=';
+        if (before || after) continue;  // a blank next to an '='
+      }
+      joined += line[i];
+    }
+    std::istringstream words(Trim(joined));
     std::string host;
     if (!(words >> host)) continue;
     HostSlots h = ParseHostColonSlots(host, context);
@@ -122,6 +137,20 @@ std::vector<HostSlots> ParseHostfile(std::istream& in, const std::string& source
   }
   if (hosts.empty()) throw LaunchError("no hosts in hostfile " + source);
   return hosts;
+}
+
+std::string ReadUserFile(const std::string& flag, const std::string& path) {
+  const std::string what = "cannot read '" + path + "' given to " + flag;
+  if (path.empty()) throw LaunchError(what + ": the path is empty");
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) throw LaunchError(what + ": " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw LaunchError(what + ": it is a directory (expected a file)");
+  std::ifstream in(path);
+  if (!in) throw LaunchError(what + ": " + std::strerror(errno ? errno : EACCES));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw LaunchError(what + ": " + std::strerror(errno ? errno : EIO));
+  return text.str();
 }
 
 int TotalSlots(const std::vector<HostSlots>& hosts) {

@@ -39,6 +39,10 @@ std::vector<HostSlots> ParseHostfile(std::istream& in, const std::string& source
 
 int TotalSlots(const std::vector<HostSlots>& hosts);
 
+// The whole text of a file the user named with `flag`. Throws LaunchError "cannot read 'PATH'
+// given to FLAG: REASON" for an empty path, a missing or unreadable file, and a directory.
+std::string ReadUserFile(const std::string& flag, const std::string& path);
+
 // True for localhost, 127.0.0.1, ::1, an address of one of this machine's interfaces, and
 // this machine's own host name.
 bool IsLocalHost(const std::string& host);

@@ -79,6 +79,21 @@ std::vector<pid_t> StoppedInGroup(pid_t pgid) {
   return stopped;
 }
 
+// N of a failure note that says "hvd has been shut down (rank N called shutdown)" (the engine's
+// words for another rank's shutdown, FinishShutdown); -1 for any other note.
+int ShutdownCallerOf(const std::string& note) {
+  const std::string lead = "hvd has been shut down (rank ";
+  const size_t at = note.find(lead);
+  if (at == std::string::npos) return -1;
+  const size_t first = at + lead.size();
+  const size_t end = note.find_first_not_of("0123456789", first);
+  if (end == std::string::npos || end == first || end - first > 9 ||
+      note.compare(end, 17, " called shutdown)") != 0) {
+    return -1;
+  }
+  return std::atoi(note.c_str() + first);
+}
+
 }  // namespace
 
 Supervisor::Supervisor(const SupervisorOptions& options, int signal_fd)
@@ -312,7 +327,9 @@ void Supervisor::OnRankExit(size_t index, int status) {
       what += " (128+" + std::to_string(code - 128) + ": " + SignalName(code - 128) +
               " on that host)";
     } else if (r.remote && code == 255) {
-      what += " (ssh failed or lost the connection)";
+      what += " (ssh failed or lost the connection: the host is down or cut off, or its sshd "
+              "went; the rank stops there by itself once hvdrun's ticks no longer reach it)";
+      ssh_lost_hosts_.insert(r.placement.host);
     }
   } else {
     code = 128 + WTERMSIG(status);
@@ -345,7 +362,14 @@ void Supervisor::OnRankExit(size_t index, int status) {
     return;
   }
   if (ok || exit_code_set_ || phase_ != Phase::kRunning) {
-    Verbose(what);
+    // A lost ssh connection is said whenever it comes: hvdrun cannot stop that rank itself.
+    if (!ok && r.remote && WIFEXITED(status) && code == 255) {
+      Say(what);
+      NameLostLink();
+    } else {
+      Verbose(what);
+    }
+    if (ok && phase_ == Phase::kGrace) NameShutdownCaller();
     return;
   }
   first_failed_ = static_cast<int>(index);
@@ -366,6 +390,9 @@ void Supervisor::OnRankExit(size_t index, int status) {
                          note);
   NameStoppedRanks();
   if (first_failed_own_) NameAbsentRanks();
+  shutdown_caller_ = ShutdownCallerOf(note);
+  NameShutdownCaller();
+  if (r.remote && WIFEXITED(status) && code == 255) NameLostLink();
   phase_ = Phase::kGrace;
   phase_deadline_ = After(options_.grace_seconds);
   if (!AllReaped()) {
@@ -391,6 +418,40 @@ void Supervisor::NameStoppedRanks() const {
         " is in state T: SIGSTOP, SIGTSTP or a debugger): it stopped answering the other "
         "ranks, the likely cause of the failure above");
   }
+}
+
+// The first failure followed another rank's shutdown ("hvd has been shut down (rank N called
+// shutdown)"): rank N returned or exited while the others still waited for it in a collective.
+// Its exit code of 0 is no failure, so it would go unnamed; it is named once it has exited with
+// 0 (before the first failure or in the grace period after it), as the likely cause.
+void Supervisor::NameShutdownCaller() {
+  if (shutdown_caller_ < 0 || shutdown_caller_named_ || events_ != nullptr) return;
+  for (const auto& r : ranks_) {
+    if (r.label >= 0 || r.placement.rank != shutdown_caller_ || r.running) continue;
+    if (!WIFEXITED(r.wait_status) || WEXITSTATUS(r.wait_status) != 0) return;
+    shutdown_caller_named_ = true;
+    Say("rank " + std::to_string(r.placement.rank) +
+        (r.remote ? " on host " + r.placement.host + " (ssh pid " : " (pid ") +
+        std::to_string(r.pid) + ") exited with code 0 while the others still ran collectives, and its exit shut hvd "
+        "down on them: the likely cause of the failure above");
+  }
+}
+
+// Every remote host's ssh connection was lost: what they have in common is hvdrun's side of
+// the network, not one of those hosts (said once, with two hosts or more).
+void Supervisor::NameLostLink() {
+  if (lost_link_named_) return;
+  std::set<std::string> remote;
+  for (const auto& r : ranks_) {
+    if (r.remote) remote.insert(r.placement.host);
+  }
+  if (remote.size() < 2 || ssh_lost_hosts_ != remote) return;
+  lost_link_named_ = true;
+  std::string hosts;
+  for (const auto& h : remote) hosts += (hosts.empty() ? "" : ", ") + h;
+  Say("the ssh connections to every remote host were lost (" + hosts +
+      "): the likely cause is hvdrun's own host or its link to them, rather than any one of "
+      "them");
 }
 
 // The first failure came from a rank that had reached the rendezvous, and so failed in its

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -106,6 +107,8 @@ class Supervisor {
   void OnRankExit(size_t index, int status);
   void NameStoppedRanks() const;
   void NameAbsentRanks() const;
+  void NameShutdownCaller();
+  void NameLostLink();
   // Every rank still running is stopped (state T), the others have exited with success: the
   // job would wait for them without a word. Said once, after 5 s of it.
   void NoteStoppedAtEnd();
@@ -149,6 +152,10 @@ class Supervisor {
   // Its hvd had joined the job and it left no note: its failure was its own, which a signal
   // death just after does not take over (the signal is more likely its consequence).
   bool first_failed_own_ = false;
+  std::set<std::string> ssh_lost_hosts_;  // remote hosts with a rank whose ssh exited 255
+  bool lost_link_named_ = false;
+  int shutdown_caller_ = -1;  // the rank whose shutdown the first failure's note names
+  bool shutdown_caller_named_ = false;
   FailureNotes notes_;
   int exit_code_ = 0;
   bool exit_code_set_ = false;

@@ -82,14 +82,20 @@ TEST(Hostfile, CommentsBlankLinesAndSlots) {
       "localhost slots=2   # two here\n"
       "   127.0.0.1 slots=3 max_slots=8\n"
       "myhost\n"
-      "other:4\n");
+      "other:4\n"
+      "spaced slots = 5 max_slots =6\n"   // Horovod reads what follows the '=', blanks and all
+      "tabbed\tslots\t=\t7\r\n");
   auto h = ParseHostfile(in, "hosts.txt");
-  ASSERT_EQ(4u, h.size());
+  ASSERT_EQ(6u, h.size());
   EXPECT_EQ(2, h[0].slots);
   EXPECT_EQ("127.0.0.1", h[1].host);
   EXPECT_EQ(3, h[1].slots);
   EXPECT_EQ(1, h[2].slots);
   EXPECT_EQ(4, h[3].slots);
+  EXPECT_EQ("spaced", h[4].host);
+  EXPECT_EQ(5, h[4].slots);
+  EXPECT_EQ("tabbed", h[5].host);
+  EXPECT_EQ(7, h[5].slots);
 }
 
 TEST(Hostfile, ErrorsNameFileAndLine) {
@@ -104,6 +110,24 @@ TEST(Hostfile, ErrorsNameFileAndLine) {
   EXPECT_THROW(ParseHostfile(junk, "f"), LaunchError);
   std::istringstream empty("# nothing\n\n");
   EXPECT_THROW(ParseHostfile(empty, "f"), LaunchError);
+  std::istringstream no_count("node slots =\n");
+  EXPECT_THROW(ParseHostfile(no_count, "f"), LaunchError);
+}
+
+// A file named on the command line that cannot be read says why: missing, a directory, no
+// permission (as root every file is readable, so that case is not checked here).
+TEST(Args, UnreadableFilesSayWhy) {
+  const std::string dir = ::testing::TempDir();
+  for (const char* flag : {"--hostfile", "--config-file", "--ssh-config", "--ssh-identity-file"}) {
+    std::vector<std::string> args = {flag, dir, "x"};
+    if (std::string(flag) != "--hostfile") args.insert(args.begin(), {"-np", "1"});
+    EXPECT_EQ("cannot read '" + dir + "' given to " + flag + ": it is a directory (expected a file)",
+              ErrorOf(args));
+    args[args.size() - 2] = "/nonexistent/f";
+    EXPECT_EQ(std::string("cannot read '/nonexistent/f' given to ") + flag +
+                  ": No such file or directory",
+              ErrorOf(args));
+  }
 }
 
 TEST(Placement, HostOrderLocalAndCross) {
@@ -320,7 +344,7 @@ TEST(Args, Errors) {
       {{"-np", "1", "--network-interface", "eth0;reboot", "x"}, "--network-interface"},
       {{"-np", "1", "--network-interface", "", "x"}, "--network-interface"},
       {{"-H", "localhost", "--hostfile", "f", "x"}, "not both"},
-      {{"--hostfile", "/nonexistent/hosts", "x"}, "cannot read hostfile"},
+      {{"--hostfile", "/nonexistent/hosts", "x"}, "cannot read '/nonexistent/hosts' given to --hostfile: No such file"},
       {{"-np", "1", "--fusion-threshold-mb", "-1", "x"}, "--fusion-threshold-mb"},
       {{"-np", "1", "--cycle-time-ms", "-0.5", "x"}, "--cycle-time-ms"},
       {{"-np", "1", "--cache-capacity", "1.5", "x"}, "--cache-capacity"},
@@ -689,7 +713,7 @@ TEST(ConfigFile, ErrorsNameTheLineAndWhatWasExpected) {
   for (const auto& c : cases) {
     EXPECT_NE(std::string::npos, refusal(c.text).find(c.says)) << c.text << " -> " << refusal(c.text);
   }
-  EXPECT_EQ("cannot read '/nonexistent/c.yaml' given to --config-file",
+  EXPECT_EQ("cannot read '/nonexistent/c.yaml' given to --config-file: No such file or directory",
             ErrorOf({"-np", "1", "--config-file", "/nonexistent/c.yaml", "x"}));
   ConfigFile f("params:\n");
   EXPECT_NE(std::string::npos, ErrorOf({"-np", "1", "--config-file", f.path(), "--config-file",

@@ -211,6 +211,38 @@ def test_the_rank_that_raised_is_named_though_the_others_exit_first(tmp_path):
     assert re.search(r"hvdrun: rank 1 \(pid \d+\) exited with code 1: the likely cause", err), err
 
 
+_LEAVES_EARLY = """
+import sys
+import torch
+import hvd.torch as h
+h.init()
+h.allreduce(torch.ones(4), name="warm")
+if h.rank() == int(sys.argv[1]):
+    sys.exit(0)  # its hvd shuts down at exit, while the others wait for it in the next allreduce
+h.allreduce(torch.ones(4), name="next")
+"""
+
+
+def test_a_rank_that_exits_0_while_the_others_wait_is_named():
+    """Rank 2 (or rank 0) of 3 ends with code 0 after one allreduce; the others fail in the next
+    one on its shutdown. hvdrun exits non-zero and names the rank that left, whose code of 0 is
+    no failure of its own, as the likely cause, whether it was reaped before the first failure
+    or after it."""
+    import subprocess
+    import sys
+    from hvd.runner import _hvdrun
+    for leaver in (2, 0):
+        done = subprocess.run([_hvdrun(), "-np", "3", sys.executable, "-c", _LEAVES_EARLY,
+                               str(leaver)], capture_output=True, text=True, timeout=120)
+        err = done.stderr
+        assert done.returncode != 0, err
+        assert "rank %d called shutdown" % leaver in err, err
+        assert re.search(r"hvdrun: rank %d \(pid \d+\) exited with code 0 while the others still ran "
+                         r"collectives, and its exit shut hvd down on them: the likely cause"
+                         % leaver, err), err
+        assert len(re.findall("the likely cause", err)) == 1, err
+
+
 _FAILS_ON_ITS_OWN = """
 import os, sys, time
 import torch

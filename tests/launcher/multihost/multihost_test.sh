@@ -352,6 +352,13 @@ case_partition() {
   fault_job || return
   netns_cut 2
   check_cut_failures
+  # hvdrun cannot reach host 2 either: it names the ranks there as lost to it (their ssh gave up)
+  # or as not stopped when asked, without --verbose.
+  local r
+  for r in 2 3; do
+    has "$ERR" "^hvdrun: rank $r on host $H2 .*(ssh failed or lost the connection|did not stop within)" ||
+      fail "hvdrun does not name rank $r on the host cut off"
+  done
   local left="$(hvd_leftovers 1) $(hvd_leftovers 2) $(ip netns pids "$NETNS_L")"
   [ -z "${left// /}" ] || { fail "processes left:"; ps -o pid,args -p "$(echo $left | tr " " ",")"; }
   [ "$FAILED" = 0 ] || show
@@ -394,7 +401,9 @@ case_launchercut() {
   [ "$took" -le 30000 ] ||
     fail "hvdrun took $took ms after the cut (timeout $HVD_TIMEOUT_SECONDS s)"
   has "$ERR" "^hvdrun: rank [0-3] " || fail "hvdrun names no rank"
-  grep '^hvdrun:' "$ERR" | head -5
+  has "$ERR" "^hvdrun: the ssh connections to every remote host were lost \\($H1, $H2\\)" ||
+    fail "hvdrun does not say that it lost every host at once"
+  grep '^hvdrun:' "$ERR" | head -8
   local left i
   left=$(echo $(ip netns pids "$NETNS_L"))
   [ -z "$left" ] || { fail "processes left on the launcher's host:"; ps -o pid,args -p "$(echo $left | tr " " ",")"; }
