@@ -49,22 +49,10 @@ std::vector<HostSlots> ParseDiscoveredHosts(const std::string& text, int slots_p
   while (std::getline(in, line)) {
     line = Trim(line.substr(0, line.find('#')));
     if (line.empty()) continue;
-    HostSlots h;
-    h.slots = slots_per_host;
-    size_t colon = line.rfind(':');
-    h.host = line.substr(0, colon);
-    if (colon != std::string::npos) {
-      const std::string n = line.substr(colon + 1);
-      if (n.empty() || n.size() > 6 || n.find_first_not_of("0123456789") != std::string::npos ||
-          std::stoi(n) < 1) {
-        throw LaunchError("the host discovery script printed '" + line +
-                          "': expected 'host' or 'host:slots' with slots >= 1");
-      }
-      h.slots = std::stoi(n);
-    }
-    if (h.host.empty() || h.host.find_first_of(" \t") != std::string::npos) {
-      throw LaunchError("the host discovery script printed '" + line + "': expected a host name");
-    }
+    // (Errors name the line: "bad slot count 'x' in the host discovery script's line 'a:x'
+    // (expected ...)"; an IPv6 address needs its brackets, as in -H.)
+    const HostSlots h = ParseHostColonSlots(
+        line, "the host discovery script's line '" + line + "'", slots_per_host);
     auto same = std::find_if(hosts.begin(), hosts.end(),
                              [&](const HostSlots& o) { return o.host == h.host; });
     if (same != hosts.end()) {
@@ -361,7 +349,10 @@ bool ElasticDriver::Start() {
     if (Clock::now() >= deadline || options_.discovery_script.empty()) {
       Say("the hosts (" + HostList(hosts_) + ") have fewer than -np " +
           std::to_string(options_.np) + " slots" +
-          (options_.discovery_script.empty() ? "" : " after --elastic-timeout"));
+          (options_.discovery_script.empty()
+               ? ""
+               : " after " + std::to_string(static_cast<int>(options_.elastic_timeout_seconds)) +
+                     " s (--elastic-timeout)"));
       return false;
     }
     // A signal ends the wait (up to --elastic-timeout, 600 s by default) at once.
@@ -386,8 +377,22 @@ void ElasticDriver::Reform(const std::string& why, bool again) {
   if (keep.empty() && generation_ > 0) {
     // Before any world formed there was no state to lose: the workers failed as they started
     // (their own output says why: a missing module, a bad path, ...).
+    // Each failed in turn: an error every worker meets (a mismatch, an exception in the
+    // script) is the script's own, which no new world would get past.
+    std::string failures;
+    for (size_t i = 0; i < world_failures_.size() && i < 8; ++i) {
+      failures += (i ? "; " : " (") + world_failures_[i];
+    }
+    if (!failures.empty()) {
+      failures += world_failures_.size() > 8 ? "; and " + std::to_string(world_failures_.size() -
+                                                                          8) + " more)" : ")";
+      if (world_failures_.size() > 1) {
+        failures += ": an error that every worker meets is most likely the script's own (their "
+                    "output above says what it was), which a new world would meet again";
+      }
+    }
     Fail(formed_ > 0 ? "every worker of world " + std::to_string(generation_) +
-                           " is gone, so none holds the committed state"
+                           " is gone, so none holds the committed state" + failures
                      : "every worker exited before any world formed (world " +
                            std::to_string(generation_) +
                            " never did): see their output above for why they failed to start");
@@ -474,8 +479,9 @@ std::vector<int> ElasticDriver::Order(const std::vector<int>& keep,
   return world;
 }
 
-// A host that cannot be reached (its ssh check fails) is blacklisted, as a host whose worker
-// failed, and the world is formed again without it; the workers already started for this world
+// A host that cannot be reached (its ssh check fails, or it is another machine and the job has
+// no --network-interface to reach it by) is blacklisted, as a host whose worker failed, and
+// the world is formed again without it; the workers already started for this world
 // join that one. Any other failure to start a worker ends the job.
 bool ElasticDriver::StartWorkers(const std::vector<int>& added, const std::vector<int>& world) {
   std::string unreachable;
@@ -518,6 +524,7 @@ bool ElasticDriver::Publish(const std::vector<int>& world) {
   }
   generation_ = g;
   world_ = world;
+  world_failures_.clear();
   unformed_.emplace_back(g, world);
   first_left_ = TimePoint::max();
   return true;
@@ -550,6 +557,7 @@ bool ElasticDriver::OnRankExit(const RankProcess& r, bool ok, const std::string&
   }
   if (finishing_ || failed_) return false;
   Say(what + "; forming a new world without it");
+  world_failures_.push_back(what);
   const std::string host = it->host;
   const std::string id = it->id;  // `it` does not survive Reform, which adds workers
   Blacklist(host);
@@ -644,14 +652,17 @@ void ElasticDriver::CheckHung(TimePoint now) {
       retried_formed_ = formed_;
       retries_ = 0;
     }
+    // The reason names the worker already where it is the worker's own ("worker X shut down
+    // world N and asks for the next").
+    const std::string who = "worker " + left_id;
+    const std::string reason = why.rfind(who + " ", 0) == 0 ? why : who + ": " + why;
     if (++retries_ > kMaxRetries) {
       Fail(std::to_string(retries_) + " worlds in a row, the last world " +
-           std::to_string(generation_) + ", were left by every worker without one forming "
-           "(worker " + left_id + ": " + why + ")");
+           std::to_string(generation_) + ", were left by every worker without one forming (" +
+           reason + ")");
       return;
     }
-    Reform("every worker left world " + std::to_string(generation_) + "; worker " + left_id +
-               ": " + why,
+    Reform("every worker left world " + std::to_string(generation_) + "; " + reason,
            /*again=*/true);
     return;
   }

@@ -178,6 +178,9 @@ class ElasticDriver : public RankEvents {
   std::vector<int> world_;        // labels of the current world, in rank order
   int64_t generation_ = 0;
   int64_t formed_ = 0;  // the newest generation known to have formed (its members joined)
+  // How the workers of the newest world that failed ended ("worker 1 (pid 8) exited with code
+  // 1"), for the message that ends a job whose every worker failed.
+  std::vector<std::string> world_failures_;
   // Published worlds not yet seen to form, newer than formed_: a world may still form after a
   // newer one is published (its workers were all ready just before).
   std::vector<std::pair<int64_t, std::vector<int>>> unformed_;

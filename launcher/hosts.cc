@@ -57,9 +57,13 @@ void AddMerged(std::vector<HostSlots>* hosts, const HostSlots& h) {
   hosts->push_back(h);
 }
 
+}  // namespace
+
 // "host" or "host:N" (the last ':' separates the slots, so "[::1]:2" works).
-HostSlots ParseHostColonSlots(const std::string& item, const std::string& context) {
+HostSlots ParseHostColonSlots(const std::string& item, const std::string& context,
+                              int default_slots) {
   HostSlots h;
+  h.slots = default_slots;
   size_t colon = item.rfind(':');
   bool bracketed = !item.empty() && item[0] == '[';
   if (colon == std::string::npos || (bracketed && colon < item.find(']'))) {
@@ -79,8 +83,6 @@ HostSlots ParseHostColonSlots(const std::string& item, const std::string& contex
   CheckHostName(h.host, context);
   return h;
 }
-
-}  // namespace
 
 std::vector<HostSlots> ParseHostList(const std::string& spec) {
   std::vector<HostSlots> hosts;

@@ -33,6 +33,11 @@ struct HostSlots {
 // "a:2,b:4,c" (slots default to 1). Repeated names are merged, keeping first-seen order.
 std::vector<HostSlots> ParseHostList(const std::string& spec);
 
+// One entry of a host list: "host" (default_slots slots) or "host:N"; an IPv6 address in
+// brackets ("[::1]:2"). `context` says where the entry came from in error messages.
+HostSlots ParseHostColonSlots(const std::string& item, const std::string& context,
+                              int default_slots = 1);
+
 // One host per line: `host`, `host slots=N` or `host:N`; '#' starts a comment; blank lines
 // are skipped. `source` names the file in error messages.
 std::vector<HostSlots> ParseHostfile(std::istream& in, const std::string& source);

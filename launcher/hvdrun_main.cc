@@ -326,9 +326,10 @@ RankProcess StartWorker(const LaunchOptions& opts, const Placement& p, const std
                         const JobEnvironment& job, Addresses* addrs) {
   if (!IsLocalHost(p.host) && addrs->bind.count(p.host) == 0) {
     if (opts.network_interface.empty()) {
-      throw std::runtime_error("host " + p.host + " is not this machine: an elastic job with "
-                               "other hosts needs --network-interface, so that hosts that come "
-                               "later reach the rendezvous store");
+      // The job goes on without it, as without a host that fails the ssh check.
+      throw HostUnreachable("host " + p.host + " is not this machine: an elastic job with "
+                            "other hosts needs --network-interface, so that hosts that come "
+                            "later reach the rendezvous store");
     }
     RefuseLoopbackAcrossHosts(opts);
     std::vector<HostProbe> probe = ProbeHosts({p.host}, SshOptionsOf(opts),

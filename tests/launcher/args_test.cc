@@ -749,6 +749,27 @@ TEST(Elastic, DiscoveredHostsParse) {
   for (const char* bad : {"node:0\n", "node:x\n", ":3\n", "a b:2\n"}) {
     EXPECT_THROW(ParseDiscoveredHosts(bad, 1), LaunchError) << bad;
   }
+  // Each refusal says what was wrong with the line.
+  auto refusal = [](const std::string& text) {
+    try {
+      ParseDiscoveredHosts(text, 1);
+    } catch (const LaunchError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ("bad slot count '99999999999999' in the host discovery script's line "
+            "'localhost:99999999999999' (expected a positive integer below 1000000000)",
+            refusal("localhost:99999999999999\n"));
+  EXPECT_EQ("bad entry '::1' in the host discovery script's line '::1': expected host or "
+            "host:slots (an IPv6 address in brackets: [::1]:2)",
+            refusal("::1\n"));
+  EXPECT_EQ("slot count must be positive in the host discovery script's line 'node:0'",
+            refusal("node:0\n"));
+  auto v6 = ParseDiscoveredHosts("[::1]:2\n[::1]\n", 3);
+  ASSERT_EQ(1u, v6.size());
+  EXPECT_EQ("[::1]", v6[0].host);
+  EXPECT_EQ(3, v6[0].slots);  // the last line wins, with --slots-per-host
 }
 
 TEST(Elastic, DiscoveryScriptRunsBounded) {

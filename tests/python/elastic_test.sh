@@ -28,6 +28,9 @@
 #                 (elastic_edges.py)
 #     late-host   a host appears after training ended: hvdrun stops the workers it started for
 #                 it, and the job ends with 0 (elastic_edges.py)
+#     foreign-host  2 ranks; the discovery script gains a host that is not this machine, and the
+#                 job has no --network-interface to reach it by: the host is blacklisted,
+#                 saying why, and the job finishes on its 2 ranks (it was stopped before)
 #     slow-discovery  a discovery script still running when the job ends is killed, and
 #                 hvdrun's watchdog does not take the end for hvdrun's death
 #     early-finish  rank 1 ends its loop at step 5 and exits 0 while rank 0 trains on: rank 0
@@ -126,6 +129,17 @@ case "$CASE" in
     ;;
   add)
     grow_by_one 2 2 --max-np 3
+    ;;
+  foreign-host)
+    discovery "127.0.0.1:2"
+    HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 2 --max-np 3 \
+      --host-discovery-script "$DIR/discover.sh" "$PY" "$JOB" --epochs 2 --step-sleep 0.1 \
+      --add-host "hvd-no-such-host.invalid:1" --add-at-step 5 || fail "the elastic job failed"
+    grep -q "cannot start worker hvd-no-such-host.invalid:0#2: host hvd-no-such-host.invalid is not this machine: an elastic job with other hosts needs --network-interface.*; forming a new world without its host" \
+      "$DIR/a.log" || fail "hvdrun did not say why the host could not join"
+    grep -q "host hvd-no-such-host.invalid is blacklisted" "$DIR/a.log" || fail "no blacklisting"
+    grep -q "ELASTIC-DONE size 2 .* lost 0 " "$DIR/a.log" \
+      || fail "the job did not finish on its 2 ranks without losing a sample"
     ;;
   below-min)
     start=$(date +%s)
