@@ -372,7 +372,7 @@ void ElasticDriver::Reform(const std::string& why, bool again) {
   RefreshFormed();
   std::vector<int> keep;
   for (int w : world_) {
-    if (workers_[w].alive && !workers_[w].retired) keep.push_back(w);
+    if (workers_[w].alive && !workers_[w].retired && !workers_[w].leaving) keep.push_back(w);
   }
   if (keep.empty() && generation_ > 0) {
     // Before any world formed there was no state to lose: the workers failed as they started
@@ -535,7 +535,9 @@ bool ElasticDriver::OnRankExit(const RankProcess& r, bool ok, const std::string&
                          [&](const Worker& w) { return w.pid == r.pid && w.alive; });
   if (it == workers_.end()) return false;
   it->alive = false;
-  if (it->retired) return true;
+  // (A leaving worker's exit, with 0 or not, neither ends the job nor blacklists its host:
+  // training goes on in the world without it.)
+  if (it->retired || it->leaving) return true;
   if (ok) {
     if (!finishing_) {
       // A worker still training when another finished (its loop ran to another step) leaves
@@ -691,10 +693,30 @@ void ElasticDriver::Tick() {
   }
   if (!options_.discovery_script.empty() && PollDiscovery()) {
     changed = true;
+    RefreshFormed();
     for (Worker& w : workers_) {
-      if (w.alive && !w.retired && SlotsOf(w.host) <= w.slot) {
+      if (!w.alive || w.retired || w.leaving || SlotsOf(w.host) > w.slot) continue;
+      // A member of the newest world, which formed, leaves gracefully, as in Horovod: with
+      // the others, at their next commit, without a rollback. Any other worker is stopped.
+      const bool trains = formed_ == generation_ &&
+                          std::find(world_.begin(), world_.end(), &w - workers_.data()) !=
+                              world_.end();
+      if (!trains) {
         Retire(w, "the discovery script no longer lists its slot");
+        continue;
       }
+      w.leaving = true;
+      Say("the discovery script no longer lists the slot of worker " + w.id +
+          ": it leaves with the others at their next state.commit() or check_host_updates() "
+          "(HostsUpdatedInterrupt, no rollback)");
+    }
+  }
+  // A leaving worker has no place in a world that formed without it (hvd.elastic.run exits
+  // on that by itself): one still running then is stopped.
+  for (Worker& w : workers_) {
+    if (w.alive && w.leaving && !w.retired && formed_ == generation_ &&
+        std::find(world_.begin(), world_.end(), &w - workers_.data()) == world_.end()) {
+      Retire(w, "world " + std::to_string(generation_) + " formed without its slot");
     }
   }
   if (failed_) return;

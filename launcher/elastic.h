@@ -130,6 +130,11 @@ class ElasticDriver : public RankEvents {
     pid_t pid = -1;
     bool alive = true;
     bool retired = false;  // stopped by hvdrun (host blacklisted or removed): its exit is no failure
+    // Its slot left the discovery script's output while it trained in a world that formed: the
+    // next world leaves it out, and it leaves with the others at their next commit (Horovod's
+    // HostsUpdatedInterrupt, no rollback). Its exit is no failure either; hvdrun stops it once
+    // a world without it has formed.
+    bool leaving = false;
     // A member of a world that formed. A worker started for a world that never formed holds
     // no state.
     bool joined = false;

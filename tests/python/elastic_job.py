@@ -8,6 +8,8 @@ The test hooks (all off by default):
   --stop-worker N --stop-at-step S the worker started as number N stops itself (SIGSTOP) at
                                    global step S of its first world
   --add-host LINE --add-at-step S  rank 0 appends LINE to the file in $HOSTS_FILE at step S
+  --set-hosts LINES --set-at-step S  rank 0 writes LINES (',' between lines) over that file at
+                                   step S
   --save-at-reset FILE             rank 0 saves the state every rank synced to after the first
                                    reset (the commit the survivors go on from)
   --resume FILE                    start from such a file instead of from scratch
@@ -49,6 +51,8 @@ def parse():
     p.add_argument("--die-after", type=int, default=-1)
     p.add_argument("--add-host", default="")
     p.add_argument("--add-at-step", type=int, default=-1)
+    p.add_argument("--set-hosts", default="")
+    p.add_argument("--set-at-step", type=int, default=-1)
     p.add_argument("--save-at-reset", default="")
     p.add_argument("--resume", default="")
     p.add_argument("--out", default="")
@@ -87,7 +91,8 @@ def main():
         state.epoch, state.step = saved["epoch"], saved["step"]
         state.counts, state.sizes = saved["counts"], saved["sizes"]
         state.save()
-    world = {"resets": 0, "steps_here": 0, "saved": False, "reset_at": None}
+    # ran: the steps this process ran, those a rollback undid included.
+    world = {"resets": 0, "steps_here": 0, "saved": False, "reset_at": None, "ran": 0}
 
     def on_reset():
         world["resets"] += 1
@@ -130,6 +135,10 @@ def main():
                 if hvd.rank() == 0 and state.step == args.add_at_step and args.add_host:
                     with open(os.environ["HOSTS_FILE"], "a") as f:
                         f.write(args.add_host + "\n")
+                if hvd.rank() == 0 and state.step == args.set_at_step and args.set_hosts:
+                    with open(os.environ["HOSTS_FILE"] + ".new", "w") as f:
+                        f.write(args.set_hosts.replace(",", "\n") + "\n")
+                    os.replace(os.environ["HOSTS_FILE"] + ".new", os.environ["HOSTS_FILE"])
                 opt.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 loss.backward()
@@ -140,6 +149,7 @@ def main():
                 sampler.record_batch(idx, args.batch_size)
                 state.step += 1
                 world["steps_here"] += 1
+                world["ran"] += 1
                 if world["steps_here"] == 1 and world["reset_at"] is not None and hvd.rank() == 0:
                     print("ELASTIC-FIRST-STEP size %d t=%.6f" % (hvd.size(), time.time()),
                           flush=True)
@@ -160,8 +170,9 @@ def main():
         epochs = state.epoch  # --epochs, or more with --min-resets
         lost = int(np.sum(np.maximum(epochs - counts, 0)))
         repeated = int(np.sum(np.maximum(counts - epochs, 0)))
-        print("ELASTIC-DONE size %d steps %d sizes %s lost %d repeated %d resets %d" % (
-            hvd.size(), state.step, state.sizes, lost, repeated, world["resets"]), flush=True)
+        print("ELASTIC-DONE size %d steps %d sizes %s lost %d repeated %d resets %d ran %d" % (
+            hvd.size(), state.step, state.sizes, lost, repeated, world["resets"], world["ran"]),
+            flush=True)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"params": params.tolist(), "lost": lost, "repeated": repeated,

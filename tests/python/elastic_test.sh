@@ -28,6 +28,10 @@
 #                 (elastic_edges.py)
 #     late-host   a host appears after training ended: hvdrun stops the workers it started for
 #                 it, and the job ends with 0 (elastic_edges.py)
+#     remove-host  3 ranks on 2 hosts; the discovery script drops one host mid-run: its rank
+#                 leaves with the others at their next commit (HostsUpdatedInterrupt), no step
+#                 is rolled back, and the job finishes on 2 ranks (the rank was killed at once
+#                 before, and the others rolled back to their last commit)
 #     foreign-host  2 ranks; the discovery script gains a host that is not this machine, and the
 #                 job has no --network-interface to reach it by: the host is blacklisted,
 #                 saying why, and the job finishes on its 2 ranks (it was stopped before)
@@ -129,6 +133,26 @@ case "$CASE" in
     ;;
   add)
     grow_by_one 2 2 --max-np 3
+    ;;
+  remove-host)
+    discovery "$(printf '127.0.0.1:2\nlocalhost:1')"
+    HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 3 --min-np 2 \
+      --host-discovery-script "$DIR/discover.sh" "$PY" "$JOB" --epochs 2 --step-sleep 0.05 \
+      --batches-per-commit 4 --set-hosts "127.0.0.1:2" --set-at-step 6 \
+      || fail "the elastic job failed"
+    grep -q "the discovery script no longer lists the slot of worker localhost:0#2: it leaves" \
+      "$DIR/a.log" || fail "hvdrun did not say the worker leaves at the next commit"
+    grep -q "world 2: 2 rank(s) (hosts changed)" "$DIR/a.log" || fail "no world of 2"
+    if grep -E -q "lost: |PeerLost|host [^ ]* is blacklisted" "$DIR/a.log"; then
+      fail "the removal was handled as a failure"
+    fi
+    line=$(grep "ELASTIC-DONE" "$DIR/a.log")
+    echo "$line" | grep -q "ELASTIC-DONE size 2 .* sizes \[3, 2\] lost 0 repeated 0 resets 1 " \
+      || fail "the job did not go from 3 to 2 ranks with one reset and every sample once"
+    steps=$(echo "$line" | sed -n 's/.* steps \([0-9]*\) .*/\1/p')
+    ran=$(echo "$line" | sed -n 's/.* ran \([0-9]*\).*/\1/p')
+    [ -n "$steps" ] && [ "$steps" = "$ran" ] ||
+      fail "rank 0 ran $ran steps for $steps: a rollback redid some"
     ;;
   foreign-host)
     discovery "127.0.0.1:2"
