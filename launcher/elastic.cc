@@ -375,8 +375,6 @@ void ElasticDriver::Reform(const std::string& why, bool again) {
     if (workers_[w].alive && !workers_[w].retired && !workers_[w].leaving) keep.push_back(w);
   }
   if (keep.empty() && generation_ > 0) {
-    // Before any world formed there was no state to lose: the workers failed as they started
-    // (their own output says why: a missing module, a bad path, ...).
     // Each failed in turn: an error every worker meets (a mismatch, an exception in the
     // script) is the script's own, which no new world would get past.
     std::string failures;
@@ -384,13 +382,15 @@ void ElasticDriver::Reform(const std::string& why, bool again) {
       failures += (i ? "; " : " (") + world_failures_[i];
     }
     if (!failures.empty()) {
-      failures += world_failures_.size() > 8 ? "; and " + std::to_string(world_failures_.size() -
-                                                                          8) + " more)" : ")";
+      const size_t more = world_failures_.size() > 8 ? world_failures_.size() - 8 : 0;
+      failures += more > 0 ? "; and " + std::to_string(more) + " more)" : ")";
       if (world_failures_.size() > 1) {
         failures += ": an error that every worker meets is most likely the script's own (their "
                     "output above says what it was), which a new world would meet again";
       }
     }
+    // Before any world formed there was no state to lose: the workers failed as they started
+    // (their own output says why: a missing module, a bad path, ...).
     Fail(formed_ > 0 ? "every worker of world " + std::to_string(generation_) +
                            " is gone, so none holds the committed state" + failures
                      : "every worker exited before any world formed (world " +

@@ -432,7 +432,8 @@ void Supervisor::NameShutdownCaller() {
     shutdown_caller_named_ = true;
     Say("rank " + std::to_string(r.placement.rank) +
         (r.remote ? " on host " + r.placement.host + " (ssh pid " : " (pid ") +
-        std::to_string(r.pid) + ") exited with code 0 while the others still ran collectives, and its exit shut hvd "
+        std::to_string(r.pid) +
+        ") exited with code 0 while the others still ran collectives, and its exit shut hvd "
         "down on them: the likely cause of the failure above");
   }
 }
