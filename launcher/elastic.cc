@@ -611,10 +611,10 @@ void ElasticDriver::RefreshHolds(Worker& w) {
 void ElasticDriver::StopUnjoinedIfFinished() {
   RefreshFormed();
   for (const Worker& w : workers_) {
-    if (w.alive && !w.retired && w.joined) return;
+    if (w.alive && !w.retired && !w.leaving && w.joined) return;
   }
   for (Worker& w : workers_) {
-    if (w.alive && !w.retired) {
+    if (w.alive && !w.retired && !w.leaving) {  // (a leaving worker ends as the others did)
       Retire(w, "training finished before the world it was started for formed");
     }
   }
