@@ -137,7 +137,7 @@ case "$CASE" in
   remove-host)
     discovery "$(printf '127.0.0.1:2\nlocalhost:1')"
     HOSTS_FILE="$DIR/hosts" run "$DIR/a.log" -np 3 --min-np 2 \
-      --host-discovery-script "$DIR/discover.sh" "$PY" "$JOB" --epochs 2 --step-sleep 0.05 \
+      --host-discovery-script "$DIR/discover.sh" "$PY" "$JOB" --epochs 3 --step-sleep 0.1 \
       --batches-per-commit 4 --set-hosts "127.0.0.1:2" --set-at-step 6 \
       || fail "the elastic job failed"
     grep -q "the discovery script no longer lists the slot of worker localhost:0#2: it leaves" \
