@@ -691,6 +691,11 @@ void ElasticDriver::Tick() {
       changed = true;
     }
   }
+  // Whether worker `w` is a member of the newest world, and that world has formed (it trains).
+  auto trains_now = [this](const Worker& w) {
+    return formed_ == generation_ &&
+           std::find(world_.begin(), world_.end(), &w - workers_.data()) != world_.end();
+  };
   if (!options_.discovery_script.empty() && PollDiscovery()) {
     changed = true;
     RefreshFormed();
@@ -698,10 +703,7 @@ void ElasticDriver::Tick() {
       if (!w.alive || w.retired || w.leaving || SlotsOf(w.host) > w.slot) continue;
       // A member of the newest world, which formed, leaves gracefully, as in Horovod: with
       // the others, at their next commit, without a rollback. Any other worker is stopped.
-      const bool trains = formed_ == generation_ &&
-                          std::find(world_.begin(), world_.end(), &w - workers_.data()) !=
-                              world_.end();
-      if (!trains) {
+      if (!trains_now(w)) {
         Retire(w, "the discovery script no longer lists its slot");
         continue;
       }
@@ -714,8 +716,7 @@ void ElasticDriver::Tick() {
   // A leaving worker has no place in a world that formed without it (hvd.elastic.run exits
   // on that by itself): one still running then is stopped.
   for (Worker& w : workers_) {
-    if (w.alive && w.leaving && !w.retired && formed_ == generation_ &&
-        std::find(world_.begin(), world_.end(), &w - workers_.data()) == world_.end()) {
+    if (w.alive && w.leaving && !w.retired && formed_ == generation_ && !trains_now(w)) {
       Retire(w, "world " + std::to_string(generation_) + " formed without its slot");
     }
   }
