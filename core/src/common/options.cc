@@ -20,6 +20,14 @@ namespace {
 // The longest duration a knob takes (11.6 days): as hvdrun's flags, and far from where a
 // deadline in nanoseconds would overflow.
 constexpr double kMaxSeconds = 1e6;
+// The integer knobs' ranges, the same from the environment and in Options::Validate (a caller
+// that fills Options itself). Up to 4 Mi cached names: each costs up to about 200 bytes once
+// taken, and every rank keeps 24 bytes per bit of the capacity from the start.
+constexpr long kMaxCacheCapacity = 1L << 22;
+constexpr long kMaxBytesKnob = 1L << 40;  // fusion threshold, staging piece
+constexpr long kMaxSpinMicroseconds = 1000000;
+constexpr long kMaxWarmupSamples = 1000;
+constexpr long kMaxStepsPerSample = 100000;
 constexpr double kMinTimeoutSeconds = 1;  // HVD_TIMEOUT_SECONDS
 
 // The value of HVD_<name>, or of its Horovod alias HOROVOD_<name>; nullptr if neither is set.
@@ -251,7 +259,7 @@ Status ReadKnobs(Options* o) {
   if (const char* v = Knob("SECRET", &var)) o->secret = v;
   if (const char* v = Knob("BIND_ADDR", &var)) o->bind_addr = v;
   if (const char* v = Knob("FUSION_THRESHOLD", &var)) {
-    HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, 1L << 40, &x));
+    HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, kMaxBytesKnob, &x));
     o->fusion_threshold_bytes = static_cast<size_t>(x);
     o->fusion_threshold_set = true;
   }
@@ -260,9 +268,7 @@ Status ReadKnobs(Options* o) {
     o->cycle_time_set = true;
   }
   if (const char* v = Knob("CACHE_CAPACITY", &var)) {
-    // Up to 4 Mi names: each costs up to about 200 bytes once taken, and every rank keeps 24
-    // bytes per bit of the capacity from the start.
-    HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, 1 << 22, &x));
+    HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, kMaxCacheCapacity, &x));
     o->cache_capacity = static_cast<int>(x);
   }
   if (const char* v = Knob("TIMEOUT_SECONDS", &var)) {
@@ -276,7 +282,7 @@ Status ReadKnobs(Options* o) {
                                     kMaxSeconds, &o->timeout_seconds));
   }
   if (const char* v = Knob("SPIN_MICROSECONDS", &var)) {
-    HVD_RETURN_IF_ERROR(ParseInt(var, v, -1, 1000000, &x));
+    HVD_RETURN_IF_ERROR(ParseInt(var, v, -1, kMaxSpinMicroseconds, &x));
     o->spin_microseconds = static_cast<int>(x);
   }
   if (const char* v = Knob("START_TIMEOUT", &var)) {
@@ -330,7 +336,7 @@ Status ReadKnobs(Options* o) {
     HVD_RETURN_IF_ERROR(ParseBool(var, v, &o->async_completion));
   }
   if (const char* v = Knob("STAGING_PIECE_BYTES", &var)) {
-    HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, 1L << 40, &x));
+    HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, kMaxBytesKnob, &x));
     o->staging_piece_bytes = static_cast<size_t>(x);
   }
   if (const char* v = Knob("DYNAMIC_PROCESS_SETS", &var)) {
@@ -340,12 +346,12 @@ Status ReadKnobs(Options* o) {
   if (const char* v = Knob("AUTOTUNE_LOG", &var)) o->autotune_log = v;
   long n = 0;
   if (const char* v = Knob("AUTOTUNE_WARMUP_SAMPLES", &var)) {
-    HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, 1000, &n));
+    HVD_RETURN_IF_ERROR(ParseInt(var, v, 0, kMaxWarmupSamples, &n));
     o->autotune_warmup_samples = static_cast<int>(n);
   }
   if (const char* v = Knob("AUTOTUNE_STEPS_PER_SAMPLE", &var)) {
     // 1 is horovodrun's too; a sample's score needs two lists, so it counts as 2.
-    HVD_RETURN_IF_ERROR(ParseInt(var, v, 1, 100000, &n));
+    HVD_RETURN_IF_ERROR(ParseInt(var, v, 1, kMaxStepsPerSample, &n));
     o->autotune_steps_per_sample = static_cast<int>(n);
   }
   if (const char* v = Knob("AUTOTUNE_HOLD_SET", &var)) {
@@ -434,6 +440,40 @@ Status Options::Validate() const {
       std::ostringstream os;
       os << d.what << " is " << d.value << ": expected a number from " << d.lo << " to " << d.hi;
       return Status::InvalidArgument(os.str());
+    }
+  }
+  const struct {
+    const char* what;
+    long value, lo, hi;
+  } integers[] = {
+      {"cache_capacity (HVD_CACHE_CAPACITY)", cache_capacity, 0, kMaxCacheCapacity},
+      {"spin_microseconds (HVD_SPIN_MICROSECONDS; -1: the default)", spin_microseconds, -1,
+       kMaxSpinMicroseconds},
+      {"autotune_warmup_samples (HVD_AUTOTUNE_WARMUP_SAMPLES)", autotune_warmup_samples, 0,
+       kMaxWarmupSamples},
+      {"autotune_steps_per_sample (HVD_AUTOTUNE_STEPS_PER_SAMPLE)", autotune_steps_per_sample, 1,
+       kMaxStepsPerSample},
+      {"rendezvous_port (HVD_RENDEZVOUS_PORT; 0: none)", rendezvous_port, 0, 65535},
+  };
+  for (const auto& d : integers) {
+    if (d.value < d.lo || d.value > d.hi) {
+      return Status::InvalidArgument(std::string(d.what) + " is " + std::to_string(d.value) +
+                                     ": expected an integer in [" + std::to_string(d.lo) + ", " +
+                                     std::to_string(d.hi) + "]");
+    }
+  }
+  const struct {
+    const char* what;
+    size_t value;
+  } sizes[] = {
+      {"fusion_threshold_bytes (HVD_FUSION_THRESHOLD)", fusion_threshold_bytes},
+      {"staging_piece_bytes (HVD_STAGING_PIECE_BYTES)", staging_piece_bytes},
+  };
+  for (const auto& d : sizes) {
+    if (d.value > static_cast<size_t>(kMaxBytesKnob)) {
+      return Status::InvalidArgument(std::string(d.what) + " is " + std::to_string(d.value) +
+                                     ": expected at most " + std::to_string(kMaxBytesKnob) +
+                                     " bytes (1 TiB)");
     }
   }
   if (mpi_comm.has_value() && !mpi_world_ranks.empty()) {
