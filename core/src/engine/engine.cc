@@ -196,6 +196,10 @@ Status EngineImpl::Connect() {
         usable > 1 && usable == static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) && local >= usable,
         std::memory_order_relaxed);
     helper_->pause_idle.store(usable >= local, std::memory_order_relaxed);
+    // A core beside the caller's for the background thread: more CPUs than the host's ranks,
+    // or CPUs of this rank's own (bound ranks whose sets fit the host side by side).
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    spare_core_ = usable > local || (usable >= 2 && static_cast<long>(usable) * local <= online);
   }
   auto on_msg = [this](int peer, uint8_t type, std::vector<uint8_t>&& p) {
     OnControlMessage(peer, type, std::move(p));
@@ -358,6 +362,7 @@ EngineImpl::~EngineImpl() {
 // mu_ after this caller let go of it, and takes what this caller queued, or it lowered queued_
 // before this caller's push, and this load reads that or a later raise (mu_ orders them).
 void EngineImpl::Wake() {
+  enqueued_.fetch_add(1, std::memory_order_relaxed);
   if (queued_.load(std::memory_order_relaxed)) return;
   queued_.store(true);
   if (sleeping_.load() && !wake_posted_.exchange(true)) asio::post(io_, [] {});

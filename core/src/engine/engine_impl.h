@@ -488,6 +488,13 @@ class EngineImpl {
   // Background thread (background.cc).
   void Loop();  // the background thread
   bool DrainQueue();
+  // A burst of enqueues under way with a core to spare, and no caller waiting yet; waited out
+  // (without `run`), AwaitEnqueueBurst says whether a caller came to wait meanwhile, to run
+  // the work itself (background.cc).
+  bool EnqueueBurstUnderway() const;
+  bool AwaitEnqueueBurst();
+  std::atomic<uint64_t> enqueued_{0};  // operations submitted (Wake), for AwaitEnqueueBurst
+  bool spare_core_ = false;  // the background thread has a core beside the caller's (Connect)
   void StopPolling();  // lowers the poller's flag before a wait that does not poll it
   void Recycle(Response&& r);  // after Execute: keeps it in spare_responses_
   void Recycle(std::shared_ptr<std::vector<Response>>& step);  // the last holder's, emptied
@@ -910,6 +917,7 @@ class EngineImpl {
   // released until no caller asks for it, or a tick passes). Where ProgressHelper::pin_aside,
   // on the CPU of the caller that helps.
   void StepAside(std::unique_lock<std::mutex>& run);
+  void StandAside();  // StepAside's wait, with `run` released already
   // While polling after work (the background thread's spin, a helping caller): the control
   // rings with the poller's flag up, and the io_context every kIoPollEvery (every round with
   // TCP control links); whether anything moved.
