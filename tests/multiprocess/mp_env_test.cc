@@ -269,66 +269,65 @@ TEST(GoodEnvironment, SwitchesInAnyCase) {
             "timeout=30 stall=60 shutdown=0 autotune=0 marks=0 cpu=mpi");
 }
 
+// Validate refuses `o` with InvalidArgument, its message holding `needle`.
+void ExpectOptionsRefused(const hvd::Options& o, const std::string& needle) {
+  hvd::Status s = o.Validate();
+  EXPECT_EQ(s.code(), hvd::StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find(needle), std::string::npos) << s.ToString();
+}
+
 // The job's world named as MPI ranks or a communicator (hvd.init(comm=...)): a list with a
 // repeated or negative rank, both forms at once, or an elastic job are refused before MPI is
 // touched, saying what was wrong.
 TEST(BadOptions, MpiWorldNamedWrongly) {
-  auto refused = [](const hvd::Options& o, const std::string& needle) {
-    hvd::Status s = o.Validate();
-    EXPECT_EQ(s.code(), hvd::StatusCode::kInvalidArgument) << s.ToString();
-    EXPECT_NE(s.message().find(needle), std::string::npos) << s.ToString();
-  };
   hvd::Options o;
   o.mpi_world_ranks = {2, 0, 2};
-  refused(o, "must be distinct and not negative; entry 2 is 2");
+  ExpectOptionsRefused(o, "must be distinct and not negative; entry 2 is 2");
   o.mpi_world_ranks = {0, -1};
-  refused(o, "entry 1 is -1");
+  ExpectOptionsRefused(o, "entry 1 is -1");
   o.mpi_world_ranks = {0, 1};
   EXPECT_TRUE(o.Validate().ok());
   o.mpi_comm = 0;
-  refused(o, "named twice");
+  ExpectOptionsRefused(o, "named twice");
   o.mpi_world_ranks.clear();
   EXPECT_TRUE(o.Validate().ok());
   o.elastic = true;
   o.rendezvous_addr = "127.0.0.1";
   o.rendezvous_port = 1;
   o.elastic_id = "w0";
-  refused(o, "elastic job");
+  ExpectOptionsRefused(o, "elastic job");
 }
 
 // An Options a caller fills itself is held to the environment's ranges: a cache capacity,
 // spin window or autotune count out of range is refused by Validate (and Engine::Create),
 // naming the field and the range, as HVD_CACHE_CAPACITY=-5 is refused at start.
 TEST(BadOptions, IntegerKnobsOutOfRange) {
-  auto refused = [](const hvd::Options& o, const std::string& needle) {
-    hvd::Status s = o.Validate();
-    EXPECT_EQ(s.code(), hvd::StatusCode::kInvalidArgument) << s.ToString();
-    EXPECT_NE(s.message().find(needle), std::string::npos) << s.ToString();
-  };
   hvd::Options o;
   o.cache_capacity = -5;
-  refused(o, "cache_capacity (HVD_CACHE_CAPACITY) is -5: expected an integer in [0, 4194304]");
+  ExpectOptionsRefused(
+      o, "cache_capacity (HVD_CACHE_CAPACITY) is -5: expected an integer in [0, 4194304]");
   o.cache_capacity = 2000000000;
-  refused(o, "cache_capacity (HVD_CACHE_CAPACITY) is 2000000000");
+  ExpectOptionsRefused(o, "cache_capacity (HVD_CACHE_CAPACITY) is 2000000000");
   o.cache_capacity = 0;
   EXPECT_TRUE(o.Validate().ok());
   o.spin_microseconds = -7;
-  refused(o, "spin_microseconds (HVD_SPIN_MICROSECONDS; -1: the default) is -7");
+  ExpectOptionsRefused(o, "spin_microseconds (HVD_SPIN_MICROSECONDS; -1: the default) is -7");
   o.spin_microseconds = -1;
   EXPECT_TRUE(o.Validate().ok());
   o.autotune_warmup_samples = -1;
-  refused(o, "autotune_warmup_samples (HVD_AUTOTUNE_WARMUP_SAMPLES) is -1");
+  ExpectOptionsRefused(o, "autotune_warmup_samples (HVD_AUTOTUNE_WARMUP_SAMPLES) is -1");
   o.autotune_warmup_samples = 3;
   o.autotune_steps_per_sample = 0;
-  refused(o, "autotune_steps_per_sample (HVD_AUTOTUNE_STEPS_PER_SAMPLE) is 0: expected an "
-             "integer in [1, 100000]");
+  ExpectOptionsRefused(o, "autotune_steps_per_sample (HVD_AUTOTUNE_STEPS_PER_SAMPLE) is 0: "
+                          "expected an integer in [1, 100000]");
   o.autotune_steps_per_sample = 10;
   o.fusion_threshold_bytes = size_t{1} << 41;
-  refused(o, "fusion_threshold_bytes (HVD_FUSION_THRESHOLD) is 2199023255552: expected at most");
+  ExpectOptionsRefused(
+      o, "fusion_threshold_bytes (HVD_FUSION_THRESHOLD) is 2199023255552: expected at most");
   o.fusion_threshold_bytes = 0;
   EXPECT_TRUE(o.Validate().ok());
   o.rendezvous_port = 70000;
-  refused(o, "rendezvous_port");
+  ExpectOptionsRefused(o, "rendezvous_port");
 }
 
 }  // namespace
