@@ -192,13 +192,12 @@ Status EngineImpl::Connect() {
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
     const int usable = CPU_COUNT(&allowed);
-    helper_->pin_aside.store(
-        usable > 1 && usable == static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) && local >= usable,
-        std::memory_order_relaxed);
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    helper_->pin_aside.store(usable > 1 && usable == online && local >= usable,
+                             std::memory_order_relaxed);
     helper_->pause_idle.store(usable >= local, std::memory_order_relaxed);
     // A core beside the caller's for the background thread: more CPUs than the host's ranks,
     // or CPUs of this rank's own (bound ranks whose sets fit the host side by side).
-    const long online = sysconf(_SC_NPROCESSORS_ONLN);
     spare_core_ = usable > local || (usable >= 2 && static_cast<long>(usable) * local <= online);
   }
   auto on_msg = [this](int peer, uint8_t type, std::vector<uint8_t>&& p) {
