@@ -236,7 +236,6 @@ bool EngineImpl::WorkCycle(bool by_caller) {
       handed_back_ = true;  // the background thread runs it once the caller leaves
       return worked;
     }
-    StopPolling();  // peers ring while the collective waits
     QueuedResponse q = std::move(to_execute_.front());
     to_execute_.pop_front();
     Execute(q.get());
@@ -1672,7 +1671,10 @@ void EngineImpl::KeeperGaveUp(Clock::duration ran) {
 // for that message so that every survivor reports the rank that was actually lost.
 Status EngineImpl::AwaitRootCause(const Status& local, Clock::duration wait) {
   auto limit = Clock::now() + wait;
+  // (A collective runs with the control rings' flag up: down, so that the message rings.)
+  StopPolling();
   while (abort_.ok() && Clock::now() < limit) {
+    if (poller_ && poller_->Poll()) continue;
     if (io_.stopped()) io_.restart();
     io_.run_one_for(std::chrono::milliseconds(50));
   }

@@ -236,6 +236,9 @@ class ShmControl : public ShmControlPlane, public std::enable_shared_from_this<S
     if (!segments_) return;
     own().bell()->polling.store(on ? 1 : 0, std::memory_order_seq_cst);
   }
+  bool polling() const {
+    return segments_ && own().bell()->polling.load(std::memory_order_relaxed) != 0;
+  }
 
   // The link's state, for ShmControlLink.
   bool open(int peer) const { return links_[peer].open; }
@@ -542,15 +545,16 @@ class ShmRouter : public Transport {
   }
 
   Status Wait(TransportRequest r, Deadline deadline) override {
-    auto busy = Clock::now(), polled = Clock::time_point();
+    auto busy = Clock::now(), polled = busy;
     for (;;) {
       bool moved = Progress();
       if (Finished(r)) break;
       auto now = Clock::now();
-      // The io_context (TCP peers, heartbeats, control) is polled every kPollEvery while the
-      // rings keep this wait busy, and on every round once they are quiet.
+      // The io_context (TCP peers, heartbeats, control) is polled every kPollEvery (a syscall:
+      // a round of the rings is a few loads) for a request over shared memory, and on every
+      // round for one over TCP, whose bytes only the io_context moves.
       size_t ran = 0;
-      if (!moved || now - polled >= kPollEvery || !(r.id & kShmBit)) {
+      if (now - polled >= kPollEvery || !(r.id & kShmBit)) {
         ran = PollIo();
         polled = now;
         AdoptTcpFailure();
@@ -898,7 +902,7 @@ class ShmRouter : public Transport {
   // when the rank it waits for has exited, the transport broke, or nothing advanced for the
   // progress window past the deadline.
   Status WaitCounters(std::atomic<uint64_t> Doorbell::*counter, uint64_t s, Deadline deadline) {
-    auto busy = Clock::now(), polled = Clock::time_point();
+    auto busy = Clock::now(), polled = busy;
     int last_behind = -1;
     for (;;) {
       if (!broken_.ok()) return broken_;
@@ -968,12 +972,18 @@ class ShmRouter : public Transport {
     Doorbell* bell = segments_[my_slot_].bell();
     bell->sleeping.store(1, std::memory_order_seq_cst);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    const bool skip = ready();
+    // The engine's collectives run with the control rings' `polling` flag up (their senders
+    // then write without ringing): down while this sleeps, after which the rings get one more
+    // look, so that a control message sent meanwhile rings the eventfd.
+    const bool control_polling = control_ && control_->polling();
+    if (control_polling) control_->SetPolling(false);
+    const bool skip = (control_polling && control_->Poll()) || ready();
     if (!skip) {
       auto left = std::max<Clock::duration>(limit - Clock::now(), std::chrono::milliseconds(1));
       io_.run_one_for(std::min<Clock::duration>(left, std::chrono::seconds(1)));
     }
     bell->sleeping.store(0, std::memory_order_relaxed);
+    if (control_polling) control_->SetPolling(true);
     return !skip;
   }
 
