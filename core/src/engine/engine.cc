@@ -763,9 +763,11 @@ void EngineImpl::SetWaitPolicy(TensorEntry& e, int64_t bytes) const {
   e.handle->helper_ = helper_;
   // A device tensor's host work is mostly a launch whatever its size (its collective runs on
   // the GPU): the caller that waits launches it, sparing two hand-offs between threads
-  // (CallerMayExecute leaves responses with large host work to the background thread).
-  e.handle->helps_ = (bytes <= static_cast<int64_t>(kCallerRunsBytes) ||
-                      e.input.device != kCpuDevice) && !oversubscribed_;
+  // (CallerMayExecute leaves responses with large host work to the background thread). Where
+  // ranks outnumber cores a caller helps only while it polls (operations of up to
+  // kSmallWaitBytes): each hand-off between a rank's two threads there waits for a time slice.
+  e.handle->helps_ = bytes <= static_cast<int64_t>(kCallerRunsBytes) ||
+                     e.input.device != kCpuDevice;
 }
 
 // An allreduce written into its name's node of in_flight_ (as its last release left it,
