@@ -788,7 +788,8 @@ class EngineImpl {
   std::vector<std::shared_ptr<ControlLink>> peers_;
   std::unique_ptr<Rounds> rounds_;  // the symmetric fast path, or null (rank 0 answers bits)
   std::shared_ptr<ControlPoller> poller_;  // links the io_context alone does not drive; or null
-  bool polling_ = false;  // poller_ is told this thread polls it (while it spins, and through the collectives it runs)
+  // poller_ is told this thread polls it: while it spins, and through the collectives it runs.
+  bool polling_ = false;
   bool control_over_tcp_ = true;  // some control link is read by the io_context
   Clock::time_point io_polled_;   // when the spinning loop last polled the io_context
   // Reused from step to step, so that a step of many tensors allocates none of them: the
